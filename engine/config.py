@@ -1,0 +1,102 @@
+"""Frozen configuration of the engine: model, KV cache, scheduler.
+
+Each dataclass only validates in ``__post_init__``; values discovered at run
+time (the number of KV blocks that fit a memory budget, the model's shapes)
+live in separate objects, never written back here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+DType = Literal["float32", "bfloat16", "float16"]
+Backend = Literal["auto", "torch", "triton"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelConfig:
+    """Where the weights come from and how they run.
+
+    Attributes:
+        path: a Hugging Face folder (config.json + safetensors), or a ``.gguf``
+            file; ``None`` means the bundled SmolLM2-135M-Instruct GGUF.
+        dtype: compute and weight dtype.
+        device: ``"cpu"`` or ``"cuda"`` (``"auto"`` picks CUDA when present).
+        backend: kernel backend; ``"auto"`` is ``triton`` on CUDA, ``torch``
+            on the CPU.
+        cache_dir: where converted GGUF weights are cached as safetensors;
+            ``None`` means ``~/.cache/bargein``.
+    """
+
+    path: str | None = None
+    dtype: DType = "float32"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    backend: Backend = "auto"
+    cache_dir: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CacheConfig:
+    """The paged KV cache pool.
+
+    Attributes:
+        block_size: tokens per KV block.
+        num_blocks: blocks in the pool; ``None`` derives it from
+            ``memory_bytes``.
+        memory_bytes: byte budget for K and V of all layers together, used
+            when ``num_blocks`` is ``None``.
+    """
+
+    block_size: int = 16
+    num_blocks: int | None = None
+    memory_bytes: int = 512 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"{self.block_size=} must be >= 1")
+        if self.num_blocks is not None and self.num_blocks < 1:
+            raise ValueError(f"{self.num_blocks=} must be >= 1")
+        if self.memory_bytes < 1:
+            raise ValueError(f"{self.memory_bytes=} must be >= 1")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulerConfig:
+    """Continuous-batching limits, as in vLLM.
+
+    Attributes:
+        max_num_seqs: sequences running in one step.
+        max_num_batched_tokens: tokens (decode + prefill chunks) in one step.
+        max_model_len: prompt plus output tokens of one sequence.
+        prefill_chunk_size: most prompt tokens of one sequence in one step.
+    """
+
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    max_model_len: int = 2048
+    prefill_chunk_size: int = 256
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"{self.max_num_seqs=} must be >= 1")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"{self.max_num_batched_tokens=} must be >= {self.max_num_seqs=}"
+            )
+        if self.max_model_len < 2:
+            raise ValueError(f"{self.max_model_len=} must be >= 2")
+        if not 1 <= self.prefill_chunk_size <= self.max_num_batched_tokens:
+            raise ValueError(
+                f"{self.prefill_chunk_size=} must be in "
+                f"[1, {self.max_num_batched_tokens=}]"
+            )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineConfig:
+    """Everything the engine is built from."""
+
+    model: ModelConfig = ModelConfig()
+    cache: CacheConfig = CacheConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
