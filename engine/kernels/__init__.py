@@ -1,0 +1,81 @@
+"""Kernel ops of the forward pass, each a Triton kernel beside its torch reference.
+
+``get_ops(backend)`` returns the six callables the model calls; ``"torch"`` is
+the CPU path (and the test oracle), ``"triton"`` the CUDA kernels. Signatures
+are in TEAM.md and in each ``<op>_ref`` docstring.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from engine.kernels.activation import silu_and_mul_ref
+from engine.kernels.kv_cache_write import write_kv_cache_ref
+from engine.kernels.paged_attention import paged_attention_decode_ref, paged_attention_prefill_ref
+from engine.kernels.rms_norm import rms_norm_ref
+from engine.kernels.rotary import rotary_embedding_ref
+
+# op name -> module under engine.kernels that holds `<op>_ref` and (Triton) `<op>`
+_OP_MODULES: dict[str, str] = {
+    "rms_norm": "rms_norm",
+    "rotary_embedding": "rotary",
+    "silu_and_mul": "activation",
+    "write_kv_cache": "kv_cache_write",
+    "paged_attention_decode": "paged_attention",
+    "paged_attention_prefill": "paged_attention",
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ops:
+    """The kernel ops of one backend (signatures: the ``<op>_ref`` docstrings)."""
+
+    rms_norm: Callable[..., tuple[Any, Any]]
+    rotary_embedding: Callable[..., tuple[Any, Any]]
+    silu_and_mul: Callable[..., Any]
+    write_kv_cache: Callable[..., None]
+    paged_attention_decode: Callable[..., Any]
+    paged_attention_prefill: Callable[..., Any]
+
+
+TORCH_OPS = Ops(
+    rms_norm=rms_norm_ref,
+    rotary_embedding=rotary_embedding_ref,
+    silu_and_mul=silu_and_mul_ref,
+    write_kv_cache=write_kv_cache_ref,
+    paged_attention_decode=paged_attention_decode_ref,
+    paged_attention_prefill=paged_attention_prefill_ref,
+)
+
+
+def _triton_ops() -> Ops:
+    """Import the Triton launchers lazily (triton is optional on the CPU)."""
+    found: dict[str, Callable[..., Any]] = {}
+    for op, module_name in _OP_MODULES.items():
+        module = importlib.import_module(f"engine.kernels.{module_name}")
+        fn = getattr(module, op, None)
+        if fn is None:
+            raise NotImplementedError(
+                f"Triton kernel {op!r} is not implemented yet in engine/kernels/{module_name}.py; "
+                "use backend='torch'"
+            )
+        found[op] = fn
+    return Ops(**found)
+
+
+def get_ops(backend: Literal["torch", "triton"]) -> Ops:
+    """Return the kernel ops of ``backend``.
+
+    Raises:
+        ValueError: unknown backend.
+        NotImplementedError: ``"triton"`` while a Triton launcher is missing.
+        ImportError: ``"triton"`` without the triton package.
+    """
+    if backend == "torch":
+        return TORCH_OPS
+    if backend == "triton":
+        return _triton_ops()
+    raise ValueError(f"{backend=} must be 'torch' or 'triton'")
