@@ -1,0 +1,179 @@
+"""Incremental detokenization: token ids in, UTF-8 safe text deltas out.
+
+Two jobs, one object per sequence:
+
+1. Turn each step's new token ids into the text they complete, the way vLLM
+   (``detokenize_incrementally``) and HF text-generation-inference do it:
+   decode a short window of earlier tokens plus the new ones and emit what the
+   new ones add. The window gives the decoder the context it needs (a
+   SentencePiece decoder drops the leading space of a window's first token;
+   a byte-level BPE splits one character over several tokens). While the
+   decoded window ends in U+FFFD, the last character is still incomplete (its
+   bytes are spread over byte-fallback tokens still to come), so nothing is
+   emitted and the tokens wait for the next call.
+2. Stop strings, matched on the decoded text across token boundaries. Text
+   that could still be the beginning of a stop string is held back; once a
+   stop string is seen, the text before it is released and everything from it
+   on is dropped (``stopped`` turns true). At finish, ``flush()`` releases what
+   is held back and turned out not to be a stop string.
+
+Concatenating every delta of ``add`` and ``flush`` gives exactly
+``tokenizer.decode(output_ids, skip_special_tokens=True)`` cut before the
+stop string that completes first (as if the text arrived one character at a
+time, so the cut does not depend on how tokens were grouped into steps).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+# Tokens of the prompt decoded as left context of the first output tokens,
+# as vLLM's INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET.
+_PREFIX_WINDOW = 5
+_REPLACEMENT_CHAR = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    """Text deltas of one sequence, with stop strings, one step at a time.
+
+    Args:
+        tokenizer: a transformers tokenizer (fast or slow); only ``decode`` is
+            used, with ``skip_special_tokens=True``.
+        prompt_token_ids: the prompt, used as left context only (its text is
+            never emitted).
+        stop: stop strings (each non-empty); the released text never contains
+            one.
+
+    Raises:
+        ValueError: a stop string is empty.
+    """
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        prompt_token_ids: Sequence[int],
+        stop: Sequence[str] = (),
+    ) -> None:
+        if any(not s for s in stop):
+            raise ValueError(f"{stop=} must hold non-empty strings")
+        self._tokenizer = tokenizer
+        self._stop = tuple(stop)
+        self._token_ids: list[int] = list(prompt_token_ids)
+        # _token_ids[_prefix_offset:_read_offset] decodes to text already
+        # emitted (context); tokens from _read_offset on are not yet decoded.
+        self._read_offset = len(self._token_ids)
+        self._prefix_offset = max(self._read_offset - _PREFIX_WINDOW, 0)
+        self._held = ""  # decoded, not released: could begin a stop string
+        self._released: list[str] = []
+        self._stopped = False
+        self._flushed = False
+
+    @property
+    def stopped(self) -> bool:
+        """True once a stop string matched; the released text ends right before it."""
+        return self._stopped
+
+    @property
+    def text(self) -> str:
+        """Everything released so far (the concatenation of all deltas)."""
+        return "".join(self._released)
+
+    def add(self, token_ids: Sequence[int]) -> str:
+        """Feed new output tokens; return the text delta they release.
+
+        The delta may be empty: the tokens end inside a UTF-8 character, or
+        the new text could still be the start of a stop string. After a stop
+        string matched, further tokens are ignored and ``""`` is returned.
+
+        Args:
+            token_ids: newly sampled token ids, in order (any number, >= 0).
+
+        Returns:
+            The released text delta (never splits a character, never contains
+            a stop string).
+        """
+        assert not self._flushed, "add() after flush()"
+        if self._stopped or not token_ids:
+            return ""
+        self._token_ids.extend(token_ids)
+        self._held += self._decode_new(final=False)
+        return self._release(final=False)
+
+    def flush(self) -> str:
+        """Release held-back text at the end of the sequence.
+
+        Tokens that still end inside a UTF-8 character are decoded as they are
+        (with U+FFFD, as ``tokenizer.decode`` would); held text that is not a
+        stop string is released. Idempotent: a second call returns ``""``.
+
+        Returns:
+            The last text delta of the sequence.
+        """
+        if self._flushed:
+            return ""
+        self._flushed = True
+        if self._stopped:
+            return ""
+        self._held += self._decode_new(final=True)
+        return self._release(final=True)
+
+    def _decode_new(self, *, final: bool) -> str:
+        """Decode the tokens from ``_read_offset`` on; advance on success.
+
+        Returns the new text, or ``""`` while the last character is still
+        incomplete (unless ``final``).
+        """
+        ids = self._token_ids
+        decode = self._tokenizer.decode
+        prefix_text = decode(ids[self._prefix_offset : self._read_offset], skip_special_tokens=True)
+        new_text = decode(ids[self._prefix_offset :], skip_special_tokens=True)
+        if not final and (len(new_text) <= len(prefix_text) or new_text.endswith(_REPLACEMENT_CHAR)):
+            return ""
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(ids)
+        return new_text[len(prefix_text) :]
+
+    def _release(self, *, final: bool) -> str:
+        """Move the held text that cannot be (part of) a stop string out."""
+        held = self._held
+        match = _first_stop(held, self._stop)
+        if match is not None:
+            self._stopped = True
+            cut = match
+        elif final:
+            cut = len(held)
+        else:
+            cut = len(held) - _longest_stop_prefix_suffix(held, self._stop)
+        delta, self._held = held[:cut], ("" if match is not None else held[cut:])
+        if delta:
+            self._released.append(delta)
+        return delta
+
+
+def _first_stop(text: str, stop: Sequence[str]) -> int | None:
+    """Start in ``text`` of the stop string that completes first, or None.
+
+    "First" as if the text arrived one character at a time: the earliest end
+    wins, and of the stop strings ending there the longest, so the result does
+    not depend on how the text was split into tokens or steps.
+    """
+    found = [(i + len(s), -len(s)) for s in stop if (i := text.find(s)) >= 0]
+    if not found:
+        return None
+    end, neg_len = min(found)
+    return end + neg_len
+
+
+def _longest_stop_prefix_suffix(text: str, stop: Sequence[str]) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
+    best = 0
+    for s in stop:
+        for n in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:n]):
+                best = n
+                break
+    return best
