@@ -1,0 +1,67 @@
+"""Exceptions of the session package (token log, sessions, resume tokens)."""
+
+from __future__ import annotations
+
+
+class SessionError(Exception):
+    """Base of every error the session package raises on purpose."""
+
+
+class TokenLogError(SessionError):
+    """Base of the token log's errors."""
+
+
+class StreamNotFound(TokenLogError):
+    """The stream is unknown, expired, or no longer holds the offsets asked for.
+
+    Maps to the protocol's ``not_found``: a client never gets a silent gap.
+    """
+
+    def __init__(self, stream_id: str, reason: str = "unknown or expired") -> None:
+        super().__init__(f"stream {stream_id!r}: {reason}")
+        self.stream_id = stream_id
+        self.reason = reason
+
+
+class OffsetOutOfRange(StreamNotFound):
+    """``from_offset`` lies beyond the final end of a complete stream.
+
+    A subclass of :class:`StreamNotFound` so a caller that only maps
+    ``not_found`` stays correct; a caller may map it to ``invalid_parameter``.
+    """
+
+    def __init__(self, stream_id: str, from_offset: int, end: int) -> None:
+        super().__init__(stream_id, f"from={from_offset} is past the stream's end {end}")
+        self.from_offset = from_offset
+        self.end = end
+
+
+class StreamExists(TokenLogError):
+    """``create_stream`` was called with a stream id that already exists."""
+
+    def __init__(self, stream_id: str) -> None:
+        super().__init__(f"stream {stream_id!r} already exists")
+        self.stream_id = stream_id
+
+
+class StreamEnded(TokenLogError):
+    """A write reached a stream that already has its finish."""
+
+    def __init__(self, stream_id: str) -> None:
+        super().__init__(f"stream {stream_id!r} has already ended")
+        self.stream_id = stream_id
+
+
+class TokenLogUnavailable(TokenLogError):
+    """The backend could not be reached within the bounded retry time.
+
+    Attributes:
+        stream_ids: the streams whose write (or read) failed; their log is now
+            incomplete, so the caller ends them with ``finish_reason="error"``
+            and a retryable ``error`` event. Empty for a failure that is not
+            tied to streams (``create_stream`` of one stream names it).
+    """
+
+    def __init__(self, message: str, stream_ids: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.stream_ids = stream_ids

@@ -1,0 +1,267 @@
+"""One contract suite for every TokenLog backend (memory, and Redis on a real redis-server)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
+
+import pytest
+
+from session.errors import OffsetOutOfRange, StreamEnded, StreamExists, StreamNotFound
+from session.token_log import LogEntry, MemoryTokenLog, StreamEnd, TokenLog
+from tests.session.log_helpers import (
+    FakeClock,
+    chunks,
+    collect,
+    entry,
+    finish,
+    live_info,
+    write,
+)
+
+
+class Backend:
+    """Opens logs of one backend and lets time pass for its retention."""
+
+    name = "memory"
+
+    def __init__(self) -> None:
+        self.clock = FakeClock()
+
+    def open(self, retention_s: float) -> TokenLog:
+        return MemoryTokenLog(retention_s=retention_s, clock=self.clock)
+
+    async def elapse(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+
+
+BACKENDS: dict[str, Callable[[pytest.FixtureRequest], Backend]] = {
+    "memory": lambda request: Backend(),
+}
+
+
+@pytest.fixture(params=list(BACKENDS))
+def backend(request: pytest.FixtureRequest) -> Backend:
+    return BACKENDS[request.param](request)
+
+
+@pytest.fixture
+async def log(backend: Backend) -> AsyncIterator[TokenLog]:
+    token_log = backend.open(retention_s=600)
+    yield token_log
+    await token_log.close()
+
+
+async def write_stream(log: TokenLog, sid: str, bounds: list[int], reason: str = "stop") -> None:
+    """Create a stream and write it to the end, one entry per step."""
+    await log.create_stream(live_info(sid))
+    for e in chunks(bounds):
+        await log.write_step([write(sid, e)])
+    await log.write_step([write(sid, f=finish(bounds[-1], reason))])
+
+
+async def test_create_then_info_is_live_at_zero(log: TokenLog) -> None:
+    await log.create_stream(live_info("s1", principal="bob", node="n7"))
+    info = await log.info("s1")
+    assert info is not None
+    assert (info.status, info.end, info.finish) == ("live", 0, None)
+    assert (info.principal, info.owner_node, info.response_id, info.session_id) == (
+        "bob", "n7", "resp-s1", "sess-s1")
+    with pytest.raises(StreamExists):
+        await log.create_stream(live_info("s1"))
+
+
+async def test_full_read_returns_entries_then_end(log: TokenLog) -> None:
+    await write_stream(log, "s1", [0, 1, 4, 5], reason="length")
+    assert await collect(log.read("s1", 0)) == [*chunks([0, 1, 4, 5]), finish(5, "length")]
+    info = await log.info("s1")
+    assert info is not None
+    assert (info.status, info.end, info.finish) == ("complete", 5, finish(5, "length"))
+
+
+@pytest.mark.parametrize(
+    ("from_offset", "first_start"),
+    [(0, 0), (1, 1), (2, 1), (3, 1), (4, 4), (5, None)],
+    ids=["zero", "boundary", "inside", "inside-last", "last-entry", "at-end"],
+)
+async def test_replay_from_offset(log: TokenLog, from_offset: int, first_start: int | None) -> None:
+    await write_stream(log, "s1", [0, 1, 4, 5])
+    events = await collect(log.read("s1", from_offset))
+    assert events[-1] == finish(5)
+    entries = [e for e in events if isinstance(e, LogEntry)]
+    expected = [e for e in chunks([0, 1, 4, 5]) if e.end > from_offset]
+    assert entries == expected
+    assert (entries[0].start if entries else None) == first_start
+
+
+async def test_from_past_final_end_is_out_of_range(log: TokenLog) -> None:
+    await write_stream(log, "s1", [0, 3])
+    with pytest.raises(OffsetOutOfRange) as raised:
+        await collect(log.read("s1", 4))
+    assert isinstance(raised.value, StreamNotFound)
+    assert raised.value.end == 3
+
+
+async def test_zero_token_stream_yields_only_end(log: TokenLog) -> None:
+    await log.create_stream(live_info("s0"))
+    await log.write_step([write("s0", f=finish(0, "interrupted"))])
+    assert await collect(log.read("s0", 0)) == [finish(0, "interrupted")]
+
+
+async def test_live_follow_gets_each_step_as_written(log: TokenLog) -> None:
+    await log.create_stream(live_info("s1"))
+    received: list[LogEntry | StreamEnd] = []
+    arrived = asyncio.Event()
+
+    async def follow() -> None:
+        async for event in log.read("s1", 0):
+            received.append(event)
+            arrived.set()
+
+    reader = asyncio.create_task(follow())
+    for e in chunks([0, 2, 3, 6]):
+        arrived.clear()
+        await log.write_step([write("s1", e)])
+        await asyncio.wait_for(arrived.wait(), 5)
+        assert received[-1] == e  # delivered before the next step is written
+    await log.write_step([write("s1", f=finish(6))])
+    await asyncio.wait_for(reader, 5)
+    assert received == [*chunks([0, 2, 3, 6]), finish(6)]
+
+
+async def test_concurrent_readers_at_different_offsets(log: TokenLog) -> None:
+    await log.create_stream(live_info("s1"))
+    await log.write_step([write("s1", entry(0, 3))])
+    offsets = [0, 2, 3, 5, 3, 0]
+    readers = [asyncio.create_task(collect(log.read("s1", o))) for o in offsets]
+    await asyncio.sleep(0.05)
+    for e in chunks([3, 5, 8]):
+        await log.write_step([write("s1", e)])
+    await log.write_step([write("s1", f=finish(8))])
+    results = await asyncio.wait_for(asyncio.gather(*readers), 10)
+    everything = [*chunks([0, 3, 5, 8]), finish(8)]
+    for offset, events in zip(offsets, results):
+        assert events == [e for e in everything if isinstance(e, StreamEnd) or e.end > offset]
+
+
+async def test_one_step_writes_many_streams_entry_and_finish(log: TokenLog) -> None:
+    for sid in ("a", "b", "c"):
+        await log.create_stream(live_info(sid))
+    await log.write_step([write("a", entry(0, 1)), write("b", entry(0, 2)), write("c", entry(0, 1))])
+    await log.write_step([write("a", entry(1, 2), finish(2)), write("b", f=finish(2, "interrupted")),
+                          write("c", entry(1, 2)), write("c", entry(2, 3), finish(3, "length"))])
+    assert await collect(log.read("a", 0)) == [*chunks([0, 1, 2]), finish(2)]
+    assert await collect(log.read("b", 0)) == [entry(0, 2), finish(2, "interrupted")]
+    assert await collect(log.read("c", 1)) == [*chunks([1, 2, 3]), finish(3, "length")]
+
+
+async def test_unknown_stream_is_not_found(log: TokenLog) -> None:
+    assert await log.info("nope") is None
+    with pytest.raises(StreamNotFound):
+        await collect(log.read("nope", 0))
+    with pytest.raises(StreamNotFound):
+        await log.write_step([write("nope", entry(0, 1))])
+
+
+async def test_bad_step_writes_nothing(log: TokenLog) -> None:
+    await log.create_stream(live_info("a"))
+    await log.create_stream(live_info("b"))
+    bad_steps = [
+        [write("a", entry(0, 1)), write("b", entry(1, 2))],  # gap in b
+        [write("a", entry(0, 1)), write("b", entry(0, 0))],  # empty entry
+        [write("a", entry(0, 2), finish(3))],  # finish end != stream end
+        [write("a")],  # neither entry nor finish
+    ]
+    for step in bad_steps:
+        with pytest.raises(ValueError):
+            await log.write_step(step)
+    info = await log.info("a")
+    assert info is not None and info.end == 0
+    await log.write_step([write("a", entry(0, 1))])
+    assert (await log.info("a")).end == 1  # type: ignore[union-attr]
+
+
+async def test_write_after_finish_raises(log: TokenLog) -> None:
+    await write_stream(log, "s1", [0, 1])
+    with pytest.raises(StreamEnded):
+        await log.write_step([write("s1", entry(1, 2))])
+
+
+async def test_from_past_live_end_waits_then_reads(log: TokenLog) -> None:
+    await log.create_stream(live_info("s1"))
+    reader = asyncio.create_task(collect(log.read("s1", 3)))
+    await log.write_step([write("s1", entry(0, 2))])
+    await asyncio.sleep(0.05)
+    assert not reader.done()
+    await log.write_step([write("s1", entry(2, 5))])
+    await log.write_step([write("s1", f=finish(5))])
+    assert await asyncio.wait_for(reader, 5) == [entry(2, 5), finish(5)]
+
+
+async def test_live_stream_ending_before_from_is_out_of_range(log: TokenLog) -> None:
+    await log.create_stream(live_info("s1"))
+    reader = asyncio.create_task(collect(log.read("s1", 9)))
+    await asyncio.sleep(0.05)
+    await log.write_step([write("s1", entry(0, 2), finish(2))])
+    with pytest.raises(OffsetOutOfRange):
+        await asyncio.wait_for(reader, 5)
+
+
+async def test_text_and_ids_round_trip(log: TokenLog) -> None:
+    e = LogEntry(start=0, end=3, text="héllo 🌍 \x00 \"quoted\"\n", token_ids=(0, 151_936, 2**31 - 1))
+    await log.create_stream(live_info("s1"))
+    await log.write_step([write("s1", e, finish(3))])
+    assert await collect(log.read("s1", 0)) == [e, finish(3)]
+
+
+async def test_cancelled_reader_leaves_log_usable(log: TokenLog) -> None:
+    await log.create_stream(live_info("s1"))
+    await log.write_step([write("s1", entry(0, 1))])
+    readers = [asyncio.create_task(collect(log.read("s1", 0))) for _ in range(5)]
+    await asyncio.sleep(0.1)
+    for reader in readers:
+        reader.cancel()
+    await asyncio.gather(*readers, return_exceptions=True)
+    await log.write_step([write("s1", entry(1, 2), finish(2))])
+    assert await collect(log.read("s1", 0)) == [*chunks([0, 1, 2]), finish(2)]
+    assert await log.ping()
+
+
+async def test_reader_closed_early_leaves_log_usable(log: TokenLog) -> None:
+    await write_stream(log, "s1", [0, 1, 2, 3])
+    async with aclosing(log.read("s1", 0)) as events:
+        async for _ in events:
+            break
+    assert len(await collect(log.read("s1", 0))) == 4
+
+
+async def test_ended_stream_expires_after_retention(backend: Backend) -> None:
+    log = backend.open(retention_s=1.0)
+    try:
+        await log.create_stream(live_info("done"))
+        await log.create_stream(live_info("live"))
+        await log.write_step([write("done", entry(0, 1), finish(1)), write("live", entry(0, 1))])
+        await backend.elapse(0.3)
+        assert await collect(log.read("done", 0)) == [entry(0, 1), finish(1)]
+        await backend.elapse(1.2)
+        assert await log.info("done") is None
+        with pytest.raises(StreamNotFound):
+            await collect(log.read("done", 0))
+        live = await log.info("live")  # a live stream is kept past the retention
+        assert live is not None and live.end == 1
+    finally:
+        await log.close()
+
+
+async def test_sessions_saved_loaded_and_expire(backend: Backend) -> None:
+    log = backend.open(retention_s=1.0)
+    try:
+        assert await log.load_session("x") is None
+        await log.save_session("x", b"\x00state-1\xff")
+        await log.save_session("x", b"\x00state-2\xff")
+        assert await log.load_session("x") == b"\x00state-2\xff"
+        await backend.elapse(1.5)
+        assert await log.load_session("x") is None
+    finally:
+        await log.close()
