@@ -1,0 +1,286 @@
+"""One engine step: drain aborts -> schedule -> forward -> sample -> outputs.
+
+``LLMEngine`` is synchronous and single-threaded (the runner's thread drives
+it). It owns the scheduler and block pool, the sampler, one incremental
+detokenizer and one generator per live request, and applies the stop rules
+that need text (stop strings) after the scheduler applied the token ones
+(EOS, stop token ids, ``max_tokens``, ``max_model_len``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+from engine.config import EngineConfig, SchedulerConfig
+from engine.detokenizer import IncrementalDetokenizer
+from engine.errors import DuplicateRequestError, PromptTooLongError
+from engine.kv_cache import BlockPool
+from engine.request import EngineRequest, FinishReason, RequestOutput
+from engine.sampler import Sampler, make_generator
+from engine.scheduler import Scheduler, SchedulerOutput
+from engine.sequence import Sequence
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence as SequenceOf
+
+
+class ModelRunnerLike(Protocol):
+    """What the engine needs of ``engine.model_runner.ModelRunner``."""
+
+    num_blocks: int
+    block_size: int
+    kv_bytes_per_token: int
+    eos_token_ids: frozenset[int]
+    tokenizer: Any
+    device: torch.device
+
+    def execute(self, seqs: SequenceOf[Any]) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineStats:
+    """A snapshot of the engine's counters (monotonic ones since start).
+
+    Attributes:
+        num_free_blocks / num_total_blocks: KV block pool occupancy.
+        num_running / num_waiting: scheduler queues.
+        num_generated_tokens: sampled tokens.
+        num_prompt_tokens: prompt tokens of requests whose prefill finished.
+        num_preemptions: sequences preempted for blocks.
+        num_steps: steps that ran the model.
+        last_step_s: wall time of the last step, seconds.
+        num_finished_by_reason: finished requests per ``FinishReason`` value.
+    """
+
+    num_free_blocks: int
+    num_total_blocks: int
+    num_running: int
+    num_waiting: int
+    num_generated_tokens: int
+    num_prompt_tokens: int
+    num_preemptions: int
+    num_steps: int
+    last_step_s: float
+    num_finished_by_reason: Mapping[str, int]
+
+
+def _make_seq_input(item: Any) -> Any:
+    # Imported here so the engine (and its fake-runner tests) load without
+    # pulling the model package in; the class is looked up once per process.
+    from engine.model_runner import SeqInput
+
+    return SeqInput(
+        token_ids=item.token_ids,
+        start_pos=item.start_pos,
+        block_table=item.block_table,
+        sample=item.sample,
+    )
+
+
+class LLMEngine:
+    """Continuous-batching engine over one model runner.
+
+    Args:
+        runner: loads the model and owns the KV tensors (``ModelRunner``).
+        config: scheduler limits.
+
+    Raises:
+        ValueError: the KV pool cannot hold one sequence of ``max_model_len``
+            tokens (preemption could then never make room).
+    """
+
+    def __init__(self, runner: ModelRunnerLike, config: SchedulerConfig) -> None:
+        capacity = runner.num_blocks * runner.block_size
+        if capacity < config.max_model_len:
+            raise ValueError(
+                f"KV pool holds {capacity} tokens < {config.max_model_len=}"
+            )
+        self.runner = runner
+        self.config = config
+        self.pool = BlockPool(runner.num_blocks, runner.block_size)
+        self.scheduler = Scheduler(config, self.pool, runner.eos_token_ids)
+        self.sampler = Sampler()
+        self._detoks: dict[str, IncrementalDetokenizer] = {}
+        self._generators: dict[str, torch.Generator | None] = {}
+        self._pending_aborts: list[tuple[str, FinishReason]] = []
+        self._num_generated_tokens = 0
+        self._num_prompt_tokens = 0
+        self._num_steps = 0
+        self._last_step_s = 0.0
+        self._finished: Counter[str] = Counter()
+        self.time_by_phase: Counter[str] = Counter()  # seconds, for profiling
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> LLMEngine:
+        """Load the model and build the engine (slow: seconds)."""
+        from engine.model_runner import ModelRunner
+
+        runner = ModelRunner(config.model, config.cache, config.scheduler.max_model_len)
+        return cls(runner, config.scheduler)
+
+    @property
+    def tokenizer(self) -> Any:
+        """The model's tokenizer."""
+        return self.runner.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        """Prompt plus output tokens of one sequence."""
+        return self.config.max_model_len
+
+    # ---- requests -----------------------------------------------------------
+
+    def validate(self, request: EngineRequest) -> None:
+        """Refuse a request the engine could never run.
+
+        Raises:
+            ValueError: empty prompt.
+            PromptTooLongError: no room for one new token within the context.
+        """
+        num_prompt = len(request.prompt_token_ids)
+        if num_prompt == 0:
+            raise ValueError(f"request {request.request_id!r} has an empty prompt")
+        if num_prompt >= self.config.max_model_len:
+            raise PromptTooLongError(num_prompt, self.config.max_model_len)
+
+    def add_request(self, request: EngineRequest) -> None:
+        """Queue a request (no block is allocated here).
+
+        Raises:
+            ValueError, PromptTooLongError: see :meth:`validate`.
+            DuplicateRequestError: the id is live.
+        """
+        self.validate(request)
+        request_id = request.request_id
+        if self.scheduler.get(request_id) is not None:
+            raise DuplicateRequestError(request_id)
+        params = request.params
+        self._detoks[request_id] = IncrementalDetokenizer(
+            self.runner.tokenizer, request.prompt_token_ids, params.stop
+        )
+        self._generators[request_id] = make_generator(params.seed, self.runner.device)
+        self.scheduler.add(request)
+
+    def abort_request(
+        self, request_id: str, reason: FinishReason = FinishReason.INTERRUPTED
+    ) -> None:
+        """End a request at the start of the next step (no-op if not live)."""
+        self._pending_aborts.append((request_id, reason))
+
+    def has_unfinished_requests(self) -> bool:
+        """Whether a step has work (live sequences or pending aborts)."""
+        return self.scheduler.has_unfinished() or bool(self._pending_aborts)
+
+    def finish_all(self, reason: FinishReason) -> list[RequestOutput]:
+        """End every live request now (shutdown); returns their final outputs."""
+        live = [*self.scheduler.running, *self.scheduler.waiting]
+        for seq in live:
+            self.abort_request(seq.request_id, reason)
+        return self._drain_aborts()
+
+    # ---- the step -----------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one step; return one output per request that advanced or ended.
+
+        Aborts queued before the step end first (blocks freed before the
+        scheduler plans). A step whose plan is empty runs no model.
+        """
+        start = time.perf_counter()
+        outputs = self._drain_aborts()
+        plan = self.scheduler.schedule()
+        t_sched = time.perf_counter()
+        if not plan.is_empty:
+            sampled = self._execute(plan)
+            t_model = time.perf_counter()
+            updated = self.scheduler.update(plan, sampled)
+            outputs.extend(self._output(seq) for seq in updated)
+            self._num_steps += 1
+            self.time_by_phase["schedule"] += t_sched - start
+            self.time_by_phase["postprocess"] += time.perf_counter() - t_model
+        self._last_step_s = time.perf_counter() - start
+        return outputs
+
+    def _execute(self, plan: SchedulerOutput) -> list[int]:
+        """Forward the plan and sample one token per sampling sequence."""
+        t0 = time.perf_counter()
+        inputs = [_make_seq_input(item) for item in plan.scheduled]
+        logits = self.runner.execute(inputs)  # [num_sample, vocab] float32
+        t1 = time.perf_counter()
+        seqs = [item.seq for item in plan.scheduled if item.sample]
+        assert logits.shape[0] == len(seqs), (logits.shape, len(seqs))
+        if not seqs:
+            tokens: list[int] = []
+        else:
+            params = [seq.params for seq in seqs]
+            generators = [self._generators[seq.request_id] for seq in seqs]
+            tokens = self.sampler(logits, params, generators)
+        self.time_by_phase["model"] += t1 - t0
+        self.time_by_phase["sample"] += time.perf_counter() - t1
+        return tokens
+
+    def _output(self, seq: Sequence) -> RequestOutput:
+        """Detokenize ``seq``'s new token, apply stop strings, build its output."""
+        token_id = seq.token_ids[-1]
+        detok = self._detoks[seq.request_id]
+        text = detok.add((token_id,))
+        self._num_generated_tokens += 1
+        if seq.num_output_tokens == 1:
+            self._num_prompt_tokens += seq.num_prompt_tokens
+        if detok.stopped and not seq.is_finished:
+            self.scheduler.finish(seq.request_id, FinishReason.STOP)
+        elif detok.stopped:
+            seq.finish_reason = FinishReason.STOP  # the stop string cut the text
+        if seq.is_finished:
+            text += self._close(seq)
+        return self._make_output(seq, (token_id,), text)
+
+    def _drain_aborts(self) -> list[RequestOutput]:
+        """End the aborted requests that are live; ignore the others."""
+        outputs: list[RequestOutput] = []
+        pending, self._pending_aborts = self._pending_aborts, []
+        for request_id, reason in pending:
+            seq = self.scheduler.abort(request_id, reason)
+            if seq is not None:
+                outputs.append(self._make_output(seq, (), self._close(seq)))
+        return outputs
+
+    def _close(self, seq: Sequence) -> str:
+        """Forget a finished sequence's per-request state; return held-back text."""
+        assert seq.finish_reason is not None
+        self._finished[seq.finish_reason.value] += 1
+        self._generators.pop(seq.request_id)
+        return self._detoks.pop(seq.request_id).flush()
+
+    @staticmethod
+    def _make_output(seq: Sequence, token_ids: tuple[int, ...], text: str) -> RequestOutput:
+        return RequestOutput(
+            request_id=seq.request_id,
+            new_token_ids=token_ids,
+            text=text,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_output_tokens=seq.num_output_tokens,
+            finished=seq.is_finished,
+            finish_reason=seq.finish_reason,
+        )
+
+    def stats(self) -> EngineStats:
+        """A snapshot of the counters (call on the engine thread)."""
+        return EngineStats(
+            num_free_blocks=self.pool.num_free_blocks,
+            num_total_blocks=self.pool.num_total_blocks,
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            num_generated_tokens=self._num_generated_tokens,
+            num_prompt_tokens=self._num_prompt_tokens,
+            num_preemptions=self.scheduler.num_preemptions,
+            num_steps=self._num_steps,
+            last_step_s=self._last_step_s,
+            num_finished_by_reason=dict(self._finished),
+        )

@@ -1,0 +1,287 @@
+"""The engine loop in its own thread, with thread-safe submit and abort.
+
+Callers on any thread (the asyncio event loop above all) ``submit`` and
+``abort``; the engine thread drains both queues at the start of every step,
+runs the step, and hands the whole step's outputs to each step listener at
+once (one hand-off per step) and to per-request async iterators. When idle
+the thread sleeps on a condition variable (no polling). Every submitted
+request ends with exactly one finished output: on shutdown the live ones end
+``CANCELLED``; if the engine thread crashes they end ``ERROR`` and later
+submits raise :class:`EngineStoppedError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from engine.engine import EngineStats, LLMEngine
+from engine.errors import DuplicateRequestError, EngineStoppedError
+from engine.request import EngineRequest, FinishReason, RequestOutput
+
+logger = logging.getLogger(__name__)
+
+StepListener = Callable[[list[RequestOutput]], None]
+
+
+class _State(enum.Enum):
+    NEW = "new"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+@dataclass(slots=True)
+class _Live:
+    """What the runner knows of a live request, enough to end it on a crash."""
+
+    request: EngineRequest
+    num_output_tokens: int = 0
+
+
+class EngineRunner:
+    """Drives an :class:`LLMEngine` on a dedicated thread.
+
+    Args:
+        engine: the engine; after ``start()`` only the engine thread touches it.
+    """
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._cond = threading.Condition()
+        self._state = _State.NEW
+        self._submits: list[EngineRequest] = []
+        self._aborts: list[tuple[str, FinishReason]] = []
+        self._live: dict[str, _Live] = {}
+        self._sinks: dict[str, Callable[[RequestOutput], None]] = {}
+        self._listeners: list[StepListener] = []
+        self._thread: threading.Thread | None = None
+        self._stats = engine.stats()
+        self.error: BaseException | None = None
+
+    @property
+    def tokenizer(self) -> Any:
+        """The model's tokenizer."""
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        """Prompt plus output tokens of one sequence."""
+        return self.engine.max_model_len
+
+    @property
+    def model_name(self) -> str:
+        """A display name of the served model."""
+        return str(getattr(self.engine.runner, "model_name", "bargein"))
+
+    # ---- lifecycle ----------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the engine thread (once)."""
+        with self._cond:
+            assert self._state is _State.NEW, self._state
+            self._state = _State.RUNNING
+            self._thread = threading.Thread(target=self._run, name="bargein-engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, timeout: float = 10) -> None:
+        """Stop the loop after its current step; live requests end CANCELLED.
+
+        Idempotent. Waits up to ``timeout`` seconds for the thread.
+        """
+        with self._cond:
+            if self._state in (_State.STOPPING, _State.STOPPED):
+                thread = self._thread
+            else:
+                never_started = self._state is _State.NEW
+                self._state = _State.STOPPING
+                self._cond.notify_all()
+                thread = self._thread
+                if never_started:
+                    self._stop_on_caller()
+                    return
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def _stop_on_caller(self) -> None:
+        """Shutdown before start: end queued requests here (lock held)."""
+        self._state = _State.STOPPED
+        self._submits.clear()
+        outputs = [_final(live, FinishReason.CANCELLED) for live in self._live.values()]
+        self._dispatch_locked(outputs)
+
+    # ---- thread-safe API ------------------------------------------------------
+
+    def submit(self, request: EngineRequest) -> None:
+        """Queue a request for the next step.
+
+        Raises:
+            PromptTooLongError: ``len(prompt) >= max_model_len``.
+            ValueError: empty prompt.
+            DuplicateRequestError: the id is live.
+            EngineStoppedError: shut down, or the engine thread died.
+        """
+        self.engine.validate(request)
+        with self._cond:
+            if self._state not in (_State.NEW, _State.RUNNING):
+                raise EngineStoppedError(f"engine is {self._state.value}") from self.error
+            if request.request_id in self._live:
+                raise DuplicateRequestError(request.request_id)
+            self._live[request.request_id] = _Live(request)
+            self._submits.append(request)
+            self._cond.notify_all()
+
+    def abort(self, request_id: str, reason: FinishReason = FinishReason.INTERRUPTED) -> None:
+        """End a request at the start of the next step; no-op if not live."""
+        with self._cond:
+            if request_id in self._live and self._state in (_State.NEW, _State.RUNNING):
+                self._aborts.append((request_id, reason))
+                self._cond.notify_all()
+
+    def add_step_listener(self, fn: StepListener) -> None:
+        """Call ``fn(outputs)`` on the engine thread once per step with outputs.
+
+        ``fn`` must be quick (for example ``loop.call_soon_threadsafe``); an
+        exception in it is logged and does not stop the engine.
+        """
+        with self._cond:
+            self._listeners.append(fn)
+
+    def stats(self) -> EngineStats:
+        """The counters as of the end of the last step."""
+        return self._stats
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+        """Submit ``request`` and yield its outputs until the finished one.
+
+        Leaving the iteration early (``break``, cancellation) aborts the
+        request with ``CANCELLED``.
+
+        Raises:
+            the errors of :meth:`submit`.
+        """
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        request_id = request.request_id
+
+        def sink(output: RequestOutput) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, output)
+
+        with self._cond:
+            if request_id in self._sinks:
+                raise DuplicateRequestError(request_id)
+            self._sinks[request_id] = sink
+        finished = False
+        try:
+            self.submit(request)
+            while not finished:
+                output = await queue.get()
+                finished = output.finished
+                yield output
+        finally:
+            with self._cond:
+                self._sinks.pop(request_id, None)
+            if not finished:
+                self.abort(request_id, FinishReason.CANCELLED)
+
+    # ---- the engine thread ------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while self._next_step():
+                pass
+            outputs = self._finish_on_stop()
+        except Exception as exc:  # the engine is broken: fail every live request
+            logger.exception("engine thread crashed")
+            self._crash(exc)
+            return
+        with self._cond:
+            self._state = _State.STOPPED
+            self._dispatch_locked(outputs)
+
+    def _next_step(self) -> bool:
+        """Wait for work, then run one step; ``False`` once stopping."""
+        with self._cond:
+            while self._state is _State.RUNNING and not (
+                self._submits or self._aborts or self.engine.has_unfinished_requests()
+            ):
+                self._cond.wait()
+            if self._state is not _State.RUNNING:
+                return False
+            submits, self._submits = self._submits, []
+            aborts, self._aborts = self._aborts, []
+        for request in submits:
+            self.engine.add_request(request)
+        for request_id, reason in aborts:
+            self.engine.abort_request(request_id, reason)
+        outputs = self.engine.step()
+        self._stats = self.engine.stats()
+        with self._cond:
+            self._dispatch_locked(outputs)
+        return True
+
+    def _finish_on_stop(self) -> list[RequestOutput]:
+        """End every live request: queued aborts keep their reason, the rest CANCELLED."""
+        with self._cond:
+            submits, self._submits = self._submits, []
+            aborts, self._aborts = self._aborts, []
+        for request in submits:
+            self.engine.add_request(request)
+        for request_id, reason in aborts:
+            self.engine.abort_request(request_id, reason)
+        outputs = self.engine.finish_all(FinishReason.CANCELLED)
+        self._stats = self.engine.stats()
+        return outputs
+
+    def _crash(self, exc: BaseException) -> None:
+        with self._cond:
+            self.error = exc
+            self._state = _State.STOPPED
+            self._submits.clear()
+            self._aborts.clear()
+            outputs = [_final(live, FinishReason.ERROR) for live in self._live.values()]
+            self._dispatch_locked(outputs)
+
+    def _dispatch_locked(self, outputs: list[RequestOutput]) -> None:
+        """Hand one step's outputs to listeners and iterators (lock held)."""
+        if not outputs:
+            return
+        for output in outputs:
+            live = self._live.get(output.request_id)
+            if live is None:
+                continue
+            live.num_output_tokens = output.num_output_tokens
+            if output.finished:
+                del self._live[output.request_id]
+        for fn in self._listeners:
+            _call_safely(fn, outputs)
+        for output in outputs:
+            sink = self._sinks.get(output.request_id)
+            if sink is not None:
+                _call_safely(sink, output)
+
+
+def _final(live: _Live, reason: FinishReason) -> RequestOutput:
+    """The last output of a request the engine can no longer speak for."""
+    return RequestOutput(
+        request_id=live.request.request_id,
+        new_token_ids=(),
+        text="",
+        num_prompt_tokens=len(live.request.prompt_token_ids),
+        num_output_tokens=live.num_output_tokens,
+        finished=True,
+        finish_reason=reason,
+    )
+
+
+def _call_safely(fn: Callable[[Any], None], arg: Any) -> None:
+    """Run a listener; log its exception (a closed event loop, a bug) and go on."""
+    try:
+        fn(arg)
+    except Exception:
+        logger.exception("step listener %r failed", fn)

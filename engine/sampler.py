@@ -1,0 +1,107 @@
+"""Turn one step's logits into one token per sampling sequence.
+
+Greedy rows take the argmax of the raw logits (no softmax). The other rows
+are scaled by temperature, filtered by top-k and top-p together over one
+sort (as vLLM's ``apply_top_k_top_p``), and drawn with the exponential race
+(``argmax(p / q)``, ``q ~ Exp(1)``, equivalent to sampling from ``p``; the
+trick vLLM and gpt-fast use) so a request's noise comes from its own
+``torch.Generator``: the same seed gives the same tokens whatever else
+shares the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from engine.request import SamplingParams
+
+
+def make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:
+    """A generator seeded for one request, or ``None`` for the global RNG."""
+    if seed is None:
+        return None
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def apply_top_k_top_p(
+    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
+) -> torch.Tensor:
+    """Mask logits outside each row's top-k and top-p set with ``-inf``.
+
+    Args:
+        logits: ``[B, V]`` float32 (temperature already applied); not mutated.
+        top_k: ``[B]`` int64, ``k`` per row (``V`` disables); or ``None``.
+        top_p: ``[B]`` float32 in (0, 1] (1 disables); or ``None``.
+
+    Returns:
+        ``[B, V]``: the top-p set is the smallest set of most likely tokens
+        whose probability reaches ``p`` (the most likely token always stays);
+        ties at the k-th logit are all kept.
+    """
+    sorted_logits, order = logits.sort(dim=-1, descending=False)
+    vocab = logits.shape[-1]
+    if top_k is not None:
+        kth = sorted_logits.gather(1, (vocab - top_k).unsqueeze(1))  # [B, 1]
+        sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
+    if top_p is not None:
+        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        drop = cum <= (1 - top_p).unsqueeze(1)
+        drop[:, -1] = False
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+class Sampler:
+    """Samples one token per row of logits according to per-row params."""
+
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        params: Sequence[SamplingParams],
+        generators: Sequence[torch.Generator | None],
+    ) -> list[int]:
+        """Pick the tokens.
+
+        Args:
+            logits: ``[B, V]`` float32, one row per sampling sequence.
+            params: ``B`` sampling params, row order.
+            generators: ``B`` per-request generators (``None``: global RNG),
+                on ``logits.device``.
+
+        Returns:
+            ``B`` token ids.
+        """
+        assert logits.dim() == 2 and logits.shape[0] == len(params) == len(generators)
+        greedy_rows = [i for i, p in enumerate(params) if p.greedy]
+        if len(greedy_rows) == len(params):
+            return logits.argmax(dim=-1).tolist()
+        tokens = torch.empty(len(params), dtype=torch.long, device=logits.device)
+        if greedy_rows:
+            tokens[greedy_rows] = logits[greedy_rows].argmax(dim=-1)
+        rand_rows = [i for i, p in enumerate(params) if not p.greedy]
+        rand_params = [params[i] for i in rand_rows]
+        probs = self._probs(logits[rand_rows], rand_params)
+        noise = torch.empty_like(probs)
+        for row, i in enumerate(rand_rows):
+            noise[row].exponential_(generator=generators[i])
+        tokens[rand_rows] = (probs / noise).argmax(dim=-1)
+        return tokens.tolist()
+
+    @staticmethod
+    def _probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+        """``[R, V]`` float32 probabilities after temperature, top-k, top-p."""
+        device = logits.device
+        temps = torch.tensor([p.temperature for p in params], device=device)
+        logits = logits / temps.unsqueeze(1)
+        vocab = logits.shape[-1]
+        top_k = top_p = None
+        if any(0 < p.top_k < vocab for p in params):
+            ks = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
+            top_k = torch.tensor(ks, dtype=torch.long, device=device)
+        if any(p.top_p < 1 for p in params):
+            top_p = torch.tensor([p.top_p for p in params], device=device)
+        if top_k is not None or top_p is not None:
+            logits = apply_top_k_top_p(logits, top_k, top_p)
+        return logits.softmax(dim=-1)

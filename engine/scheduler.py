@@ -1,0 +1,300 @@
+"""Continuous batching: which tokens of which sequences run in the next step.
+
+Token-budget scheduling after vLLM v1 (``vllm/v1/core/sched/scheduler.py``):
+every sequence's computed tokens catch up with its tokens, a few at a time.
+Each step spends at most ``max_num_batched_tokens`` tokens:
+
+1. decodes first: every running sequence with one token to compute;
+2. then prefill chunks of running sequences still in their prompt (oldest
+   first), at most ``prefill_chunk_size`` tokens each;
+3. then new sequences from the waiting queue, FIFO, while fewer than
+   ``max_num_seqs`` run and blocks allow (none admitted in a step that
+   preempted).
+
+When the block pool cannot cover a running sequence's next tokens, the
+newest running sequence is preempted: its blocks are freed and it goes back
+to the front of the waiting queue to be recomputed (prompt plus output so
+far) when blocks allow. Pure Python, no torch: tests step it with
+hand-made sampled tokens.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from engine.config import SchedulerConfig
+from engine.kv_cache import BlockPool
+from engine.request import EngineRequest, FinishReason
+from engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduledSeq:
+    """One sequence's slice of the next step (the model runner's ``SeqInput``).
+
+    Attributes:
+        seq: the sequence (mutable; the scheduler updates it).
+        token_ids: tokens to compute this step, positions ``start_pos...``.
+        start_pos: tokens already in the KV cache.
+        block_table: KV block ids covering ``start_pos + len(token_ids)``.
+        sample: whether the step ends the sequence's known tokens, so a new
+            token is sampled from the last position's logits.
+    """
+
+    seq: Sequence
+    token_ids: tuple[int, ...]
+    start_pos: int
+    block_table: tuple[int, ...]
+    sample: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulerOutput:
+    """The plan of one step.
+
+    Attributes:
+        scheduled: decodes first, then prefill chunks; sampled rows come in
+            this order among those with ``sample``.
+        preempted_ids: request ids preempted while planning this step.
+        num_batched_tokens: total tokens computed this step.
+    """
+
+    scheduled: tuple[ScheduledSeq, ...]
+    preempted_ids: tuple[str, ...] = ()
+    num_batched_tokens: int = 0
+
+    @property
+    def num_sample(self) -> int:
+        """Rows of logits the model returns (sequences sampling this step)."""
+        return sum(1 for s in self.scheduled if s.sample)
+
+    @property
+    def is_empty(self) -> bool:
+        """Nothing to compute (no sequences, or none fit)."""
+        return not self.scheduled
+
+
+@dataclass(slots=True)
+class _StepPlan:
+    """Working state of one ``schedule()`` call."""
+
+    budget: int
+    num_tokens: dict[Sequence, int] = field(default_factory=dict)  # insertion order
+    preempted: list[Sequence] = field(default_factory=list)
+
+
+class Scheduler:
+    """Waiting and running queues over one :class:`BlockPool`.
+
+    Args:
+        config: step limits.
+        pool: the KV block pool (shared with nobody else).
+        eos_token_ids: tokens that end a sequence unless ``ignore_eos``.
+
+    Misuse (a duplicate id, a prompt that cannot fit the context, sampled
+    tokens that do not match the plan) is an ``AssertionError``: the engine
+    validates requests before they get here.
+    """
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        pool: BlockPool,
+        eos_token_ids: Iterable[int] = (),
+    ) -> None:
+        self.config = config
+        self.pool = pool
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self._live: dict[str, Sequence] = {}
+        self._next_seq_no = 0
+        self.num_preemptions = 0
+
+    # ---- requests in and out -------------------------------------------
+
+    def add(self, request: EngineRequest) -> Sequence:
+        """Queue a request at the back of the waiting queue."""
+        assert request.request_id not in self._live, request.request_id
+        assert len(request.prompt_token_ids) < self.config.max_model_len
+        seq = Sequence(request, self._next_seq_no)
+        self._next_seq_no += 1
+        self._live[request.request_id] = seq
+        self.waiting.append(seq)
+        return seq
+
+    def finish(self, request_id: str, reason: FinishReason) -> Sequence | None:
+        """End a live sequence in any state and free its blocks.
+
+        Used for aborts and for stop strings found after ``update``.
+
+        Returns:
+            the finished sequence, or ``None`` when the id is unknown or
+            already finished (a no-op).
+        """
+        seq = self._live.get(request_id)
+        if seq is None:
+            return None
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
+        self._release(seq, reason)
+        return seq
+
+    def abort(self, request_id: str, reason: FinishReason = FinishReason.INTERRUPTED) -> Sequence | None:
+        """Abort a request wherever it is; see :meth:`finish`."""
+        return self.finish(request_id, reason)
+
+    def get(self, request_id: str) -> Sequence | None:
+        """The live sequence with this id, if any."""
+        return self._live.get(request_id)
+
+    @property
+    def num_unfinished(self) -> int:
+        """Sequences waiting or running."""
+        return len(self._live)
+
+    def has_unfinished(self) -> bool:
+        """Whether any sequence is waiting or running."""
+        return bool(self._live)
+
+    # ---- planning a step --------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        """Plan the next step: decodes, then prefill chunks, then admissions."""
+        plan = _StepPlan(budget=self.config.max_num_batched_tokens)
+        self._schedule_running(plan, decodes=True)
+        self._schedule_running(plan, decodes=False)
+        if not plan.preempted:
+            self._schedule_waiting(plan)
+        scheduled = tuple(
+            self._slice(seq, n) for seq, n in plan.num_tokens.items()
+        )
+        return SchedulerOutput(
+            scheduled=scheduled,
+            preempted_ids=tuple(s.request_id for s in plan.preempted),
+            num_batched_tokens=sum(plan.num_tokens.values()),
+        )
+
+    def _schedule_running(self, plan: _StepPlan, *, decodes: bool) -> None:
+        """Give running sequences their tokens: one-token decodes or chunks."""
+        for seq in list(self.running):
+            if plan.budget == 0:
+                return
+            if seq.status is not SequenceStatus.RUNNING or seq in plan.num_tokens:
+                continue  # preempted earlier in this loop, or already planned
+            num_new = seq.num_tokens - seq.num_computed_tokens
+            assert num_new >= 1, seq
+            if (num_new == 1) != decodes:
+                continue
+            num_new = min(num_new, self.config.prefill_chunk_size, plan.budget)
+            if self._reserve(seq, seq.num_computed_tokens + num_new, plan):
+                plan.num_tokens[seq] = num_new
+                plan.budget -= num_new
+
+    def _reserve(self, seq: Sequence, num_tokens: int, plan: _StepPlan) -> bool:
+        """Cover ``num_tokens`` of ``seq`` with blocks, preempting the newest.
+
+        Returns ``False`` when ``seq`` itself was the newest and got preempted.
+        """
+        while not self.pool.append_slots(seq.block_table, num_tokens):
+            victim = self.running[-1]
+            self._preempt(victim, plan)
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence, plan: _StepPlan) -> None:
+        """Free ``seq``'s blocks and queue it first for recomputation."""
+        self.running.remove(seq)
+        planned = plan.num_tokens.pop(seq, 0)
+        plan.budget += planned
+        self.pool.free(seq.block_table)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.waiting.appendleft(seq)
+        plan.preempted.append(seq)
+        self.num_preemptions += 1
+
+    def _schedule_waiting(self, plan: _StepPlan) -> None:
+        """Admit waiting sequences in FIFO order while limits and blocks allow."""
+        while self.waiting and plan.budget > 0:
+            if len(self.running) >= self.config.max_num_seqs:
+                return
+            seq = self.waiting[0]
+            num_new = min(seq.num_tokens, self.config.prefill_chunk_size, plan.budget)
+            if not self.pool.append_slots(seq.block_table, num_new):
+                return  # FIFO: nobody overtakes the head of the queue
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            plan.num_tokens[seq] = num_new
+            plan.budget -= num_new
+
+    @staticmethod
+    def _slice(seq: Sequence, num_new: int) -> ScheduledSeq:
+        start = seq.num_computed_tokens
+        end = start + num_new
+        return ScheduledSeq(
+            seq=seq,
+            token_ids=tuple(seq.token_ids[start:end]),
+            start_pos=start,
+            block_table=tuple(seq.block_table),
+            sample=end == seq.num_tokens,
+        )
+
+    # ---- after the step ---------------------------------------------------
+
+    def update(self, output: SchedulerOutput, sampled: list[int]) -> list[Sequence]:
+        """Advance sequences by the step's results and apply token stops.
+
+        Args:
+            output: the plan that was executed.
+            sampled: one token id per scheduled sequence with ``sample``, in
+                order.
+
+        Returns:
+            the sequences that received a token this step, in plan order;
+            those that hit EOS, a stop token id, ``max_tokens`` or
+            ``max_model_len`` are finished (``finish_reason`` set, blocks
+            freed).
+        """
+        assert len(sampled) == output.num_sample, (len(sampled), output.num_sample)
+        rows = iter(sampled)
+        updated: list[Sequence] = []
+        for item in output.scheduled:
+            seq = item.seq
+            assert seq.status is SequenceStatus.RUNNING, seq
+            seq.num_computed_tokens += len(item.token_ids)
+            if not item.sample:
+                continue
+            token_id = next(rows)
+            seq.token_ids.append(token_id)
+            reason = self._token_stop(seq, token_id)
+            if reason is not None:
+                self.running.remove(seq)
+                self._release(seq, reason)
+            updated.append(seq)
+        return updated
+
+    def _token_stop(self, seq: Sequence, token_id: int) -> FinishReason | None:
+        params = seq.params
+        if token_id in params.stop_token_ids or (
+            not params.ignore_eos and token_id in self.eos_token_ids
+        ):
+            return FinishReason.STOP
+        if seq.num_output_tokens >= params.max_tokens:
+            return FinishReason.LENGTH
+        if seq.num_tokens >= self.config.max_model_len:
+            return FinishReason.LENGTH
+        return None
+
+    def _release(self, seq: Sequence, reason: FinishReason) -> None:
+        self.pool.free(seq.block_table)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        del self._live[seq.request_id]
