@@ -1,0 +1,94 @@
+"""Value rules of client events, checked after the types (``invalid_parameter``).
+
+Only rules that hold for every server are here; limits a server announces in
+``session.created`` (``max_tokens``, prompt length) are the session's to
+enforce, since the codec does not know them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from protocol.errors import ProtocolError
+from protocol.events import (
+    ClientEvent,
+    ErrorCode,
+    ResponseCancel,
+    ResponseCreate,
+    SessionUpdate,
+    StreamResume,
+)
+
+MAX_EVENT_ID_CHARS = 64
+MAX_RESPONSE_ID_CHARS = 64
+MAX_STOP_STRINGS = 4
+MAX_SEED = 2**63 - 1  # fits an int64 everywhere (torch generators, Redis, msgpack)
+
+
+def check_event_id(event_id: str | None) -> None:
+    """Raise ``invalid_parameter`` for an ``event_id`` over 64 chars."""
+    if event_id is not None and len(event_id) > MAX_EVENT_ID_CHARS:
+        raise _bad(f"'event_id' must be at most {MAX_EVENT_ID_CHARS} characters")
+
+
+def check_rules(event: ClientEvent) -> None:
+    """Raise ``ProtocolError(invalid_parameter)`` when a value breaks a rule."""
+    check = _CHECKS.get(type(event))
+    if check is not None:
+        check(event)
+
+
+def _check_sampling(params: Any, path: str) -> None:
+    """Rules shared by ``response.create`` and ``session.defaults``."""
+    p = f"{path}." if path else ""
+    if params.max_tokens is not None and params.max_tokens < 1:
+        raise _bad(f"'{p}max_tokens' must be >= 1")
+    if params.temperature is not None and params.temperature < 0:
+        raise _bad(f"'{p}temperature' must be >= 0")
+    if params.top_p is not None and not 0 < params.top_p <= 1:
+        raise _bad(f"'{p}top_p' must be in (0, 1]")
+    if params.top_k is not None and params.top_k < 0:
+        raise _bad(f"'{p}top_k' must be >= 0")
+    if params.seed is not None and not 0 <= params.seed <= MAX_SEED:
+        raise _bad(f"'{p}seed' must be in [0, 2**63 - 1]")
+    if params.stop is not None:
+        if len(params.stop) > MAX_STOP_STRINGS:
+            raise _bad(f"'{p}stop' holds at most {MAX_STOP_STRINGS} strings")
+        if not all(params.stop):
+            raise _bad(f"'{p}stop' strings must be non-empty")
+
+
+def _check_create(event: ResponseCreate) -> None:
+    _check_sampling(event, "")
+    if event.response_id is not None and not 0 < len(event.response_id) <= MAX_RESPONSE_ID_CHARS:
+        raise _bad(f"'response_id' must be 1 to {MAX_RESPONSE_ID_CHARS} characters")
+
+
+def _check_update(event: SessionUpdate) -> None:
+    if event.session.defaults is not None:
+        _check_sampling(event.session.defaults, "session.defaults")
+
+
+def _check_cancel(event: ResponseCancel) -> None:
+    if event.heard_chars is not None and event.heard_chars < 0:
+        raise _bad("'heard_chars' must be >= 0")
+    if event.audio_end_ms is not None and event.audio_end_ms < 0:
+        raise _bad("'audio_end_ms' must be >= 0")
+
+
+def _check_resume(event: StreamResume) -> None:
+    if event.from_ < 0:
+        raise _bad("'from' must be >= 0")
+
+
+_CHECKS: dict[type, Callable[[Any], None]] = {
+    ResponseCreate: _check_create,
+    SessionUpdate: _check_update,
+    ResponseCancel: _check_cancel,
+    StreamResume: _check_resume,
+}
+
+
+def _bad(message: str) -> ProtocolError:
+    return ProtocolError(ErrorCode.INVALID_PARAMETER, message)

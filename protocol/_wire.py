@@ -1,0 +1,169 @@
+"""Dataclass <-> wire map conversion, driven by the events' type hints.
+
+The wire map is what JSON and msgpack carry: ``dict``/``list``/``str``/
+``int``/``float``/``bool``/``None``. Decoding checks types only (the range
+rules live in ``protocol._rules``) and raises :class:`ProtocolError`:
+``invalid_message`` for a missing or mistyped field, ``invalid_parameter``
+for a value outside an enumerated set or a non-finite number. Fields the
+schema does not know are ignored, so older code reads newer frames.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import math
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin
+
+from protocol.errors import ProtocolError
+from protocol.events import ErrorCode
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class _Field:
+    name: str  # attribute name
+    wire: str  # key on the wire
+    tp: Any  # resolved type hint
+    required: bool  # no default: the key must be present (its value may be null if tp allows)
+
+
+@functools.cache
+def _fields(cls: type) -> tuple[_Field, ...]:
+    hints = typing.get_type_hints(cls)
+    return tuple(
+        _Field(
+            name=f.name,
+            wire=f.metadata.get("wire", f.name),
+            tp=hints[f.name],
+            required=f.default is dataclasses.MISSING,
+        )
+        for f in dataclasses.fields(cls)
+    )
+
+
+def to_wire(obj: Any) -> dict[str, Any]:
+    """The wire map of an event or nested value; ``type`` first when it has one.
+
+    ``None`` optional fields are left out; a required field that is ``None``
+    (a nullable one, as ``session.resumed.active``) is written as null.
+    """
+    out: dict[str, Any] = {}
+    if isinstance(getattr(type(obj), "type", None), str):
+        out["type"] = type(obj).type
+    for f in _fields(type(obj)):
+        value = getattr(obj, f.name)
+        if value is not None or f.required:
+            out[f.wire] = _value_to_wire(value)
+    return out
+
+
+def _value_to_wire(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return to_wire(value)
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (tuple, list)):
+        return [_value_to_wire(v) for v in value]
+    return value
+
+
+def from_wire(cls: type[T], obj: Any, path: str = "") -> T:
+    """Build ``cls`` from a wire map, checking every known field's type.
+
+    Args:
+        cls: the event or nested dataclass.
+        obj: the decoded map.
+        path: where ``obj`` sits in the frame, for error messages ("" = top).
+
+    Raises:
+        ProtocolError: see the module docstring.
+    """
+    if not isinstance(obj, Mapping):
+        raise _invalid(f"{path or 'the frame'} must be a map")
+    kwargs: dict[str, Any] = {}
+    for f in _fields(cls):
+        where = f"{path}.{f.wire}" if path else f.wire
+        value = obj.get(f.wire)
+        if value is None:
+            if not f.required:
+                continue  # an optional field sent as null counts as absent
+            if f.wire not in obj or not _is_optional(f.tp):
+                raise _invalid(f"missing field {where!r}")
+            kwargs[f.name] = None  # a nullable field (session.resumed.active)
+            continue
+        kwargs[f.name] = convert(f.tp, value, where)
+    return cls(**kwargs)
+
+
+def convert(tp: Any, value: Any, where: str) -> Any:
+    """Check (and normalise) one non-null wire value against type hint ``tp``."""
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        (inner,) = [a for a in get_args(tp) if a is not type(None)]
+        return convert(inner, value, where)
+    if origin is Literal:
+        if not isinstance(value, str) or value not in get_args(tp):
+            raise _bad_value(f"{where!r} must be one of {', '.join(get_args(tp))}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise _invalid(f"{where!r} must be a list")
+        item_tp = get_args(tp)[0]
+        return tuple(convert(item_tp, v, f"{where}[{i}]") for i, v in enumerate(value))
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        if not isinstance(value, str) or value not in {m.value for m in tp}:
+            raise _bad_value(f"{where!r} is not a known value")
+        return tp(value)
+    if dataclasses.is_dataclass(tp):
+        return from_wire(tp, value, where)
+    return _convert_scalar(tp, value, where)
+
+
+def _convert_scalar(tp: type, value: Any, where: str) -> Any:
+    if tp is bool:
+        if type(value) is not bool:
+            raise _invalid(f"{where!r} must be a boolean")
+    elif tp is int:
+        # bool is an int subclass, and 1.0 is not an int on this wire.
+        if type(value) is not int:
+            raise _invalid(f"{where!r} must be an integer")
+    elif tp is float:
+        if type(value) not in (int, float):
+            raise _invalid(f"{where!r} must be a number")
+        if not math.isfinite(value):
+            raise _bad_value(f"{where!r} must be a finite number")
+        return float(value)
+    elif tp is str:
+        if type(value) is not str:
+            raise _invalid(f"{where!r} must be a string")
+        _check_encodable(value, where)
+    else:  # pragma: no cover - a schema type this module does not handle
+        raise AssertionError(f"unsupported schema type {tp!r}")
+    return value
+
+
+def _check_encodable(value: str, where: str) -> None:
+    # JSON escapes can smuggle lone surrogates ("\ud800") into a str; they
+    # cannot be written back as UTF-8 by the tokenizer, the log or msgpack.
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _invalid(f"{where!r} is not valid Unicode (lone surrogate)") from None
+
+
+def _is_optional(tp: Any) -> bool:
+    return get_origin(tp) in (Union, types.UnionType) and type(None) in get_args(tp)
+
+
+def _invalid(message: str) -> ProtocolError:
+    return ProtocolError(ErrorCode.INVALID_MESSAGE, message)
+
+
+def _bad_value(message: str) -> ProtocolError:
+    return ProtocolError(ErrorCode.INVALID_PARAMETER, message)
