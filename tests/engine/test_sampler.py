@@ -1,0 +1,114 @@
+"""The sampler on fixed logits: greedy, seeds across batches, top-k and top-p sets."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from engine.request import SamplingParams
+from engine.sampler import Sampler, make_generator
+
+CPU = torch.device("cpu")
+VOCAB = 64
+
+
+def fixed_logits(seed: int, rows: int = 1) -> torch.Tensor:
+    return torch.randn(rows, VOCAB, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def test_greedy_rows_take_the_argmax() -> None:
+    logits = fixed_logits(0, rows=3)
+    params = [SamplingParams(temperature=0), SamplingParams(top_k=1), SamplingParams(temperature=0, top_p=0.1)]
+    tokens = Sampler()(logits, params, [None] * 3)
+    assert tokens == logits.argmax(dim=-1).tolist()
+
+
+def test_greedy_and_random_rows_mix_in_one_batch() -> None:
+    logits = fixed_logits(1, rows=4)
+    params = [SamplingParams(temperature=0), SamplingParams(seed=1), SamplingParams(temperature=0), SamplingParams()]
+    tokens = Sampler()(logits, params, [None, make_generator(1, CPU), None, None])
+    assert tokens[0] == int(logits[0].argmax()) and tokens[2] == int(logits[2].argmax())
+    assert all(0 <= t < VOCAB for t in tokens)
+
+
+def draw_seeded(batch_position: int, others: list[SamplingParams], steps: int = 30) -> list[int]:
+    """Tokens of a seeded request sampled `steps` times inside a batch of others."""
+    sampler = Sampler()
+    mine = SamplingParams(temperature=0.9, top_p=0.95, top_k=40, seed=1234)
+    gen = make_generator(1234, CPU)
+    own_logits = fixed_logits(7)
+    tokens = []
+    for step in range(steps):
+        params = list(others)
+        params.insert(batch_position, mine)
+        gens = [make_generator(step + 99, CPU) if p.seed is not None else None for p in others]
+        gens.insert(batch_position, gen)
+        rows = [fixed_logits(100 + step + i) for i in range(len(others))]
+        rows.insert(batch_position, own_logits)
+        tokens.append(sampler(torch.cat(rows), params, gens)[batch_position])
+    return tokens
+
+
+def test_same_seed_same_tokens_whatever_shares_the_batch() -> None:
+    alone = draw_seeded(0, [])
+    assert len(set(alone)) > 3  # really sampling, not argmax
+    crowded = [
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=1.5),
+        SamplingParams(top_k=3, seed=5),
+        SamplingParams(top_p=0.5),
+    ]
+    assert draw_seeded(2, crowded) == alone
+    assert draw_seeded(4, crowded) == alone
+    assert draw_seeded(1, crowded[:1]) == alone
+
+
+def test_different_seeds_differ() -> None:
+    logits = fixed_logits(3)
+    params = [SamplingParams(seed=1)]
+
+    def run(seed: int) -> list[int]:
+        gen = make_generator(seed, CPU)
+        return [Sampler()(logits, params, [gen])[0] for _ in range(20)]
+
+    assert run(1) == run(1)
+    assert run(1) != run(2)
+
+
+def test_top_k_never_picks_outside_the_k_most_likely() -> None:
+    logits = fixed_logits(11)
+    allowed = set(logits[0].topk(5).indices.tolist())
+    batch = logits.expand(2000, VOCAB).contiguous()
+    params = [SamplingParams(temperature=1.0, top_k=5)] * 2000
+    picked = Sampler()(batch, params, [None] * 2000)
+    assert set(picked) <= allowed
+    assert set(picked) == allowed  # all five are reachable
+
+
+def test_top_p_never_picks_outside_the_nucleus() -> None:
+    probs = torch.tensor([[0.05, 0.5, 0.1, 0.2, 0.15]])
+    logits = probs.log()
+    batch = logits.expand(2000, 5).contiguous()
+    params = [SamplingParams(temperature=1.0, top_p=0.8)] * 2000
+    picked = Sampler()(batch, params, [None] * 2000)
+    assert set(picked) == {1, 3, 4}  # 0.5 + 0.2 + 0.15 >= 0.8
+
+
+def test_top_k_and_top_p_together_take_the_smaller_set() -> None:
+    probs = torch.tensor([[0.05, 0.5, 0.1, 0.2, 0.15]])
+    batch = probs.log().expand(1000, 5).contiguous()
+    params = [SamplingParams(top_p=0.8, top_k=2)] * 1000
+    assert set(Sampler()(batch, params, [None] * 1000)) == {1, 3}
+
+
+def test_temperature_sampling_follows_the_distribution() -> None:
+    probs = torch.tensor([0.6, 0.3, 0.1])
+    n = 6000
+    batch = probs.log().expand(n, 3).contiguous()
+    gen = make_generator(0, CPU)
+    params = [SamplingParams(temperature=1.0)] * n
+    picked = torch.tensor(Sampler()(batch, params, [gen] * n))
+    freq = torch.bincount(picked, minlength=3).float() / n
+    # 5 standard errors of a binomial proportion.
+    assert all(abs(f - p) < 5 * math.sqrt(p * (1 - p) / n) for f, p in zip(freq.tolist(), probs.tolist(), strict=True))

@@ -1,0 +1,89 @@
+"""Stateful property test of the scheduler and block pool together.
+
+Random arrivals, aborts (in any state, including unknown and finished ids)
+and steps; the "model" is a fake sampler drawing token ids, some of them EOS.
+Every request must end exactly once, blocks must never leak, no step crashes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from engine.config import SchedulerConfig
+from engine.kv_cache import BlockPool
+from engine.request import EngineRequest, SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import SequenceStatus
+
+EOS = 0
+NUM_BLOCKS = 10
+BLOCK_SIZE = 4
+CONFIG = SchedulerConfig(
+    max_num_seqs=4, max_num_batched_tokens=12, prefill_chunk_size=6, max_model_len=32
+)
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sched = Scheduler(CONFIG, BlockPool(NUM_BLOCKS, BLOCK_SIZE), eos_token_ids=[EOS])
+        self.ids: list[str] = []
+        self.ended: Counter[str] = Counter()
+
+    @rule(
+        num_prompt=st.integers(1, CONFIG.max_model_len - 1),
+        max_tokens=st.integers(1, 12),
+        ignore_eos=st.booleans(),
+    )
+    def arrive(self, num_prompt: int, max_tokens: int, ignore_eos: bool) -> None:
+        request_id = f"r{len(self.ids)}"
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos, temperature=0)
+        prompt = tuple(range(1, num_prompt + 1))
+        self.sched.add(EngineRequest(request_id=request_id, prompt_token_ids=prompt, params=params))
+        self.ids.append(request_id)
+
+    @rule(index=st.integers(0, 40))
+    def abort(self, index: int) -> None:
+        request_id = self.ids[index] if index < len(self.ids) else "unknown"
+        seq = self.sched.abort(request_id)
+        if seq is not None:
+            self.ended[request_id] += 1
+
+    @rule(tokens=st.lists(st.integers(0, 5), min_size=CONFIG.max_num_seqs, max_size=CONFIG.max_num_seqs))
+    def step(self, tokens: list[int]) -> None:
+        out = self.sched.schedule()
+        assert out.num_batched_tokens <= CONFIG.max_num_batched_tokens
+        assert len(out.scheduled) <= CONFIG.max_num_seqs
+        if out.preempted_ids:
+            event("preempted")
+        for item in out.scheduled:
+            assert len(item.block_table) * BLOCK_SIZE >= item.start_pos + len(item.token_ids)
+        for seq in self.sched.update(out, tokens[: out.num_sample]):
+            if seq.is_finished:
+                self.ended[seq.request_id] += 1
+
+    @invariant()
+    def blocks_are_accounted_for(self) -> None:
+        held = sum(len(seq.block_table) for seq in self.sched.running)
+        assert held + self.sched.pool.num_free_blocks == NUM_BLOCKS
+        assert all(not seq.block_table for seq in self.sched.waiting)
+        assert all(seq.status is SequenceStatus.RUNNING for seq in self.sched.running)
+        assert len(self.sched.running) <= CONFIG.max_num_seqs
+        assert all(count == 1 for count in self.ended.values())
+
+    def teardown(self) -> None:
+        for _ in range(2000):  # every live request must finish on its own
+            if not self.sched.has_unfinished():
+                break
+            self.step([1] * CONFIG.max_num_seqs)
+        assert not self.sched.has_unfinished()
+        assert self.ended == Counter(self.ids)
+        assert self.sched.pool.num_free_blocks == NUM_BLOCKS
+
+
+SchedulerMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+test_scheduler_state_machine = SchedulerMachine.TestCase
