@@ -1,0 +1,221 @@
+"""Our Llama-family forward (Llama, SmolLM2, Qwen2, Mistral) over a flat token batch.
+
+Follows HF ``LlamaForCausalLM`` (Touvron et al. 2023): pre-norm decoder
+layers of RMSNorm, rotary GQA attention and a SwiGLU MLP. The q/k/v and
+gate/up projections are fused into one matrix each at load (one GEMM instead
+of three or two; PERF-NOTES.md), Qwen2's q/k/v biases fused alike. Norms,
+rotary, SiLU-mul, the KV write and attention go through the kernel ops of
+one backend (``engine.kernels.get_ops``); only the GEMMs are plain torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import PretrainedConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from engine.attention import AttentionMetadata
+from engine.kernels import Ops
+from engine.kernels.rotary import build_cos_sin_cache
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerWeights:
+    """One decoder layer, fused: ``qkv [(Hq+2Hk)*D, H]``, ``gate_up [2I, H]``."""
+
+    input_norm: torch.Tensor
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o_proj: torch.Tensor
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelShape:
+    """Sizes the forward and the KV pool need."""
+
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+
+
+def model_shape(config: PretrainedConfig) -> ModelShape:
+    """Read the sizes of a Llama-family transformers config."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return ModelShape(
+        num_layers=config.num_hidden_layers,
+        hidden_size=config.hidden_size,
+        num_heads=config.num_attention_heads,
+        num_kv_heads=getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+        head_dim=head_dim,
+        vocab_size=config.vocab_size,
+        rms_norm_eps=config.rms_norm_eps,
+    )
+
+
+def _check_supported(config: PretrainedConfig, max_model_len: int) -> None:
+    """Refuse what this forward does not implement rather than compute wrong logits."""
+    if getattr(config, "hidden_act", "silu") != "silu":
+        raise ValueError(f"unsupported hidden_act {config.hidden_act!r} (only silu)")
+    if getattr(config, "mlp_bias", False):
+        raise ValueError("unsupported: mlp_bias=True")
+    window = getattr(config, "sliding_window", None)
+    uses_window = getattr(config, "use_sliding_window", config.model_type == "mistral")
+    if uses_window and window is not None and window < max_model_len:
+        raise ValueError(f"unsupported: sliding_window={window} < {max_model_len=}")
+
+
+def _fused_layer(weights: dict[str, torch.Tensor], i: int, bias: bool, to) -> LayerWeights:
+    p = f"model.layers.{i}."
+    att, mlp = p + "self_attn.", p + "mlp."
+    qkv_bias = None
+    if bias:
+        qkv_bias = to(torch.cat([weights[f"{att}{x}_proj.bias"] for x in "qkv"]))
+    return LayerWeights(
+        input_norm=to(weights[p + "input_layernorm.weight"]),
+        qkv=to(torch.cat([weights[f"{att}{x}_proj.weight"] for x in "qkv"])),
+        qkv_bias=qkv_bias,
+        o_proj=to(weights[att + "o_proj.weight"]),
+        post_norm=to(weights[p + "post_attention_layernorm.weight"]),
+        gate_up=to(torch.cat([weights[mlp + "gate_proj.weight"], weights[mlp + "up_proj.weight"]])),
+        down=to(weights[mlp + "down_proj.weight"]),
+    )
+
+
+class LlamaModel:
+    """The forward pass; holds fused weights and the rotary cache, no KV state.
+
+    Args:
+        config: a transformers Llama/Qwen2/Mistral config.
+        weights: HF parameter names -> tensors (read, not kept).
+        ops: kernel ops of the backend.
+        dtype, device: where and in what the weights live.
+        max_model_len: positions covered by the rotary cache.
+
+    Raises:
+        ValueError: a config feature this forward does not implement.
+        KeyError: a weight missing from ``weights``.
+    """
+
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        weights: dict[str, torch.Tensor],
+        ops: Ops,
+        dtype: torch.dtype,
+        device: torch.device,
+        max_model_len: int,
+    ) -> None:
+        _check_supported(config, max_model_len)
+        self.shape = model_shape(config)
+        self.ops = ops
+
+        def to(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device=device, dtype=dtype).contiguous()
+
+        bias = bool(getattr(config, "attention_bias", False)) or config.model_type == "qwen2"
+        self.layers = [_fused_layer(weights, i, bias, to) for i in range(self.shape.num_layers)]
+        self.embed = to(weights["model.embed_tokens.weight"])
+        self.norm = to(weights["model.norm.weight"])
+        tied = getattr(config, "tie_word_embeddings", False) or "lm_head.weight" not in weights
+        self.lm_head = self.embed if tied else to(weights["lm_head.weight"])
+        inv_freq, scaling = _rope_inv_freq(config)
+        self.cos_sin_cache = build_cos_sin_cache(max_model_len, self.shape.head_dim, inv_freq, scaling).to(device)
+        self.scale = self.shape.head_dim**-0.5
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: torch.Tensor,
+    ) -> torch.Tensor:
+        """Hidden states after the final norm.
+
+        Args:
+            input_ids: ``[T]`` int64, decode tokens first, then prefill chunks.
+            positions: ``[T]`` int64.
+            meta: where K/V go and what each query reads.
+            kv_caches: ``[L, 2, num_blocks, block_size, Hk, D]``, written in place.
+
+        Returns:
+            ``[T, H]`` hidden states.
+        """
+        x = F.embedding(input_ids, self.embed)
+        residual = None
+        for layer, kv in zip(self.layers, kv_caches):
+            h, residual = self.ops.rms_norm(x, layer.input_norm, self.shape.rms_norm_eps, residual)
+            h = self._attention(h, layer, positions, meta, kv[0], kv[1])
+            h, residual = self.ops.rms_norm(h, layer.post_norm, self.shape.rms_norm_eps, residual)
+            x = F.linear(self.ops.silu_and_mul(F.linear(h, layer.gate_up)), layer.down)
+        return self.ops.rms_norm(x, self.norm, self.shape.rms_norm_eps, residual)[0]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[N, H]`` hidden states -> ``[N, vocab]`` float32 logits."""
+        return F.linear(hidden, self.lm_head).float()
+
+    def _attention(
+        self,
+        h: torch.Tensor,
+        layer: LayerWeights,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        s = self.shape
+        num_tokens = h.shape[0]
+        qkv = F.linear(h, layer.qkv, layer.qkv_bias)
+        q, k, v = qkv.split([s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim, s.num_kv_heads * s.head_dim], -1)
+        q, k = self.ops.rotary_embedding(
+            q.view(num_tokens, s.num_heads, s.head_dim),
+            k.view(num_tokens, s.num_kv_heads, s.head_dim),
+            positions,
+            self.cos_sin_cache,
+        )
+        v = v.view(num_tokens, s.num_kv_heads, s.head_dim)
+        self.ops.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+        out = self._paged_attention(q, meta, k_cache, v_cache)
+        return F.linear(out.view(num_tokens, -1), layer.o_proj)
+
+    def _paged_attention(
+        self, q: torch.Tensor, meta: AttentionMetadata, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> torch.Tensor:
+        # q: [T, Hq, D]; decode rows [:B] take the batched path, the rest the varlen path
+        num_decode = meta.num_decode_tokens
+        if meta.num_prefill_seqs == 0:
+            return self.ops.paged_attention_decode(
+                q, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, self.scale
+            )
+        prefill = self.ops.paged_attention_prefill(
+            q[num_decode:], k_cache, v_cache, meta.prefill_block_tables,
+            meta.prefill_query_start_loc, meta.prefill_seq_lens, self.scale,
+        )
+        if num_decode == 0:
+            return prefill
+        decode = self.ops.paged_attention_decode(
+            q[:num_decode], k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, self.scale
+        )
+        return torch.cat((decode, prefill))
+
+
+def _rope_inv_freq(config: PretrainedConfig) -> tuple[torch.Tensor, float]:
+    """``(inv_freq [D/2], attention_scaling)`` as transformers computes them."""
+    params = getattr(config, "rope_parameters", None) or {}
+    rope_type = params.get("rope_type", "default")
+    if rope_type == "default":
+        head_dim = model_shape(config).head_dim
+        base = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+        return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim)), 1.0
+    if rope_type not in ROPE_INIT_FUNCTIONS or rope_type == "dynamic":
+        raise ValueError(f"unsupported rope_type {rope_type!r}")
+    return ROPE_INIT_FUNCTIONS[rope_type](config)

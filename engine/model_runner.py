@@ -1,0 +1,163 @@
+"""The model runner: owns the device, the weights and the paged KV pool.
+
+``execute(seqs)`` runs one forward over a flat batch (decode tokens first,
+then prefill chunks) and returns float32 logits for the sequences that sample.
+Only this module touches devices.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention import AttentionMetadata
+from engine.config import CacheConfig, ModelConfig
+from engine.kernels import get_ops
+from engine.model.llama import LlamaModel, model_shape
+from engine.model.loader import load_model, load_tokenizer
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SeqInput:
+    """One sequence's slice of the flat batch for one step.
+
+    Attributes:
+        token_ids: new tokens this step (a prefill chunk, or 1 decode token).
+        start_pos: position of ``token_ids[0]`` == tokens already in the KV cache.
+        block_table: KV block ids covering ``start_pos + len(token_ids)`` tokens.
+        sample: return logits for the last token (decode, or final prefill chunk).
+    """
+
+    token_ids: Sequence[int]
+    start_pos: int
+    block_table: Sequence[int]
+    sample: bool
+
+
+def _pick_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def _padded(tables: list[Sequence[int]], widths: list[int]) -> list[list[int]]:
+    """The first ``widths[i]`` blocks of each table, 0-padded to one width."""
+    width = max(widths, default=0)
+    return [list(t[:w]) + [0] * (width - w) for t, w in zip(tables, widths)]
+
+
+class ModelRunner:
+    """Loads the model, allocates the KV pool, runs forward steps.
+
+    Args:
+        model_config: weights, dtype, device and kernel backend.
+        cache_config: block size and the pool size (``num_blocks``, or a
+            byte budget ``memory_bytes`` for K and V of all layers).
+        max_model_len: the longest sequence (rotary cache size).
+
+    Attributes:
+        num_blocks, block_size: the KV pool.
+        kv_bytes_per_token: K and V bytes of one token over all layers.
+        eos_token_ids: token ids that end generation (config, generation config, tokenizer).
+        tokenizer, device, vocab_size.
+    """
+
+    def __init__(self, model_config: ModelConfig, cache_config: CacheConfig, max_model_len: int) -> None:
+        self.device = _pick_device(model_config.device)
+        if self.device.type == "cpu":
+            torch.set_num_threads(os.cpu_count() or 1)
+        backend = model_config.backend
+        if backend == "auto":
+            backend = "triton" if self.device.type == "cuda" else "torch"
+        dtype = _DTYPES[model_config.dtype]
+        loaded = load_model(model_config)
+        self.tokenizer = load_tokenizer(model_config)
+        self.model_name = loaded.name
+        shape = model_shape(loaded.config)
+        self.vocab_size = shape.vocab_size
+        self.max_model_len = max_model_len
+        self.model = LlamaModel(loaded.config, loaded.weights, get_ops(backend), dtype, self.device, max_model_len)
+        self.eos_token_ids = _eos_token_ids(loaded.config, loaded.folder, self.tokenizer)
+        self.block_size = cache_config.block_size
+        self.kv_bytes_per_token = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * dtype.itemsize
+        self.num_blocks = cache_config.num_blocks or cache_config.memory_bytes // (
+            self.kv_bytes_per_token * self.block_size
+        )
+        assert self.num_blocks >= 1, f"{cache_config.memory_bytes=} holds no KV block"
+        # kv_caches: [L, 2 (k, v), num_blocks, block_size, Hk, D]
+        self.kv_caches = torch.zeros(
+            shape.num_layers, 2, self.num_blocks, self.block_size, shape.num_kv_heads, shape.head_dim,
+            dtype=dtype, device=self.device,
+        )
+
+    @torch.inference_mode()
+    def execute(self, seqs: Sequence[SeqInput]) -> torch.Tensor:
+        """Run one forward step over ``seqs``; write their K/V into the pool.
+
+        Returns:
+            ``[num_sample, vocab]`` float32 logits of each ``sample=True``
+            sequence's last token, in the order of ``seqs``.
+        """
+        assert seqs, "execute needs at least one sequence"
+        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i].token_ids) != 1)
+        ordered = [seqs[i] for i in order]
+        input_ids, positions, meta = self._prepare(ordered)
+        hidden = self.model.forward(input_ids, positions, meta, self.kv_caches)
+        last_row = dict(zip(order, itertools.accumulate(len(s.token_ids) for s in ordered)))
+        rows = [last_row[i] - 1 for i, s in enumerate(seqs) if s.sample]
+        if not rows:
+            return torch.empty(0, self.vocab_size, dtype=torch.float32, device=self.device)
+        return self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
+
+    def _prepare(self, seqs: list[SeqInput]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """Flat input ids, positions and attention metadata; decodes lead ``seqs``."""
+        bs = self.block_size
+        num_decode = sum(1 for s in seqs if len(s.token_ids) == 1)
+        positions: list[int] = []
+        slots: list[int] = []
+        for s in seqs:
+            end = s.start_pos + len(s.token_ids)
+            assert end <= self.max_model_len and len(s.block_table) * bs >= end, (end, len(s.block_table))
+            span = range(s.start_pos, end)
+            positions.extend(span)
+            slots.extend(s.block_table[p // bs] * bs + p % bs for p in span)
+        seq_lens = [s.start_pos + len(s.token_ids) for s in seqs]
+        widths = [-(-n // bs) for n in seq_lens]
+        tables = [s.block_table for s in seqs]
+        dec, pre = slice(0, num_decode), slice(num_decode, None)
+        query_start = [0, *itertools.accumulate(len(s.token_ids) for s in seqs[pre])]
+        dev, i32 = self.device, torch.int32
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            num_decode_tokens=num_decode,
+            decode_block_tables=torch.tensor(_padded(tables[dec], widths[dec]), dtype=i32, device=dev),
+            decode_seq_lens=torch.tensor(seq_lens[dec], dtype=i32, device=dev),
+            prefill_block_tables=torch.tensor(_padded(tables[pre], widths[pre]), dtype=i32, device=dev),
+            prefill_query_start_loc=torch.tensor(query_start, dtype=i32, device=dev),
+            prefill_seq_lens=torch.tensor(seq_lens[pre], dtype=i32, device=dev),
+        )
+        input_ids = torch.tensor(list(itertools.chain.from_iterable(s.token_ids for s in seqs)), device=dev)
+        return input_ids, torch.tensor(positions, device=dev), meta
+
+
+def _eos_token_ids(config, folder: str, tokenizer) -> frozenset[int]:
+    """EOS ids from the model config, its generation config and the tokenizer."""
+    from transformers import GenerationConfig
+
+    ids: set[int] = set()
+    sources = [config.eos_token_id, tokenizer.eos_token_id]
+    try:
+        sources.append(GenerationConfig.from_pretrained(folder).eos_token_id)
+    except OSError:  # a folder without generation_config.json
+        pass
+    for value in sources:
+        if value is None:
+            continue
+        ids.update(value if isinstance(value, list) else [value])
+    return frozenset(ids)
