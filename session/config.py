@@ -1,0 +1,35 @@
+"""Limits and defaults of one realtime session."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionConfig:
+    """What a session allows and what it assumes when the client says nothing.
+
+    Attributes:
+        max_tokens: most tokens of one response (announced in ``session.created``).
+        default_max_tokens: ``max_tokens`` of a ``response.create`` naming none.
+        max_frame_bytes: largest client frame; bigger ones close with 1009.
+        instructions: default system prompt of a new session (``None``: none).
+        max_input_items: most conversation items one ``response.create`` adds.
+    """
+
+    max_tokens: int = 1024
+    default_max_tokens: int = 256
+    max_frame_bytes: int = 1 << 20
+    instructions: str | None = None
+    max_input_items: int = 256
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"{self.max_tokens=} must be >= 1")
+        if not 1 <= self.default_max_tokens <= self.max_tokens:
+            raise ValueError(
+                f"{self.default_max_tokens=} must be in [1, {self.max_tokens=}]")
+        if self.max_frame_bytes < 1024:
+            raise ValueError(f"{self.max_frame_bytes=} must be >= 1024")
+        if self.max_input_items < 1:
+            raise ValueError(f"{self.max_input_items=} must be >= 1")

@@ -1,0 +1,440 @@
+"""One realtime conversation as a state machine (sans-I/O).
+
+``Session.handle(event, now) -> list[Action]``: the event is a decoded client
+event of :mod:`protocol.events` or one of the internal events below (what the
+service learned from the engine, the token log or the socket); the actions
+say what the service must do (send an event, submit or abort an engine
+request, start delivering a stream). Time is an argument, never read here.
+
+States (:class:`State`)::
+
+    IDLE --response.create--> SUBMITTING --Submitted--> GENERATING
+      ^                           |                        |
+      +------SubmitFailed---------+    GenerationFinished, |
+      +---------------response.cancel, interrupt_active----+
+    any --Disconnected--> CLOSED
+
+A response is *active* from ``response.create`` until the engine finishes it
+or the client cancels it. A cancel cuts the assistant turn at once to what
+was heard (``heard_chars``, clamped to what was delivered; default: all that
+was delivered), so a ``response.create`` right after it, in the same burst of
+frames, already builds its prompt from the cut turn. Events the current state
+does not allow raise :class:`IllegalTransition` (they mean a bug in the
+caller, never bad client input: that is answered with an ``error`` event).
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from engine.request import FinishReason, SamplingParams
+from protocol import events as pe
+from session.config import SessionConfig
+from session.errors import SessionError
+
+SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+_REMEMBERED_RESPONSES = 64  # finished responses a late cancel can still name
+
+
+class State(enum.Enum):
+    """Where the conversation stands."""
+
+    IDLE = "idle"  # no active response
+    SUBMITTING = "submitting"  # prompt being tokenized and submitted
+    GENERATING = "generating"  # the engine is producing the active response
+    CLOSED = "closed"  # the connection is gone
+
+
+class IllegalTransition(SessionError):
+    """An event arrived that the session's state does not allow."""
+
+    def __init__(self, state: State, event: object) -> None:
+        super().__init__(f"{type(event).__name__} is illegal in state {state.name}")
+        self.state = state
+        self.event = event
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Message:
+    """One conversation item, as the chat template takes it."""
+
+    role: str
+    content: str
+
+
+# ---- internal events: what the service reports back -----------------------
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Submitted:
+    """The engine accepted the active response's request."""
+
+    response_id: str
+    resume_token: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SubmitFailed:
+    """The request was refused before generating (e.g. ``prompt_too_long``)."""
+
+    response_id: str
+    code: pe.ErrorCode
+    message: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Delivered:
+    """Text of a response that was just written to the socket."""
+
+    stream_id: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GenerationFinished:
+    """The engine finished a request (any reason) and ``text`` is all of it."""
+
+    stream_id: str
+    text: str
+    finish_reason: FinishReason
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Disconnected:
+    """The client's connection closed."""
+
+
+# ---- actions: what the service must do ------------------------------------
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Send:
+    """Send ``event`` (a :mod:`protocol.events` server event) to the client."""
+
+    event: Any
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Submit:
+    """Render ``messages`` with the chat template and submit them as a request.
+
+    Answer with :class:`Submitted` or :class:`SubmitFailed`.
+    """
+
+    response_id: str
+    stream_id: str
+    messages: tuple[Message, ...]
+    params: SamplingParams
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StartDelivery:
+    """Start the delivery task of a stream on this connection."""
+
+    response_id: str
+    stream_id: str
+    from_offset: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Abort:
+    """Abort the engine request of ``stream_id`` (its blocks are freed).
+
+    ``requested_at`` is the ``now`` of the event that asked for it, for the
+    interrupt-latency histogram.
+    """
+
+    stream_id: str
+    reason: FinishReason
+    requested_at: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StopDelivery:
+    """Stop delivering a finished stream and send its ``response.done`` again."""
+
+    response_id: str
+    stream_id: str
+
+
+Action = Send | Submit | StartDelivery | Abort | StopDelivery
+
+
+@dataclass(slots=True, kw_only=True)
+class _Response:
+    """What the session remembers of one response."""
+
+    response_id: str
+    stream_id: str
+    delivered: str = ""  # text written to the socket so far
+    turn_index: int | None = None  # its assistant turn, once it has one
+
+
+@dataclass(slots=True, kw_only=True)
+class Settings:
+    """The session settings now in force (``session.update``)."""
+
+    instructions: str | None = None
+    defaults: dict[str, Any] = field(default_factory=dict)
+    on_disconnect: str = "continue"
+    include_token_ids: bool = False
+
+    def to_event(self) -> pe.SessionSettings:
+        """The settings as ``session.updated`` reports them."""
+        return pe.SessionSettings(instructions=self.instructions,
+                                  defaults=pe.SamplingDefaults(**self.defaults),
+                                  on_disconnect=self.on_disconnect,  # type: ignore[arg-type]
+                                  include_token_ids=self.include_token_ids)
+
+
+def _error(code: pe.ErrorCode, message: str, event: object | None = None,
+           response_id: str | None = None) -> Send:
+    return Send(event=pe.ErrorEvent(code=code, message=message, retryable=code.retryable,
+                               event_id=getattr(event, "event_id", None),
+                               response_id=response_id))
+
+
+class Session:
+    """The conversation of one connection.
+
+    Args:
+        config: limits and defaults.
+        session_id: the id announced in ``session.created``.
+        new_id: makes stream ids (default: random UUID hex).
+    """
+
+    def __init__(self, config: SessionConfig, *, session_id: str | None = None,
+                 new_id: Callable[[], str] = lambda: uuid.uuid4().hex) -> None:
+        self.config = config
+        self.session_id = session_id or new_id()
+        self.state = State.IDLE
+        self.settings = Settings(instructions=config.instructions)
+        self.turns: list[Message] = []
+        self._new_id = new_id
+        self._active: _Response | None = None
+        self._pending_turns = 0  # input items of the SUBMITTING response
+        self._responses: OrderedDict[str, _Response] = OrderedDict()
+
+    # ---- entry point -------------------------------------------------------
+
+    def handle(self, event: object, now: float) -> list[Action]:
+        """Apply one event and return the actions it calls for, in order.
+
+        Raises:
+            IllegalTransition: the event is not allowed in the current state.
+        """
+        if self.state is State.CLOSED:
+            raise IllegalTransition(self.state, event)
+        handler = self._handlers().get(type(event))
+        if handler is None:
+            raise IllegalTransition(self.state, event)
+        return handler(event, now)
+
+    def _handlers(self) -> Mapping[type, Callable[[Any, float], list[Action]]]:
+        return {pe.Ping: self._on_ping, pe.SessionUpdate: self._on_update,
+                pe.ResponseCreate: self._on_create, pe.ResponseCancel: self._on_cancel,
+                Submitted: self._on_submitted, SubmitFailed: self._on_submit_failed,
+                Delivered: self._on_delivered, GenerationFinished: self._on_finished,
+                Disconnected: self._on_disconnected}
+
+    @property
+    def active_stream_id(self) -> str | None:
+        """Stream of the active response, if any."""
+        return None if self._active is None else self._active.stream_id
+
+    def messages(self) -> tuple[Message, ...]:
+        """The prompt's items: instructions (as a system turn) then the turns."""
+        system = self.settings.instructions
+        head = (Message(role="system", content=system),) if system else ()
+        return head + tuple(self.turns)
+
+    # ---- client events -----------------------------------------------------
+
+    def _on_ping(self, event: pe.Ping, now: float) -> list[Action]:
+        return [Send(event=pe.Pong())]
+
+    def _on_update(self, event: pe.SessionUpdate, now: float) -> list[Action]:
+        update = event.session
+        new = replace(self.settings, defaults=dict(self.settings.defaults))
+        if update.instructions is not None:
+            new.instructions = update.instructions or None  # "" clears them
+        if update.defaults is not None:
+            new.defaults = {k: getattr(update.defaults, k) for k in SAMPLING_FIELDS
+                            if getattr(update.defaults, k) is not None}
+        if update.on_disconnect is not None:
+            new.on_disconnect = update.on_disconnect
+        if update.include_token_ids is not None:
+            new.include_token_ids = update.include_token_ids
+        try:
+            self._sampling(new.defaults)
+        except ValueError as exc:
+            return [_error(pe.ErrorCode.INVALID_PARAMETER, str(exc), event)]
+        self.settings = new
+        return [Send(event=pe.SessionUpdated(session=new.to_event()))]
+
+    def _on_create(self, event: pe.ResponseCreate, now: float) -> list[Action]:
+        if self.state is State.SUBMITTING:
+            raise IllegalTransition(self.state, event)
+        actions: list[Action] = []
+        if self._active is not None:
+            if not event.interrupt_active:
+                return [_error(pe.ErrorCode.CONFLICT, "a response is already active; "
+                               "cancel it or set interrupt_active", event,
+                               event.response_id)]
+            actions += self._interrupt(None, now)
+        problem, params, items = self._check_create(event)
+        if problem:
+            return actions + [_error(pe.ErrorCode.INVALID_PARAMETER, problem, event,
+                                     event.response_id)]
+        stream_id = self._new_id()
+        response_id = event.response_id or f"resp_{stream_id}"
+        self.turns += items
+        self._pending_turns = len(items)
+        self._active = _Response(response_id=response_id, stream_id=stream_id)
+        self.state = State.SUBMITTING
+        return actions + [Submit(response_id=response_id, stream_id=stream_id,
+                                 messages=self.messages(), params=params)]
+
+    def _check_create(self, event: pe.ResponseCreate
+                      ) -> tuple[str | None, SamplingParams, list[Message]]:
+        """Validate a ``response.create``: (problem or None, params, new items)."""
+        items = [Message(role=i.role, content=i.content) for i in event.input or ()]
+        overrides = {k: getattr(event, k) for k in SAMPLING_FIELDS
+                     if getattr(event, k, None) is not None}
+        try:
+            params = self._sampling({**self.settings.defaults, **overrides})
+        except ValueError as exc:
+            return str(exc), SamplingParams(), []
+        if event.input is not None and not items:
+            return "input must hold at least one item", params, []
+        if len(items) > self.config.max_input_items:
+            return f"input holds more than {self.config.max_input_items} items", params, []
+        if not self.turns and not items:
+            return "the conversation is empty: send input", params, []
+        return None, params, items
+
+    def _sampling(self, fields: Mapping[str, Any]) -> SamplingParams:
+        """SamplingParams from wire fields, within the session's limits.
+
+        Raises:
+            ValueError: a value is out of range (message names the field).
+        """
+        max_tokens = fields.get("max_tokens", self.config.default_max_tokens)
+        if max_tokens > self.config.max_tokens:
+            raise ValueError(f"max_tokens={max_tokens} is above the limit "
+                             f"{self.config.max_tokens}")
+        return SamplingParams(
+            max_tokens=max_tokens, temperature=fields.get("temperature", 1.0),
+            top_p=fields.get("top_p", 1.0), top_k=fields.get("top_k", 0),
+            seed=fields.get("seed"), stop=tuple(fields.get("stop") or ()))
+
+    def _on_cancel(self, event: pe.ResponseCancel, now: float) -> list[Action]:
+        active = self._active
+        if active is not None and event.response_id == active.response_id:
+            return self._interrupt(event.heard_chars, now)
+        known = self._responses.get(event.response_id)
+        if known is None:
+            return [_error(pe.ErrorCode.NOT_FOUND, "no such response", event,
+                           event.response_id)]
+        self._cut_finished(known, event.heard_chars)
+        return [StopDelivery(response_id=known.response_id, stream_id=known.stream_id)]
+
+    def _interrupt(self, heard_chars: int | None, now: float) -> list[Action]:
+        """Cancel the active response: cut its turn to what was heard, abort it."""
+        active = self._active
+        assert active is not None
+        if self.state is State.SUBMITTING:
+            raise IllegalTransition(self.state, "interrupt")
+        heard = _clamp(heard_chars, len(active.delivered))
+        self._finish_active(active.delivered[:heard])
+        return [Abort(stream_id=active.stream_id, reason=FinishReason.INTERRUPTED,
+                      requested_at=now)]
+
+    def _cut_finished(self, response: _Response, heard_chars: int | None) -> None:
+        """Cut a finished response's turn, if it is still the last one."""
+        index = response.turn_index
+        if index is None or index != len(self.turns) - 1:
+            return
+        text = self.turns[index].content
+        heard = _clamp(heard_chars, min(len(text), len(response.delivered)))
+        self.turns[index] = Message(role="assistant", content=text[:heard])
+
+    # ---- internal events ---------------------------------------------------
+
+    def _on_submitted(self, event: Submitted, now: float) -> list[Action]:
+        active = self._require_submitting(event)
+        self.state = State.GENERATING
+        created = pe.ResponseCreated(response_id=active.response_id,
+                                     stream_id=active.stream_id,
+                                     resume_token=event.resume_token)
+        return [Send(event=created),
+                StartDelivery(response_id=active.response_id, stream_id=active.stream_id)]
+
+    def _on_submit_failed(self, event: SubmitFailed, now: float) -> list[Action]:
+        self._require_submitting(event)
+        del self.turns[len(self.turns) - self._pending_turns:]
+        self._active = None
+        self.state = State.IDLE
+        return [_error(event.code, event.message, None, event.response_id)]
+
+    def _require_submitting(self, event: Submitted | SubmitFailed) -> _Response:
+        active = self._active
+        if self.state is not State.SUBMITTING or active is None \
+                or active.response_id != event.response_id:
+            raise IllegalTransition(self.state, event)
+        return active
+
+    def _on_delivered(self, event: Delivered, now: float) -> list[Action]:
+        response = self._find(event.stream_id)
+        if response is not None:
+            response.delivered += event.text
+        return []
+
+    def _on_finished(self, event: GenerationFinished, now: float) -> list[Action]:
+        active = self._active
+        if active is None or active.stream_id != event.stream_id:
+            return []  # already cut by a cancel, or a stream of an earlier connection
+        if self.state is not State.GENERATING:
+            raise IllegalTransition(self.state, event)
+        self._finish_active(event.text)
+        return []
+
+    def _on_disconnected(self, event: Disconnected, now: float) -> list[Action]:
+        active, self._active = self._active, None
+        self.state = State.CLOSED
+        if active is None or self.settings.on_disconnect != "cancel":
+            return []
+        return [Abort(stream_id=active.stream_id, reason=FinishReason.CANCELLED,
+                      requested_at=now)]
+
+    # ---- bookkeeping -------------------------------------------------------
+
+    def _finish_active(self, text: str) -> None:
+        """End the active response, keeping ``text`` as its assistant turn."""
+        active = self._active
+        assert active is not None
+        self.turns.append(Message(role="assistant", content=text))
+        active.turn_index = len(self.turns) - 1
+        self._responses[active.response_id] = active
+        self._responses.move_to_end(active.response_id)
+        while len(self._responses) > _REMEMBERED_RESPONSES:
+            self._responses.popitem(last=False)
+        self._active = None
+        self.state = State.IDLE
+
+    def _find(self, stream_id: str) -> _Response | None:
+        if self._active is not None and self._active.stream_id == stream_id:
+            return self._active
+        return next((r for r in self._responses.values() if r.stream_id == stream_id),
+                    None)
+
+
+def _clamp(heard_chars: int | None, delivered: int) -> int:
+    """``heard_chars`` within [0, delivered]; ``None`` means all delivered."""
+    if heard_chars is None:
+        return delivered
+    return max(0, min(heard_chars, delivered))
+
