@@ -1,0 +1,159 @@
+"""LLMEngine's own logic over the fake runner of ``fake_runner.py`` (no model).
+
+Scheduling, preemption, stops, aborts and validation, checked against the
+fake model's greedy reference. The real model's tokens are checked against
+transformers in ``test_engine_greedy.py``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+
+import pytest
+
+from engine.config import SchedulerConfig
+from engine.engine import LLMEngine
+from engine.errors import DuplicateRequestError, PromptTooLongError
+from engine.request import EngineRequest, FinishReason, RequestOutput, SamplingParams
+from tests.engine.fake_runner import EOS, FakeRunner, FakeTokenizer, reference
+
+CONFIG = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=24, prefill_chunk_size=8, max_model_len=48)
+
+
+def greedy(max_tokens: int = 12, **kw: object) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=max_tokens, **kw)  # type: ignore[arg-type]
+
+
+def prompt_of(rng: random.Random, n: int) -> tuple[int, ...]:
+    return tuple(rng.randrange(1, 32) for _ in range(n))
+
+
+def run_all(engine: LLMEngine, arrivals: dict[int, list[EngineRequest]]) -> dict[str, list[RequestOutput]]:
+    """Step until idle, adding ``arrivals[step]`` before each step."""
+    outputs: dict[str, list[RequestOutput]] = defaultdict(list)
+    step = 0
+    while step <= max(arrivals, default=0) or engine.has_unfinished_requests():
+        for request in arrivals.get(step, []):
+            engine.add_request(request)
+        for out in engine.step():
+            outputs[out.request_id].append(out)
+        step += 1
+        assert step < 5000
+    return outputs
+
+
+@pytest.mark.parametrize("num_blocks", [100, 14])
+def test_staggered_requests_match_the_reference_with_and_without_preemption(num_blocks: int) -> None:
+    rng = random.Random(num_blocks)
+    engine = LLMEngine(FakeRunner(num_blocks=num_blocks), CONFIG)
+    arrivals: dict[int, list[EngineRequest]] = defaultdict(list)
+    expected = {}
+    for i in range(20):
+        prompt = prompt_of(rng, rng.randrange(1, 40))
+        params = greedy(max_tokens=rng.randrange(1, 16), ignore_eos=i % 3 == 0)
+        arrivals[rng.randrange(0, 30)].append(EngineRequest(request_id=f"r{i}", prompt_token_ids=prompt, params=params))
+        expected[f"r{i}"] = reference(prompt, params.max_tokens, CONFIG.max_model_len, ignore_eos=params.ignore_eos)
+    outputs = run_all(engine, arrivals)
+    for request_id, want in expected.items():
+        outs = outputs[request_id]
+        assert [o.finished for o in outs] == [False] * (len(outs) - 1) + [True]
+        assert [t for o in outs for t in o.new_token_ids] == want
+        assert "".join(o.text for o in outs) == FakeTokenizer().decode(want)
+        assert outs[-1].num_output_tokens == len(want)
+    stats = engine.stats()
+    assert stats.num_free_blocks == num_blocks
+    assert (stats.num_preemptions > 0) == (num_blocks == 14)
+    assert sum(stats.num_finished_by_reason.values()) == 20
+    assert stats.num_generated_tokens == sum(len(w) for w in expected.values())
+
+
+def test_steps_mix_decodes_and_prefill_chunks() -> None:
+    runner = FakeRunner(num_blocks=100)
+    engine = LLMEngine(runner, CONFIG)
+    engine.add_request(EngineRequest(request_id="a", prompt_token_ids=(1, 2, 3), params=greedy(ignore_eos=True)))
+    engine.step()
+    engine.add_request(EngineRequest(request_id="b", prompt_token_ids=tuple(range(1, 21)), params=greedy()))
+    engine.step()
+    last = runner.calls[-1]
+    assert [(len(s.token_ids), s.start_pos, s.sample) for s in last] == [(1, 3, True), (8, 0, False)]
+
+
+def test_prompt_too_long_is_refused_before_any_block() -> None:
+    engine = LLMEngine(FakeRunner(num_blocks=20), CONFIG)
+    with pytest.raises(PromptTooLongError) as info:
+        engine.add_request(EngineRequest(request_id="a", prompt_token_ids=(1,) * 48))
+    assert (info.value.num_prompt_tokens, info.value.max_model_len) == (48, 48)
+    assert engine.stats().num_free_blocks == 20 and not engine.has_unfinished_requests()
+    with pytest.raises(ValueError, match="empty prompt"):
+        engine.add_request(EngineRequest(request_id="b", prompt_token_ids=()))
+
+
+def test_duplicate_live_id_is_refused() -> None:
+    engine = LLMEngine(FakeRunner(num_blocks=20), CONFIG)
+    engine.add_request(EngineRequest(request_id="a", prompt_token_ids=(1, 2), params=greedy()))
+    with pytest.raises(DuplicateRequestError):
+        engine.add_request(EngineRequest(request_id="a", prompt_token_ids=(3,)))
+
+
+def test_pool_smaller_than_one_sequence_is_a_config_error() -> None:
+    with pytest.raises(ValueError, match="KV pool"):
+        LLMEngine(FakeRunner(num_blocks=11, block_size=4), CONFIG)  # 44 < 48
+
+
+def test_stop_string_ends_with_stop_and_cuts_the_text() -> None:
+    prompt = (5, 9, 14)
+    want = reference(prompt, 12, CONFIG.max_model_len, ignore_eos=True)
+    full = FakeTokenizer().decode(want)
+    stop = full[4:6]
+    cut = full.index(stop)
+    engine = LLMEngine(FakeRunner(num_blocks=20), CONFIG)
+    engine.add_request(EngineRequest(request_id="a", prompt_token_ids=prompt, params=greedy(ignore_eos=True, stop=(stop,))))
+    outputs = run_all(engine, {})
+    outs = outputs["a"]
+    assert outs[-1].finish_reason is FinishReason.STOP
+    assert "".join(o.text for o in outs) == full[:cut]
+    assert engine.stats().num_free_blocks == 20
+
+
+def test_eos_and_stop_token_ids_end_with_stop_unless_ignored() -> None:
+    rng = random.Random(3)
+    prompt = next(p for p in (prompt_of(rng, 6) for _ in range(1000)) if EOS in reference(p, 12, 48)[1:])
+    want = reference(prompt, 12, 48)
+    engine = LLMEngine(FakeRunner(num_blocks=20), CONFIG)
+    engine.add_request(EngineRequest(request_id="eos", prompt_token_ids=prompt, params=greedy()))
+    engine.add_request(EngineRequest(request_id="ign", prompt_token_ids=prompt, params=greedy(ignore_eos=True)))
+    stop_id = want[0]
+    engine.add_request(EngineRequest(request_id="sid", prompt_token_ids=prompt, params=greedy(stop_token_ids=(stop_id,))))
+    outputs = run_all(engine, {})
+    assert [t for o in outputs["eos"] for t in o.new_token_ids] == want and want[-1] == EOS
+    assert outputs["eos"][-1].finish_reason is FinishReason.STOP
+    assert outputs["ign"][-1].num_output_tokens == 12
+    assert outputs["ign"][-1].finish_reason is FinishReason.LENGTH
+    assert outputs["sid"][-1].num_output_tokens == 1
+    assert outputs["sid"][-1].finish_reason is FinishReason.STOP
+
+
+def test_max_model_len_ends_with_length() -> None:
+    engine = LLMEngine(FakeRunner(num_blocks=20), CONFIG)
+    engine.add_request(EngineRequest(request_id="a", prompt_token_ids=(1,) * 40, params=greedy(100, ignore_eos=True)))
+    outs = run_all(engine, {})["a"]
+    assert outs[-1].finish_reason is FinishReason.LENGTH and outs[-1].num_output_tokens == 8
+
+
+@pytest.mark.parametrize("steps_before", [0, 1, 4])
+def test_abort_is_drained_at_the_next_step_with_its_reason(steps_before: int) -> None:
+    engine = LLMEngine(FakeRunner(num_blocks=20), CONFIG)
+    engine.add_request(EngineRequest(request_id="a", prompt_token_ids=(1,) * 20, params=greedy(ignore_eos=True)))
+    for _ in range(steps_before):
+        engine.step()
+    engine.abort_request("a", FinishReason.CANCELLED)
+    engine.abort_request("nobody")
+    outs = engine.step()
+    assert len(outs) == 1
+    out = outs[0]
+    assert out.finished and out.finish_reason is FinishReason.CANCELLED and out.new_token_ids == ()
+    assert out.num_output_tokens == max(0, steps_before - 2)  # prefill takes 3 steps (8+8+4)
+    assert engine.stats().num_free_blocks == 20 and not engine.has_unfinished_requests()
+    engine.abort_request("a")
+    assert engine.step() == []
