@@ -133,6 +133,8 @@ def _convert_scalar(tp: type, value: Any, where: str) -> Any:
         # bool is an int subclass, and 1.0 is not an int on this wire.
         if type(value) is not int:
             raise _invalid(f"{where!r} must be an integer")
+        if not -(2**63) <= value < 2**63:  # what msgpack, Redis and torch carry
+            raise _bad_value(f"{where!r} must fit in a signed 64-bit integer")
     elif tp is float:
         if type(value) not in (int, float):
             raise _invalid(f"{where!r} must be a number")

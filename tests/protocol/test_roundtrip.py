@@ -1,0 +1,105 @@
+"""Property tests: round trips in both encodings, and garbage never escapes as another exception."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from protocol import Decoder, FrameTooLarge, ProtocolError, decode_server_event, encode
+from protocol.codec import Format
+from tests.protocol import strategies as s
+
+FORMATS: list[Format] = ["json", "msgpack"]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@settings(max_examples=300)
+@given(event=s.client_events)
+def test_client_events_round_trip(fmt: Format, event: Any) -> None:
+    assert Decoder(fmt=fmt).decode(encode(event, fmt)) == event
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@settings(max_examples=300)
+@given(event=s.server_events)
+def test_server_events_round_trip(fmt: Format, event: Any) -> None:
+    assert decode_server_event(encode(event, fmt)) == event
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@settings(max_examples=300)
+@given(frame=st.binary(max_size=200) | st.text(max_size=200))
+def test_garbage_gives_protocol_error_only(fmt: Format, frame: bytes | str) -> None:
+    try:
+        Decoder(fmt=fmt, max_frame_bytes=10_000).decode(frame)
+    except ProtocolError:
+        pass
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats() | st.text(max_size=10),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+keys = st.sampled_from(
+    ["type", "event_id", "session", "input", "role", "content", "stop", "from", "max_tokens", "temperature", "x"]
+)
+types = st.sampled_from(["ping", "response.create", "response.cancel", "session.update", "stream.resume", "?"])
+
+
+@st.composite
+def near_miss_maps(draw: st.DrawFn) -> dict[str, Any]:
+    """Maps that look like events, with fields of any JSON type."""
+    obj = draw(st.dictionaries(keys, json_values, max_size=6))
+    if draw(st.booleans()):
+        obj["type"] = draw(types)
+    return obj
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@settings(max_examples=500)
+@given(obj=near_miss_maps())
+def test_structured_garbage_gives_protocol_error_only(fmt: Format, obj: dict[str, Any]) -> None:
+    if fmt == "json":
+        frame: str | bytes = json.dumps(obj)
+    else:
+        frame = msgpack.packb(obj, use_bin_type=True)
+    try:
+        Decoder(fmt=fmt, max_frame_bytes=1 << 20).decode(frame)
+    except ProtocolError:
+        pass
+
+
+@settings(max_examples=300)
+@given(frame=st.binary(max_size=200) | st.text(max_size=200) | near_miss_maps().map(json.dumps))
+def test_server_garbage_gives_protocol_error_only(frame: bytes | str) -> None:
+    try:
+        decode_server_event(frame)
+    except ProtocolError:
+        pass
+
+
+def test_deep_nesting_is_invalid_message() -> None:
+    deep = "[" * 100_000 + "]" * 100_000
+    with pytest.raises(ProtocolError) as e:
+        Decoder(max_frame_bytes=1 << 20).decode(deep)
+    assert e.value.code == "invalid_message"
+    deep_msgpack = b"\x91" * 100_000 + b"\xc0"
+    with pytest.raises(ProtocolError):
+        Decoder(fmt="msgpack", max_frame_bytes=1 << 20).decode(deep_msgpack)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_frame_too_large_is_not_a_protocol_error(fmt: Format) -> None:
+    event = s.ev.ResponseCreate(input=(s.ev.InputItem(role="user", content="é" * 600),))
+    frame = encode(event, fmt)
+    Decoder(fmt=fmt, max_frame_bytes=1300).decode(frame)  # 1200 bytes of content plus framing fits
+    with pytest.raises(FrameTooLarge) as e:
+        Decoder(fmt=fmt, max_frame_bytes=1000).decode(frame)
+    assert not isinstance(e.value, ProtocolError)
+    assert e.value.limit == 1000 and e.value.size > 1200
