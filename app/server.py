@@ -1,0 +1,263 @@
+"""The starlette app: ``/v1/realtime``, ``/healthz``, ``/readyz`` and the static client.
+
+Thin by design: the WebSocket handler decodes frames (:mod:`protocol`), hands
+the events to its :class:`~session.connection.Connection` and lets one writer
+task per connection put server events on the wire. The model loads in a
+worker thread after startup (``/readyz`` says 503 until it is loaded); the
+engine runs on its own thread, never on the event loop. Exceptions become
+close codes in one place, :func:`close_code_for`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from app.settings import Settings
+from protocol import CloseCode, Decoder, Format, encode, select_subprotocol
+from protocol.errors import FrameTooLarge, ProtocolError
+from session.connection import Connection
+from session.service import Service
+from session.token_log import TokenLog, open_token_log
+
+logger = logging.getLogger("bargein")
+
+STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
+Progress = Callable[[str], None]
+
+
+def close_code_for(exc: BaseException) -> int:
+    """The WebSocket close code that answers ``exc`` (PROTOCOL.md)."""
+    if isinstance(exc, FrameTooLarge):
+        return CloseCode.MESSAGE_TOO_BIG
+    if isinstance(exc, UnicodeDecodeError):
+        return CloseCode.INVALID_UTF8
+    return CloseCode.INTERNAL_ERROR
+
+
+@dataclass(slots=True, kw_only=True)
+class AppState:
+    """What the app holds while it runs (``app.state.bargein``).
+
+    Attributes:
+        settings: what it was started with.
+        service: set once the model is loaded (``None`` before: not ready).
+        runner: the engine runner, once loaded.
+        log: the token log.
+        load_error: why loading failed, if it did.
+        loaded: set when loading ended (with or without success).
+    """
+
+    settings: Settings
+    service: Service | None = None
+    runner: Any = None
+    log: TokenLog | None = None
+    load_error: str | None = None
+    loaded: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+def load_runner(settings: Settings, progress: Progress) -> Any:
+    """Load the model, build the engine and start its thread (slow: seconds).
+
+    Raises whatever loading raises (missing file, bad weights).
+    """
+    from engine.engine import LLMEngine
+    from engine.runner import EngineRunner
+
+    engine = LLMEngine.from_config(settings.engine)
+    progress("weights and KV cache")
+    runner = EngineRunner(engine)
+    runner.start()
+    progress("engine thread")
+    return runner
+
+
+async def _load(state: AppState, progress: Progress) -> None:
+    try:
+        runner = await asyncio.to_thread(load_runner, state.settings, progress)
+    except Exception as exc:  # reported by /readyz and the log; the server stays up
+        logger.exception("loading the model failed")
+        state.load_error = f"{type(exc).__name__}: {exc}"
+        state.loaded.set()
+        return
+    state.runner = runner
+    secret = state.settings.server.secret
+    service = Service(runner, state.log, state.settings.session,  # type: ignore[arg-type]
+                      secret=secret.encode() if secret else secrets.token_bytes(32),
+                      node_id=os.uname().nodename,
+                      debug=state.settings.server.debug_endpoints)
+    await service.start()
+    state.service = service
+    progress("ready")
+    state.loaded.set()
+
+
+def create_app(settings: Settings, *, progress: Progress = lambda stage: None) -> Starlette:
+    """The ASGI app for ``settings``; ``progress(stage)`` reports each loading
+    stage when it is done (see ``app.cli.LOAD_STAGES``)."""
+    state = AppState(settings=settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        state.log = open_token_log(settings.server.redis_url)
+        loader = asyncio.create_task(_load(state, progress), name="load-model")
+        try:
+            yield
+        finally:
+            await _shutdown(state, loader)
+
+    routes = [Route("/healthz", healthz), Route("/readyz", readyz),
+              WebSocketRoute("/v1/realtime", realtime)]
+    if settings.server.debug_endpoints:
+        routes.append(Route("/debug/engine", debug_engine))
+    routes.append(Mount("/", StaticFiles(directory=STATIC_DIR, html=True), name="static"))
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.bargein = state
+    return app
+
+
+async def _shutdown(state: AppState, loader: asyncio.Task[None]) -> None:
+    await loader  # a loading thread cannot be cancelled; let it end first
+    if state.runner is not None:
+        await asyncio.to_thread(state.runner.shutdown)
+    if state.service is not None:
+        await state.service.stop()
+    if state.log is not None:
+        await state.log.close()
+
+
+def _state(scope_app: Any) -> AppState:
+    return scope_app.state.bargein  # type: ignore[no-any-return]
+
+
+async def healthz(request: Request) -> JSONResponse:
+    """Liveness: the process answers."""
+    return JSONResponse({"status": "ok"})
+
+
+async def readyz(request: Request) -> JSONResponse:
+    """Readiness: 200 once the model is loaded and the token log answers."""
+    state = _state(request.app)
+    log_ok = state.log is not None and await state.log.ping()
+    ready = state.service is not None and log_ok
+    body = {"ready": ready, "model_loaded": state.service is not None,
+            "token_log": log_ok, "error": state.load_error}
+    return JSONResponse(body, status_code=200 if ready else 503)
+
+
+async def debug_engine(request: Request) -> JSONResponse:
+    """Engine stats and the last prompts it received (``--debug-endpoints`` only)."""
+    state = _state(request.app)
+    if state.service is None:
+        return JSONResponse({"error": "not ready"}, status_code=503)
+    stats = asdict(state.runner.stats())
+    stats["num_finished_by_reason"] = dict(stats["num_finished_by_reason"])
+    recent = [{"request_id": r.request_id, "prompt_token_ids": list(r.prompt_token_ids)}
+              for r in state.service.recent_requests]
+    return JSONResponse({"stats": stats, "recent_requests": recent})
+
+
+class _Writer:
+    """The one task per connection that writes frames, in order.
+
+    ``send`` queues an event and returns once it is written (so callers go at
+    the client's pace); after the socket closed it returns at once.
+    """
+
+    def __init__(self, ws: WebSocket, fmt: Format) -> None:
+        self._ws = ws
+        self._fmt = fmt
+        self._queue: asyncio.Queue[tuple[Any, asyncio.Future[None]]] = asyncio.Queue()
+        self._closed = False
+        self.task = asyncio.create_task(self._run(), name="ws-writer")
+
+    async def send(self, event: Any) -> None:
+        if self._closed:
+            return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait((event, done))
+        await done
+
+    async def _run(self) -> None:
+        try:
+            while True:
+                event, done = await self._queue.get()
+                frame = encode(event, self._fmt)
+                if isinstance(frame, str):
+                    await self._ws.send_text(frame)
+                else:
+                    await self._ws.send_bytes(frame)
+                if not done.done():
+                    done.set_result(None)
+        except (WebSocketDisconnect, RuntimeError, OSError):
+            pass  # the socket is gone; the reader sees it too
+        finally:
+            self._closed = True
+            while not self._queue.empty():
+                _, done = self._queue.get_nowait()
+                if not done.done():
+                    done.set_result(None)
+
+    async def close(self, code: int) -> None:
+        """Stop writing and close the socket with ``code`` (once)."""
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+        with contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect):
+            await self._ws.close(code)
+
+
+async def realtime(ws: WebSocket) -> None:
+    """``/v1/realtime``: one conversation per connection (PROTOCOL.md)."""
+    state = _state(ws.app)
+    fmt, subprotocol, _ = select_subprotocol(ws.scope.get("subprotocols", []))
+    await ws.accept(subprotocol=subprotocol)
+    if state.service is None:
+        await ws.close(CloseCode.TRY_AGAIN_LATER, reason="model loading")
+        return
+    writer = _Writer(ws, fmt)
+    connection = Connection(state.service, writer.send)
+    code: int = CloseCode.NORMAL
+    try:
+        await writer.send(connection.created_event())
+        decoder = Decoder(fmt=fmt, max_frame_bytes=state.settings.session.max_frame_bytes)
+        await _read_loop(ws, connection, writer, decoder)
+    except Exception as exc:
+        code = close_code_for(exc)
+        if code == CloseCode.INTERNAL_ERROR:
+            logger.exception("connection failed")
+    finally:
+        await connection.close()
+        await writer.close(code)
+
+
+async def _read_loop(ws: WebSocket, connection: Connection, writer: _Writer,
+                     decoder: Decoder) -> None:
+    """Decode frames and hand them over, until the client goes away."""
+    while True:
+        message = await ws.receive()
+        if message["type"] == "websocket.disconnect":
+            return
+        frame = message.get("text")
+        if frame is None:
+            frame = message.get("bytes") or b""
+        try:
+            event = decoder.decode(frame)
+        except ProtocolError as exc:
+            await writer.send(exc.to_event())
+            continue
+        await connection.handle(event)

@@ -1,0 +1,172 @@
+"""Server settings: command-line flags with ``BARGEIN_*`` environment defaults.
+
+This module is the only place in bargein that reads the environment. Every
+flag ``--some-name`` has the environment variable ``BARGEIN_SOME_NAME`` as its
+default; an explicit flag wins. The result is one frozen :class:`Settings`
+built from per-component configs (engine, session, server).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from session.config import SessionConfig
+
+ENV_PREFIX = "BARGEIN_"
+LogBackend = Literal["memory", "redis"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerConfig:
+    """The HTTP/WebSocket side.
+
+    Attributes:
+        host: interface to bind.
+        port: TCP port (0 picks a free one).
+        log_backend: where token streams live: ``memory`` (embedded) or ``redis``.
+        redis_url: Redis URL, required when ``log_backend == "redis"``.
+        secret: key for resume tokens; ``None`` draws a random one per process.
+        debug_endpoints: serve ``GET /debug/engine`` (engine stats and recent
+            prompts) for tests and operators; never enable on a public port.
+        log_level: uvicorn and bargein log level.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    log_backend: LogBackend = "memory"
+    redis_url: str | None = None
+    secret: str | None = None
+    debug_endpoints: bool = False
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port={self.port} must be in [0, 65535]")
+        if self.log_backend not in ("memory", "redis"):
+            raise ValueError(f"log_backend={self.log_backend!r} must be 'memory' or 'redis'")
+        if self.log_backend == "redis" and not self.redis_url:
+            raise ValueError("log_backend='redis' needs a redis_url")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    """Everything ``bargein serve`` is built from."""
+
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    session: SessionConfig = field(default_factory=SessionConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+
+
+class SettingsError(ValueError):
+    """A flag or environment variable has a bad value (message names it)."""
+
+
+def _env_default(env: Mapping[str, str], flag: str, default: Any) -> Any:
+    """The ``BARGEIN_*`` value for ``--flag``, else ``default`` (strings only)."""
+    return env.get(ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper(), default)
+
+
+def _add(parser: argparse.ArgumentParser, env: Mapping[str, str], flag: str,
+         default: Any, kind: type, help_text: str) -> None:
+    """Add one flag whose default comes from the environment."""
+    parser.add_argument(flag, type=kind, default=_env_default(env, flag, default),
+                        help=f"{help_text} (env {ENV_PREFIX}"
+                             f"{flag.lstrip('-').replace('-', '_').upper()})")
+
+
+def _bool(text: str | bool) -> bool:
+    """Parse a boolean flag or environment value."""
+    if isinstance(text, bool):
+        return text
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not a boolean")
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser,
+                        env: Mapping[str, str] | None = None) -> None:
+    """Declare the flags of ``bargein serve`` on ``parser``."""
+    env = os.environ if env is None else env
+    s, e, c, m = ServerConfig(), SessionConfig(), SchedulerConfig(), ModelConfig()
+    _add(parser, env, "--host", s.host, str, "interface to bind")
+    _add(parser, env, "--port", s.port, int, "TCP port")
+    _add(parser, env, "--model", m.path, str, "model path: HF folder or .gguf "
+         "(default: the bundled SmolLM2-135M-Instruct)")
+    _add(parser, env, "--device", m.device, str, "auto, cpu or cuda")
+    _add(parser, env, "--dtype", m.dtype, str, "float32, bfloat16 or float16")
+    _add(parser, env, "--backend", m.backend, str, "kernels: auto, torch or triton")
+    _add(parser, env, "--cache-dir", m.cache_dir, str, "converted-weights cache")
+    _add(parser, env, "--log-backend", s.log_backend, str, "token log: memory or redis")
+    _add(parser, env, "--redis-url", s.redis_url, str,
+         "Redis URL (implies --log-backend redis)")
+    _add(parser, env, "--secret", s.secret, str, "resume-token key")
+    _add(parser, env, "--max-num-seqs", c.max_num_seqs, int, "sequences per step")
+    _add(parser, env, "--max-num-batched-tokens", c.max_num_batched_tokens, int,
+         "tokens per step")
+    _add(parser, env, "--max-model-len", c.max_model_len, int,
+         "prompt + output tokens of one sequence")
+    _add(parser, env, "--prefill-chunk-size", c.prefill_chunk_size, int,
+         "most prompt tokens of one sequence per step")
+    _add(parser, env, "--block-size", CacheConfig().block_size, int, "tokens per KV block")
+    _add(parser, env, "--num-blocks", None, int, "KV blocks (default: from --kv-cache-bytes)")
+    _add(parser, env, "--kv-cache-bytes", CacheConfig().memory_bytes, int, "KV cache budget")
+    _add(parser, env, "--max-tokens", e.max_tokens, int, "most tokens of one response")
+    _add(parser, env, "--default-max-tokens", e.default_max_tokens, int,
+         "max_tokens when a response.create names none")
+    _add(parser, env, "--max-frame-bytes", e.max_frame_bytes, int, "largest client frame")
+    _add(parser, env, "--instructions", e.instructions, str, "default system prompt")
+    _add(parser, env, "--debug-endpoints", s.debug_endpoints, _bool,
+         "serve GET /debug/engine (tests only)")
+    _add(parser, env, "--log-level", s.log_level, str, "debug, info, warning, error")
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """Build :class:`Settings` from parsed ``serve`` flags.
+
+    Raises:
+        SettingsError: a value is out of range or inconsistent (the config
+            classes' own messages, which name the field).
+    """
+    try:
+        return Settings(
+            engine=EngineConfig(
+                model=ModelConfig(path=args.model, dtype=args.dtype, device=args.device,
+                                  backend=args.backend, cache_dir=args.cache_dir),
+                cache=CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks,
+                                  memory_bytes=args.kv_cache_bytes),
+                scheduler=SchedulerConfig(
+                    max_num_seqs=args.max_num_seqs,
+                    max_num_batched_tokens=args.max_num_batched_tokens,
+                    max_model_len=args.max_model_len,
+                    prefill_chunk_size=args.prefill_chunk_size)),
+            session=SessionConfig(max_tokens=args.max_tokens,
+                                  default_max_tokens=args.default_max_tokens,
+                                  max_frame_bytes=args.max_frame_bytes,
+                                  instructions=args.instructions),
+            server=ServerConfig(
+                host=args.host, port=args.port, secret=args.secret,
+                log_backend="redis" if args.redis_url else args.log_backend,
+                redis_url=args.redis_url, debug_endpoints=args.debug_endpoints,
+                log_level=args.log_level))
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from exc
+
+
+def parse_serve_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Settings:
+    """Parse ``bargein serve`` flags (without the subcommand) into :class:`Settings`.
+
+    Raises:
+        SystemExit: argparse's exit on an unknown flag or a mistyped value.
+        SettingsError: a value argparse accepted but a config refuses.
+    """
+    parser = argparse.ArgumentParser(prog="bargein serve")
+    add_serve_arguments(parser, env)
+    return settings_from_args(parser.parse_args(list(argv)))

@@ -1,0 +1,121 @@
+"""Delivery: one stream from the token log to one client, at the client's pace.
+
+One :class:`Delivery` task per connection per stream. A reader task follows
+the log from the last sent offset and queues entries; the sender awaits the
+socket (``send`` returns once the frame is written), and whatever queued up
+meanwhile goes out as one coalesced ``response.delta`` covering the whole
+token range. Generation never waits for delivery: the engine writes to the
+log, and a slow client only makes its deltas bigger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+
+from protocol import events as pe
+from session.errors import StreamNotFound, TokenLogUnavailable
+from session.token_log import LogEntry, StreamEnd, TokenLog
+
+SendEvent = Callable[[object], Awaitable[None]]
+
+
+def done_event(response_id: str, stream_id: str, end: StreamEnd) -> pe.ResponseDone:
+    """The ``response.done`` of a stream that ended with ``end``."""
+    return pe.ResponseDone(
+        response_id=response_id, stream_id=stream_id, end=end.end,
+        finish_reason=end.finish_reason,
+        usage=pe.Usage(prompt_tokens=end.prompt_tokens,
+                       completion_tokens=end.completion_tokens,
+                       cached_tokens=end.cached_tokens))
+
+
+class Delivery:
+    """Sends one stream's deltas from ``from_offset`` on, then its ``response.done``.
+
+    Args:
+        log: the token log holding the stream.
+        response_id, stream_id: the stream and the response it answers.
+        from_offset: first token offset the client wants.
+        send: writes one server event and returns once it is on the wire.
+        on_delivered: called with each delta's text after it was sent.
+        include_token_ids: put ``token_ids`` in the deltas.
+    """
+
+    def __init__(self, log: TokenLog, *, response_id: str, stream_id: str,
+                 from_offset: int, send: SendEvent,
+                 on_delivered: Callable[[str], None] = lambda text: None,
+                 include_token_ids: bool = False) -> None:
+        self.log = log
+        self.response_id = response_id
+        self.stream_id = stream_id
+        self.sent_end = from_offset  # offset after the last token sent
+        self.finish: StreamEnd | None = None
+        self._send = send
+        self._on_delivered = on_delivered
+        self._include_token_ids = include_token_ids
+        self._muted = False
+        self._queue: asyncio.Queue[LogEntry | StreamEnd | BaseException] = asyncio.Queue()
+
+    def mute(self) -> None:
+        """Send no more deltas; still send ``response.done`` when the stream ends
+        (barge-in: the user stopped listening)."""
+        self._muted = True
+
+    async def run(self) -> None:
+        """Deliver until the stream's end has been sent.
+
+        A stream that is unknown or expired is answered with ``error``
+        ``not_found``; a log that cannot be read, with a retryable
+        ``internal_error`` (the client may resume later).
+        """
+        reader = asyncio.create_task(self._read(), name=f"read-{self.stream_id}")
+        try:
+            await self._deliver()
+        except StreamNotFound:
+            await self._send(self._error(pe.ErrorCode.NOT_FOUND, "stream not found", False))
+        except TokenLogUnavailable:
+            await self._send(self._error(pe.ErrorCode.INTERNAL_ERROR,
+                                         "token log unavailable", True))
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+
+    async def _read(self) -> None:
+        try:
+            async for item in self.log.read(self.stream_id, self.sent_end):
+                self._queue.put_nowait(item)
+        except (StreamNotFound, TokenLogUnavailable) as exc:
+            self._queue.put_nowait(exc)
+
+    async def _deliver(self) -> None:
+        while self.finish is None:
+            batch = [await self._queue.get()]
+            while not self._queue.empty():  # what queued while the socket was busy
+                batch.append(self._queue.get_nowait())
+            entries = [i for i in batch if isinstance(i, LogEntry)]
+            if entries and not self._muted:
+                await self._send_delta(entries)
+            for item in batch:
+                if isinstance(item, BaseException):
+                    raise item
+                if isinstance(item, StreamEnd):
+                    self.finish = item
+        await self._send(done_event(self.response_id, self.stream_id, self.finish))
+
+    async def _send_delta(self, entries: list[LogEntry]) -> None:
+        text = "".join(e.text for e in entries)
+        token_ids = [t for e in entries for t in e.token_ids]
+        delta = pe.ResponseDelta(
+            response_id=self.response_id, stream_id=self.stream_id,
+            start=entries[0].start, end=entries[-1].end, text=text,
+            token_ids=token_ids if self._include_token_ids else None)
+        await self._send(delta)
+        self.sent_end = entries[-1].end
+        self._on_delivered(text)
+
+    def _error(self, code: pe.ErrorCode, message: str, retryable: bool) -> pe.ErrorEvent:
+        return pe.ErrorEvent(code=code, message=message, retryable=retryable,
+                        response_id=self.response_id)

@@ -1,0 +1,234 @@
+"""The glue between connections, the engine runner and the token log.
+
+One :class:`Service` per process. It
+
+- turns a session's :class:`~session.session.Submit` into an engine request:
+  the chat template is applied off the event loop (``asyncio.to_thread``),
+  the stream is created in the log, then the request goes to the runner;
+- listens to the runner's steps: one ``call_soon_threadsafe`` per engine step
+  hands the step's outputs to the event loop, and one ``write_step`` per step
+  puts them into the token log (in step order, by one writer task);
+- tells the connection that owns a stream when generation finished, so the
+  conversation gets the assistant turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.errors import EngineStoppedError, PromptTooLongError
+from engine.request import EngineRequest, FinishReason, RequestOutput
+from protocol import events as pe
+from session.chat import render_prompt
+from session.config import SessionConfig
+from session.errors import TokenLogUnavailable
+from session.session import GenerationFinished, Submit, Submitted, SubmitFailed
+from session.token_log import LogEntry, StreamEnd, StreamInfo, StreamWrite, TokenLog
+from session.tokens import make_resume_token
+
+logger = logging.getLogger(__name__)
+
+OnFinish = Callable[[GenerationFinished], None]
+
+
+@dataclass(slots=True, kw_only=True)
+class _LiveStream:
+    """A stream whose request the engine is still generating."""
+
+    response_id: str
+    on_finish: OnFinish | None
+    texts: list[str] = field(default_factory=list)
+    abort_requested_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Owner:
+    """Who submits: the principal (for resume tokens) and their session."""
+
+    principal: str
+    session_id: str
+    on_finish: OnFinish | None = None
+
+
+class Service:
+    """Runs the realtime sessions of one process on one engine runner.
+
+    Args:
+        runner: a started :class:`engine.runner.EngineRunner` (or anything
+            with its ``submit``/``abort``/``add_step_listener``/``tokenizer``/
+            ``max_model_len``/``model_name``/``stats``).
+        log: the token log streams are written to and delivered from.
+        config: session limits.
+        secret: resume/session token key (non-empty).
+        node_id: recorded as the owner of the streams written here.
+        clock: monotonic seconds.
+        debug: keep the last requests submitted (``recent_requests``) for
+            tests and ``/debug/engine``.
+    """
+
+    def __init__(self, runner: Any, log: TokenLog, config: SessionConfig, *,
+                 secret: bytes, node_id: str = "node-0",
+                 clock: Callable[[], float] = time.monotonic, debug: bool = False) -> None:
+        self.runner = runner
+        self.log = log
+        self.config = config
+        self.secret = secret
+        self.node_id = node_id
+        self.clock = clock
+        self.recent_requests: deque[EngineRequest] = deque(maxlen=256 if debug else 0)
+        self.interrupt_latencies_s: deque[float] = deque(maxlen=4096)
+        self._live: dict[str, _LiveStream] = {}
+        self._steps: asyncio.Queue[list[RequestOutput]] = asyncio.Queue()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._writer: asyncio.Task[None] | None = None
+
+    @property
+    def max_model_len(self) -> int:
+        """Prompt plus output tokens of one sequence."""
+        return int(self.runner.max_model_len)
+
+    async def start(self) -> None:
+        """Attach to the runner and start the log writer (on the event loop)."""
+        self._loop = asyncio.get_running_loop()
+        self._writer = asyncio.create_task(self._write_steps(), name="token-log-writer")
+        self.runner.add_step_listener(self._on_engine_step)
+
+    async def stop(self) -> None:
+        """Stop the log writer (after the runner was shut down)."""
+        if self._writer is not None:
+            self._writer.cancel()
+            try:
+                await self._writer
+            except asyncio.CancelledError:
+                pass
+            self._writer = None
+
+    # ---- submitting ----------------------------------------------------------
+
+    async def submit(self, action: Submit, owner: Owner, now: float
+                     ) -> Submitted | SubmitFailed:
+        """Render the prompt, create the stream, submit the request.
+
+        From ``runner.submit`` to the return there is no ``await``: the
+        caller hands ``Submitted`` to its session before any engine output of
+        this request can reach the loop.
+        """
+        ids = await asyncio.to_thread(render_prompt, self.runner.tokenizer, action.messages)
+        if len(ids) >= self.max_model_len:
+            return self._too_long(action, len(ids))
+        await self.log.create_stream(StreamInfo(
+            stream_id=action.stream_id, response_id=action.response_id,
+            principal=owner.principal, session_id=owner.session_id,
+            owner_node=self.node_id, status="live", end=0, finish=None))
+        request = EngineRequest(request_id=action.stream_id, prompt_token_ids=ids,
+                                params=action.params, arrival_time=now)
+        try:
+            self.runner.submit(request)
+        except PromptTooLongError:
+            await self._end_unsubmitted(action.stream_id, len(ids))
+            return self._too_long(action, len(ids))
+        except EngineStoppedError:
+            await self._end_unsubmitted(action.stream_id, len(ids))
+            return SubmitFailed(response_id=action.response_id,
+                                code=pe.ErrorCode.INTERNAL_ERROR,
+                                message="the engine is not running")
+        self._live[action.stream_id] = _LiveStream(response_id=action.response_id,
+                                                   on_finish=owner.on_finish)
+        self.recent_requests.append(request)
+        return Submitted(response_id=action.response_id,
+                         resume_token=make_resume_token(self.secret, action.stream_id,
+                                                        owner.principal))
+
+    def _too_long(self, action: Submit, num_tokens: int) -> SubmitFailed:
+        return SubmitFailed(
+            response_id=action.response_id, code=pe.ErrorCode.PROMPT_TOO_LONG,
+            message=f"the prompt has {num_tokens} tokens; the context holds "
+                    f"{self.max_model_len} (prompt plus at least one new token)")
+
+    async def _end_unsubmitted(self, stream_id: str, num_prompt_tokens: int) -> None:
+        """Close a stream whose request the runner refused (readers must not hang)."""
+        end = StreamEnd(end=0, finish_reason=FinishReason.ERROR.value,
+                        prompt_tokens=num_prompt_tokens, completion_tokens=0,
+                        cached_tokens=0)
+        await self.log.write_step([StreamWrite(stream_id=stream_id, entry=None, finish=end)])
+
+    def abort(self, stream_id: str, reason: FinishReason, requested_at: float) -> None:
+        """Abort a stream's request (no-op once it finished)."""
+        live = self._live.get(stream_id)
+        if live is None:
+            return
+        live.abort_requested_at = requested_at
+        self.runner.abort(stream_id, reason)
+
+    def release(self, stream_id: str) -> None:
+        """Its connection is gone: generation goes on, nobody is told of the end."""
+        live = self._live.get(stream_id)
+        if live is not None:
+            live.on_finish = None
+
+    # ---- engine steps -> token log ---------------------------------------------
+
+    def _on_engine_step(self, outputs: list[RequestOutput]) -> None:
+        """Step listener, on the engine thread: one hand-off to the loop per step."""
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._steps.put_nowait, outputs)
+
+    async def _write_steps(self) -> None:
+        """Write each step to the log in one ``write_step``, in step order."""
+        while True:
+            outputs = await self._steps.get()
+            writes = [w for w in map(self._to_write, outputs) if w is not None]
+            if not writes:
+                continue
+            try:
+                await self.log.write_step(writes)
+            except TokenLogUnavailable as exc:
+                logger.error("token log write failed for %s", exc.stream_ids)
+                for stream_id in exc.stream_ids:
+                    self.runner.abort(stream_id, FinishReason.ERROR)
+            self._notify_finished(outputs)
+
+    def _to_write(self, out: RequestOutput) -> StreamWrite | None:
+        live = self._live.get(out.request_id)
+        if live is None:
+            return None  # not a stream of this service
+        start = out.num_output_tokens - len(out.new_token_ids)
+        entry = None
+        if out.new_token_ids:
+            # Text that arrives with no token (held back, then flushed by an
+            # abort) has no offset to live at; it is dropped from the stream
+            # and from the turn alike, so both stay the same text.
+            entry = LogEntry(start=start, end=out.num_output_tokens, text=out.text,
+                             token_ids=tuple(out.new_token_ids))
+            live.texts.append(out.text)
+        finish = None
+        if out.finished:
+            assert out.finish_reason is not None
+            finish = StreamEnd(end=out.num_output_tokens,
+                               finish_reason=out.finish_reason.value,
+                               prompt_tokens=out.num_prompt_tokens,
+                               completion_tokens=out.num_output_tokens,
+                               cached_tokens=out.num_cached_tokens)
+        if entry is None and finish is None:
+            return None
+        return StreamWrite(stream_id=out.request_id, entry=entry, finish=finish)
+
+    def _notify_finished(self, outputs: Sequence[RequestOutput]) -> None:
+        now = self.clock()
+        for out in outputs:
+            if not out.finished or out.request_id not in self._live:
+                continue
+            live = self._live.pop(out.request_id)
+            if live.abort_requested_at is not None:
+                self.interrupt_latencies_s.append(now - live.abort_requested_at)
+            if live.on_finish is not None:
+                assert out.finish_reason is not None
+                live.on_finish(GenerationFinished(stream_id=out.request_id,
+                                                  text="".join(live.texts),
+                                                  finish_reason=out.finish_reason))
