@@ -16,6 +16,8 @@ from transformers import PreTrainedTokenizerBase
 
 from engine.detokenizer import IncrementalDetokenizer
 
+Tokenizer = PreTrainedTokenizerBase
+
 TEXTS = [
     "Hello, world! The answer is 42.",
     "family 👨\u200d👩\u200d👧\u200d👦 and flag 🏳\ufe0f\u200d🌈, thumbs 👍🏽, Japan 🇯🇵 🎉",
@@ -53,9 +55,9 @@ def _feed(detok: IncrementalDetokenizer, ids: Sequence[int], sizes: Sequence[int
 @pytest.mark.slow
 @pytest.mark.parametrize("text", TEXTS)
 @pytest.mark.parametrize("chunk", [1, 2, 3, 7])
-def test_deltas_concatenate_to_full_decode(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int], text: str, chunk: int) -> None:
+def test_deltas_concatenate_to_full_decode(tokenizer: Tokenizer, prompt_ids: list[int], text: str, chunk: int) -> None:
     ids = tokenizer.encode(text, add_special_tokens=False)
-    detok = IncrementalDetokenizer(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int])
+    detok = IncrementalDetokenizer(tokenizer, prompt_ids)
     deltas = _feed(detok, ids, [chunk])
     assert "".join(deltas) == tokenizer.decode(ids, skip_special_tokens=True) == text
     assert detok.text == text
@@ -63,43 +65,43 @@ def test_deltas_concatenate_to_full_decode(tokenizer: PreTrainedTokenizerBase, p
 
 
 @pytest.mark.slow
-def test_no_delta_splits_a_character(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int]) -> None:
+def test_no_delta_splits_a_character(tokenizer: Tokenizer, prompt_ids: list[int]) -> None:
     # Emoji and CJK take several byte-level tokens per character: no delta may
     # hold a replacement char, and each ZWJ sequence may only arrive whole or
     # cut at its joiners, never inside a code point.
     text = TEXTS[1] + TEXTS[2]
     ids = tokenizer.encode(text, add_special_tokens=False)
     assert len(ids) > len(text.split())  # really split across tokens
-    deltas = _feed(IncrementalDetokenizer(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int]), ids, [1])
+    deltas = _feed(IncrementalDetokenizer(tokenizer, prompt_ids), ids, [1])
     assert all("\ufffd" not in d for d in deltas)
     assert "".join(deltas) == text
 
 
 @pytest.mark.slow
-def test_special_tokens_are_skipped(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int]) -> None:
+def test_special_tokens_are_skipped(tokenizer: Tokenizer, prompt_ids: list[int]) -> None:
     ids = tokenizer.encode("Sure.<|im_end|>\n<|im_start|>assistant\nOk", add_special_tokens=False)
-    deltas = _feed(IncrementalDetokenizer(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int]), ids, [1])
+    deltas = _feed(IncrementalDetokenizer(tokenizer, prompt_ids), ids, [1])
     assert "".join(deltas) == tokenizer.decode(ids, skip_special_tokens=True) == "Sure.\nassistant\nOk"
 
 
 @pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(text=st.sampled_from(TEXTS) | st.text(max_size=40), data=st.data())
-def test_random_chunkings(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int], text: str, data: st.DataObject) -> None:
+def test_random_chunkings(tokenizer: Tokenizer, prompt_ids: list[int], text: str, data: st.DataObject) -> None:
     ids = tokenizer.encode(text, add_special_tokens=False)
     sizes = data.draw(st.lists(st.integers(1, 5), min_size=1, max_size=8))
-    deltas = _feed(IncrementalDetokenizer(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int]), ids, sizes)
+    deltas = _feed(IncrementalDetokenizer(tokenizer, prompt_ids), ids, sizes)
     assert "".join(deltas) == tokenizer.decode(ids, skip_special_tokens=True)
 
 
 @pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
-def test_random_token_ids(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int], data: st.DataObject) -> None:
+def test_random_token_ids(tokenizer: Tokenizer, prompt_ids: list[int], data: st.DataObject) -> None:
     # Arbitrary ids (stray byte tokens, specials) as a sampling model may emit them.
     ids = data.draw(st.lists(st.integers(0, len(tokenizer) - 1), max_size=30))
     sizes = data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=5))
-    deltas = _feed(IncrementalDetokenizer(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int]), ids, sizes)
+    deltas = _feed(IncrementalDetokenizer(tokenizer, prompt_ids), ids, sizes)
     assert "".join(deltas) == tokenizer.decode(ids, skip_special_tokens=True)
 
 
@@ -109,14 +111,14 @@ def _pieces(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int]) -> list[str]
 
 @pytest.mark.slow
 @pytest.mark.parametrize("span", [2, 3])
-def test_stop_string_spanning_tokens(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int], span: int) -> None:
+def test_stop_string_spanning_tokens(tokenizer: Tokenizer, prompt_ids: list[int], span: int) -> None:
     text = "The quick brown fox jumps over the lazy dog and runs away."
     ids = tokenizer.encode(text, add_special_tokens=False)
     pieces = _pieces(tokenizer, ids)
     i = 3  # stop starts inside token i and ends inside token i + span - 1
     stop = pieces[i][1:] + "".join(pieces[i + 1 : i + span - 1]) + pieces[i + span - 1][:2]
     assert stop in text and text.find(stop) < len("".join(pieces[: i + 1]))
-    detok = IncrementalDetokenizer(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int], stop=[stop])
+    detok = IncrementalDetokenizer(tokenizer, prompt_ids, stop=[stop])
     deltas = [detok.add([t]) for t in ids[: i + span]]
     assert detok.stopped
     assert "".join(deltas) == detok.text == text[: text.find(stop)]
@@ -124,18 +126,18 @@ def test_stop_string_spanning_tokens(tokenizer: PreTrainedTokenizerBase, prompt_
 
 
 @pytest.mark.slow
-def test_stop_string_over_multibyte_characters(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int]) -> None:
+def test_stop_string_over_multibyte_characters(tokenizer: Tokenizer, prompt_ids: list[int]) -> None:
     text = "before 日本語 after 🎉 tail"
     ids = tokenizer.encode(text, add_special_tokens=False)
-    detok = IncrementalDetokenizer(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int], stop=["本語 af"])
+    detok = IncrementalDetokenizer(tokenizer, prompt_ids, stop=["本語 af"])
     deltas = _feed(detok, ids, [1])
     assert detok.stopped and "".join(deltas) == "before 日"
 
 
 @pytest.mark.slow
-def test_held_back_text_released_when_not_a_stop(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int]) -> None:
+def test_held_back_text_released_when_not_a_stop(tokenizer: Tokenizer, prompt_ids: list[int]) -> None:
     ids = tokenizer.encode("hello world war", add_special_tokens=False)
-    detok = IncrementalDetokenizer(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int], stop=["world peace"])
+    detok = IncrementalDetokenizer(tokenizer, prompt_ids, stop=["world peace"])
     out = [detok.add([t]) for t in ids]
     assert _pieces(tokenizer, ids) == ["hello", " world", " war"]
     assert out == ["hello", " ", "world war"]
@@ -143,9 +145,9 @@ def test_held_back_text_released_when_not_a_stop(tokenizer: PreTrainedTokenizerB
 
 
 @pytest.mark.slow
-def test_flush_releases_partial_stop_at_finish(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int]) -> None:
+def test_flush_releases_partial_stop_at_finish(tokenizer: Tokenizer, prompt_ids: list[int]) -> None:
     ids = tokenizer.encode("see you tom", add_special_tokens=False)
-    detok = IncrementalDetokenizer(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int], stop=["tomorrow"])
+    detok = IncrementalDetokenizer(tokenizer, prompt_ids, stop=["tomorrow"])
     held = "".join(detok.add([t]) for t in ids)
     assert held == "see you "
     assert detok.flush() == "tom"
@@ -154,17 +156,17 @@ def test_flush_releases_partial_stop_at_finish(tokenizer: PreTrainedTokenizerBas
 
 
 @pytest.mark.slow
-def test_stop_string_at_the_very_start(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int]) -> None:
+def test_stop_string_at_the_very_start(tokenizer: Tokenizer, prompt_ids: list[int]) -> None:
     ids = tokenizer.encode("User: what next?", add_special_tokens=False)
-    detok = IncrementalDetokenizer(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int], stop=["User:"])
+    detok = IncrementalDetokenizer(tokenizer, prompt_ids, stop=["User:"])
     deltas = _feed(detok, ids, [1])
     assert detok.stopped and deltas == [""] * len(deltas) and detok.text == ""
 
 
 @pytest.mark.slow
-def test_first_completed_of_several_stop_strings_wins(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int]) -> None:
+def test_first_completed_of_several_stop_strings_wins(tokenizer: Tokenizer, prompt_ids: list[int]) -> None:
     ids = tokenizer.encode("alpha beta gamma delta", add_special_tokens=False)
-    detok = IncrementalDetokenizer(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int], stop=["delta", "ta gam", "beta gamma delta!"])
+    detok = IncrementalDetokenizer(tokenizer, prompt_ids, stop=["delta", "ta gam", "beta gamma delta!"])
     deltas = _feed(detok, ids, [4])
     assert detok.stopped and "".join(deltas) == "alpha be"
 
