@@ -72,7 +72,8 @@ def encode(event: ClientEvent | ServerEvent, fmt: Format) -> str | bytes:
     fields that are ``None`` are left out.
 
     Raises:
-        ValueError: a float field holds NaN or infinity (JSON has no such values).
+        ValueError: JSON only: a float field holds NaN or infinity (JSON has
+            no such values; the decoder refuses them in both encodings).
     """
     wire = _wire.to_wire(event)
     if fmt == "json":

@@ -62,7 +62,7 @@ def near_miss_maps(draw: st.DrawFn) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@settings(max_examples=500)
+@settings(max_examples=300)
 @given(obj=near_miss_maps())
 def test_structured_garbage_gives_protocol_error_only(fmt: Format, obj: dict[str, Any]) -> None:
     if fmt == "json":
