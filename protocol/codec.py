@@ -72,13 +72,15 @@ def encode(event: ClientEvent | ServerEvent, fmt: Format) -> str | bytes:
     fields that are ``None`` are left out.
 
     Raises:
-        ValueError: JSON only: a float field holds NaN or infinity (JSON has
-            no such values; the decoder refuses them in both encodings).
+        ValueError: an unknown ``fmt``; or, in JSON, a float field holding
+            NaN or infinity (the decoder refuses those in both encodings).
     """
     wire = _wire.to_wire(event)
     if fmt == "json":
         return json.dumps(wire, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    return msgpack.packb(wire, use_bin_type=True)
+    if fmt == "msgpack":
+        return msgpack.packb(wire, use_bin_type=True)
+    raise ValueError(f"{fmt=} must be 'json' or 'msgpack'")
 
 
 class Decoder:
@@ -91,6 +93,8 @@ class Decoder:
     """
 
     def __init__(self, *, fmt: Format = "json", max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        if fmt not in ("json", "msgpack"):
+            raise ValueError(f"{fmt=} must be 'json' or 'msgpack'")
         if max_frame_bytes < 1:
             raise ValueError(f"{max_frame_bytes=} must be >= 1")
         self.fmt = fmt
