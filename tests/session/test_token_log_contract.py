@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+import itertools
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 
 import pytest
 
 from session.errors import OffsetOutOfRange, StreamEnded, StreamExists, StreamNotFound
-from session.token_log import LogEntry, MemoryTokenLog, StreamEnd, TokenLog
+from session.redis_log import RedisLogConfig, RedisTokenLog
+from session.token_log import LogEntry, MemoryTokenLog, StreamEnd, StreamInfo, StreamWrite, TokenLog
 from tests.session.log_helpers import (
     FakeClock,
     chunks,
@@ -24,8 +26,6 @@ from tests.session.log_helpers import (
 class Backend:
     """Opens logs of one backend and lets time pass for its retention."""
 
-    name = "memory"
-
     def __init__(self) -> None:
         self.clock = FakeClock()
 
@@ -36,12 +36,70 @@ class Backend:
         self.clock.advance(seconds)
 
 
+class TwoNodes:
+    """A TokenLog whose writes go to one node and reads to another (Redis readers elsewhere)."""
+
+    def __init__(self, writer: RedisTokenLog, reader: RedisTokenLog) -> None:
+        self.writer, self.reader = writer, reader
+
+    async def create_stream(self, info: StreamInfo) -> None:
+        await self.writer.create_stream(info)
+
+    async def write_step(self, writes: Sequence[StreamWrite]) -> None:
+        await self.writer.write_step(writes)
+
+    async def info(self, stream_id: str) -> StreamInfo | None:
+        return await self.reader.info(stream_id)
+
+    def read(self, stream_id: str, from_offset: int) -> AsyncIterator[LogEntry | StreamEnd]:
+        return self.reader.read(stream_id, from_offset)
+
+    async def save_session(self, session_id: str, state: bytes) -> None:
+        await self.writer.save_session(session_id, state)
+
+    async def load_session(self, session_id: str) -> bytes | None:
+        return await self.reader.load_session(session_id)
+
+    async def ping(self) -> bool:
+        return await self.writer.ping() and await self.reader.ping()
+
+    async def close(self) -> None:
+        await self.writer.close()
+        await self.reader.close()
+
+
+_prefixes = itertools.count()
+
+
+class RedisBackend(Backend):
+    """Real redis-server; each log gets its own key prefix. ``two_nodes``: read from a second node."""
+
+    def __init__(self, url: str, *, two_nodes: bool) -> None:
+        super().__init__()
+        self.url, self.two_nodes = url, two_nodes
+
+    def open(self, retention_s: float) -> TokenLog:
+        # A 2-entry fan-out tail makes local readers fall back to Redis replays too.
+        config = RedisLogConfig(retention_s=retention_s, key_prefix=f"contract{next(_prefixes)}:",
+                                fanout_entries=2)
+        writer = RedisTokenLog(self.url, node_id="node-a", config=config)
+        if not self.two_nodes:
+            return writer
+        return TwoNodes(writer, RedisTokenLog(self.url, node_id="node-b", config=config))
+
+    async def elapse(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
 BACKENDS: dict[str, Callable[[pytest.FixtureRequest], Backend]] = {
     "memory": lambda request: Backend(),
+    "redis": lambda request: RedisBackend(request.getfixturevalue("redis_server"), two_nodes=False),
+    "redis-2nodes": lambda request: RedisBackend(request.getfixturevalue("redis_server"), two_nodes=True),
 }
 
 
-@pytest.fixture(params=list(BACKENDS))
+@pytest.fixture(params=[pytest.param(name, marks=[pytest.mark.redis] if name != "memory" else [])
+                        for name in BACKENDS])
 def backend(request: pytest.FixtureRequest) -> Backend:
     return BACKENDS[request.param](request)
 

@@ -1,0 +1,577 @@
+"""The production TokenLog on Redis Streams (redis-py asyncio).
+
+Layout, per stream (the ``{stream_id}`` hash tag keeps one response's keys in
+one Redis Cluster hash slot):
+
+- ``<prefix>{<stream_id>}:log``: a Redis stream. Entry ``[start, end)`` has the
+  explicit id ``<end>-0`` and fields ``s`` (start), ``i`` (token ids, packed
+  little-endian uint32), ``x`` (text, UTF-8). The finish has id ``<end>-1`` and
+  fields ``f`` (finish reason), ``p``/``c``/``k`` (prompt, completion, cached
+  tokens). So "entries with end > offset" is ``XRANGE (<offset>-0 +``, a
+  reader's position is its last id, and a retried ``XADD`` of an entry that
+  already landed fails ("equal or smaller id") instead of duplicating it.
+- ``<prefix>{<stream_id>}:meta``: a hash of response_id, principal,
+  session_id, owner_node, status, and at the finish end, finish_reason and
+  usage.
+- Both keys expire ``live_ttl_s`` after creation (a dead writer never leaves
+  keys forever) and ``retention_s`` after the finish. The length of a stream
+  is bounded by admission (max_tokens), never trimmed.
+
+Writes: one non-transactional pipeline per engine step (the finish is queued
+after the entries), retried with backoff for at most ``retry_for_s``; then
+:class:`TokenLogUnavailable` names the step's streams, which are broken from
+then on. A stream whose keys vanished (Redis restarted without persistence)
+is detected by ``XADD NOMKSTREAM`` returning nil (or its metadata missing at
+its first write); it is reported the same way and its partial keys deleted.
+
+Reads: streams this node writes are fed from an in-process tail of their
+last ``fanout_entries`` entries as soon as each step's pipeline returns (no
+Redis read per token per client); a reader behind that tail, and every
+reader of a stream written elsewhere, replays with ``XRANGE`` and then follows
+through the node's one multiplexed ``XREAD BLOCK`` (session/redis_tail.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ResponseError
+
+from session.errors import (
+    OffsetOutOfRange,
+    StreamEnded,
+    StreamExists,
+    StreamNotFound,
+    TokenLogUnavailable,
+)
+from session.redis_tail import _TRANSIENT, RawEntry, StreamId, StreamTailer, Subscription, parse_id
+from session.token_log import (
+    DEFAULT_LIVE_TTL_S,
+    DEFAULT_RETENTION_S,
+    LogEntry,
+    StreamCursor,
+    StreamEnd,
+    StreamInfo,
+    StreamWrite,
+    check_writes,
+)
+
+T = TypeVar("T")
+
+_ENDED_REMEMBERED = 65_536  # ended stream ids kept to refuse late writes with StreamEnded
+
+# Creates the metadata hash only if absent: KEYS[1] meta, ARGV[1] ttl ms, ARGV[2:] field/value pairs.
+_CREATE_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return 1
+"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RedisLogConfig:
+    """Tuning of :class:`RedisTokenLog`.
+
+    Attributes:
+        retention_s: seconds an ended stream and a saved session are kept.
+        live_ttl_s: seconds after creation a stream's keys expire if it never ends.
+        retry_for_s: how long a failing write or read is retried before
+            TokenLogUnavailable.
+        socket_timeout_s: per-command socket timeout (a hung Redis is a failure).
+        block_ms: longest XREAD BLOCK of the node's tailer.
+        replay_batch: entries per XRANGE when replaying.
+        fanout_entries: entries of each stream this node writes kept in memory
+            for its local readers.
+        key_prefix: prefix of every key (tests give each test its own).
+    """
+
+    retention_s: float = DEFAULT_RETENTION_S
+    live_ttl_s: float = DEFAULT_LIVE_TTL_S
+    retry_for_s: float = 5.0
+    socket_timeout_s: float = 1.0
+    block_ms: int = 5000
+    replay_batch: int = 1024
+    fanout_entries: int = 256
+    key_prefix: str = "bargein:"
+
+    def __post_init__(self) -> None:
+        for name in ("retention_s", "live_ttl_s", "retry_for_s", "socket_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be > 0")
+        for name in ("block_ms", "replay_batch", "fanout_entries"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+
+
+def _encode_entry(entry: LogEntry) -> dict[str, Any]:
+    try:
+        packed = struct.pack(f"<{len(entry.token_ids)}I", *entry.token_ids)
+    except struct.error as exc:
+        raise ValueError(f"token ids must be uint32: {exc}") from exc
+    return {"s": entry.start, "i": packed, "x": entry.text}
+
+
+def _encode_finish(finish: StreamEnd) -> dict[str, Any]:
+    return {"f": finish.finish_reason, "p": finish.prompt_tokens,
+            "c": finish.completion_tokens, "k": finish.cached_tokens}
+
+
+def _decode(stream_id: str, entry_id: StreamId, fields: dict[bytes, bytes], pos: int) -> LogEntry | StreamEnd:
+    """A log entry as read back; raises StreamNotFound if it leaves a gap after ``pos``."""
+    end, seq = entry_id
+    if seq == 1:
+        return StreamEnd(end=end, finish_reason=fields[b"f"].decode(), prompt_tokens=int(fields[b"p"]),
+                         completion_tokens=int(fields[b"c"]), cached_tokens=int(fields[b"k"]))
+    start, packed = int(fields[b"s"]), fields[b"i"]
+    if start > pos:
+        raise StreamNotFound(stream_id, f"offsets [{pos}, {start}) are no longer held")
+    ids = struct.unpack(f"<{len(packed) // 4}I", packed)
+    return LogEntry(start=start, end=end, text=fields[b"x"].decode(), token_ids=ids)
+
+
+def _final(stream_id: str, finish: StreamEnd, from_offset: int) -> StreamEnd:
+    if from_offset > finish.end:
+        raise OffsetOutOfRange(stream_id, from_offset, finish.end)
+    return finish
+
+
+def _already_added(result: object) -> bool:
+    """An XADD retried after its first attempt landed (explicit ids make it idempotent)."""
+    return isinstance(result, ResponseError) and "equal or smaller" in str(result)
+
+
+class _LocalStream:
+    """A stream this node writes: its write cursor and the tail its local readers follow."""
+
+    __slots__ = ("info", "cursor", "tail", "finish", "changed", "error")
+
+    def __init__(self, info: StreamInfo, tail_entries: int) -> None:
+        self.info = info
+        self.cursor = StreamCursor(info.stream_id)
+        self.tail: deque[LogEntry] = deque(maxlen=tail_entries)
+        self.finish: StreamEnd | None = None
+        self.changed = asyncio.Event()  # replaced on every change (see MemoryTokenLog)
+        self.error: Exception | None = None
+
+    def tail_start(self) -> int:
+        """First offset the tail still holds (the end when it holds nothing)."""
+        return self.tail[0].start if self.tail else self.cursor.end
+
+    def entries_after(self, pos: int) -> list[LogEntry]:
+        """Tail entries with end > pos, oldest first (scans only those)."""
+        fresh: list[LogEntry] = []
+        for entry in reversed(self.tail):
+            if entry.end <= pos:
+                break
+            fresh.append(entry)
+        fresh.reverse()
+        return fresh
+
+    def notify(self) -> None:
+        changed, self.changed = self.changed, asyncio.Event()
+        changed.set()
+
+
+class RedisTokenLog:
+    """:class:`~session.token_log.TokenLog` on Redis Streams; see the module doc.
+
+    Args:
+        url: ``redis://host:port/db`` (or rediss://, unix://). Nothing connects
+            before the first call.
+        node_id: this server's unique name: owner of the streams it creates,
+            and the name of its tailer's wake stream.
+        config: tuning; the default keeps ended streams 600 s.
+
+    Calls are for one event loop. ``write_step`` calls are applied one after
+    the other in call order.
+    """
+
+    def __init__(self, url: str, *, node_id: str = "node-0", config: RedisLogConfig = RedisLogConfig()) -> None:
+        self._cfg = config
+        self._node_id = node_id
+        no_retry = Retry(NoBackoff(), 0)  # retries are ours, bounded by retry_for_s
+        timeout = config.socket_timeout_s
+        self._redis = Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
+                                     retry=no_retry)
+        self._create = self._redis.register_script(_CREATE_LUA)
+        wake_key = f"{config.key_prefix}node:{{{node_id}}}:wake"
+        self._wake_key = wake_key
+        self._tailer = StreamTailer(
+            make_client=lambda: Redis.from_url(
+                url, single_connection_client=True, retry=no_retry, socket_connect_timeout=timeout,
+                socket_timeout=config.block_ms / 1000 + timeout),
+            wake=self._wake, wake_key=wake_key, block_ms=config.block_ms,
+            unavailable_after_s=config.retry_for_s, count=config.replay_batch)
+        self._live: dict[str, _LocalStream] = {}
+        self._broken: set[str] = set()  # streams whose log is incomplete after a failure
+        self._ended: dict[str, None] = {}  # recently ended here, oldest first: writes get StreamEnded
+        self._write_lock = asyncio.Lock()
+        self._degraded = False  # after an outage, fail fast (one attempt) until a call succeeds
+        self._closed = False
+
+    # -- keys ---------------------------------------------------------------
+
+    def _log_key(self, stream_id: str) -> str:
+        return f"{self._cfg.key_prefix}{{{stream_id}}}:log"
+
+    def _meta_key(self, stream_id: str) -> str:
+        return f"{self._cfg.key_prefix}{{{stream_id}}}:meta"
+
+    def _session_key(self, session_id: str) -> str:
+        return f"{self._cfg.key_prefix}session:{{{session_id}}}"
+
+    # -- bounded retries ------------------------------------------------------
+
+    async def _call(self, what: str, fn: Callable[[Redis], Awaitable[T]], stream_ids: tuple[str, ...] = ()) -> T:
+        """Run ``fn`` until it succeeds, retrying connection failures for ``retry_for_s``.
+
+        Raises TokenLogUnavailable (naming ``stream_ids``) past the bound, at
+        once when the log is closed, and after one failed attempt while degraded.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self._cfg.socket_timeout_s if self._degraded else self._cfg.retry_for_s)
+        delay = 0.02
+        while True:
+            if self._closed:
+                raise TokenLogUnavailable("token log closed", stream_ids)
+            try:
+                async with asyncio.timeout(max(deadline - loop.time(), 0.001)):
+                    result = await fn(self._redis)
+                self._degraded = False
+                return result
+            except _TRANSIENT as exc:  # includes the builtin TimeoutError of asyncio.timeout
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    self._degraded = True
+                    raise TokenLogUnavailable(f"{what}: redis unreachable ({exc!r})", stream_ids) from exc
+                await asyncio.sleep(min(delay, remaining))
+                delay = min(delay * 2, 0.5)
+
+    # -- writing --------------------------------------------------------------
+
+    async def create_stream(self, info: StreamInfo) -> None:
+        sid = info.stream_id
+        if sid in self._live or sid in self._broken:
+            raise StreamExists(sid)
+        meta = {"response_id": info.response_id, "principal": info.principal,
+                "session_id": info.session_id, "owner_node": info.owner_node, "status": "live"}
+        args: list[Any] = [int(self._cfg.live_ttl_s * 1000)]
+        for key, value in meta.items():
+            args += [key, value]
+        attempts = 0
+
+        async def create(redis: Redis) -> Any:
+            nonlocal attempts
+            attempts += 1
+            return await self._create(keys=[self._meta_key(sid)], args=args, client=redis)
+
+        if not await self._call("create_stream", create, (sid,)):
+            if attempts == 1 or not await self._created_by_us(sid, meta):
+                raise StreamExists(sid)
+        self._live[sid] = _LocalStream(replace(info, status="live", end=0, finish=None),
+                                       self._cfg.fanout_entries)
+
+    async def _created_by_us(self, sid: str, meta: dict[str, str]) -> bool:
+        """After a retried create found the hash: was it our own first attempt?"""
+        found = await self._call("create_stream", lambda r: r.hgetall(self._meta_key(sid)), (sid,))
+        return {k.decode(): v.decode() for k, v in found.items()} == meta
+
+    def _cursor(self, stream_id: str) -> StreamCursor:
+        if stream_id in self._broken:
+            raise TokenLogUnavailable("this stream's log is incomplete after a redis failure", (stream_id,))
+        local = self._live.get(stream_id)
+        if local is None:
+            if stream_id in self._ended:
+                raise StreamEnded(stream_id)
+            raise StreamNotFound(stream_id, "not live on this node")
+        return local.cursor
+
+    async def write_step(self, writes: Sequence[StreamWrite]) -> None:
+        if not writes:
+            return
+        async with self._write_lock:
+            check_writes(writes, self._cursor)
+            sids = tuple(dict.fromkeys(w.stream_id for w in writes))
+            try:
+                results, owners = await self._call("write_step", lambda r: self._run_step(r, writes), sids)
+            except TokenLogUnavailable as exc:
+                self._break(sids, exc)
+                raise
+            lost = tuple(dict.fromkeys(sid for sid, result in zip(owners, results) if self._failed(result)))
+            self._apply(writes, lost)
+            if lost:
+                error = TokenLogUnavailable("redis lost these streams (restarted without their data?)", lost)
+                self._break(lost, error)
+                await self._delete_partial(lost)
+                raise error
+
+    async def _run_step(self, redis: Redis, writes: Sequence[StreamWrite]) -> tuple[list[Any], list[str | None]]:
+        async with redis.pipeline(transaction=False) as pipe:
+            owners = self._queue_step(pipe, writes)
+            return await pipe.execute(raise_on_error=False), owners
+
+    def _queue_step(self, pipe: Pipeline, writes: Sequence[StreamWrite]) -> list[str | None]:
+        """Queue one step; returns, per command, the stream whose loss its result reveals."""
+        owners: list[str | None] = []
+        ends: dict[str, int] = {}
+        retention_ms, live_ms = int(self._cfg.retention_s * 1000), int(self._cfg.live_ttl_s * 1000)
+        for write in writes:
+            sid = write.stream_id
+            log_key, meta_key = self._log_key(sid), self._meta_key(sid)
+            end = ends.get(sid, self._live[sid].cursor.end)
+            if end == 0 and sid not in ends:  # first write: the metadata must still be there
+                pipe.exists(meta_key)
+                owners.append(sid)
+            if write.entry is not None:
+                pipe.xadd(log_key, _encode_entry(write.entry), id=f"{write.entry.end}-0", nomkstream=end > 0)
+                owners.append(sid)
+                if end == 0:
+                    pipe.pexpire(log_key, live_ms)
+                    owners.append(None)
+                end = write.entry.end
+            if (finish := write.finish) is not None:
+                pipe.xadd(log_key, _encode_finish(finish), id=f"{end}-1", nomkstream=end > 0)
+                pipe.hset(meta_key, mapping={"status": "complete", "end": end, **{
+                    "finish_reason": finish.finish_reason, "prompt_tokens": finish.prompt_tokens,
+                    "completion_tokens": finish.completion_tokens, "cached_tokens": finish.cached_tokens}})
+                pipe.pexpire(log_key, retention_ms)
+                pipe.pexpire(meta_key, retention_ms)
+                owners += [sid, None, None, None]  # HSET's count is 0 on a retry: not a check
+            ends[sid] = end
+        return owners
+
+    @staticmethod
+    def _failed(result: object) -> bool:
+        """Whether a checked command's result shows its stream was lost."""
+        if isinstance(result, Exception):
+            return not _already_added(result)
+        return result is None or result == 0  # XADD NOMKSTREAM on a missing key / EXISTS
+
+    def _apply(self, writes: Sequence[StreamWrite], lost: tuple[str, ...]) -> None:
+        """Advance cursors and tails of the written streams, then wake their readers."""
+        touched: dict[str, _LocalStream] = {}
+        for write in writes:
+            if write.stream_id in lost:
+                continue
+            local = touched[write.stream_id] = self._live[write.stream_id]
+            local.cursor.advance(write)
+            if write.entry is not None:
+                local.tail.append(write.entry)
+            if write.finish is not None:
+                local.finish = write.finish
+                del self._live[write.stream_id]  # readers that hold it finish from its tail
+                self._remember_ended(write.stream_id)
+        for local in touched.values():
+            local.notify()
+
+    def _remember_ended(self, stream_id: str) -> None:
+        self._ended[stream_id] = None
+        if len(self._ended) > _ENDED_REMEMBERED:
+            del self._ended[next(iter(self._ended))]
+
+    def _break(self, stream_ids: Sequence[str], error: Exception) -> None:
+        for sid in stream_ids:
+            local = self._live.pop(sid, None)
+            self._broken.add(sid)
+            if local is not None:
+                local.error = error
+                local.notify()
+
+    async def _delete_partial(self, stream_ids: Sequence[str]) -> None:
+        """Remove keys that writes to lost streams re-created (best effort)."""
+        keys = [k for sid in stream_ids for k in (self._log_key(sid), self._meta_key(sid))]
+        try:
+            await self._call("cleanup", lambda r: r.delete(*keys))
+        except TokenLogUnavailable:
+            pass  # their live TTL removes them anyway
+
+    # -- reading --------------------------------------------------------------
+
+    async def info(self, stream_id: str) -> StreamInfo | None:
+        local = self._live.get(stream_id)
+        if local is not None:
+            return replace(local.info, end=local.cursor.end)
+        meta, last = await self._fetch_meta(stream_id)
+        return _info_from_meta(stream_id, meta, last)
+
+    async def _fetch_meta(self, stream_id: str) -> tuple[dict[bytes, bytes], list[Any]]:
+        """The metadata hash and the log's newest raw entry (empty list if none)."""
+        async def fetch(redis: Redis) -> list[Any]:
+            async with redis.pipeline(transaction=False) as pipe:
+                pipe.hgetall(self._meta_key(stream_id))
+                pipe.xrevrange(self._log_key(stream_id), "+", "-", count=1)
+                return await pipe.execute()
+
+        meta, last = await self._call("read", fetch, (stream_id,))
+        return meta, last
+
+    def read(self, stream_id: str, from_offset: int) -> AsyncIterator[LogEntry | StreamEnd]:
+        if from_offset < 0:
+            raise ValueError(f"{from_offset=} must be >= 0")
+        return self._read(stream_id, from_offset)
+
+    async def _read(self, stream_id: str, from_offset: int) -> AsyncIterator[LogEntry | StreamEnd]:
+        local = self._live.get(stream_id)
+        inner = (self._read_local(local, from_offset) if local is not None
+                 else self._read_remote(stream_id, from_offset))
+        async with aclosing(inner) as events:
+            async for event in events:
+                yield event
+
+    async def _fetch(self, stream_id: str, after: StreamId) -> list[RawEntry]:
+        """Up to ``replay_batch`` raw entries with ids after ``after``."""
+        raw = await self._call("read", lambda r: r.xrange(
+            self._log_key(stream_id), min=f"({after[0]}-{after[1]}", max="+", count=self._cfg.replay_batch),
+            (stream_id,))
+        return [(parse_id(rid), fields) for rid, fields in raw]
+
+    async def _read_local(self, local: _LocalStream, from_offset: int) -> AsyncIterator[LogEntry | StreamEnd]:
+        """Follow a stream this node writes: from its tail, from Redis when behind it."""
+        sid, pos = local.info.stream_id, from_offset
+        while True:
+            changed = local.changed
+            if local.tail_start() > pos:
+                batch = await self._fetch(sid, (pos, 0))
+                if not batch:
+                    raise StreamNotFound(sid, "log lost")
+                for rid, fields in batch:
+                    event = _decode(sid, rid, fields, pos)
+                    if isinstance(event, StreamEnd):
+                        yield _final(sid, event, from_offset)
+                        return
+                    pos = event.end
+                    yield event
+                continue
+            fresh = local.entries_after(pos)
+            for entry in fresh:
+                pos = entry.end
+                yield entry
+            if fresh:
+                continue
+            if local.finish is not None:
+                yield _final(sid, local.finish, from_offset)
+                return
+            if local.error is not None:
+                raise local.error
+            await changed.wait()
+
+    async def _read_remote(self, stream_id: str, from_offset: int) -> AsyncIterator[LogEntry | StreamEnd]:
+        """Replay from Redis, then follow through the node's tailer."""
+        meta, newest = await self._fetch_meta(stream_id)
+        if b"principal" not in meta:
+            raise StreamNotFound(stream_id)
+        complete = meta.get(b"status") == b"complete"
+        if complete and from_offset > int(meta[b"end"]):
+            raise OffsetOutOfRange(stream_id, from_offset, int(meta[b"end"]))
+        # Past the live end, follow from the newest id: entries up to from_offset are
+        # skipped, but a finish below from_offset must still be seen.
+        pos, last = from_offset, min((from_offset, 0), parse_id(newest[0][0]) if newest else (0, 0))
+        while True:
+            batch = await self._fetch(stream_id, last)
+            for rid, fields in batch:
+                last = rid
+                event = _decode(stream_id, rid, fields, pos)
+                if isinstance(event, StreamEnd):
+                    yield _final(stream_id, event, from_offset)
+                    return
+                if event.end > pos:
+                    pos = event.end
+                    yield event
+            if len(batch) < self._cfg.replay_batch:
+                break
+        if complete:
+            raise StreamNotFound(stream_id, "expired while being read")
+        async with aclosing(self._follow(stream_id, from_offset, pos, last)) as events:
+            async for event in events:
+                yield event
+
+    async def _follow(self, stream_id: str, from_offset: int, pos: int,
+                      last: StreamId) -> AsyncIterator[LogEntry | StreamEnd]:
+        sub = Subscription(stream_id=stream_id, log_key=self._log_key(stream_id),
+                           meta_key=self._meta_key(stream_id), last_id=last)
+        try:
+            await self._tailer.subscribe(sub)
+            while True:
+                item = await sub.queue.get()
+                if isinstance(item, Exception):
+                    raise item
+                for rid, fields in item:
+                    event = _decode(stream_id, rid, fields, pos)
+                    if isinstance(event, StreamEnd):
+                        yield _final(stream_id, event, from_offset)
+                        return
+                    if event.end > pos:  # entries up to a from_offset past the live end are skipped
+                        pos = event.end
+                        yield event
+        finally:
+            self._tailer.unsubscribe(sub)
+
+    async def _wake(self) -> None:
+        """Make the tailer's blocked XREAD return so it picks up a new subscription."""
+        async def wake(redis: Redis) -> None:
+            async with redis.pipeline(transaction=False) as pipe:
+                pipe.xadd(self._wake_key, {"w": 1}, maxlen=16, approximate=True)
+                pipe.pexpire(self._wake_key, int(self._cfg.live_ttl_s * 1000))
+                await pipe.execute()
+
+        await self._call("wake", wake)
+
+    # -- sessions and health --------------------------------------------------
+
+    async def save_session(self, session_id: str, state: bytes) -> None:
+        px = int(self._cfg.retention_s * 1000)
+        await self._call("save_session", lambda r: r.set(self._session_key(session_id), state, px=px))
+
+    async def load_session(self, session_id: str) -> bytes | None:
+        state: bytes | None = await self._call("load_session", lambda r: r.get(self._session_key(session_id)))
+        return state
+
+    async def ping(self) -> bool:
+        """One PING within the socket timeout; never raises."""
+        try:
+            async with asyncio.timeout(self._cfg.socket_timeout_s):
+                ok = bool(await self._redis.ping())
+        except (*_TRANSIENT, ResponseError):
+            return False
+        self._degraded = self._degraded and not ok
+        return ok
+
+    async def close(self) -> None:
+        self._closed = True
+        await self._tailer.close()
+        error = TokenLogUnavailable("token log closed")
+        for local in self._live.values():
+            local.error = error
+            local.notify()
+        self._live.clear()
+        await self._redis.aclose()
+
+
+def _info_from_meta(stream_id: str, meta: dict[bytes, bytes], last: list[Any]) -> StreamInfo | None:
+    """StreamInfo from the metadata hash and the log's newest entry (for a live end)."""
+    if b"principal" not in meta:
+        return None
+    text = {k.decode(): v.decode() for k, v in meta.items()}
+    finish = None
+    if text.get("status") == "complete":
+        end = int(text["end"])
+        finish = StreamEnd(end=end, finish_reason=text["finish_reason"],
+                           prompt_tokens=int(text["prompt_tokens"]),
+                           completion_tokens=int(text["completion_tokens"]),
+                           cached_tokens=int(text["cached_tokens"]))
+    else:
+        end = parse_id(last[0][0])[0] if last else 0
+    return StreamInfo(stream_id=stream_id, response_id=text["response_id"], principal=text["principal"],
+                      session_id=text["session_id"], owner_node=text["owner_node"],
+                      status="complete" if finish else "live", end=end, finish=finish)

@@ -1,0 +1,191 @@
+"""One multiplexed ``XREAD BLOCK`` per node over every stream its readers follow.
+
+Readers of streams written by other nodes (or by this node before it
+restarted) do not each hold a blocked connection: they subscribe here with the
+last stream entry id they have, and one task per :class:`StreamTailer` runs
+``XREAD BLOCK`` over all subscribed keys on its own dedicated connection,
+handing each reader the entries past its id.
+
+A new subscription must join the blocked ``XREAD`` at once: the subscriber
+appends to a per-node *wake* stream that the same ``XREAD`` also watches, so
+the call returns and the next one includes the new key. Nothing is ever
+cancelled mid-command on a pooled connection; the dedicated connection is
+closed (never reused) when the task stops or the connection fails, so a
+half-read reply can never reach another caller (redis-py issues #2579, #2624,
+#2663: a blocking command cancelled on a pooled connection poisons it).
+
+Limitation: on a Redis Cluster one ``XREAD`` cannot span hash slots; a
+cluster deployment needs one tailer per shard (not built).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from session.errors import StreamNotFound, TokenLogUnavailable
+
+log = logging.getLogger(__name__)
+
+StreamId = tuple[int, int]  # (milliseconds part, sequence part) of a Redis stream entry id
+RawEntry = tuple[StreamId, dict[bytes, bytes]]
+
+_TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+def parse_id(raw: bytes) -> StreamId:
+    """``b"12-0"`` -> ``(12, 0)``."""
+    ms, _, seq = raw.partition(b"-")
+    return int(ms), int(seq)
+
+
+def format_id(stream_id: StreamId) -> str:
+    """``(12, 0)`` -> ``"12-0"``."""
+    return f"{stream_id[0]}-{stream_id[1]}"
+
+
+@dataclass(eq=False, slots=True, kw_only=True)
+class Subscription:
+    """One reader's interest in one stream key.
+
+    ``queue`` receives lists of entries past ``last_id`` in id order, or an
+    exception (StreamNotFound, TokenLogUnavailable) after which nothing comes.
+    """
+
+    stream_id: str
+    log_key: str
+    meta_key: str
+    last_id: StreamId
+    queue: asyncio.Queue[list[RawEntry] | Exception] = field(default_factory=asyncio.Queue)
+
+
+class StreamTailer:
+    """Runs the node's single blocking reader.
+
+    Args:
+        make_client: builds a single-connection client (no pool sharing) whose
+            socket timeout exceeds ``block_ms``.
+        wake: coroutine that appends to ``wake_key`` (on a pooled client).
+        wake_key: this node's wake stream.
+        block_ms: longest ``XREAD BLOCK``; after an empty one the tailer checks
+            that every followed stream still exists (a writer that died leaves
+            keys that expire by their live TTL: readers then get StreamNotFound).
+        unavailable_after_s: how long Redis may stay unreachable before every
+            subscriber gets TokenLogUnavailable.
+        count: most entries per key per ``XREAD``.
+    """
+
+    def __init__(
+        self,
+        *,
+        make_client: Callable[[], Redis],
+        wake: Callable[[], Awaitable[object]],
+        wake_key: str,
+        block_ms: int,
+        unavailable_after_s: float,
+        count: int = 1024,
+    ) -> None:
+        self._make_client = make_client
+        self._wake = wake
+        self._wake_key = wake_key
+        self._block_ms = block_ms
+        self._unavailable_after_s = unavailable_after_s
+        self._count = count
+        self._subs: set[Subscription] = set()
+        self._has_subs = asyncio.Event()
+        self._wake_id: StreamId = (0, 0)
+        self._task: asyncio.Task[None] | None = None
+
+    async def subscribe(self, sub: Subscription) -> None:
+        """Start delivering entries past ``sub.last_id`` to ``sub.queue``."""
+        self._subs.add(sub)
+        self._has_subs.set()
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="bargein-redis-tail")
+        else:
+            await self._wake()  # a blocked XREAD returns and re-reads with this key
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        """Stop delivering to ``sub`` (idempotent)."""
+        self._subs.discard(sub)
+        if not self._subs:
+            self._has_subs.clear()
+
+    async def close(self) -> None:
+        """Stop the task (closing its connection); subscribers get TokenLogUnavailable."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self._fail_all(TokenLogUnavailable("token log closed"))
+
+    async def _run(self) -> None:
+        client: Redis | None = None
+        down_since: float | None = None
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                await self._has_subs.wait()
+                if client is None:
+                    client = self._make_client()
+                try:
+                    await self._poll(client)
+                    down_since = None
+                except _TRANSIENT as exc:
+                    await client.aclose()  # never reuse a connection that failed mid-reply
+                    client = None
+                    down_since = loop.time() if down_since is None else down_since
+                    if loop.time() - down_since >= self._unavailable_after_s:
+                        self._fail_all(TokenLogUnavailable(f"redis unreachable: {exc}"))
+                    await asyncio.sleep(0.1)
+        finally:
+            if client is not None:
+                await client.aclose()
+
+    async def _poll(self, client: Redis) -> None:
+        """One XREAD BLOCK over the wake key and every subscribed key."""
+        keys: dict[str, StreamId] = {}
+        for sub in self._subs:
+            keys[sub.log_key] = min(keys.get(sub.log_key, sub.last_id), sub.last_id)
+        streams = {self._wake_key: format_id(self._wake_id)}
+        streams.update((key, format_id(last)) for key, last in keys.items())
+        reply = await client.xread(streams, count=self._count, block=self._block_ms)
+        if not reply:
+            await self._drop_missing(client)
+            return
+        for raw_key, raw_entries in reply:
+            key = raw_key.decode()
+            entries = [(parse_id(raw_id), fields) for raw_id, fields in raw_entries]
+            if key == self._wake_key:
+                self._wake_id = entries[-1][0]
+            else:
+                self._deliver(key, entries)
+
+    def _deliver(self, key: str, entries: list[RawEntry]) -> None:
+        for sub in [s for s in self._subs if s.log_key == key]:
+            fresh = [e for e in entries if e[0] > sub.last_id]
+            if fresh:
+                sub.last_id = fresh[-1][0]
+                sub.queue.put_nowait(fresh)
+
+    async def _drop_missing(self, client: Redis) -> None:
+        """Tell subscribers of streams whose metadata is gone (expired) to stop."""
+        subs = list(self._subs)
+        async with client.pipeline(transaction=False) as pipe:
+            for sub in subs:
+                pipe.exists(sub.meta_key)
+            exists = await pipe.execute()
+        for sub, found in zip(subs, exists):
+            if not found:
+                self.unsubscribe(sub)
+                sub.queue.put_nowait(StreamNotFound(sub.stream_id, "expired while followed"))
+
+    def _fail_all(self, error: Exception) -> None:
+        for sub in list(self._subs):
+            self.unsubscribe(sub)
+            sub.queue.put_nowait(error)

@@ -1,0 +1,26 @@
+"""Fixtures shared by every test folder (append only; see TEAM.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.redis_server import RedisServer, redis_server_binary
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[str]:
+    """URL of a real redis-server on a free loopback port, for the whole test session.
+
+    Started empty (``--save '' --appendonly no``); tests keep apart by key
+    prefix. Skips when redis-server is not installed (``make test`` installs it).
+    """
+    if redis_server_binary() is None:
+        pytest.skip("redis-server is not installed (make test installs Debian's redis-server)")
+    server = RedisServer()
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.close()
