@@ -77,8 +77,9 @@ def serve(settings: Settings) -> None:
             bar.close()
 
     app = create_app(settings, progress=progress)
+    # websockets' sans-I/O implementation: the legacy one is deprecated.
     uvicorn.run(app, host=settings.server.host, port=settings.server.port,
-                log_level=settings.server.log_level,
+                log_level=settings.server.log_level, ws="websockets-sansio",
                 ws_max_size=settings.session.max_frame_bytes)
 
 

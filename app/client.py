@@ -79,6 +79,7 @@ class RealtimeClient:
         self.current: Response | None = None
         self._ws: ClientConnection | None = None
         self._ids = itertools.count(1)
+        self.num_resumes = 0  # reconnects that resumed a stream
 
     async def __aenter__(self) -> RealtimeClient:
         await self.connect()
@@ -185,6 +186,7 @@ class RealtimeClient:
         await self.send({"type": "stream.resume", "stream_id": response.stream_id,
                          "resume_token": response.resume_token, "from": response.end})
         await self._expect("stream.resumed")
+        self.num_resumes += 1
 
     async def cancel(self, heard_chars: int | None = None) -> dict[str, Any]:
         """Interrupt the current response; returns its ``response.done``.
