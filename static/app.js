@@ -1,0 +1,267 @@
+// The bargein page: chat view, Stop, barge-in by typing or talking, a live
+// panel, and a "drop connection" control that shows the auto-resume.
+
+import { BargeinClient, countChars } from "./bargein.js";
+import { Listener, Speaker, voiceSupport } from "./voice.js";
+
+const $ = (id) => document.getElementById(id);
+const params = new URLSearchParams(location.search);
+
+const ui = {
+  messages: $("messages"), prompt: $("prompt"), composer: $("composer"), send: $("send"),
+  stop: $("stop"), drop: $("drop"), voice: $("voice"), voiceStatus: $("voice-status"),
+  conn: $("conn"), note: $("reconnecting"), noteText: $("reconnecting-text"), error: $("page-error"),
+  maxTokens: $("max-tokens"), temperature: $("temperature"), instructions: $("instructions"),
+};
+
+const STATE_LABELS = {
+  idle: "idle", connecting: "connecting…", open: "connected", reconnecting: "reconnecting…",
+  resuming: "resuming…", closed: "disconnected",
+};
+
+/** The answer on screen now: its Response, its elements and its timings. */
+let turn = null;
+/** Voice mode: the recognition, or null when off. */
+let listener = null;
+
+const client = new BargeinClient(realtimeUrl(), {
+  apiKey: params.get("key") ?? undefined,
+  session: params.get("instructions") ? { instructions: params.get("instructions") } : undefined,
+});
+globalThis.bargein = client; // for the developer console
+
+function realtimeUrl() {
+  if (params.get("ws")) return params.get("ws");
+  const scheme = location.protocol === "https:" ? "wss" : "ws";
+  return `${scheme}://${location.host}/v1/realtime`;
+}
+
+// ---- sending -----------------------------------------------------------------
+
+function samplingParams() {
+  const out = {};
+  if (ui.maxTokens.value) out.max_tokens = Number(ui.maxTokens.value);
+  if (ui.temperature.value) out.temperature = Number(ui.temperature.value);
+  return out;
+}
+
+/** Sends `text` as the next user turn; barges in if an answer is still running. */
+function submit(text) {
+  const active = turn && !turn.response.finished;
+  if (active) bargeIn();
+  addMessage("user", text);
+  const response = client.send(text, { ...samplingParams(), interruptActive: Boolean(active) });
+  showResponse(response);
+}
+
+/** The user cut in: silence the voice; the server keeps only what was heard. */
+function bargeIn() {
+  if (!turn || turn.response.finished) return;
+  if (turn.speaker?.speaking) turn.response.cancel({ heardChars: turn.speaker.silence() });
+  else turn.speaker?.silence();
+}
+
+/** Stop button: the answer ends where the screen (or the voice) got to. */
+function stop() {
+  if (!turn || turn.response.finished || turn.response.cancelled) return;
+  const heardChars = turn.speaker ? turn.speaker.silence() : countChars(turn.shown);
+  turn.response.cancel({ heardChars });
+  setStatus(turn, "stopping", "stopping…");
+  ui.stop.disabled = true;
+}
+
+// ---- rendering ---------------------------------------------------------------
+
+function addMessage(role, text) {
+  $("empty")?.remove();
+  const item = document.createElement("li");
+  item.className = `msg ${role}`;
+  const bubble = document.createElement("div");
+  bubble.className = "bubble";
+  const body = document.createElement("span");
+  body.className = "text";
+  body.append(document.createTextNode(text));
+  bubble.append(body);
+  const meta = document.createElement("div");
+  meta.className = "meta";
+  item.append(bubble, meta);
+  const atBottom = isScrolledDown();
+  ui.messages.append(item);
+  if (atBottom) scrollDown();
+  return { item, node: body.firstChild, meta };
+}
+
+/** @param {import("./bargein.js").Response} response */
+function showResponse(response) {
+  const { item, node, meta } = addMessage("assistant", "");
+  item.dataset.responseId = response.id;
+  const speaker = listener && voiceSupport().synthesis ? new Speaker(speechSynthesis) : null;
+  turn = { response, item, node, meta, speaker, shown: "", sentAt: performance.now(), firstAt: 0, firstEnd: 0 };
+  const mine = turn;
+  setStatus(mine, "streaming", "");
+  ui.stop.disabled = false;
+  resetStats();
+  response.addEventListener("created", () => setText("stat-stream", response.streamId));
+  response.addEventListener("delta", (event) => onDelta(mine, event.detail));
+  response.addEventListener("done", (event) => onDone(mine, event.detail));
+  response.addEventListener("error", (event) => onResponseError(mine, event.detail));
+}
+
+function onDelta(current, delta) {
+  const atBottom = isScrolledDown();
+  current.node.appendData(delta.text);
+  current.shown += delta.text;
+  current.speaker?.push(delta.text);
+  if (atBottom) scrollDown();
+  const now = performance.now();
+  if (!current.firstAt) {
+    current.firstAt = now;
+    current.firstEnd = delta.end;
+    if (current === turn) setText("stat-ttft", `${Math.round(now - current.sentAt)} ms`);
+  }
+  if (current !== turn) return;
+  const seconds = (now - current.firstAt) / 1000;
+  if (seconds > 0.05) setText("stat-tps", ((delta.end - current.firstEnd) / seconds).toFixed(1));
+  setText("stat-offsets", `[${delta.start}, ${delta.end})`);
+  setText("stat-end", String(delta.end));
+}
+
+function onDone(current, done) {
+  current.speaker?.finish();
+  const reason = done.finish_reason;
+  const usage = done.usage ? ` · ${done.usage.completion_tokens} tokens` : "";
+  const labels = { stop: "done", length: "length limit", interrupted: "interrupted", cancelled: "cancelled", error: "error" };
+  const status = reason === "interrupted" && current.response.cancelled ? "stopped" : reason;
+  const heard = current.response.cancelled ? ` · ${countChars(current.shown)} chars kept` : "";
+  setStatus(current, status, `${labels[reason] ?? reason}${usage}${heard}`);
+  if (current === turn) {
+    ui.stop.disabled = true;
+    setText("stat-finish", reason);
+    setText("stat-end", String(done.end));
+  }
+}
+
+function onResponseError(current, error) {
+  setStatus(current, "error", `error: ${error.message || error.code}`);
+  if (current === turn) ui.stop.disabled = true;
+  reportError(`${error.code}: ${error.message}`);
+}
+
+function setStatus(current, status, label) {
+  current.item.dataset.status = status;
+  current.item.setAttribute("aria-busy", String(status === "streaming"));
+  current.meta.textContent = label;
+}
+
+function isScrolledDown() {
+  const list = ui.messages;
+  return list.scrollHeight - list.scrollTop - list.clientHeight < 40;
+}
+
+function scrollDown() {
+  ui.messages.scrollTop = ui.messages.scrollHeight;
+}
+
+function setText(id, text) {
+  $(id).textContent = text;
+}
+
+function resetStats() {
+  for (const id of ["stat-ttft", "stat-tps", "stat-offsets", "stat-end", "stat-stream", "stat-finish"]) setText(id, "–");
+}
+
+/** Errors are shown on the page and logged: none are expected in normal use. */
+function reportError(message) {
+  ui.error.textContent = message;
+  ui.error.dataset.kind = "error";
+  ui.error.hidden = false;
+  console.error(`bargein: ${message}`);
+}
+
+// ---- connection ----------------------------------------------------------------
+
+function onStateChange({ state, attempt, delayMs }) {
+  ui.conn.dataset.state = state;
+  ui.conn.textContent = STATE_LABELS[state] ?? state;
+  setText("stat-state", attempt && state !== "open" ? `${state} (try ${attempt})` : state);
+  const away = state === "reconnecting" || state === "resuming";
+  ui.note.hidden = !away;
+  if (state === "reconnecting") ui.noteText.textContent = `Connection lost. Reconnecting in ${(delayMs / 1000).toFixed(1)} s…`;
+  if (state === "resuming") ui.noteText.textContent = "Reconnected. Resuming the answer where it stopped…";
+  ui.drop.disabled = state !== "open";
+}
+
+client.addEventListener("statechange", (event) => onStateChange(event.detail));
+client.addEventListener("event", (event) => {
+  if (event.detail.type === "stream.resumed") setText("stat-resumes", `${client.resumes} (from ${event.detail.from})`);
+});
+client.addEventListener("error", (event) => reportError(`${event.detail.code}: ${event.detail.message}`));
+client.addEventListener("sessionlost", () => {
+  // Not an error of the page: the answer still resumes, only older turns are forgotten.
+  ui.error.textContent = "Reconnected in a new session: the server no longer had this conversation, so the next turn starts fresh.";
+  ui.error.dataset.kind = "warning";
+  ui.error.hidden = false;
+  console.warn("bargein: session not resumed; continuing in a new session");
+});
+
+// ---- voice ---------------------------------------------------------------------
+
+function toggleVoice() {
+  if (listener) {
+    listener.stop();
+    listener = null;
+    ui.voice.setAttribute("aria-pressed", "false");
+    ui.voiceStatus.textContent = "";
+    return;
+  }
+  const support = voiceSupport();
+  if (!support.recognition || !support.synthesis) {
+    const missing = [!support.recognition && "speech recognition", !support.synthesis && "speech synthesis"].filter(Boolean);
+    ui.voiceStatus.textContent = `Voice mode is unavailable: this browser lacks ${missing.join(" and ")}.`;
+    return;
+  }
+  listener = new Listener();
+  listener.addEventListener("speechstart", bargeIn);
+  listener.addEventListener("transcript", (event) => submit(event.detail));
+  listener.addEventListener("error", (event) => {
+    ui.voiceStatus.textContent = event.detail;
+    toggleVoice();
+  });
+  listener.start();
+  ui.voice.setAttribute("aria-pressed", "true");
+  ui.voiceStatus.textContent = "Listening. Talk over the answer to interrupt it (headphones avoid the answer interrupting itself).";
+}
+
+// ---- wiring --------------------------------------------------------------------
+
+ui.composer.addEventListener("submit", (event) => {
+  event.preventDefault();
+  const text = ui.prompt.value.trim();
+  if (!text) return;
+  ui.prompt.value = "";
+  submit(text);
+});
+ui.prompt.addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+    event.preventDefault();
+    ui.composer.requestSubmit();
+  }
+});
+document.addEventListener("keydown", (event) => {
+  if (event.key === "Escape") stop();
+});
+ui.stop.addEventListener("click", stop);
+ui.drop.addEventListener("click", () => client.drop());
+ui.voice.addEventListener("click", toggleVoice);
+ui.instructions.addEventListener("change", () => {
+  client.updateSession({ instructions: ui.instructions.value }).catch((error) => reportError(error.message));
+});
+
+ui.maxTokens.value = params.get("max_tokens") ?? "";
+ui.temperature.value = params.get("temperature") ?? "";
+ui.instructions.value = params.get("instructions") ?? "";
+client.connect().then(
+  (created) => setText("stat-model", created.model ?? "–"),
+  (error) => reportError(`could not connect: ${error.message}`),
+);
+ui.prompt.focus();

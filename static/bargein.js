@@ -1,0 +1,636 @@
+// bargein.js: a browser (and Node >= 22) client for the bargein realtime
+// protocol v1 over JSON (see PROTOCOL.md). One file, no dependencies, no build.
+//
+//   import { BargeinClient } from "/bargein.js";
+//   const client = new BargeinClient("ws://127.0.0.1:8000/v1/realtime");
+//   await client.connect();
+//   const reply = client.send("Name three rivers.", { max_tokens: 64 });
+//   for await (const delta of reply) console.log(delta.text);
+//
+// Offsets, not luck, keep the text whole across reconnects: every response
+// remembers the `end` of the last delta it accepted, resumes from there, and
+// drops (or trims) replayed deltas it already holds.
+
+/** The WebSocket subprotocol for JSON frames. */
+export const SUBPROTOCOL = "bargein.v1.json";
+
+/** Close codes after which reconnecting cannot help (RFC 6455 and PROTOCOL.md). */
+const FATAL_CLOSE_CODES = new Set([1002, 1003, 1007, 1008, 1009, 1010]);
+
+/** Close code this client uses when it abandons a socket on purpose and resumes. */
+const DROP_CLOSE_CODE = 4000;
+
+/**
+ * Counts characters the way the server does (Unicode code points), which is
+ * the unit of `heard_chars`. A JS string's `length` counts UTF-16 units instead.
+ * @param {string} text
+ * @returns {number}
+ */
+export function countChars(text) {
+  let count = 0;
+  for (let i = 0; i < text.length; i += 1) {
+    const unit = text.charCodeAt(i);
+    // A high surrogate followed by a low one is a single code point.
+    if (unit >= 0xd800 && unit <= 0xdbff && i + 1 < text.length) {
+      const next = text.charCodeAt(i + 1);
+      if (next >= 0xdc00 && next <= 0xdfff) i += 1;
+    }
+    count += 1;
+  }
+  return count;
+}
+
+/** An error reported by the server (`type: "error"`) or by this client. */
+export class BargeinError extends Error {
+  /**
+   * @param {string} code  protocol error code (`conflict`, `not_found`, ...) or a
+   *   client code: `connection_lost`, `closed`, `stream_gap`
+   * @param {string} message  human readable
+   * @param {{retryable?: boolean, retryAfterMs?: number, responseId?: string}} [extra]
+   */
+  constructor(code, message, extra = {}) {
+    super(message);
+    this.name = "BargeinError";
+    this.code = code;
+    this.retryable = Boolean(extra.retryable);
+    this.retryAfterMs = extra.retryAfterMs ?? null;
+    this.responseId = extra.responseId ?? null;
+  }
+
+  /** @param {Record<string, any>} event  a server `error` event */
+  static fromEvent(event) {
+    return new BargeinError(String(event.code ?? "unknown"), String(event.message ?? ""), {
+      retryable: event.retryable,
+      retryAfterMs: event.retry_after_ms,
+      responseId: event.response_id,
+    });
+  }
+}
+
+/**
+ * @typedef {object} Delta  one piece of a response, as accepted by the client
+ * @property {string} text  text of tokens [start, end) not seen before
+ * @property {number} start  token offset of the first token
+ * @property {number} end  token offset after the last token
+ */
+
+/**
+ * One assistant turn. Async-iterable over its deltas; also an EventTarget:
+ * `created`, `delta` (detail: Delta), `resumed` (detail: the `stream.resumed`
+ * event), `done` (detail: the `response.done` event), `error` (detail: BargeinError).
+ *
+ * After `cancel()` no further deltas are handed out (what is on screen stays
+ * what was heard) although late ones are still counted in `text` and `end`.
+ */
+export class Response extends EventTarget {
+  /** @param {BargeinClient} client @param {string} id */
+  constructor(client, id) {
+    super();
+    this.client = client;
+    /** @type {string} client-chosen response_id */
+    this.id = id;
+    /** @type {string | null} */
+    this.streamId = null;
+    /** @type {string | null} */
+    this.resumeToken = null;
+    /** All text received so far, in offset order, without repeats. */
+    this.text = "";
+    /** Token offset after the last accepted delta: where a resume starts. */
+    this.end = 0;
+    /** @type {string | null} `stop`, `length`, `interrupted`, `cancelled`, `error` */
+    this.finishReason = null;
+    /** @type {{prompt_tokens: number, completion_tokens: number, cached_tokens: number} | null} */
+    this.usage = null;
+    this.cancelled = false;
+    /** @type {BargeinError | null} */
+    this.error = null;
+    /** @type {Delta[]} deltas handed out, for iterators that start late */
+    this.deltas = [];
+    this.finished = false;
+    // Token offset -> this.text.length at that offset, to trim a replayed delta
+    // that starts before `end` at a boundary this client has seen.
+    this._boundaries = new Map([[0, 0]]);
+    /** @type {Set<() => void>} */
+    this._wakers = new Set();
+    this._eventId = null; // of the last request about this response that awaits an answer
+    /** Resolves with the `response.done` event; rejects with a BargeinError. */
+    this.done = new Promise((resolve, reject) => {
+      this._resolve = resolve;
+      this._reject = reject;
+    });
+    this.done.catch(() => {}); // rejection is also reported through iteration and `error`
+  }
+
+  /**
+   * Barge-in: stop this response. The server keeps `heardChars` characters of
+   * it in the conversation (default: everything delivered).
+   * @param {{heardChars?: number}} [options]
+   */
+  cancel(options = {}) {
+    this.client.cancel(this, options);
+  }
+
+  /** @returns {AsyncIterator<Delta>} every delta from the first, then ends at `done` */
+  async *[Symbol.asyncIterator]() {
+    let index = 0;
+    for (;;) {
+      while (index < this.deltas.length) yield this.deltas[index++];
+      if (this.error) throw this.error;
+      if (this.finished) return;
+      await new Promise((wake) => this._wakers.add(wake));
+    }
+  }
+
+  /** @param {Record<string, any>} event  `response.created` */
+  _onCreated(event) {
+    this.streamId = event.stream_id;
+    this.resumeToken = event.resume_token;
+    this._emit("created", event);
+  }
+
+  /** @param {Record<string, any>} event  `stream.resumed` */
+  _onResumed(event) {
+    this._emit("resumed", event);
+  }
+
+  /**
+   * Accepts a delta once: drops one that is wholly old, trims one that overlaps.
+   * @param {Record<string, any>} event  `response.delta`
+   * @returns {Delta | null} the new part, or null when there is none
+   */
+  _onDelta(event) {
+    if (this.finished || event.end <= this.end) return null;
+    let text = String(event.text);
+    if (event.start !== this.end) {
+      const at = event.start < this.end ? this._boundaries.get(event.start) : undefined;
+      if (at === undefined || !text.startsWith(this.text.slice(at))) {
+        this._fail(new BargeinError("stream_gap", `delta [${event.start}, ${event.end}) does not continue offset ${this.end}`));
+        return null;
+      }
+      text = text.slice(this.text.length - at);
+    }
+    this.text += text;
+    this.end = event.end;
+    this._boundaries.set(this.end, this.text.length);
+    if (this.cancelled) return null;
+    const delta = { text, start: event.start, end: event.end };
+    this.deltas.push(delta);
+    this._emit("delta", delta);
+    return delta;
+  }
+
+  /** @param {Record<string, any>} event  `response.done` */
+  _onDone(event) {
+    if (this.finished) return;
+    this.finished = true;
+    this.finishReason = event.finish_reason ?? null;
+    this.usage = event.usage ?? null;
+    this._emit("done", event);
+    this._resolve(event);
+  }
+
+  /** @param {BargeinError} error */
+  _fail(error) {
+    if (this.finished) return;
+    this.finished = true;
+    this.finishReason = "error";
+    this.error = error;
+    this._emit("error", error);
+    this._reject(error);
+  }
+
+  _emit(type, detail) {
+    this.dispatchEvent(new CustomEvent(type, { detail }));
+    for (const wake of this._wakers) wake();
+    this._wakers.clear();
+  }
+}
+
+/**
+ * @typedef {object} ClientOptions
+ * @property {string} [apiKey]  sent as the `bearer.<key>` subprotocol
+ * @property {Record<string, any>} [session]  `session.update` settings applied on
+ *   connect (and again if a reconnect had to start a new session)
+ * @property {number} [initialDelayMs=250]  first reconnect delay
+ * @property {number} [maxDelayMs=8000]  cap of the exponential backoff
+ * @property {number} [maxAttempts=Infinity]  reconnect attempts before giving up
+ * @property {number} [pingIntervalMs=15000]  ping after this much silence (0: never)
+ * @property {number} [pingTimeoutMs=10000]  drop and resume if a ping gets no answer
+ * @property {typeof WebSocket} [WebSocket]  implementation (default: the global one)
+ */
+
+/**
+ * A connection to a bargein server that survives dropped sockets.
+ *
+ * Events (all CustomEvent): `statechange` (detail: {state, attempt, delayMs}),
+ * `event` (detail: every server event, unknown types included), `sent`
+ * (detail: every client event), `response` (detail: a new Response), `error`
+ * (detail: a BargeinError not tied to one response), `sessionlost` (detail: a
+ * BargeinError: after a reconnect the server no longer had the conversation, so
+ * the client goes on in a new session; streams still resume).
+ *
+ * States: `idle` -> `connecting` -> `open` <-> (`reconnecting` -> `resuming`)
+ * -> `closed`. While not `open`, sends are queued and go out after the resume.
+ */
+export class BargeinClient extends EventTarget {
+  /** @param {string} url  e.g. `ws://host:8000/v1/realtime` @param {ClientOptions} [options] */
+  constructor(url, options = {}) {
+    super();
+    this.url = url;
+    this.options = {
+      initialDelayMs: 250, maxDelayMs: 8000, maxAttempts: Infinity,
+      pingIntervalMs: 15000, pingTimeoutMs: 10000, ...options,
+    };
+    this._WebSocket = options.WebSocket ?? globalThis.WebSocket;
+    this.state = "idle";
+    this.attempt = 0;
+    /** @type {string | null} */ this.sessionId = null;
+    /** @type {string | null} */ this.sessionToken = null;
+    /** @type {Record<string, number> | null} limits from `session.created` */
+    this.limits = null;
+    /** @type {string | null} */ this.model = null;
+    /** @type {Map<string, Response>} */
+    this.responses = new Map();
+    /** Number of streams resumed (`stream.resumed`) since connect(). */
+    this.resumes = 0;
+    this._ws = null;
+    this._outbox = [];
+    this._nextEventId = 1;
+    this._pending = new Map(); // event_id -> {resolve, reject, type}
+    this._updates = []; // pending session.update promises, answered in order
+    this._lastRx = 0;
+    this._timer = null;
+    this._keepalive = null;
+    this._ready = null;
+    this._created = null; // session.created seen on the current socket
+    this._resumeEventId = null;
+  }
+
+  /** The response still generating or being delivered, if any. */
+  get activeResponse() {
+    let last = null;
+    for (const response of this.responses.values()) if (!response.finished) last = response;
+    return last;
+  }
+
+  /**
+   * Opens the connection; resolves with the `session.created` event once the
+   * session (and `options.session`, if given) is in place.
+   * @returns {Promise<Record<string, any>>}
+   * @throws {BargeinError} `closed` when the socket closes before the session exists
+   */
+  connect() {
+    if (this.state !== "idle" && this.state !== "closed") return this._ready.promise;
+    this._ready = deferred();
+    this.attempt = 0;
+    this.resumes = 0;
+    this._setState("connecting");
+    this._openSocket();
+    this._startKeepalive();
+    return this._ready.promise;
+  }
+
+  /**
+   * Changes the session (`session.update`).
+   * @param {Record<string, any>} session  any of instructions, defaults, on_disconnect, include_token_ids
+   * @returns {Promise<Record<string, any>>} the settings now in force
+   */
+  updateSession(session) {
+    this.options.session = { ...(this.options.session ?? {}), ...session };
+    const pending = deferred();
+    const eventId = this._send({ type: "session.update", session }, pending);
+    this._updates.push({ eventId, ...pending });
+    return pending.promise;
+  }
+
+  /**
+   * Starts the next assistant turn (`response.create`).
+   * @param {string | Array<{role: string, content: string}>} input  a user message, or items
+   * @param {Record<string, any> & {interruptActive?: boolean}} [params]  max_tokens,
+   *   temperature, top_p, top_k, seed, stop; `interruptActive` barges in on an active response
+   * @returns {Response}
+   */
+  send(input, params = {}) {
+    const { interruptActive, ...sampling } = params;
+    const items = typeof input === "string" ? [{ role: "user", content: input }] : input;
+    const response = new Response(this, newId("resp"));
+    this.responses.set(response.id, response);
+    this._emit("response", response);
+    const event = { type: "response.create", response_id: response.id, input: items, ...sampling };
+    if (interruptActive) event.interrupt_active = true;
+    response._eventId = this._send(event, { reject: (error) => response._fail(error) });
+    return response;
+  }
+
+  /**
+   * Barge-in on `response` (`response.cancel`). Safe to call more than once.
+   * @param {Response | string} response  a Response or its id
+   * @param {{heardChars?: number}} [options]  characters the user saw or heard (code points)
+   */
+  cancel(response, options = {}) {
+    const target = typeof response === "string" ? this.responses.get(response) : response;
+    const id = typeof response === "string" ? response : response.id;
+    if (target) target.cancelled = true;
+    const event = { type: "response.cancel", response_id: id };
+    if (options.heardChars !== undefined) event.heard_chars = Math.max(0, Math.floor(options.heardChars));
+    this._send(event);
+  }
+
+  /**
+   * Closes the socket without cancelling anything, then resumes like after a
+   * network failure. For demonstrations and tests.
+   */
+  drop() {
+    if (this._ws && (this.state === "open" || this.state === "resuming")) this._abandonSocket("dropped by client");
+  }
+
+  /** Closes for good: no reconnect; unfinished responses fail with `closed`. */
+  close() {
+    clearTimeout(this._timer);
+    clearInterval(this._keepalive);
+    const ws = this._ws;
+    this._ws = null;
+    if (ws) {
+      detach(ws);
+      ws.close(1000, "client closed");
+    }
+    this._shutdown(new BargeinError("closed", "the client was closed"));
+  }
+
+  // ---- sockets -----------------------------------------------------------
+
+  _openSocket() {
+    const protocols = [SUBPROTOCOL];
+    if (this.options.apiKey) protocols.push(`bearer.${this.options.apiKey}`);
+    const ws = new this._WebSocket(this.url, protocols);
+    this._ws = ws;
+    this._created = null;
+    ws.onopen = () => this._onOpen();
+    ws.onmessage = (message) => this._onFrame(message.data);
+    ws.onclose = (close) => this._onClose(close.code, close.reason);
+    ws.onerror = () => {}; // a close event always follows and carries the code
+  }
+
+  _onOpen() {
+    this._lastRx = Date.now();
+    if (this.state !== "reconnecting") return;
+    this._setState("resuming");
+    const event = { type: "session.resume", session_id: this.sessionId, session_token: this.sessionToken };
+    this._resumeEventId = this._send(event, { direct: true, reject: (error) => this._onSessionLost(error) });
+  }
+
+  _onClose(code, reason) {
+    const ws = this._ws;
+    if (ws) detach(ws);
+    this._ws = null;
+    if (this.state === "connecting" || FATAL_CLOSE_CODES.has(code)) {
+      const error = new BargeinError("closed", `connection closed (${code}${reason ? ` ${reason}` : ""})`);
+      this._ready?.reject(error);
+      this._shutdown(error);
+      return;
+    }
+    this._scheduleReconnect();
+  }
+
+  /** Forgets the current socket at once (a dead one may take minutes to close) and resumes. */
+  _abandonSocket(reason) {
+    const ws = this._ws;
+    this._ws = null;
+    if (ws) {
+      detach(ws);
+      ws.close(DROP_CLOSE_CODE, reason);
+    }
+    this._scheduleReconnect();
+  }
+
+  _scheduleReconnect() {
+    if (this.attempt >= this.options.maxAttempts) {
+      this._shutdown(new BargeinError("connection_lost", "gave up reconnecting", { retryable: true }));
+      return;
+    }
+    const { initialDelayMs, maxDelayMs } = this.options;
+    const ceiling = Math.min(maxDelayMs, initialDelayMs * 2 ** this.attempt);
+    // "Equal jitter": half fixed, half random, so a fleet of clients spreads out.
+    const delayMs = Math.round(ceiling / 2 + Math.random() * (ceiling / 2));
+    this.attempt += 1;
+    this._setState("reconnecting", delayMs);
+    clearTimeout(this._timer);
+    this._timer = setTimeout(() => this._openSocket(), delayMs);
+  }
+
+  _startKeepalive() {
+    const { pingIntervalMs, pingTimeoutMs } = this.options;
+    clearInterval(this._keepalive);
+    if (!pingIntervalMs) return;
+    this._keepalive = setInterval(() => {
+      if (this.state !== "open" || !this._ws) return;
+      const silentMs = Date.now() - this._lastRx;
+      if (silentMs > pingIntervalMs + pingTimeoutMs) this._abandonSocket("ping timeout");
+      else if (silentMs > pingIntervalMs) this._send({ type: "ping" });
+    }, Math.min(pingIntervalMs, pingTimeoutMs) / 2);
+  }
+
+  // ---- incoming ----------------------------------------------------------
+
+  /** @param {unknown} data  one frame */
+  _onFrame(data) {
+    this._lastRx = Date.now();
+    let event;
+    try {
+      event = JSON.parse(typeof data === "string" ? data : new TextDecoder().decode(data));
+    } catch {
+      return; // not ours to judge: the protocol only grows, so skip what we cannot read
+    }
+    if (event === null || typeof event !== "object" || typeof event.type !== "string") return;
+    const handler = SERVER_EVENTS[event.type];
+    if (handler) handler.call(this, event);
+    this._emit("event", event); // after the client's own bookkeeping, so listeners see it done
+  }
+
+  _onSessionCreated(event) {
+    this.limits = event.limits ?? this.limits;
+    this.model = event.model ?? this.model;
+    this._created = event;
+    if (this.state !== "connecting") return; // on a reconnect, session.resume decides
+    this._adoptSession(event);
+    const ready = () => {
+      this._setState("open");
+      this._flushOutbox();
+      this._ready.resolve(event);
+    };
+    this._applySession(ready, (error) => {
+      this._ready.reject(error);
+      this.close();
+    });
+  }
+
+  /** Sends `options.session` (if any) ahead of everything queued, then calls `resolve`. */
+  _applySession(resolve, reject) {
+    if (!this.options.session) {
+      resolve();
+      return;
+    }
+    const eventId = this._send({ type: "session.update", session: this.options.session }, { direct: true, reject });
+    this._updates.push({ eventId, resolve, reject });
+  }
+
+  _onSessionUpdated(event) {
+    const update = this._updates.shift();
+    if (!update) return;
+    this._pending.delete(update.eventId);
+    update.resolve(event.session);
+  }
+
+  _onSessionResumed(event) {
+    this._pending.delete(this._resumeEventId);
+    this._resumeStreams(event.active ?? null);
+  }
+
+  /** The conversation could not be re-attached: carry on in the new session. */
+  _onSessionLost(error) {
+    this._emit("sessionlost", error);
+    if (this._created) this._adoptSession(this._created);
+    this._applySession(() => {}, (lost) => this._emit("error", lost));
+    this._resumeStreams(null);
+  }
+
+  /** After a reconnect: ask for every unfinished stream from the offset we hold. */
+  _resumeStreams(active) {
+    for (const response of this.responses.values()) {
+      if (response.finished) continue;
+      if (!response.streamId && active?.response_id === response.id) {
+        response._onCreated(active);
+      }
+      if (!response.streamId) {
+        response._fail(new BargeinError("connection_lost", "the connection dropped before the response started", { retryable: true }));
+        continue;
+      }
+      const event = { type: "stream.resume", stream_id: response.streamId, resume_token: response.resumeToken, from: response.end };
+      response._eventId = this._send(event, { direct: true, reject: (error) => response._fail(error) });
+    }
+    this.attempt = 0;
+    this._setState("open");
+    this._flushOutbox();
+  }
+
+  _onResponseEvent(event) {
+    const response = this.responses.get(event.response_id);
+    if (!response) return;
+    if (event.type === "response.delta") {
+      response._onDelta(event);
+      return;
+    }
+    this._pending.delete(response._eventId); // answered: created, resumed or done
+    if (event.type === "response.created") response._onCreated(event);
+    else if (event.type === "stream.resumed") {
+      this.resumes += 1;
+      response._onResumed(event);
+    }
+    else if (event.type === "response.done") response._onDone(event);
+  }
+
+  _onError(event) {
+    const error = BargeinError.fromEvent(event);
+    const pending = event.event_id ? this._pending.get(event.event_id) : undefined;
+    if (pending) {
+      this._pending.delete(event.event_id);
+      if (pending.type === "session.update") this._updates = this._updates.filter((u) => u.eventId !== event.event_id);
+      pending.reject(error);
+      return;
+    }
+    const response = event.response_id ? this.responses.get(event.response_id) : undefined;
+    if (response) response._fail(error);
+    else this._emit("error", error);
+  }
+
+  // ---- outgoing ----------------------------------------------------------
+
+  /**
+   * Sends now when open, else queues. `reject` is called if the server answers
+   * this event with an `error` (matched by event_id).
+   * @returns {string} the event_id
+   */
+  _send(event, { reject, direct = false } = {}) {
+    const eventId = `evt_${this._nextEventId++}`;
+    const framed = { ...event, event_id: eventId };
+    if (reject) this._pending.set(eventId, { reject, type: event.type });
+    if (direct || this.state === "open") this._sendDirect(framed);
+    else this._outbox.push(framed);
+    return eventId;
+  }
+
+  _sendDirect(event) {
+    if (!this._ws || this._ws.readyState !== 1) {
+      this._outbox.push(event);
+      return;
+    }
+    this._ws.send(JSON.stringify(event));
+    this._emit("sent", event);
+  }
+
+  _flushOutbox() {
+    const queued = this._outbox;
+    this._outbox = [];
+    for (const event of queued) this._sendDirect(event);
+  }
+
+  // ---- bookkeeping ---------------------------------------------------------
+
+  _adoptSession(event) {
+    this.sessionId = event.session_id;
+    this.sessionToken = event.session_token;
+  }
+
+  _shutdown(error) {
+    clearTimeout(this._timer);
+    clearInterval(this._keepalive);
+    this._outbox = [];
+    for (const response of this.responses.values()) response._fail(error);
+    for (const { reject } of this._pending.values()) reject(error);
+    this._pending.clear();
+    for (const update of this._updates) update.reject(error);
+    this._updates = [];
+    if (this.state !== "closed") this._setState("closed");
+  }
+
+  _setState(state, delayMs = 0) {
+    this.state = state;
+    this._emit("statechange", { state, attempt: this.attempt, delayMs });
+  }
+
+  _emit(type, detail) {
+    this.dispatchEvent(new CustomEvent(type, { detail }));
+  }
+}
+
+/** Server event type -> handler; anything else is ignored (the protocol only grows). */
+const SERVER_EVENTS = {
+  "session.created": BargeinClient.prototype._onSessionCreated,
+  "session.updated": BargeinClient.prototype._onSessionUpdated,
+  "session.resumed": BargeinClient.prototype._onSessionResumed,
+  "response.created": BargeinClient.prototype._onResponseEvent,
+  "response.delta": BargeinClient.prototype._onResponseEvent,
+  "response.done": BargeinClient.prototype._onResponseEvent,
+  "stream.resumed": BargeinClient.prototype._onResponseEvent,
+  error: BargeinClient.prototype._onError,
+};
+
+function deferred() {
+  let resolve;
+  let reject;
+  const promise = new Promise((res, rej) => {
+    resolve = res;
+    reject = rej;
+  });
+  promise.catch(() => {}); // callers that care await it
+  return { promise, resolve, reject };
+}
+
+function detach(ws) {
+  ws.onopen = ws.onmessage = ws.onclose = ws.onerror = null;
+}
+
+function newId(prefix) {
+  const random = globalThis.crypto?.randomUUID?.() ?? `${Date.now().toString(36)}${Math.random().toString(36).slice(2)}`;
+  return `${prefix}_${random.replaceAll("-", "")}`;
+}
