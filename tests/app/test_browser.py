@@ -1,0 +1,240 @@
+"""The browser client (static/) in Debian's chromium against a real bargein server.
+
+Playwright drives the system chromium (never a downloaded browser). Every test
+fails on any console error or uncaught page error. Set ``BARGEIN_SCREENSHOT``
+to a path to save a screenshot of the page mid-answer (docs/img/chat.png).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+CHROMIUM = Path("/usr/bin/chromium")
+PROMPT = "Write two sentences about the sea."
+ANSWER = ".msg.assistant:last-of-type"
+
+
+@pytest.fixture(scope="module")
+def bargein_url(live_server: Any) -> str:
+    """The shared real server (tests/app/conftest.py) that also serves static/."""
+    return live_server.http_url
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Headless Debian chromium, one per module (a launch costs about a second)."""
+    if not CHROMIUM.exists():
+        pytest.skip("Debian's chromium is missing: `make system-deps` installs it")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True)
+        yield browser
+        browser.close()
+
+
+class Page:
+    """A fresh page on the bargein client that records console errors and frames."""
+
+    def __init__(self, browser: Any, base_url: str, query: str) -> None:
+        self.context = browser.new_context(viewport={"width": 1280, "height": 800})
+        self.page = self.context.new_page()
+        self.errors: list[str] = []
+        self.sent: list[dict[str, Any]] = []
+        self.received: list[dict[str, Any]] = []
+        self.sockets = 0
+        self.page.on("console", self._on_console)
+        self.page.on("pageerror", lambda error: self.errors.append(f"pageerror: {error}"))
+        self.page.on("websocket", self._on_websocket)
+        self.page.goto(f"{base_url}/?{query}")
+        self.page.wait_for_selector('#conn[data-state="open"]', timeout=30_000)
+
+    def _on_console(self, message: Any) -> None:
+        if message.type == "error":
+            self.errors.append(f"console: {message.text}")
+
+    def _on_websocket(self, socket: Any) -> None:
+        self.sockets += 1
+        socket.on("framesent", lambda frame: self.sent.append(json.loads(frame)))
+        socket.on("framereceived", lambda frame: self.received.append(json.loads(frame)))
+
+    def ask(self, text: str) -> None:
+        self.page.fill("#prompt", text)
+        self.page.press("#prompt", "Enter")
+
+    def answer_text(self) -> str:
+        return self.page.inner_text(f"{ANSWER} .text")
+
+    def wait_for_streaming_text(self, min_chars: int) -> None:
+        """Waits until the answer shows text and is still arriving."""
+        self.page.wait_for_function(
+            """(min) => {
+                const answer = document.querySelector('.msg.assistant:last-of-type');
+                return answer && answer.dataset.status === 'streaming'
+                    && answer.querySelector('.text').textContent.length >= min;
+            }""",
+            arg=min_chars, timeout=60_000, polling=10,
+        )
+
+    def wait_for_end(self) -> str:
+        """Waits until the answer has ended; returns its finish status."""
+        self.page.wait_for_function(
+            "() => !['streaming', 'stopping'].includes("
+            "document.querySelector('.msg.assistant:last-of-type').dataset.status)",
+            timeout=120_000,
+        )
+        return self.page.get_attribute(ANSWER, "data-status")
+
+    def of_type(self, frames: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+        return [frame for frame in frames if frame.get("type") == kind]
+
+
+@pytest.fixture
+def open_page(browser: Any, bargein_url: str) -> Iterator[Any]:
+    """Opens pages on the client; fails the test on any console or page error."""
+    pages: list[Page] = []
+
+    def open_(query: str = "max_tokens=48&temperature=0") -> Page:
+        pages.append(Page(browser, bargein_url, query))
+        return pages[-1]
+
+    yield open_
+    errors = [error for page in pages for error in page.errors]
+    for page in pages:
+        page.context.close()
+    assert errors == []
+
+
+def test_answer_streams_in(open_page: Any) -> None:
+    page = open_page()
+    page.ask(PROMPT)
+    page.wait_for_streaming_text(min_chars=1)
+    if screenshot := os.environ.get("BARGEIN_SCREENSHOT"):
+        page.wait_for_streaming_text(min_chars=60)
+        page.page.screenshot(path=screenshot)
+    assert page.wait_for_end() in {"stop", "length"}
+    deltas = page.of_type(page.received, "response.delta")
+    assert len(deltas) >= 2, "the answer arrived in one piece, not streamed"
+    assert page.answer_text() == "".join(delta["text"] for delta in deltas)
+    assert page.answer_text().strip()
+    assert page.page.inner_text("#stat-ttft").endswith("ms")
+
+
+def test_stop_ends_answer_with_nothing_more(open_page: Any) -> None:
+    page = open_page("max_tokens=64&temperature=0")
+    page.ask("Tell me a long story about a lighthouse keeper.")
+    page.wait_for_streaming_text(min_chars=20)
+    # Read the screen and press Stop in one task, so no delta lands in between.
+    shown = page.page.evaluate(
+        "() => { const t = document.querySelector('.msg.assistant:last-of-type .text').textContent;"
+        " document.getElementById('stop').click(); return t; }"
+    )
+    assert page.wait_for_end() == "stopped"
+    time.sleep(1.0)
+    assert page.answer_text() == shown
+    (cancel,) = page.of_type(page.sent, "response.cancel")
+    assert cancel["heard_chars"] == len(shown)
+    (done,) = page.of_type(page.received, "response.done")
+    assert done["finish_reason"] == "interrupted"
+    assert done["usage"]["completion_tokens"] < 64
+
+
+def test_dropped_connection_resumes_to_the_uninterrupted_text(open_page: Any) -> None:
+    query = "max_tokens=64&temperature=0"
+    reference = open_page(query)
+    reference.ask(PROMPT)
+    reference.wait_for_end()
+    expected = reference.answer_text()
+
+    page = open_page(query)
+    page.ask(PROMPT)
+    page.wait_for_streaming_text(min_chars=10)
+    page.page.click("#drop")
+    page.page.wait_for_selector("#reconnecting", state="visible", timeout=5_000)
+    assert page.wait_for_end() == reference.page.get_attribute(ANSWER, "data-status")
+    assert page.answer_text() == expected
+    assert page.sockets == 2
+    (resume,) = page.of_type(page.sent, "stream.resume")
+    (done,) = page.of_type(page.received, "response.done")
+    assert 0 < resume["from"] < done["end"], "the drop did not happen mid-answer"
+    assert page.page.inner_text("#stat-resumes") == f"1 (from {resume['from']})"
+    assert page.page.is_hidden("#reconnecting")
+
+
+# The client module alone, on a scripted socket: replays, overlaps and unknown
+# events that a healthy server rarely produces on cue.
+SCRIPTED_RESUME = """async () => {
+  const { BargeinClient, countChars } = await import('/bargein.js');
+  const sockets = [];
+  class ScriptedSocket {
+    constructor(url, protocols) {
+      Object.assign(this, { url, protocols, readyState: 0, sent: [] });
+      sockets.push(this);
+      setTimeout(() => { this.readyState = 1; this.onopen?.(); }, 0);
+    }
+    send(frame) { this.sent.push(JSON.parse(frame)); }
+    close() { this.readyState = 3; }
+    push(event) { this.onmessage?.({ data: typeof event === 'string' ? event : JSON.stringify(event) }); }
+  }
+  const tick = () => new Promise((resolve) => setTimeout(resolve, 20));
+  const client = new BargeinClient('ws://scripted/v1/realtime',
+    { WebSocket: ScriptedSocket, apiKey: 'k1', initialDelayMs: 1, pingIntervalMs: 0 });
+  const connected = client.connect();
+  await tick();
+  const [first] = sockets;
+  first.push('not json');
+  first.push({ type: 'from.the.future', x: 1 });
+  first.push({ type: 'session.created', session_id: 's1', session_token: 't1', model: 'm', limits: {} });
+  await connected;
+  const reply = client.send('hi', { max_tokens: 9 });
+  const create = first.sent.at(-1);
+  const delta = (start, end, text) => ({ type: 'response.delta', response_id: reply.id, stream_id: 'st', start, end, text });
+  first.push({ type: 'response.created', response_id: reply.id, stream_id: 'st', resume_token: 'rt' });
+  first.push(delta(0, 2, 'Hello'));
+  first.push(delta(2, 3, ' wor'));
+  client.drop();
+  await tick();
+  const second = sockets[1];
+  const sessionResume = second.sent[0];
+  second.push({ type: 'session.created', session_id: 's2', session_token: 't2', limits: {} });
+  second.push({ type: 'session.resumed', session_id: 's1', turns: 1, active: null });
+  const streamResume = second.sent[1];
+  second.push({ type: 'stream.resumed', stream_id: 'st', response_id: reply.id, from: 3, status: 'live' });
+  second.push(delta(0, 2, 'Hello'));          // wholly old: dropped
+  second.push(delta(2, 5, ' world!'));        // overlaps [2, 3): trimmed
+  second.push({ type: 'another.new.event' });
+  second.push(delta(5, 6, ' \\u{1F642}'));
+  second.push({ type: 'response.done', response_id: reply.id, stream_id: 'st', end: 6,
+                finish_reason: 'stop', usage: { prompt_tokens: 1, completion_tokens: 6, cached_tokens: 0 } });
+  const pieces = [];
+  for await (const piece of reply) pieces.push(piece.text);
+  return { protocols: first.protocols, create, sessionResume, streamResume, pieces, text: reply.text,
+           chars: countChars(reply.text), sessionId: client.sessionId, state: client.state,
+           finish: reply.finishReason, resumes: client.resumes };
+}"""
+
+
+def test_client_resumes_without_repeating_or_losing_text(open_page: Any) -> None:
+    page = open_page()
+    result = page.page.evaluate(SCRIPTED_RESUME)
+    assert result["protocols"] == ["bargein.v1.json", "bearer.k1"]
+    assert result["create"]["type"] == "response.create"
+    assert result["create"]["input"] == [{"role": "user", "content": "hi"}]
+    assert result["create"]["max_tokens"] == 9
+    assert result["sessionResume"] | {"event_id": None} == {
+        "type": "session.resume", "session_id": "s1", "session_token": "t1", "event_id": None}
+    assert result["streamResume"] | {"event_id": None} == {
+        "type": "stream.resume", "stream_id": "st", "resume_token": "rt", "from": 3, "event_id": None}
+    assert result["pieces"] == ["Hello", " wor", "ld!", " \N{SLIGHTLY SMILING FACE}"]
+    assert result["text"] == "Hello world! \N{SLIGHTLY SMILING FACE}"
+    assert result["chars"] == len(result["text"])
+    assert result["sessionId"] == "s1"
+    assert (result["state"], result["finish"], result["resumes"]) == ("open", "stop", 1)
