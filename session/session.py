@@ -170,6 +170,7 @@ class _Response:
     response_id: str
     stream_id: str
     delivered: str = ""  # text written to the socket so far
+    event_id: str | None = None  # of its response.create, echoed by a submit error
     turn_index: int | None = None  # its assistant turn, once it has one
 
 
@@ -293,7 +294,8 @@ class Session:
         response_id = event.response_id or f"resp_{stream_id}"
         self.turns += items
         self._pending_turns = len(items)
-        self._active = _Response(response_id=response_id, stream_id=stream_id)
+        self._active = _Response(response_id=response_id, stream_id=stream_id,
+                                 event_id=event.event_id)
         self.state = State.SUBMITTING
         return actions + [Submit(response_id=response_id, stream_id=stream_id,
                                  messages=self.messages(), params=params)]
@@ -374,11 +376,11 @@ class Session:
                 StartDelivery(response_id=active.response_id, stream_id=active.stream_id)]
 
     def _on_submit_failed(self, event: SubmitFailed, now: float) -> list[Action]:
-        self._require_submitting(event)
+        active = self._require_submitting(event)
         del self.turns[len(self.turns) - self._pending_turns:]
         self._active = None
         self.state = State.IDLE
-        return [_error(event.code, event.message, None, event.response_id)]
+        return [_error(event.code, event.message, active, event.response_id)]
 
     def _require_submitting(self, event: Submitted | SubmitFailed) -> _Response:
         active = self._active

@@ -168,11 +168,11 @@ def test_response_id_can_be_reused_right_after_a_cancel() -> None:
 
 def test_submit_failure_reports_and_rolls_back_the_input() -> None:
     s = make_session()
-    submit = only(s.handle(create("x" * 50, response_id="r9"), 0.0), Submit)
+    submit = only(s.handle(create("x" * 50, response_id="r9", event_id="e9"), 0.0), Submit)
     actions = s.handle(SubmitFailed(response_id="r9", code=pe.ErrorCode.PROMPT_TOO_LONG,
                                     message="too long"), 0.1)
-    assert [(e.code, e.response_id) for e in errors(actions)] == [
-        (pe.ErrorCode.PROMPT_TOO_LONG, "r9")]
+    assert [(e.code, e.response_id, e.event_id) for e in errors(actions)] == [
+        (pe.ErrorCode.PROMPT_TOO_LONG, "r9", "e9")]
     assert s.state is State.IDLE and s.turns == []
     assert isinstance(submit, Submit)
 
