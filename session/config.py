@@ -11,7 +11,8 @@ class SessionConfig:
 
     Attributes:
         max_tokens: most tokens of one response (announced in ``session.created``).
-        default_max_tokens: ``max_tokens`` of a ``response.create`` naming none.
+        default_max_tokens: ``max_tokens`` of a ``response.create`` naming none
+            (capped at ``max_tokens``).
         max_frame_bytes: largest client frame; bigger ones close with 1009.
         instructions: default system prompt of a new session (``None``: none).
         max_input_items: most conversation items one ``response.create`` adds.
@@ -25,11 +26,10 @@ class SessionConfig:
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
-            raise ValueError(f"{self.max_tokens=} must be >= 1")
-        if not 1 <= self.default_max_tokens <= self.max_tokens:
-            raise ValueError(
-                f"{self.default_max_tokens=} must be in [1, {self.max_tokens=}]")
+            raise ValueError(f"max_tokens={self.max_tokens} must be >= 1")
+        if self.default_max_tokens < 1:
+            raise ValueError(f"default_max_tokens={self.default_max_tokens} must be >= 1")
         if self.max_frame_bytes < 1024:
-            raise ValueError(f"{self.max_frame_bytes=} must be >= 1024")
+            raise ValueError(f"max_frame_bytes={self.max_frame_bytes} must be >= 1024")
         if self.max_input_items < 1:
-            raise ValueError(f"{self.max_input_items=} must be >= 1")
+            raise ValueError(f"max_input_items={self.max_input_items} must be >= 1")

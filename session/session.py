@@ -324,7 +324,8 @@ class Session:
         Raises:
             ValueError: a value is out of range (message names the field).
         """
-        max_tokens = fields.get("max_tokens", self.config.default_max_tokens)
+        max_tokens = fields.get("max_tokens", min(self.config.default_max_tokens,
+                                                  self.config.max_tokens))
         if max_tokens > self.config.max_tokens:
             raise ValueError(f"max_tokens={max_tokens} is above the limit "
                              f"{self.config.max_tokens}")

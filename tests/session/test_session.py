@@ -183,7 +183,7 @@ def test_submit_failure_reports_and_rolls_back_the_input() -> None:
     create(max_tokens=10_000),  # above the session's limit
 ])
 def test_bad_create_is_invalid_parameter(event: pe.ResponseCreate) -> None:
-    s = make_session(max_tokens=100, default_max_tokens=10)
+    s = make_session(max_tokens=100)
     actions = s.handle(event, 0.0)
     assert [e.code for e in errors(actions)] == [pe.ErrorCode.INVALID_PARAMETER]
     assert s.state is State.IDLE and s.turns == []
@@ -206,7 +206,7 @@ def test_session_update_sets_instructions_and_defaults() -> None:
 
 
 def test_session_update_over_the_limit_changes_nothing() -> None:
-    s = make_session(max_tokens=10, default_max_tokens=10)
+    s = make_session(max_tokens=10)
     bad = pe.SessionSettings(instructions="x", defaults=pe.SamplingDefaults(max_tokens=11))
     actions = s.handle(pe.SessionUpdate(session=bad), 0.0)
     assert [e.code for e in errors(actions)] == [pe.ErrorCode.INVALID_PARAMETER]

@@ -1,0 +1,72 @@
+"""Flags, environment variables and the ``bargein`` command line (no model loaded)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from app.settings import SettingsError, parse_serve_args
+
+
+def test_defaults_serve_the_bundled_model_on_loopback() -> None:
+    settings = parse_serve_args([], env={})
+    assert (settings.server.host, settings.server.port) == ("127.0.0.1", 8000)
+    assert settings.engine.model.path is None
+    assert settings.server.log_backend == "memory"
+
+
+def test_flags_reach_every_component() -> None:
+    settings = parse_serve_args(
+        ["--port", "9001", "--model", "/models/x.gguf", "--max-num-seqs", "8",
+         "--max-model-len", "1024", "--num-blocks", "300", "--max-tokens", "128",
+         "--default-max-tokens", "64", "--redis-url", "redis://localhost:6379/0",
+         "--debug-endpoints", "true"], env={})
+    assert settings.server.port == 9001
+    assert settings.engine.model.path == "/models/x.gguf"
+    assert settings.engine.scheduler.max_num_seqs == 8
+    assert settings.engine.scheduler.max_model_len == 1024
+    assert settings.engine.cache.num_blocks == 300
+    assert (settings.session.max_tokens, settings.session.default_max_tokens) == (128, 64)
+    assert settings.server.log_backend == "redis"  # a Redis URL implies the backend
+    assert settings.server.debug_endpoints is True
+
+
+def test_environment_gives_defaults_and_flags_win() -> None:
+    env = {"BARGEIN_PORT": "7000", "BARGEIN_HOST": "0.0.0.0", "BARGEIN_MAX_TOKENS": "99"}
+    settings = parse_serve_args(["--port", "7001"], env=env)
+    assert (settings.server.host, settings.server.port) == ("0.0.0.0", 7001)
+    assert settings.session.max_tokens == 99
+
+
+@pytest.mark.parametrize("argv", [["--port", "70000"], ["--max-num-seqs", "0"],
+                                  ["--log-backend", "redis"]])
+def test_out_of_range_values_are_refused_with_the_field_named(argv: list[str]) -> None:
+    with pytest.raises(SettingsError) as refused:
+        parse_serve_args(argv, env={})
+    name = argv[0].lstrip("-").replace("-", "_")
+    assert name in str(refused.value) or "redis_url" in str(refused.value)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "app", *args], capture_output=True,
+                          text=True, timeout=120, check=False)
+
+
+def test_serve_refuses_a_bad_flag_and_a_missing_model_clearly() -> None:
+    bad_flag = run_cli("serve", "--max-tokens", "lots")
+    assert bad_flag.returncode == 2 and "--max-tokens" in bad_flag.stderr
+    missing = run_cli("serve", "--model", "/no/such/model.gguf")
+    assert missing.returncode == 2
+    assert "model path '/no/such/model.gguf' does not exist" in missing.stderr
+    assert "Traceback" not in missing.stderr + bad_flag.stderr
+
+
+def test_client_imports_without_torch_or_the_engine() -> None:
+    code = ("import sys, app.client; "
+            "bad = [m for m in ('torch', 'engine', 'transformers') if m in sys.modules]; "
+            "print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert out.stdout.strip() == "[]"
