@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
+import torch
 
 from tests.redis_server import RedisServer, redis_server_binary
 
@@ -24,3 +26,11 @@ def redis_server() -> Iterator[str]:
         yield server.url
     finally:
         server.close()
+
+
+# Without a GPU the Triton kernels run on Triton's CPU interpreter. triton reads
+# TRITON_INTERPRET when triton.language is first imported, and importing
+# transformers' models imports it, so it is set here, before any test folder's
+# conftest imports them (tests/engine/kernels).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")

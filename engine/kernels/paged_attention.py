@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine.kernels._triton import check_tensor, dot_dtype, lazy_jit, next_power_of_2, tl
+
 
 def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
     """``cache[block_ids]`` flattened over blocks: ``[..., n * block_size, Hk, D]``."""
@@ -110,4 +112,346 @@ def paged_attention_prefill_ref(
         k = _gather(k_cache, block_ids)[:seq_len]
         v = _gather(v_cache, block_ids)[:seq_len]
         out[starts[s] : starts[s + 1]] = _prefill_one(q[starts[s] : starts[s + 1]], k, v, scale)
+    return out
+
+# log2(e): the kernels use exp2, so the softmax scale is folded into the scores.
+_LOG2E = 1.4426950408889634
+
+
+@lazy_jit
+def _paged_attention_decode_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    m_ptr,
+    l_ptr,
+    qk_scale,
+    q_seq_stride,
+    q_head_stride,
+    out_seq_stride,
+    out_head_stride,
+    out_split_stride,
+    cache_block_stride,
+    cache_slot_stride,
+    cache_head_stride,
+    table_row_stride,
+    group_size,
+    head_dim,
+    block_size,
+    tokens_per_split,
+    SPLIT: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Program ``(seq, kv_head, split)``: online softmax of the group's queries over one KV range.
+
+    The ``group_size`` query heads that share a KV head are one ``[BLOCK_G, D]``
+    tile, so each key and value is read once per group (GQA). Keys
+    ``[split * tokens_per_split, ...)`` up to ``seq_len`` are gathered through
+    the block table ``BLOCK_N`` tokens at a time (FlashAttention's running
+    max and sum, Dao et al. 2022; split-K as in FlashDecoding). Without
+    ``SPLIT`` it writes the normalised output; with it, the unnormalised
+    float32 accumulator and the running max ``m`` and sum ``l`` (log2 domain)
+    for ``_paged_attention_reduce_kernel``.
+    """
+    seq = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    start = split * tokens_per_split
+    end = tl.minimum(seq_len, start + tokens_per_split)
+    groups = tl.arange(0, BLOCK_G)
+    dims = tl.arange(0, BLOCK_D)
+    heads = kv_head * group_size + groups
+    q_mask = (groups[:, None] < group_size) & (dims[None, :] < head_dim)
+    q = tl.load(q_ptr + seq * q_seq_stride + heads[:, None] * q_head_stride + dims[None, :], mask=q_mask, other=0.0)
+    q = q.to(DOT_DTYPE)
+    m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        tokens = n0 + tl.arange(0, BLOCK_N)
+        t_mask = tokens < end
+        block_ids = tl.load(block_tables_ptr + seq * table_row_stride + tokens // block_size, mask=t_mask, other=0)
+        rows = block_ids.to(tl.int64) * cache_block_stride + (tokens % block_size) * cache_slot_stride
+        kv_off = rows[:, None] + kv_head * cache_head_stride + dims[None, :]
+        kv_mask = t_mask[:, None] & (dims[None, :] < head_dim)
+        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(DOT_DTYPE)  # [BLOCK_N, BLOCK_D]
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_G, BLOCK_N]
+        s = tl.where(t_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(DOT_DTYPE)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    out_off = seq * out_seq_stride + heads[:, None] * out_head_stride + dims[None, :]
+    if SPLIT:
+        tl.store(out_ptr + out_off + split * out_split_stride, acc, mask=q_mask)
+        ml_off = (seq * tl.num_programs(1) * group_size + heads) * tl.num_programs(2) + split
+        tl.store(m_ptr + ml_off, m_i, mask=groups < group_size)
+        tl.store(l_ptr + ml_off, l_i, mask=groups < group_size)
+    else:
+        out = acc / l_i[:, None]
+        tl.store(out_ptr + out_off, out.to(out_ptr.dtype.element_ty), mask=q_mask)
+
+
+@lazy_jit
+def _paged_attention_reduce_kernel(
+    partial_ptr,
+    m_ptr,
+    l_ptr,
+    out_ptr,
+    partial_head_stride,
+    partial_split_stride,
+    out_head_stride,
+    num_splits,
+    head_dim,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Program ``(seq * Hq + head)``: merge the splits' partial softmaxes (log-sum-exp in base 2)."""
+    row = tl.program_id(0).to(tl.int64)  # seq * Hq + head: partials are [B*Hq, splits, D]
+    splits = tl.arange(0, BLOCK_S)
+    dims = tl.arange(0, BLOCK_D)
+    s_mask = splits < num_splits
+    m = tl.load(m_ptr + row * num_splits + splits, mask=s_mask, other=float("-inf"))
+    l = tl.load(l_ptr + row * num_splits + splits, mask=s_mask, other=0.0)
+    m_max = tl.max(m, axis=0)
+    # a split past its sequence's end has m = -inf and l = 0: weight 0
+    weight = tl.where(m > float("-inf"), tl.exp2(m - m_max), 0.0)
+    mask = s_mask[:, None] & (dims[None, :] < head_dim)
+    acc = tl.load(partial_ptr + row * partial_head_stride + splits[:, None] * partial_split_stride + dims[None, :],
+                  mask=mask, other=0.0)
+    out = tl.sum(acc * weight[:, None], axis=0) / tl.sum(l * weight, axis=0)
+    tl.store(out_ptr + row * out_head_stride + dims, out.to(out_ptr.dtype.element_ty), mask=dims < head_dim)
+
+
+def _check_paged_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor) -> None:
+    """Shared asserts of both attention launchers."""
+    check_tensor("q", q, 3)
+    check_tensor("k_cache", k_cache, 4, q.dtype)
+    check_tensor("v_cache", v_cache, 4, q.dtype)
+    check_tensor("block_tables", block_tables, 2, torch.int32)
+    assert v_cache.shape == k_cache.shape and v_cache.stride() == k_cache.stride(), "K and V caches must match"
+    num_q_heads, head_dim, num_kv_heads = q.shape[1], q.shape[2], k_cache.shape[2]
+    assert k_cache.shape[3] == head_dim, f"cache {tuple(k_cache.shape)} vs q {tuple(q.shape)}"
+    assert num_q_heads % num_kv_heads == 0, f"{num_q_heads=} must be a multiple of {num_kv_heads=}"
+    assert head_dim >= 16, f"{head_dim=} must be >= 16 (tl.dot's smallest tile)"
+
+
+def _dot_precision(q: torch.Tensor) -> str:
+    """float32 dots in full precision (tf32 would miss the fp32 tolerance); others natively."""
+    return "ieee" if q.dtype == torch.float32 or not q.is_cuda else "tf32"
+
+
+def _decode_num_splits(num_programs: int, max_context: int, device: torch.device) -> tuple[int, int]:
+    """``(num_splits, tokens_per_split)`` for split-K decode.
+
+    Splits the context while the ``seq x kv_head`` programs alone cannot fill
+    the GPU (two programs per multiprocessor), never below 256 tokens per
+    split (64 on the interpreter, so that small tests cover both paths).
+    """
+    if device.type == "cuda":
+        target, min_tokens = 2 * torch.cuda.get_device_properties(device).multi_processor_count, 256
+    else:
+        target, min_tokens = 8, 64
+    num_splits = max(1, min(-(-target // num_programs), -(-max_context // min_tokens)))
+    tokens_per_split = -(-max_context // num_splits)
+    tokens_per_split = -(-tokens_per_split // 64) * 64  # whole BLOCK_N tiles
+    return -(-max_context // tokens_per_split), tokens_per_split
+
+
+def paged_attention_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Triton decode attention over the paged cache; same contract as ``paged_attention_decode_ref``.
+
+    Splits long contexts into ranges reduced by a second kernel when the batch
+    alone cannot fill the GPU (``_decode_num_splits``). No host sync: the
+    context bound is the block table's width.
+
+    Raises:
+        AssertionError: shapes, dtypes or strides the kernel does not take.
+    """
+    _check_paged_inputs(q, k_cache, v_cache, block_tables)
+    check_tensor("seq_lens", seq_lens, 1, torch.int32)
+    num_seqs, num_q_heads, head_dim = q.shape
+    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    assert block_tables.shape[0] == num_seqs and seq_lens.shape == (num_seqs,), "one table row and length per query"
+    out = torch.empty((num_seqs, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
+    if num_seqs == 0:
+        return out
+    num_splits, tokens_per_split = _decode_num_splits(
+        num_seqs * num_kv_heads, block_tables.shape[1] * block_size, q.device
+    )
+    return _launch_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, out, num_splits, tokens_per_split)
+
+
+def _launch_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+    num_splits: int,
+    tokens_per_split: int,
+) -> torch.Tensor:
+    """Run the decode kernel (and the reduce kernel when ``num_splits > 1``) into ``out``."""
+    num_seqs, num_q_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    assert num_splits * tokens_per_split >= block_tables.shape[1] * k_cache.shape[1], "splits must cover the table"
+    block_d = max(16, next_power_of_2(head_dim))
+    split = num_splits > 1
+    target = out
+    m = l = out  # unused without split
+    if split:
+        target = torch.empty((num_seqs, num_q_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
+        m = torch.empty((num_seqs, num_q_heads, num_splits), dtype=torch.float32, device=q.device)
+        l = torch.empty_like(m)
+    _paged_attention_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, block_tables, seq_lens, target, m, l,
+        scale * _LOG2E, q.stride(0), q.stride(1), target.stride(0), target.stride(1),
+        target.stride(2) if split else 0,
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        num_q_heads // num_kv_heads, head_dim, k_cache.shape[1], tokens_per_split,
+        SPLIT=split, BLOCK_G=max(16, next_power_of_2(num_q_heads // num_kv_heads)), BLOCK_N=64,
+        BLOCK_D=block_d, DOT_DTYPE=dot_dtype(q), DOT_PRECISION=_dot_precision(q),
+    )
+    if split:
+        _paged_attention_reduce_kernel[(num_seqs * num_q_heads,)](
+            target, m, l, out, target.stride(1), target.stride(2), out.stride(1), num_splits, head_dim,
+            BLOCK_S=next_power_of_2(num_splits), BLOCK_D=block_d,
+        )
+    return out
+
+
+@lazy_jit
+def _paged_attention_prefill_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    query_start_loc_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    qk_scale,
+    q_token_stride,
+    q_head_stride,
+    out_token_stride,
+    out_head_stride,
+    cache_block_stride,
+    cache_slot_stride,
+    cache_head_stride,
+    table_row_stride,
+    group_size,
+    head_dim,
+    block_size,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Program ``(seq, query tile, q_head)``: causal online softmax over the cached prefix and the chunk.
+
+    Query row ``j`` of sequence ``seq`` sits at position ``seq_len - query_len + j``
+    and attends to cache positions ``<=`` it; keys are gathered through the
+    block table ``BLOCK_N`` at a time and stop at the tile's last position
+    (FlashAttention-2, Dao 2023, over a paged cache). Tiles past the
+    sequence's query length return at once.
+    """
+    seq = tl.program_id(0).to(tl.int64)
+    tile = tl.program_id(1)
+    head = tl.program_id(2)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    query_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    if tile * BLOCK_M >= query_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, BLOCK_D)
+    q_pos = seq_len - query_len + rows
+    q_mask = (rows[:, None] < query_len) & (dims[None, :] < head_dim)
+    q_off = (q_start + rows)[:, None] * q_token_stride + head * q_head_stride + dims[None, :]
+    q = tl.load(q_ptr + q_off, mask=q_mask, other=0.0).to(DOT_DTYPE)
+    kv_head = head // group_size
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    end = tl.minimum(seq_len, seq_len - query_len + (tile + 1) * BLOCK_M)
+    for n0 in range(0, end, BLOCK_N):
+        tokens = n0 + tl.arange(0, BLOCK_N)
+        t_mask = tokens < end
+        block_ids = tl.load(block_tables_ptr + seq * table_row_stride + tokens // block_size, mask=t_mask, other=0)
+        slots = block_ids.to(tl.int64) * cache_block_stride + (tokens % block_size) * cache_slot_stride
+        kv_off = slots[:, None] + kv_head * cache_head_stride + dims[None, :]
+        kv_mask = t_mask[:, None] & (dims[None, :] < head_dim)
+        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(DOT_DTYPE)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+        s = tl.where(t_mask[None, :] & (tokens[None, :] <= q_pos[:, None]), s, float("-inf"))
+        # every row sees key 0 in the first tile, so m_new is finite from then on
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(DOT_DTYPE)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    out_off = (q_start + rows)[:, None] * out_token_stride + head * out_head_stride + dims[None, :]
+    tl.store(out_ptr + out_off, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=q_mask)
+
+
+def paged_attention_prefill(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Triton varlen prefill attention over the paged cache; same contract as ``paged_attention_prefill_ref``.
+
+    The grid covers ``cdiv(T, BLOCK_M)`` query tiles per sequence (``T`` bounds
+    every query length without a host sync); tiles past a sequence's chunk
+    exit at once.
+
+    Raises:
+        AssertionError: shapes, dtypes or strides the kernel does not take.
+    """
+    _check_paged_inputs(q, k_cache, v_cache, block_tables)
+    check_tensor("query_start_loc", query_start_loc, 1, torch.int32)
+    check_tensor("seq_lens", seq_lens, 1, torch.int32)
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_seqs, num_kv_heads = seq_lens.shape[0], k_cache.shape[2]
+    assert query_start_loc.shape == (num_seqs + 1,), f"query_start_loc {tuple(query_start_loc.shape)} != ({num_seqs + 1},)"
+    assert block_tables.shape[0] == num_seqs, f"block_tables {tuple(block_tables.shape)} vs {num_seqs} sequences"
+    out = torch.empty((num_tokens, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
+    if num_tokens == 0:
+        return out
+    block_m = 64 if q.is_cuda else 16
+    grid = (num_seqs, -(-num_tokens // block_m), num_q_heads)
+    _paged_attention_prefill_kernel[grid](
+        q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out,
+        scale * _LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        num_q_heads // num_kv_heads, head_dim, k_cache.shape[1],
+        BLOCK_M=block_m, BLOCK_N=block_m, BLOCK_D=max(16, next_power_of_2(head_dim)),
+        DOT_DTYPE=dot_dtype(q), DOT_PRECISION=_dot_precision(q),
+    )
     return out
