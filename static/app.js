@@ -101,7 +101,10 @@ function showResponse(response) {
   setStatus(mine, "streaming", "");
   ui.stop.disabled = false;
   resetStats();
-  response.addEventListener("created", () => setText("stat-stream", response.streamId));
+  response.addEventListener("created", () => {
+    setText("stat-stream", response.streamId);
+    $("stat-stream").title = response.streamId;
+  });
   response.addEventListener("delta", (event) => onDelta(mine, event.detail));
   response.addEventListener("done", (event) => onDone(mine, event.detail));
   response.addEventListener("error", (event) => onResponseError(mine, event.detail));
@@ -261,7 +264,10 @@ ui.maxTokens.value = params.get("max_tokens") ?? "";
 ui.temperature.value = params.get("temperature") ?? "";
 ui.instructions.value = params.get("instructions") ?? "";
 client.connect().then(
-  (created) => setText("stat-model", created.model ?? "–"),
+  (created) => {
+    setText("stat-model", created.model ?? "–");
+    $("stat-model").title = created.model ?? "";
+  },
   (error) => reportError(`could not connect: ${error.message}`),
 );
 ui.prompt.focus();

@@ -118,7 +118,7 @@ def test_answer_streams_in(open_page: Any) -> None:
     page.ask(PROMPT)
     page.wait_for_streaming_text(min_chars=1)
     if screenshot := os.environ.get("BARGEIN_SCREENSHOT"):
-        page.wait_for_streaming_text(min_chars=60)
+        page.wait_for_streaming_text(min_chars=100)
         page.page.screenshot(path=screenshot)
     assert page.wait_for_end() in {"stop", "length"}
     deltas = page.of_type(page.received, "response.delta")
