@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("gpu") is not None and not torch.cuda.is_available():
         pytest.skip("needs CUDA")
