@@ -54,19 +54,26 @@ function submit(text) {
   showResponse(response);
 }
 
-/** The user cut in: silence the voice; the server keeps only what was heard. */
+/**
+ * The user talked over the answer: silence it at once; the server keeps only
+ * what was spoken, even when the text had all arrived (speech lags the text).
+ * Typed barge-in without voice needs nothing here: `interrupt_active` does it.
+ */
 function bargeIn() {
-  if (!turn || turn.response.finished) return;
-  if (turn.speaker?.speaking) turn.response.cancel({ heardChars: turn.speaker.silence() });
-  else turn.speaker?.silence();
+  const speaker = turn?.speaker;
+  if (!speaker || speaker.silenced || turn.response.cancelled) return;
+  const unheard = speaker.speaking || !turn.response.finished;
+  const heardChars = speaker.silence();
+  if (unheard) turn.response.cancel({ heardChars });
 }
 
 /** Stop button: the answer ends where the screen (or the voice) got to. */
 function stop() {
-  if (!turn || turn.response.finished || turn.response.cancelled) return;
+  if (!turn || turn.response.cancelled) return;
+  if (turn.response.finished && !turn.speaker?.speaking) return;
   const heardChars = turn.speaker ? turn.speaker.silence() : countChars(turn.shown);
   turn.response.cancel({ heardChars });
-  setStatus(turn, "stopping", "stopping…");
+  if (!turn.response.finished) setStatus(turn, "stopping", "stopping…");
   ui.stop.disabled = true;
 }
 
@@ -138,7 +145,7 @@ function onDone(current, done) {
   const heard = current.response.cancelled ? ` · ${countChars(current.shown)} chars kept` : "";
   setStatus(current, status, `${labels[reason] ?? reason}${usage}${heard}`);
   if (current === turn) {
-    ui.stop.disabled = true;
+    ui.stop.disabled = !current.speaker?.speaking; // Stop can still silence the voice
     setText("stat-finish", reason);
     setText("stat-end", String(done.end));
   }

@@ -44,8 +44,10 @@ def browser() -> Iterator[Any]:
 class Page:
     """A fresh page on the bargein client that records console errors and frames."""
 
-    def __init__(self, browser: Any, base_url: str, query: str) -> None:
+    def __init__(self, browser: Any, base_url: str, query: str, init_script: str | None) -> None:
         self.context = browser.new_context(viewport={"width": 1280, "height": 800})
+        if init_script:
+            self.context.add_init_script(init_script)
         self.page = self.context.new_page()
         self.errors: list[str] = []
         self.sent: list[dict[str, Any]] = []
@@ -102,8 +104,8 @@ def open_page(browser: Any, bargein_url: str) -> Iterator[Any]:
     """Opens pages on the client; fails the test on any console or page error."""
     pages: list[Page] = []
 
-    def open_(query: str = "max_tokens=48&temperature=0") -> Page:
-        pages.append(Page(browser, bargein_url, query))
+    def open_(query: str = "max_tokens=48&temperature=0", init_script: str | None = None) -> Page:
+        pages.append(Page(browser, bargein_url, query, init_script))
         return pages[-1]
 
     yield open_
@@ -238,3 +240,97 @@ def test_client_resumes_without_repeating_or_losing_text(open_page: Any) -> None
     assert result["chars"] == len(result["text"])
     assert result["sessionId"] == "s1"
     assert (result["state"], result["finish"], result["resumes"]) == ("open", "stop", 1)
+
+
+def test_typing_enter_while_answering_barges_in(open_page: Any) -> None:
+    page = open_page("max_tokens=64&temperature=0")
+    page.ask("Tell me a long story about a lighthouse keeper.")
+    page.wait_for_streaming_text(min_chars=10)
+    page.ask("Name one color.")
+    assert page.wait_for_end() in {"stop", "length"}
+    first, second = page.of_type(page.sent, "response.create")
+    assert "interrupt_active" not in first and second["interrupt_active"] is True
+    done = {d["response_id"]: d["finish_reason"] for d in page.of_type(page.received, "response.done")}
+    assert done[first["response_id"]] == "interrupted"
+    assert page.page.get_attribute(".msg.assistant >> nth=0", "data-status") == "interrupted"
+    assert page.answer_text().strip()
+
+
+# Speech APIs with a scripted voice: utterances "speak" one word per 120 ms with
+# boundary events, as Chrome's do; recognition hears what the test says.
+SCRIPTED_SPEECH = r"""
+(() => {
+  const spoken = [];      // per utterance: the text spoken so far
+  window.__spoken = () => spoken.join('');
+  window.__wordsSpoken = 0;
+  window.SpeechSynthesisUtterance = class { constructor(text) { this.text = text; } };
+  const synth = {
+    queue: [], current: null, timer: 0,
+    speak(u) { this.queue.push(u); if (!this.current) this.next(); },
+    next() {
+      const u = this.current = this.queue.shift() ?? null;
+      if (!u) return;
+      const slot = spoken.push('') - 1;
+      const words = [...u.text.matchAll(/\S+/g)];
+      let i = 0;
+      const step = () => {
+        if (this.current !== u) return;
+        if (i === words.length) {
+          spoken[slot] = u.text; this.current = null; u.onend?.({}); this.next(); return;
+        }
+        const w = words[i++];
+        spoken[slot] = u.text.slice(0, w.index + w[0].length);
+        window.__wordsSpoken += 1;
+        u.onboundary?.({ name: 'word', charIndex: w.index, charLength: w[0].length });
+        this.timer = setTimeout(step, 120);
+      };
+      step();
+    },
+    cancel() {
+      clearTimeout(this.timer);
+      const all = [this.current, ...this.queue].filter(Boolean);
+      this.current = null; this.queue = [];
+      for (const u of all) u.onerror?.({ error: 'interrupted' });
+    },
+    getVoices() { return []; },
+  };
+  Object.defineProperty(window, 'speechSynthesis', { value: synth, configurable: true });
+  window.webkitSpeechRecognition = window.SpeechRecognition = class {
+    start() { window.__recognition = this; }
+    abort() {}
+  };
+  window.__say = (text) => {
+    const r = window.__recognition;
+    r.onspeechstart?.();
+    const result = Object.assign([{ transcript: text }], { isFinal: true });
+    setTimeout(() => r.onresult?.({ resultIndex: 0, results: [result] }), 50);
+  };
+})();
+"""
+
+
+def test_talking_over_the_voice_cuts_the_turn_to_what_was_spoken(open_page: Any, live_server: Any) -> None:
+    page = open_page("max_tokens=64&temperature=0", init_script=SCRIPTED_SPEECH)
+    page.page.click("#voice")
+    assert page.page.get_attribute("#voice", "aria-pressed") == "true"
+    page.page.evaluate("window.__say('Write two sentences about the sea.')")
+    page.page.wait_for_function("() => window.__wordsSpoken >= 4", timeout=60_000)
+    spoken = page.page.evaluate("() => { window.__say('Name one color.'); return window.__spoken(); }")
+    assert page.wait_for_end() in {"stop", "length"}
+    first_text = page.page.inner_text(".msg.assistant >> nth=0 >> .text")
+    (cancel,) = page.of_type(page.sent, "response.cancel")
+    assert cancel["heard_chars"] == len(spoken)
+    assert first_text.startswith(spoken) and len(first_text) > len(spoken)
+    # The next turn's prompt holds the answer cut to what was spoken, not more.
+    prompt = live_server.tokenizer.decode(live_server.recent_requests()[-1].prompt_token_ids)
+    unheard = first_text[len(spoken):].strip()
+    assert spoken.strip() in prompt
+    assert spoken.strip() + " " + unheard.split()[0] not in prompt
+    assert "Name one color." in prompt
+
+
+def test_voice_mode_says_when_the_browser_lacks_speech(open_page: Any) -> None:
+    page = open_page(init_script="delete window.webkitSpeechRecognition; delete window.SpeechRecognition;")
+    page.page.click("#voice")
+    assert page.page.get_attribute("#voice", "aria-pressed") == "false"
+    assert "lacks speech recognition" in page.page.inner_text("#voice-status")
