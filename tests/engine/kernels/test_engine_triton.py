@@ -1,9 +1,9 @@
 """The engine on the Triton backend: greedy tokens equal transformers' ``generate``.
 
 A small randomly initialised Llama (2 layers, hidden 64, GQA 4/2, head dim
-16) saved as a HF folder runs through ModelRunner and LLMEngine with
-``backend="triton"`` on CPU tensors, so every kernel runs in Triton's
-interpreter (compiled on a GPU). Prompts straddle KV blocks and prefill
+16) saved as a HF folder, with a word-level tokenizer of its 160 ids, runs
+through ModelRunner and LLMEngine with ``backend="triton"``: on CPU tensors,
+so every kernel runs in Triton's interpreter, or compiled on a GPU. Prompts straddle KV blocks and prefill
 chunks, and join while others decode, so steps mix prefill chunks over cached
 prefixes with batched decode.
 """
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
 from engine.config import CacheConfig, ModelConfig, SchedulerConfig
 from engine.engine import LLMEngine
@@ -25,14 +26,23 @@ from engine.request import EngineRequest, SamplingParams
 
 pytestmark = pytest.mark.slow
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU tensors: the interpreter
 MAX_TOKENS = 6
 PROMPT_LENGTHS = [3, 9, 17, 30]  # block size 4, chunks of 16: inside, on and past boundaries
 SCHEDULER = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=20, prefill_chunk_size=16, max_model_len=64)
 
 
+def _word_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
+    """Token ``i`` is the word ``t{i}``; 1 is BOS, 2 is EOS."""
+    vocab = {f"t{i}": i for i in range(vocab_size)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="t0", bos_token="t1", eos_token="t2")
+
+
 @pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory: pytest.TempPathFactory, hf_tokenizer: PreTrainedTokenizerBase) -> tuple[Path, PreTrainedModel]:
-    """A random Llama saved with the default tokenizer; weights scaled up
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, PreTrainedModel]:
+    """A random Llama and its tokenizer in a HF folder; weights scaled up
     (``initializer_range``) so that greedy picks are not near-ties."""
     torch.manual_seed(0)
     config = LlamaConfig(
@@ -42,7 +52,7 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory, hf_tokenizer: PreTraine
     model = LlamaForCausalLM(config).eval()
     folder = tmp_path_factory.mktemp("tiny_llama")
     model.save_pretrained(folder)
-    hf_tokenizer.save_pretrained(folder)
+    _word_tokenizer(config.vocab_size).save_pretrained(folder)
     model.generation_config.eos_token_id = None  # generate exactly MAX_TOKENS, like ignore_eos
     return folder, model
 
@@ -63,7 +73,7 @@ def _generate(model: PreTrainedModel, prompt: list[int]) -> list[int]:
 def _run_engine(folder: Path, prompts: list[list[int]]) -> dict[str, list[int]]:
     """Two prompts join at once, the others one step later, while the first decode."""
     runner = ModelRunner(
-        ModelConfig(path=str(folder), device="cpu", backend="triton", dtype="float32"),
+        ModelConfig(path=str(folder), device=DEVICE, backend="triton", dtype="float32"),
         CacheConfig(num_blocks=64, block_size=4),
         SCHEDULER.max_model_len,
     )
