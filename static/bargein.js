@@ -1,5 +1,6 @@
 // bargein.js: a browser (and Node >= 22) client for the bargein realtime
 // protocol v1 over JSON (see PROTOCOL.md). One file, no dependencies, no build.
+// Node 20 needs --experimental-websocket (or pass `options.WebSocket`).
 //
 //   import { BargeinClient } from "/bargein.js";
 //   const client = new BargeinClient("ws://127.0.0.1:8000/v1/realtime");
@@ -113,6 +114,7 @@ export class Response extends EventTarget {
     /** @type {Set<() => void>} */
     this._wakers = new Set();
     this._eventId = null; // of the last request about this response that awaits an answer
+    this._cancel = null; // the response.cancel sent for it, if any
     /** Resolves with the `response.done` event; rejects with a BargeinError. */
     this.done = new Promise((resolve, reject) => {
       this._resolve = resolve;
@@ -264,6 +266,12 @@ export class BargeinClient extends EventTarget {
     this._ready = null;
     this._created = null; // session.created seen on the current socket
     this._resumeEventId = null;
+    // Back online: skip the rest of the backoff wait (unless an attempt is under way).
+    this._onOnline = () => {
+      if (this.state !== "reconnecting" || this._ws) return;
+      clearTimeout(this._timer);
+      this._openSocket();
+    };
   }
 
   /** The response still generating or being delivered, if any. */
@@ -287,6 +295,7 @@ export class BargeinClient extends EventTarget {
     this._setState("connecting");
     this._openSocket();
     this._startKeepalive();
+    globalThis.addEventListener?.("online", this._onOnline);
     return this._ready.promise;
   }
 
@@ -330,9 +339,12 @@ export class BargeinClient extends EventTarget {
   cancel(response, options = {}) {
     const target = typeof response === "string" ? this.responses.get(response) : response;
     const id = typeof response === "string" ? response : response.id;
-    if (target) target.cancelled = true;
     const event = { type: "response.cancel", response_id: id };
     if (options.heardChars !== undefined) event.heard_chars = Math.max(0, Math.floor(options.heardChars));
+    if (target) {
+      target.cancelled = true;
+      target._cancel = event; // sent again after a resume, in case the socket lost it
+    }
     this._send(event);
   }
 
@@ -507,6 +519,7 @@ export class BargeinClient extends EventTarget {
       }
       const event = { type: "stream.resume", stream_id: response.streamId, resume_token: response.resumeToken, from: response.end };
       response._eventId = this._send(event, { direct: true, reject: (error) => response._fail(error) });
+      if (response._cancel) this._send(response._cancel, { direct: true });
     }
     this.attempt = 0;
     this._setState("open");
@@ -584,6 +597,7 @@ export class BargeinClient extends EventTarget {
   _shutdown(error) {
     clearTimeout(this._timer);
     clearInterval(this._keepalive);
+    globalThis.removeEventListener?.("online", this._onOnline);
     this._outbox = [];
     for (const response of this.responses.values()) response._fail(error);
     for (const { reject } of this._pending.values()) reject(error);

@@ -149,6 +149,17 @@ def test_stop_ends_answer_with_nothing_more(open_page: Any) -> None:
     assert done["usage"]["completion_tokens"] < 64
 
 
+# Records the client's states and whether the "reconnecting" note was shown,
+# however briefly (a poll could miss it).
+WATCH_RECONNECT = """() => {
+  const watched = window.__watched = { states: [], noteShown: false };
+  window.bargein.addEventListener('statechange', (event) => watched.states.push(event.detail.state));
+  const note = document.getElementById('reconnecting');
+  new MutationObserver(() => { if (!note.hidden) watched.noteShown = true; })
+    .observe(note, { attributes: true });
+}"""
+
+
 def test_dropped_connection_resumes_to_the_uninterrupted_text(open_page: Any) -> None:
     query = "max_tokens=64&temperature=0"
     reference = open_page(query)
@@ -159,9 +170,12 @@ def test_dropped_connection_resumes_to_the_uninterrupted_text(open_page: Any) ->
     page = open_page(query)
     page.ask(PROMPT)
     page.wait_for_streaming_text(min_chars=10)
+    page.page.evaluate(WATCH_RECONNECT)
     page.page.click("#drop")
-    page.page.wait_for_selector("#reconnecting", state="visible", timeout=5_000)
     assert page.wait_for_end() == reference.page.get_attribute(ANSWER, "data-status")
+    watched = page.page.evaluate("window.__watched")
+    assert watched["states"] == ["reconnecting", "resuming", "open"]
+    assert watched["noteShown"]
     assert page.answer_text() == expected
     assert page.sockets == 2
     (resume,) = page.of_type(page.sent, "stream.resume")
@@ -334,3 +348,57 @@ def test_voice_mode_says_when_the_browser_lacks_speech(open_page: Any) -> None:
     page.page.click("#voice")
     assert page.page.get_attribute("#voice", "aria-pressed") == "false"
     assert "lacks speech recognition" in page.page.inner_text("#voice-status")
+
+
+SCRIPTED_SESSION_LOST = """async () => {
+  const { BargeinClient } = await import('/bargein.js');
+  const sockets = [];
+  class ScriptedSocket {
+    constructor() { Object.assign(this, { readyState: 0, sent: [] }); sockets.push(this);
+                    setTimeout(() => { this.readyState = 1; this.onopen?.(); }, 0); }
+    send(frame) { this.sent.push(JSON.parse(frame)); }
+    close() { this.readyState = 3; }
+    push(event) { this.onmessage?.({ data: JSON.stringify(event) }); }
+  }
+  const tick = () => new Promise((resolve) => setTimeout(resolve, 20));
+  const client = new BargeinClient('ws://scripted', { WebSocket: ScriptedSocket, initialDelayMs: 1, pingIntervalMs: 0 });
+  const lost = [];
+  client.addEventListener('sessionlost', (event) => lost.push(event.detail.code));
+  const connected = client.connect();
+  await tick();
+  sockets[0].push({ type: 'session.created', session_id: 's1', session_token: 't1', limits: {} });
+  await connected;
+  const reply = client.send('hi');
+  const delta = (start, end, text) => ({ type: 'response.delta', response_id: reply.id, stream_id: 'st', start, end, text });
+  sockets[0].push({ type: 'response.created', response_id: reply.id, stream_id: 'st', resume_token: 'rt' });
+  sockets[0].push(delta(0, 2, 'Hello'));
+  reply.cancel({ heardChars: 3 });
+  client.drop();
+  await tick();
+  const second = sockets[1];
+  second.push({ type: 'session.created', session_id: 's2', session_token: 't2', limits: {} });
+  second.push({ type: 'error', code: 'not_found', message: 'no such session', retryable: false,
+                event_id: second.sent[0].event_id });
+  second.push(delta(2, 3, ' there'));  // after Stop: counted, not handed out
+  second.push({ type: 'response.done', response_id: reply.id, stream_id: 'st', end: 3,
+                finish_reason: 'interrupted', usage: { prompt_tokens: 1, completion_tokens: 3, cached_tokens: 0 } });
+  const pieces = [];
+  for await (const piece of reply) pieces.push(piece.text);
+  return { lost, sessionId: client.sessionId, sent: second.sent.map(({ event_id, ...rest }) => rest),
+           pieces, text: reply.text, finish: reply.finishReason, state: client.state };
+}"""
+
+
+def test_client_goes_on_when_the_session_is_gone_and_repeats_its_cancel(open_page: Any) -> None:
+    page = open_page()
+    result = page.page.evaluate(SCRIPTED_SESSION_LOST)
+    assert result["lost"] == ["not_found"]
+    assert result["sessionId"] == "s2"
+    assert result["sent"] == [
+        {"type": "session.resume", "session_id": "s1", "session_token": "t1"},
+        {"type": "stream.resume", "stream_id": "st", "resume_token": "rt", "from": 2},
+        {"type": "response.cancel", "response_id": result["sent"][2]["response_id"], "heard_chars": 3},
+    ]
+    assert result["pieces"] == ["Hello"]
+    assert result["text"] == "Hello there"
+    assert (result["finish"], result["state"]) == ("interrupted", "open")
