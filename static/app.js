@@ -47,10 +47,10 @@ function samplingParams() {
 
 /** Sends `text` as the next user turn; barges in if an answer is still running. */
 function submit(text) {
-  const active = turn && !turn.response.finished;
-  if (active) bargeIn();
+  const active = Boolean(turn && !turn.response.finished);
+  bargeIn(); // the voice may still be speaking an answer whose text is complete
   addMessage("user", text);
-  const response = client.send(text, { ...samplingParams(), interruptActive: Boolean(active) });
+  const response = client.send(text, { ...samplingParams(), interruptActive: active });
   showResponse(response);
 }
 
@@ -64,7 +64,9 @@ function bargeIn() {
   if (!speaker || speaker.silenced || turn.response.cancelled) return;
   const unheard = speaker.speaking || !turn.response.finished;
   const heardChars = speaker.silence();
-  if (unheard) turn.response.cancel({ heardChars });
+  if (!unheard) return;
+  turn.heardChars = heardChars;
+  turn.response.cancel({ heardChars });
 }
 
 /** Stop button: the answer ends where the screen (or the voice) got to. */
@@ -72,6 +74,7 @@ function stop() {
   if (!turn || turn.response.cancelled) return;
   if (turn.response.finished && !turn.speaker?.speaking) return;
   const heardChars = turn.speaker ? turn.speaker.silence() : countChars(turn.shown);
+  turn.heardChars = heardChars;
   turn.response.cancel({ heardChars });
   if (!turn.response.finished) setStatus(turn, "stopping", "stopping…");
   ui.stop.disabled = true;
@@ -142,7 +145,7 @@ function onDone(current, done) {
   const usage = done.usage ? ` · ${done.usage.completion_tokens} tokens` : "";
   const labels = { stop: "done", length: "length limit", interrupted: "interrupted", cancelled: "cancelled", error: "error" };
   const status = reason === "interrupted" && current.response.cancelled ? "stopped" : reason;
-  const heard = current.response.cancelled ? ` · ${countChars(current.shown)} chars kept` : "";
+  const heard = current.heardChars === undefined ? "" : ` · ${current.heardChars} chars kept`;
   setStatus(current, status, `${labels[reason] ?? reason}${usage}${heard}`);
   if (current === turn) {
     ui.stop.disabled = !current.speaker?.speaking; // Stop can still silence the voice
@@ -220,6 +223,9 @@ function toggleVoice() {
   if (listener) {
     listener.stop();
     listener = null;
+    // The rest of the answer is read, not heard: silence it and show it on screen.
+    turn?.speaker?.silence();
+    if (turn) turn.speaker = null;
     ui.voice.setAttribute("aria-pressed", "false");
     ui.voiceStatus.textContent = "";
     return;
@@ -234,8 +240,8 @@ function toggleVoice() {
   listener.addEventListener("speechstart", bargeIn);
   listener.addEventListener("transcript", (event) => submit(event.detail));
   listener.addEventListener("error", (event) => {
-    ui.voiceStatus.textContent = event.detail;
     toggleVoice();
+    ui.voiceStatus.textContent = event.detail;
   });
   listener.start();
   ui.voice.setAttribute("aria-pressed", "true");
