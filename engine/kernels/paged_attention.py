@@ -255,12 +255,15 @@ def _dot_precision(q: torch.Tensor) -> str:
 def _decode_num_splits(num_programs: int, max_context: int, device: torch.device) -> tuple[int, int]:
     """``(num_splits, tokens_per_split)`` for split-K decode.
 
-    Splits the context while the ``seq x kv_head`` programs alone cannot fill
-    the GPU (two programs per multiprocessor), never below 256 tokens per
-    split (64 on the interpreter, so that small tests cover both paths).
+    Splits the context while the ``seq x kv_head`` programs alone are too
+    few to keep the memory system busy (four resident programs per
+    multiprocessor: one program's loads alone cannot hide HBM latency), never
+    below 256 tokens per split (64 on the interpreter, so that small tests
+    cover both paths). The partials cost ``B * Hq * splits * (D + 2)`` float32
+    writes and reads, small beside the K and V they replace.
     """
     if device.type == "cuda":
-        target, min_tokens = 2 * torch.cuda.get_device_properties(device).multi_processor_count, 256
+        target, min_tokens = 4 * torch.cuda.get_device_properties(device).multi_processor_count, 256
     else:
         target, min_tokens = 8, 64
     num_splits = max(1, min(-(-target // num_programs), -(-max_context // min_tokens)))
