@@ -27,6 +27,7 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from app.openai_api import openai_routes
 from app.settings import Settings
 from protocol import CloseCode, Decoder, Format, encode, select_subprotocol
 from protocol.errors import FrameTooLarge, ProtocolError
@@ -122,6 +123,7 @@ def create_app(settings: Settings, *, progress: Progress = lambda stage: None) -
 
     routes = [Route("/healthz", healthz), Route("/readyz", readyz),
               WebSocketRoute("/v1/realtime", realtime)]
+    routes += openai_routes()
     if settings.server.debug_endpoints:
         routes.append(Route("/debug/engine", debug_engine))
     routes.append(Mount("/", StaticFiles(directory=STATIC_DIR, html=True), name="static"))

@@ -123,6 +123,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser,
          "max_tokens when a response.create names none")
     _add(parser, env, "--max-frame-bytes", e.max_frame_bytes, int, "largest client frame")
     _add(parser, env, "--instructions", e.instructions, str, "default system prompt")
+    _add(parser, env, "--on-disconnect", e.on_disconnect, str,
+         "a generating response whose client disconnects: continue or cancel")
     _add(parser, env, "--debug-endpoints", s.debug_endpoints, _bool,
          "serve GET /debug/engine (tests only)")
     _add(parser, env, "--log-level", s.log_level, str, "debug, info, warning, error")
@@ -150,7 +152,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
             session=SessionConfig(max_tokens=args.max_tokens,
                                   default_max_tokens=args.default_max_tokens,
                                   max_frame_bytes=args.max_frame_bytes,
-                                  instructions=args.instructions),
+                                  instructions=args.instructions,
+                                  on_disconnect=args.on_disconnect),
             server=ServerConfig(
                 host=args.host, port=args.port, secret=args.secret,
                 log_backend="redis" if args.redis_url else args.log_backend,

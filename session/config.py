@@ -16,6 +16,10 @@ class SessionConfig:
         max_frame_bytes: largest client frame; bigger ones close with 1009.
         instructions: default system prompt of a new session (``None``: none).
         max_input_items: most conversation items one ``response.create`` adds.
+        on_disconnect: what happens to a response still generating when its
+            client disconnects, unless the client chose: ``"continue"`` (it
+            runs to the end into the log, for a resume) or ``"cancel"``
+            (aborted, its KV blocks freed).
     """
 
     max_tokens: int = 1024
@@ -23,6 +27,7 @@ class SessionConfig:
     max_frame_bytes: int = 1 << 20
     instructions: str | None = None
     max_input_items: int = 256
+    on_disconnect: str = "continue"
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -33,3 +38,6 @@ class SessionConfig:
             raise ValueError(f"max_frame_bytes={self.max_frame_bytes} must be >= 1024")
         if self.max_input_items < 1:
             raise ValueError(f"max_input_items={self.max_input_items} must be >= 1")
+        if self.on_disconnect not in ("continue", "cancel"):
+            raise ValueError(f"on_disconnect={self.on_disconnect!r} must be 'continue' "
+                             "or 'cancel'")

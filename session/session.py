@@ -212,7 +212,8 @@ class Session:
         self.config = config
         self.session_id = session_id or new_id()
         self.state = State.IDLE
-        self.settings = Settings(instructions=config.instructions)
+        self.settings = Settings(instructions=config.instructions,
+                                 on_disconnect=config.on_disconnect)
         self.turns: list[Message] = []
         self._new_id = new_id
         self._active: _Response | None = None

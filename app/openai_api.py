@@ -1,0 +1,407 @@
+"""The OpenAI-compatible HTTP API, on the same engine and token log as ``/v1/realtime``.
+
+Routes (:func:`openai_routes`):
+
+- ``POST /v1/chat/completions``: OpenAI chat completions, streamed (SSE) or not.
+  The request becomes one stream of the token log, exactly like a
+  ``response.create``; a streamed answer is read back out of the log.
+- ``GET /v1/models``: the one served model.
+- ``GET /v1/streams/{stream_id}/events``: replay a stream from the
+  ``Last-Event-ID`` header (or ``?from=<offset>``), follow it live, end with
+  ``data: [DONE]``. Nothing is generated again.
+- ``POST /v1/streams/{stream_id}/cancel``: barge-in over HTTP; the engine
+  aborts at its next step and the stream ends with ``finish_reason``
+  ``"interrupted"``.
+
+SSE events carry ``id: <stream_id>:<end>`` (:mod:`session.sse`). One chunk is
+sent per log entry (one engine step), so a replay from the same id gives the
+same events; chunks whose tokens complete no text yet are skipped (the next
+id covers their tokens). The closing events (the chunk with ``finish_reason``,
+the usage chunk, ``[DONE]``) add no token and carry no ``id:`` field: they
+keep the stream's last id, so resuming from it replays just them.
+
+Only the principal that created a stream can read or cancel it (anyone else
+gets the same 404 as for an unknown stream). Until API keys exist the
+principal is ``"anonymous"``, or a hash of the bearer key when one is sent.
+
+Disconnect: when the client of a streamed or non-streamed completion goes
+away before the end, the request's ``bargein_on_disconnect`` (or the server's
+``--on-disconnect``) applies: ``continue`` lets it run into the log for a
+resume, ``cancel`` aborts it (``finish_reason`` ``"cancelled"``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import time
+import uuid
+from collections.abc import AsyncGenerator, Callable, Mapping
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from app.openai_schema import (
+    ApiError,
+    ChatRequest,
+    Completion,
+    chunk_body,
+    completion_body,
+    decode_json,
+    dumps,
+    origin_session_id,
+    parse_chat_request,
+    parse_origin,
+    usage_body,
+    usage_chunk,
+)
+from engine.request import FinishReason
+from protocol import events as pe
+from session.errors import StreamNotFound, TokenLogUnavailable
+from session.service import Owner, Service
+from session.session import Submit, SubmitFailed
+from session.sse import event_id, format_event, parse_event_id
+from session.token_log import LogEntry, StreamEnd, StreamInfo, TokenLog
+
+DONE = format_event("[DONE]")
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+CANCEL_WAIT_S = 10.0  # a cancel answers once the engine confirmed (one step), or after this
+
+
+def principal_of(headers: Mapping[str, str]) -> str:
+    """Who is calling: ``"anonymous"``, or ``key:<sha256 prefix>`` of a bearer key.
+
+    The key itself is never stored (the principal is logged with each stream).
+    """
+    scheme, _, key = headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        return "anonymous"
+    return "key:" + hashlib.sha256(key.strip().encode("utf-8")).hexdigest()[:32]
+
+
+def openai_routes() -> list[Route]:
+    """The routes of the OpenAI-compatible API, for ``create_app``."""
+    created = int(time.time())
+
+    async def list_models(request: Request) -> Response:
+        """``GET /v1/models``: OpenAI's list shape with the served model."""
+        model = {"id": _service(request).runner.model_name, "object": "model",
+                 "created": created, "owned_by": "bargein"}
+        return JSONResponse({"object": "list", "data": [model]})
+
+    return [Route("/v1/chat/completions", _answering(chat_completions), methods=["POST"]),
+            Route("/v1/models", _answering(list_models), methods=["GET"]),
+            Route("/v1/streams/{stream_id}/events", _answering(stream_events),
+                  methods=["GET"]),
+            Route("/v1/streams/{stream_id}/cancel", _answering(cancel_stream),
+                  methods=["POST"])]
+
+
+Endpoint = Callable[[Request], Any]
+
+
+def _answering(endpoint: Endpoint) -> Endpoint:
+    """Wrap an endpoint so an :class:`ApiError` becomes OpenAI's error response."""
+    async def answer(request: Request) -> Response:
+        try:
+            return await endpoint(request)  # type: ignore[no-any-return]
+        except ApiError as exc:
+            return JSONResponse(exc.body(), status_code=exc.status)
+
+    answer.__name__ = answer.__qualname__ = endpoint.__name__
+    answer.__doc__ = endpoint.__doc__
+    return answer
+
+
+def _service(request: Request) -> Service:
+    service: Service | None = request.app.state.bargein.service
+    if service is None:
+        raise ApiError("the model is still loading; retry shortly", status=503,
+                       code="model_loading", type_="server_error")
+    return service
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused with 413 past ``limit`` bytes."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(f"the request body is larger than {limit} bytes", status=413,
+                           code="request_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+# ---- POST /v1/chat/completions ---------------------------------------------------
+
+async def chat_completions(request: Request) -> Response:
+    """``POST /v1/chat/completions``: validate, submit, answer (JSON or SSE)."""
+    service = _service(request)
+    body = decode_json(await _read_body(request, service.config.max_frame_bytes))
+    chat = parse_chat_request(body, service.config)
+    completion, stream_id = await _submit(service, chat, principal_of(request.headers))
+    policy = chat.on_disconnect or service.config.on_disconnect
+
+    def on_disconnect() -> None:
+        if policy == "cancel":
+            service.abort(stream_id, FinishReason.CANCELLED, service.clock())
+
+    if chat.stream:
+        events = sse_events(service.log, stream_id, completion, from_offset=0, role=True)
+        return EventStreamResponse(events, on_disconnect=on_disconnect,
+                                   headers={"X-Bargein-Stream-Id": stream_id})
+    collect = _collect(service.log, stream_id, completion)
+    body_or_gone = await _unless_disconnected(request.receive, collect)
+    if body_or_gone is None:
+        on_disconnect()
+        return Response(status_code=499)  # nobody reads it: the client is gone
+    return JSONResponse(body_or_gone, headers={"X-Bargein-Stream-Id": stream_id})
+
+
+async def _submit(service: Service, chat: ChatRequest, principal: str
+                  ) -> tuple[Completion, str]:
+    """Create the stream and submit its request, as a ``response.create`` would.
+
+    Raises ApiError: the prompt does not fit (400 ``context_length_exceeded``)
+    or the engine is not running (503).
+    """
+    stream_id = uuid.uuid4().hex
+    completion = Completion(completion_id=f"chatcmpl-{stream_id}", created=int(time.time()),
+                            model=service.runner.model_name,
+                            include_usage=chat.include_usage)
+    action = Submit(response_id=completion.completion_id, stream_id=stream_id,
+                    messages=chat.messages, params=chat.params)
+    owner = Owner(principal=principal,
+                  session_id=origin_session_id(completion.created, chat.include_usage))
+    result = await service.submit(action, owner, service.clock())
+    if isinstance(result, SubmitFailed):
+        if result.code is pe.ErrorCode.PROMPT_TOO_LONG:
+            raise ApiError(result.message, param="messages", code="context_length_exceeded")
+        raise ApiError(result.message, status=503, code=result.code.value,
+                       type_="server_error")
+    return completion, stream_id
+
+
+async def _collect(log: TokenLog, stream_id: str, completion: Completion) -> dict[str, Any]:
+    """The ``chat.completion`` body of a stream, once it ended.
+
+    Raises ApiError (500) when generation failed or the log could not be read.
+    """
+    parts: list[str] = []
+    try:
+        async with contextlib.aclosing(log.read(stream_id, 0)) as items:
+            async for item in items:
+                if isinstance(item, LogEntry):
+                    parts.append(item.text)
+                elif item.finish_reason == FinishReason.ERROR.value:
+                    raise ApiError("generation failed", status=500, code="internal_error",
+                                   type_="server_error")
+                else:
+                    return completion_body(completion, "".join(parts), item)
+    except (StreamNotFound, TokenLogUnavailable) as exc:
+        raise ApiError("the token log could not be read", status=500,
+                       code="internal_error", type_="server_error") from exc
+    raise AssertionError("a token log read ends with its StreamEnd")
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    """Return when the ASGI server reports that the client went away."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_disconnected(receive: Receive, work: Any) -> Any:
+    """``await work``, or None if the client disconnects first (``work`` is cancelled)."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_wait_disconnect(receive))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for pending in (task, gone):
+            pending.cancel()
+        await asyncio.gather(task, gone, return_exceptions=True)
+    if task.cancelled():
+        return None
+    return task.result()
+
+
+# ---- SSE ---------------------------------------------------------------------------
+
+async def sse_events(log: TokenLog, stream_id: str, completion: Completion, *,
+                     from_offset: int, role: bool) -> AsyncGenerator[bytes, None]:
+    """The SSE events of a stream from ``from_offset``: chunks, then ``[DONE]``.
+
+    ``role``: start with the chunk that announces the assistant role (id
+    ``<stream_id>:0``), as OpenAI streams do; a resume from an id has had it.
+    A stream that cannot be read (expired meanwhile, log down) ends with an
+    OpenAI error event instead of ``[DONE]``.
+    """
+    if role:
+        first = chunk_body(completion, {"role": "assistant", "content": ""})
+        yield format_event(dumps(first), event_id=event_id(stream_id, 0))
+    try:
+        async with contextlib.aclosing(log.read(stream_id, from_offset)) as items:
+            async for item in items:
+                if isinstance(item, LogEntry):
+                    if item.text:
+                        chunk = chunk_body(completion, {"content": item.text})
+                        yield format_event(dumps(chunk),
+                                           event_id=event_id(stream_id, item.end))
+                else:
+                    for body in _closing(completion, item):
+                        yield format_event(dumps(body))
+    except StreamNotFound:
+        yield format_event(dumps({"error": {"message": "the stream expired", "type":
+                                            "invalid_request_error", "param": None,
+                                            "code": "stream_not_found"}}))
+        return
+    except TokenLogUnavailable:
+        yield format_event(dumps({"error": {"message": "the token log is unavailable; "
+                                            "resume later", "type": "server_error",
+                                            "param": None, "code": "internal_error"}}))
+        return
+    yield DONE
+
+
+def _closing(completion: Completion, end: StreamEnd) -> list[dict[str, Any]]:
+    """The chunk with the finish reason, then the usage chunk if asked for."""
+    bodies = [chunk_body(completion, {}, finish_reason=end.finish_reason)]
+    if completion.include_usage:
+        bodies.append(usage_chunk(completion, end))
+    return bodies
+
+
+class EventStreamResponse(StreamingResponse):
+    """A ``text/event-stream`` response that notices a client leaving.
+
+    The events are written as they come while a second task waits for the
+    ASGI ``http.disconnect``; whichever ends first ends the response. If the
+    client left before the last event, ``on_disconnect`` is called (once),
+    then the event iterator is closed (its ``finally`` blocks run).
+    """
+
+    def __init__(self, events: AsyncGenerator[bytes, None], *,
+                 on_disconnect: Callable[[], None],
+                 headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(events, headers={**SSE_HEADERS, **(headers or {})},
+                         media_type="text/event-stream")
+        self._events = events
+        self._on_disconnect = on_disconnect
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code,
+                    "headers": self.raw_headers})
+        completed = await _unless_disconnected(receive, self._write(send))
+        if not completed:
+            self._on_disconnect()
+        await self._events.aclose()
+
+    async def _write(self, send: Send) -> bool:
+        """Write every event; True when the last one went out, False if the client left."""
+        try:
+            async for event in self._events:
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:  # ASGI 2.4 servers raise it for a client that left
+            return False
+        return True
+
+
+# ---- GET /v1/streams/{stream_id}/events and POST .../cancel ---------------------
+
+async def _owned_stream(request: Request, service: Service) -> StreamInfo:
+    """The stream named in the path, if it exists and the caller created it.
+
+    Raises ApiError 404 otherwise (the same answer for both, so stream ids
+    of other principals cannot be probed).
+    """
+    stream_id = request.path_params["stream_id"]
+    try:
+        info = await service.log.info(stream_id)
+    except TokenLogUnavailable as exc:
+        raise ApiError("the token log is unavailable; retry later", status=503,
+                       code="internal_error", type_="server_error") from exc
+    if info is None or info.principal != principal_of(request.headers):
+        raise ApiError(f"stream {stream_id!r} not found: unknown, expired (streams are "
+                       "kept for a while after they end), or not yours", status=404,
+                       code="stream_not_found", param="stream_id")
+    return info
+
+
+def _resume_position(request: Request, stream_id: str) -> tuple[int, bool]:
+    """``(from_offset, role)`` of a resume: ``Last-Event-ID`` wins over ``?from=``.
+
+    ``role`` is true when the client has nothing yet (no id, from 0).
+    Raises ApiError 400 for a malformed id or offset, or an id of another stream.
+    """
+    last = request.headers.get("last-event-id")
+    if last is not None:
+        try:
+            last_stream, end = parse_event_id(last)
+        except ValueError as exc:
+            raise ApiError(str(exc), param="Last-Event-ID") from exc
+        if last_stream != stream_id:
+            raise ApiError(f"Last-Event-ID names stream {last_stream!r}, not {stream_id!r}",
+                           param="Last-Event-ID")
+        return end, False
+    raw = request.query_params.get("from", "0")
+    if not raw.isascii() or not raw.isdecimal():
+        raise ApiError(f"'from' must be a token offset >= 0, got {raw[:40]!r}", param="from")
+    return int(raw), int(raw) == 0
+
+
+async def stream_events(request: Request) -> Response:
+    """``GET /v1/streams/{stream_id}/events``: replay from a position, follow live.
+
+    A position past the end of a finished stream is a 400; an unknown or
+    expired stream (nothing retained to replay) a 404, never a silent gap.
+    """
+    service = _service(request)
+    stream_id = request.path_params["stream_id"]
+    from_offset, role = _resume_position(request, stream_id)
+    info = await _owned_stream(request, service)
+    if info.status == "complete" and from_offset > info.end:
+        raise ApiError(f"position {from_offset} is past the stream's end {info.end}",
+                       param="Last-Event-ID" if "last-event-id" in request.headers
+                       else "from", code="offset_out_of_range")
+    events = sse_events(service.log, stream_id, _completion_of(info, service),
+                        from_offset=from_offset, role=role)
+    return EventStreamResponse(events, on_disconnect=lambda: None,
+                               headers={"X-Bargein-Stream-Id": stream_id})
+
+
+def _completion_of(info: StreamInfo, service: Service) -> Completion:
+    """The ids a stream's chunks carry, as when it was created (any node)."""
+    created, include_usage = parse_origin(info.session_id) or (int(time.time()), False)
+    return Completion(completion_id=info.response_id, created=created,
+                      model=service.runner.model_name, include_usage=include_usage)
+
+
+async def cancel_stream(request: Request) -> Response:
+    """``POST /v1/streams/{stream_id}/cancel``: barge-in.
+
+    Answers once the stream ended (the engine aborts at its next step) with
+    its final ``finish_reason`` and usage: ``interrupted``, or how it had
+    already ended. 202 with ``status: "live"`` if it did not end in time.
+    """
+    service = _service(request)
+    info = await _owned_stream(request, service)
+    if info.status == "live":
+        service.abort(info.stream_id, FinishReason.INTERRUPTED, service.clock())
+    end = info.finish
+    with contextlib.suppress(TimeoutError, StreamNotFound, TokenLogUnavailable):
+        async with asyncio.timeout(CANCEL_WAIT_S):
+            async with contextlib.aclosing(service.log.read(info.stream_id, info.end)) as items:
+                async for item in items:
+                    if isinstance(item, StreamEnd):
+                        end = item
+    body: dict[str, Any] = {"object": "bargein.stream", "id": info.stream_id,
+                            "status": "live" if end is None else "complete"}
+    if end is not None:
+        body |= {"finish_reason": end.finish_reason, "end": end.end, "usage": usage_body(end)}
+    return JSONResponse(body, status_code=202 if end is None else 200)

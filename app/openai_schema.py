@@ -1,0 +1,332 @@
+"""OpenAI chat-completions shapes: request validation and response bodies (pure).
+
+Requests are checked field by field against the OpenAI API reference
+(https://platform.openai.com/docs/api-reference/chat/create) for the fields
+bargein supports; a bad value raises :class:`ApiError`, which the app
+answers with HTTP 400 and OpenAI's error body before anything is scheduled.
+Fields OpenAI defines that would change the answer's meaning and that bargein
+does not implement (``n`` other than 1, tools, logprobs, JSON response
+formats, penalties, logit bias) are refused the same way instead of being
+ignored; fields unknown to both are ignored, as OpenAI does.
+
+``finish_reason`` is ``stop`` or ``length`` as in OpenAI, or one of bargein's
+own: ``interrupted`` (``POST /v1/streams/{id}/cancel``, barge-in),
+``cancelled`` (the client disconnected under the ``cancel`` policy, or the
+server stopped it) and ``error``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from engine.request import SamplingParams
+from session.config import SessionConfig
+from session.session import Message
+from session.token_log import StreamEnd
+
+MAX_STOP_STRINGS = 4  # as OpenAI, and as the WebSocket's response.create
+MAX_SEED = 2**63 - 1  # as the WebSocket: an int64 everywhere (torch, Redis, msgpack)
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+OnDisconnect = Literal["continue", "cancel"]
+_ORIGIN_PREFIX = "openai-http:"
+
+
+class ApiError(Exception):
+    """A request bargein answers with an OpenAI error body instead of a completion.
+
+    Attributes:
+        message: what is wrong, for people (no internals).
+        param: the offending parameter (``messages[1].content``), or None.
+        code: machine-readable reason (``invalid_value``, ``context_length_exceeded``...).
+        status: the HTTP status to answer with.
+        type_: OpenAI's error type (``invalid_request_error``, ``server_error``).
+    """
+
+    def __init__(self, message: str, *, param: str | None = None,
+                 code: str | None = "invalid_value", status: int = 400,
+                 type_: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+        self.status = status
+        self.type_ = type_
+
+    def body(self) -> dict[str, Any]:
+        """The JSON error body."""
+        return error_body(self.message, type_=self.type_, param=self.param, code=self.code)
+
+
+def error_body(message: str, *, type_: str = "invalid_request_error",
+               param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    """OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}``."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChatRequest:
+    """A validated ``POST /v1/chat/completions``.
+
+    Attributes:
+        messages: the conversation (``developer`` turns become ``system``).
+        params: sampling, within the server's ``max_tokens`` limit.
+        stream: answer with SSE chunks instead of one JSON body.
+        include_usage: ``stream_options.include_usage``: one last chunk with usage.
+        on_disconnect: ``bargein_on_disconnect``; None takes the server's default.
+        user: OpenAI's end-user id (not used for anything yet).
+    """
+
+    messages: tuple[Message, ...]
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+    on_disconnect: OnDisconnect | None
+    user: str | None
+
+
+def decode_json(raw: bytes) -> Any:
+    """The JSON document of a request body (NaN and Infinity refused).
+
+    Raises ApiError when the body is not UTF-8 JSON.
+    """
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    try:
+        return json.loads(raw, parse_constant=refuse)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(f"the request body is not valid JSON: {exc}",
+                             code="invalid_json") from exc
+
+
+def parse_chat_request(body: Any, config: SessionConfig) -> ChatRequest:
+    """Validate a chat-completions request body against ``config``'s limits.
+
+    Raises:
+        ApiError: a field is missing, mistyped, out of range or asks
+            for something bargein does not do; ``param`` names it.
+    """
+    if not isinstance(body, dict):
+        raise ApiError("the request body must be a JSON object", code="invalid_type")
+    _optional(body, "model", str, "a string")
+    _check_unsupported(body)
+    stream = _optional(body, "stream", bool, "a boolean") or False
+    include_usage = _stream_options(body, stream)
+    on_disconnect = _optional(body, "bargein_on_disconnect", str, "a string")
+    if on_disconnect not in (None, "continue", "cancel"):
+        raise ApiError("'bargein_on_disconnect' must be 'continue' or 'cancel'",
+                             param="bargein_on_disconnect")
+    return ChatRequest(messages=_messages(body.get("messages"), config),
+                       params=_sampling(body, config), stream=stream,
+                       include_usage=include_usage, on_disconnect=on_disconnect,
+                       user=_optional(body, "user", str, "a string"))
+
+
+def _optional(body: Mapping[str, Any], name: str, kind: type, what: str) -> Any:
+    """``body[name]`` if present and not null, checked to be a ``kind`` (bool is no int)."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        raise ApiError(f"'{name}' must be {what}, not {_json_type(value)}",
+                             param=name, code="invalid_type")
+    return value
+
+
+def _json_type(value: Any) -> str:
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+             list: "an array", dict: "an object"}
+    return names.get(type(value), "null" if value is None else type(value).__name__)
+
+
+def _number(body: Mapping[str, Any], name: str, low: float, high: float,
+            low_open: bool = False) -> float | None:
+    value = _optional(body, name, (int, float), "a number")  # type: ignore[arg-type]
+    if value is None:
+        return None
+    if not math.isfinite(value) or value < low or value > high or (low_open and value == low):
+        interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+        raise ApiError(f"'{name}' must be in {interval}, got {value}", param=name)
+    return float(value)
+
+
+def _integer(body: Mapping[str, Any], name: str, low: int, high: int) -> int | None:
+    value = _optional(body, name, int, "an integer")
+    if value is not None and not low <= value <= high:
+        raise ApiError(f"'{name}' must be in [{low}, {high}], got {value}",
+                             param=name)
+    return value  # type: ignore[no-any-return]
+
+
+def _stream_options(body: Mapping[str, Any], stream: bool) -> bool:
+    """``stream_options.include_usage`` (only allowed with ``stream``, as OpenAI)."""
+    options = _optional(body, "stream_options", dict, "an object")
+    if options is None:
+        return False
+    if not stream:
+        raise ApiError("'stream_options' is only allowed when 'stream' is true",
+                             param="stream_options")
+    include = options.get("include_usage")
+    if include is not None and not isinstance(include, bool):
+        raise ApiError("'stream_options.include_usage' must be a boolean",
+                             param="stream_options.include_usage", code="invalid_type")
+    return bool(include)
+
+
+def _check_unsupported(body: Mapping[str, Any]) -> None:
+    """Refuse OpenAI fields whose value asks for something bargein does not do."""
+    n = _optional(body, "n", int, "an integer")
+    if n is not None and n != 1:
+        raise ApiError(f"'n' must be 1: bargein generates one choice per request, "
+                             f"got {n}", param="n", code="unsupported_value")
+    asks = {"tools": lambda v: bool(v), "functions": lambda v: bool(v),
+            "logprobs": lambda v: v is True, "top_logprobs": lambda v: bool(v),
+            "logit_bias": lambda v: bool(v),
+            "presence_penalty": lambda v: v not in (0, 0.0),
+            "frequency_penalty": lambda v: v not in (0, 0.0),
+            "response_format": lambda v: not (isinstance(v, dict)
+                                              and v.get("type") == "text")}
+    for name, asks_for in asks.items():
+        value = body.get(name)
+        if value is not None and asks_for(value):
+            raise ApiError(f"'{name}' is not supported by bargein", param=name,
+                                 code="unsupported_parameter")
+
+
+def _sampling(body: Mapping[str, Any], config: SessionConfig) -> SamplingParams:
+    """SamplingParams from the body; ``max_completion_tokens`` wins over ``max_tokens``."""
+    max_tokens, name = min(config.default_max_tokens, config.max_tokens), "max_tokens"
+    for field in ("max_tokens", "max_completion_tokens"):
+        value = _integer(body, field, 1, 2**31 - 1)
+        if value is not None:
+            max_tokens, name = value, field
+    if max_tokens > config.max_tokens:
+        raise ApiError(f"'{name}' is {max_tokens}, above this server's limit of "
+                             f"{config.max_tokens} tokens per response", param=name)
+    temperature = _number(body, "temperature", 0.0, 2.0)
+    top_p = _number(body, "top_p", 0.0, 1.0, low_open=True)
+    return SamplingParams(max_tokens=max_tokens,
+                          temperature=1.0 if temperature is None else temperature,
+                          top_p=1.0 if top_p is None else top_p,
+                          seed=_integer(body, "seed", 0, MAX_SEED), stop=_stop(body))
+
+
+def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise ApiError("'stop' must be a string or an array of strings",
+                             param="stop", code="invalid_type")
+    if len(stops) > MAX_STOP_STRINGS or not all(stops):
+        raise ApiError(f"'stop' holds 1 to {MAX_STOP_STRINGS} non-empty strings",
+                             param="stop")
+    return tuple(stops)
+
+
+def _messages(value: Any, config: SessionConfig) -> tuple[Message, ...]:
+    if value is None:
+        raise ApiError("'messages' is required", param="messages",
+                             code="missing_required_parameter")
+    if not isinstance(value, list) or not value:
+        raise ApiError("'messages' must be a non-empty array", param="messages")
+    if len(value) > config.max_input_items:
+        raise ApiError(f"'messages' holds more than {config.max_input_items} items",
+                             param="messages")
+    return tuple(_message(item, f"messages[{i}]") for i, item in enumerate(value))
+
+
+def _message(item: Any, where: str) -> Message:
+    if not isinstance(item, dict):
+        raise ApiError(f"'{where}' must be an object", param=where, code="invalid_type")
+    role = item.get("role")
+    if role not in ROLES:
+        raise ApiError(f"'{where}.role' must be one of {', '.join(ROLES)}; "
+                             f"got {role!r}", param=f"{where}.role")
+    return Message(role=ROLES[role], content=_content(item.get("content"), f"{where}.content"))
+
+
+def _content(content: Any, where: str) -> str:
+    """A message's text: a string, or an array of text parts joined by newlines."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and content:
+        texts = [p.get("text") for p in content
+                 if isinstance(p, dict) and p.get("type") == "text"]
+        if len(texts) == len(content) and all(isinstance(t, str) for t in texts):
+            return "\n".join(texts)
+    raise ApiError(f"'{where}' must be a string or an array of text parts "
+                         f"({{\"type\": \"text\", \"text\": ...}})", param=where)
+
+
+# ---- response bodies ---------------------------------------------------------
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Completion:
+    """What every body of one completion repeats: its id, creation time and model."""
+
+    completion_id: str
+    created: int  # Unix seconds
+    model: str
+    include_usage: bool = False
+
+
+def origin_session_id(created: int, include_usage: bool) -> str:
+    """The ``session_id`` an HTTP stream is logged under (HTTP streams have no
+    session): it keeps ``created`` and ``include_usage`` for resumes on any node."""
+    return f"{_ORIGIN_PREFIX}{created}:{int(include_usage)}"
+
+
+def parse_origin(session_id: str) -> tuple[int, bool] | None:
+    """``(created, include_usage)`` of an HTTP stream; None for another stream."""
+    if not session_id.startswith(_ORIGIN_PREFIX):
+        return None
+    created, _, usage = session_id[len(_ORIGIN_PREFIX):].partition(":")
+    if not created.isdecimal() or usage not in ("0", "1"):
+        return None
+    return int(created), usage == "1"
+
+
+def usage_body(end: StreamEnd) -> dict[str, Any]:
+    """OpenAI's ``usage`` of a finished stream."""
+    return {"prompt_tokens": end.prompt_tokens, "completion_tokens": end.completion_tokens,
+            "total_tokens": end.prompt_tokens + end.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": end.cached_tokens}}
+
+
+def completion_body(c: Completion, text: str, end: StreamEnd) -> dict[str, Any]:
+    """The ``chat.completion`` object of a non-streamed answer."""
+    choice = {"index": 0, "message": {"role": "assistant", "content": text},
+              "logprobs": None, "finish_reason": end.finish_reason}
+    return {"id": c.completion_id, "object": "chat.completion", "created": c.created,
+            "model": c.model, "system_fingerprint": None, "choices": [choice],
+            "usage": usage_body(end)}
+
+
+def chunk_body(c: Completion, delta: Mapping[str, str],
+               finish_reason: str | None = None) -> dict[str, Any]:
+    """One ``chat.completion.chunk`` with one choice (``usage`` null when it will come)."""
+    choice = {"index": 0, "delta": dict(delta), "logprobs": None,
+              "finish_reason": finish_reason}
+    body = {"id": c.completion_id, "object": "chat.completion.chunk", "created": c.created,
+            "model": c.model, "system_fingerprint": None, "choices": [choice]}
+    if c.include_usage:
+        body["usage"] = None
+    return body
+
+
+def usage_chunk(c: Completion, end: StreamEnd) -> dict[str, Any]:
+    """The last chunk with ``include_usage``: no choices, the usage."""
+    return {"id": c.completion_id, "object": "chat.completion.chunk", "created": c.created,
+            "model": c.model, "system_fingerprint": None, "choices": [],
+            "usage": usage_body(end)}
+
+
+def dumps(body: Any) -> str:
+    """Compact JSON of a body (UTF-8 text kept as is)."""
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
