@@ -8,6 +8,7 @@ are in TEAM.md and in each ``<op>_ref`` docstring.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -53,6 +54,8 @@ TORCH_OPS = Ops(
 
 def _triton_ops() -> Ops:
     """Import the Triton launchers lazily (triton is optional on the CPU)."""
+    if importlib.util.find_spec("triton") is None:  # the kernels import it at first launch
+        raise ImportError("backend='triton' needs triton: pip install 'bargein[triton]'")
     found: dict[str, Callable[..., Any]] = {}
     for op, module_name in _OP_MODULES.items():
         module = importlib.import_module(f"engine.kernels.{module_name}")
