@@ -146,7 +146,8 @@ function onDone(current, done) {
   const labels = { stop: "done", length: "length limit", interrupted: "interrupted", cancelled: "cancelled", error: "error" };
   const status = reason === "interrupted" && current.response.cancelled ? "stopped" : reason;
   const heard = current.heardChars === undefined ? "" : ` · ${current.heardChars} chars kept`;
-  setStatus(current, status, `${labels[reason] ?? reason}${usage}${heard}`);
+  const label = status === "stopped" ? "stopped" : labels[reason] ?? reason;
+  setStatus(current, status, `${label}${usage}${heard}`);
   if (current === turn) {
     ui.stop.disabled = !current.speaker?.speaking; // Stop can still silence the voice
     setText("stat-finish", reason);
@@ -199,8 +200,8 @@ function onStateChange({ state, attempt, delayMs }) {
   setText("stat-state", attempt && state !== "open" ? `${state} (try ${attempt})` : state);
   const away = state === "reconnecting" || state === "resuming";
   ui.note.hidden = !away;
-  if (state === "reconnecting") ui.noteText.textContent = `Connection lost. Reconnecting in ${(delayMs / 1000).toFixed(1)} s…`;
-  if (state === "resuming") ui.noteText.textContent = "Reconnected. Resuming the answer where it stopped…";
+  if (state === "reconnecting") ui.noteText.textContent = `Connection lost · reconnecting in ${(delayMs / 1000).toFixed(1)} s`;
+  if (state === "resuming") ui.noteText.textContent = "Reconnected · resuming where it stopped";
   ui.drop.disabled = state !== "open";
 }
 
