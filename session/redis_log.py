@@ -202,7 +202,10 @@ class RedisTokenLog:
         self._node_id = node_id
         no_retry = Retry(NoBackoff(), 0)  # retries are ours, bounded by retry_for_s
         timeout = config.socket_timeout_s
-        self._redis = Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
+        # No redis-py socket_timeout: with one set, redis-py sends through asyncio.wait_for,
+        # which on Python 3.11 can swallow a cancellation racing the send (CPython gh-86296):
+        # a cancelled reader would run on. Every call is timed here with asyncio.timeout.
+        self._redis = Redis.from_url(url, socket_timeout=None, socket_connect_timeout=timeout,
                                      retry=no_retry)
         self._create = self._redis.register_script(_CREATE_LUA)
         wake_key = f"{config.key_prefix}node:{{{node_id}}}:wake"
@@ -210,8 +213,8 @@ class RedisTokenLog:
         self._tailer = StreamTailer(
             make_client=lambda: Redis.from_url(
                 url, single_connection_client=True, retry=no_retry, socket_connect_timeout=timeout,
-                socket_timeout=config.block_ms / 1000 + timeout),
-            wake=self._wake, wake_key=wake_key, block_ms=config.block_ms,
+                socket_timeout=None),
+            wake=self._wake, wake_key=wake_key, block_ms=config.block_ms, timeout_s=timeout,
             unavailable_after_s=config.retry_for_s, count=config.replay_batch)
         self._live: dict[str, _LocalStream] = {}
         self._broken: set[str] = set()  # streams whose log is incomplete after a failure
@@ -240,13 +243,15 @@ class RedisTokenLog:
         once when the log is closed, and after one failed attempt while degraded.
         """
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + (self._cfg.socket_timeout_s if self._degraded else self._cfg.retry_for_s)
+        timeout = self._cfg.socket_timeout_s
+        deadline = loop.time() + (timeout if self._degraded else self._cfg.retry_for_s)
         delay = 0.02
         while True:
             if self._closed:
                 raise TokenLogUnavailable("token log closed", stream_ids)
             try:
-                async with asyncio.timeout(max(deadline - loop.time(), 0.001)):
+                # An expired timeout cancels the command: redis-py then drops that connection.
+                async with asyncio.timeout(min(max(deadline - loop.time(), 0.001), timeout)):
                     result = await fn(self._redis)
                 self._degraded = False
                 return result

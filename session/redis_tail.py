@@ -76,6 +76,8 @@ class StreamTailer:
         block_ms: longest ``XREAD BLOCK``; after an empty one the tailer checks
             that every followed stream still exists (a writer that died leaves
             keys that expire by their live TTL: readers then get StreamNotFound).
+        timeout_s: how much longer than ``block_ms`` a reply may take before the
+            server counts as hung (timed here: the client has no socket timeout).
         unavailable_after_s: how long Redis may stay unreachable before every
             subscriber gets TokenLogUnavailable.
         count: most entries per key per ``XREAD``.
@@ -88,6 +90,7 @@ class StreamTailer:
         wake: Callable[[], Awaitable[object]],
         wake_key: str,
         block_ms: int,
+        timeout_s: float,
         unavailable_after_s: float,
         count: int = 1024,
     ) -> None:
@@ -95,6 +98,7 @@ class StreamTailer:
         self._wake = wake
         self._wake_key = wake_key
         self._block_ms = block_ms
+        self._timeout_s = timeout_s
         self._unavailable_after_s = unavailable_after_s
         self._count = count
         self._subs: set[Subscription] = set()
@@ -154,9 +158,11 @@ class StreamTailer:
             keys[sub.log_key] = min(keys.get(sub.log_key, sub.last_id), sub.last_id)
         streams = {self._wake_key: format_id(self._wake_id)}
         streams.update((key, format_id(last)) for key, last in keys.items())
-        reply = await client.xread(streams, count=self._count, block=self._block_ms)
+        async with asyncio.timeout(self._block_ms / 1000 + self._timeout_s):
+            reply = await client.xread(streams, count=self._count, block=self._block_ms)
         if not reply:
-            await self._drop_missing(client)
+            async with asyncio.timeout(self._timeout_s):
+                await self._drop_missing(client)
             return
         for raw_key, raw_entries in reply:
             key = raw_key.decode()

@@ -1,0 +1,203 @@
+"""RedisTokenLog beyond the contract: round trips, key layout, fan-out, multiplexing, pool health."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+from redis.asyncio import Redis
+from redis.asyncio.connection import AbstractConnection
+from redis.crc import key_slot
+
+from session.errors import TokenLogUnavailable
+from session.redis_log import RedisLogConfig, RedisTokenLog
+from session.token_log import LogEntry, StreamEnd
+from tests.session.log_helpers import chunks, collect, entry, finish, live_info, write
+
+pytestmark = pytest.mark.redis
+
+_prefixes = itertools.count()
+MakeLog = Callable[..., RedisTokenLog]
+
+
+@pytest.fixture
+async def raw(redis_server: str) -> AsyncIterator[Redis]:
+    client = Redis.from_url(redis_server)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def make_log(redis_server: str) -> AsyncIterator[MakeLog]:
+    """Opens logs sharing one fresh key prefix (nodes of one deployment); closes them after."""
+    prefix = f"redislog{next(_prefixes)}:"
+    opened: list[RedisTokenLog] = []
+
+    def make(node_id: str = "node-a", **config: object) -> RedisTokenLog:
+        log = RedisTokenLog(redis_server, node_id=node_id,
+                            config=RedisLogConfig(key_prefix=prefix, **config))  # type: ignore[arg-type]
+        opened.append(log)
+        return log
+
+    yield make
+    for log in opened:
+        await log.close()
+
+
+async def command_calls(raw: Redis, command: str) -> int:
+    """Calls of one command since the server started (INFO commandstats)."""
+    stats = await raw.info("commandstats")
+    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+async def test_one_step_of_64_streams_is_one_round_trip(
+    make_log: MakeLog, raw: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = make_log()
+    sids = [f"s{i}" for i in range(64)]
+    for sid in sids:
+        await log.create_stream(live_info(sid))
+    await log.write_step([write(sid, entry(0, 1)) for sid in sids])
+
+    sends = 0
+    real_send = AbstractConnection.send_packed_command
+
+    async def counting_send(self: AbstractConnection, *args: object, **kwargs: object) -> None:
+        nonlocal sends
+        sends += 1
+        await real_send(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(AbstractConnection, "send_packed_command", counting_send)
+    xadds = await command_calls(raw, "xadd")
+    sends = 0
+    await log.write_step([write(sid, entry(1, 6)) for sid in sids])  # 5 tokens per stream
+    assert sends == 1  # one pipeline for the whole step
+    assert await command_calls(raw, "xadd") - xadds == 64  # one XADD per stream, not per token
+    sends = 0
+    await log.write_step([write(sid, entry(6, 7), finish(7)) for sid in sids])
+    assert sends == 1
+
+
+async def test_keys_share_a_slot_and_expire(make_log: MakeLog, raw: Redis) -> None:
+    log = make_log(retention_s=30.0, live_ttl_s=300.0)
+    await log.create_stream(live_info("slot-test"))
+    await log.write_step([write("slot-test", entry(0, 2))])
+    keys = sorted(k.decode() for k in await raw.keys("*{slot-test}*"))
+    assert len(keys) == 2 and len({key_slot(k.encode()) for k in keys}) == 1
+    assert all(250_000 < ttl <= 300_000 for ttl in [await raw.pttl(k) for k in keys])  # live TTL
+    await log.write_step([write("slot-test", f=finish(2))])
+    assert all(25_000 < ttl <= 30_000 for ttl in [await raw.pttl(k) for k in keys])  # from the end
+
+
+async def test_local_readers_are_fed_without_redis_reads(make_log: MakeLog, raw: Redis) -> None:
+    log = make_log()
+    await log.create_stream(live_info("fan"))
+    await log.write_step([write("fan", entry(0, 1))])
+    readers = [asyncio.create_task(collect(log.read("fan", 1))) for _ in range(10)]
+    await asyncio.sleep(0.05)
+    before = [await command_calls(raw, c) for c in ("xrange", "xread", "hgetall")]
+    for e in chunks(list(range(1, 21))):
+        await log.write_step([write("fan", e)])
+    await log.write_step([write("fan", f=finish(20))])
+    results = await asyncio.wait_for(asyncio.gather(*readers), 10)
+    assert all(r == [*chunks(list(range(1, 21))), finish(20)] for r in results)
+    assert [await command_calls(raw, c) for c in ("xrange", "xread", "hgetall")] == before
+
+
+async def test_remote_readers_share_one_blocking_read(make_log: MakeLog, raw: Redis) -> None:
+    writer, reader = make_log("node-a"), make_log("node-b")
+    sids = [f"remote{i}" for i in range(20)]
+    for sid in sids:
+        await writer.create_stream(live_info(sid))
+    tasks = [asyncio.create_task(collect(reader.read(sid, 0))) for sid in sids]
+    await asyncio.sleep(0.2)
+    clients = await raw.client_list()
+    assert sum(1 for c in clients if c["cmd"] == "xread") == 1  # not one per reader
+    await writer.write_step([write(sid, entry(0, 3), finish(3)) for sid in sids])
+    results = await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    assert all(r == [entry(0, 3), finish(3)] for r in results)
+
+
+async def test_remote_reader_joins_a_blocked_read_at_once(make_log: MakeLog) -> None:
+    writer, reader = make_log("node-a"), make_log("node-b", block_ms=10_000)
+    for sid in ("first", "second"):
+        await writer.create_stream(live_info(sid))
+    first = asyncio.create_task(collect(reader.read("first", 0)))
+    await asyncio.sleep(0.1)  # the tailer is now blocked on "first" only
+    second = asyncio.create_task(collect(reader.read("second", 0)))
+    await asyncio.sleep(0.1)
+    await writer.write_step([write("second", entry(0, 1), finish(1))])
+    assert await asyncio.wait_for(second, 2) == [entry(0, 1), finish(1)]  # well under block_ms
+    first.cancel()
+    await asyncio.gather(first, return_exceptions=True)
+
+
+async def test_cancelled_readers_leave_the_pool_healthy(make_log: MakeLog) -> None:
+    writer, reader = make_log("node-a"), make_log("node-b", replay_batch=16)
+    await writer.create_stream(live_info("long"))
+    for e in chunks(list(range(0, 2001, 5))):
+        await writer.write_step([write("long", e)])
+    for sid in ("p0", "p1", "p2"):
+        await writer.create_stream(live_info(sid, principal=f"principal-{sid}"))
+    rng = random.Random(5)
+    for _ in range(40):  # cancel replays and live follows at random points
+        task = asyncio.create_task(collect(reader.read("long", rng.randrange(0, 2000))))
+        await asyncio.sleep(rng.uniform(0, 0.01))
+        if task.cancel():
+            await asyncio.wait([task], timeout=5)
+            assert task.cancelled()  # a cancellation is never swallowed
+    infos = await asyncio.gather(*(reader.info(f"p{i % 3}") for i in range(60)))
+    assert [i.principal for i in infos if i] == [f"principal-p{i % 3}" for i in range(60)]
+    await writer.write_step([write("long", entry(2000, 2001), finish(2001))])
+    events = await collect(reader.read("long", 1990))
+    assert [e.end for e in events] == [1995, 2000, 2001, 2001]
+    assert await reader.ping()
+
+
+async def test_lost_stream_is_reported_and_cleaned(make_log: MakeLog, raw: Redis) -> None:
+    log = make_log()
+    for sid in ("kept", "lost"):
+        await log.create_stream(live_info(sid))
+    await log.write_step([write("kept", entry(0, 1)), write("lost", entry(0, 1))])
+    follower = asyncio.create_task(collect(log.read("lost", 0)))
+    await asyncio.sleep(0.05)
+    await raw.delete(*await raw.keys("*{lost}*"))  # what a restart without persistence does
+    with pytest.raises(TokenLogUnavailable) as raised:
+        await log.write_step([write("kept", entry(1, 2)), write("lost", entry(1, 2))])
+    assert raised.value.stream_ids == ("lost",)
+    with pytest.raises(TokenLogUnavailable):
+        await asyncio.wait_for(follower, 5)  # its reader is told, not left waiting
+    assert await raw.keys("*{lost}*") == []  # no partial keys left behind
+    with pytest.raises(TokenLogUnavailable):
+        await log.write_step([write("lost", entry(2, 3))])
+    await log.write_step([write("kept", entry(2, 3), finish(3))])
+    assert await collect(log.read("kept", 0)) == [*chunks([0, 1, 2, 3]), finish(3)]
+
+
+async def test_a_resumed_reader_on_another_node_sees_every_token_once(make_log: MakeLog) -> None:
+    writer, other = make_log("node-a"), make_log("node-b")
+    await writer.create_stream(live_info("resume"))
+    received: list[LogEntry | StreamEnd] = []
+    bounds = list(range(0, 301, 3))
+
+    async def produce() -> None:
+        for e in chunks(bounds):
+            await writer.write_step([write("resume", e)])
+            await asyncio.sleep(0.001)
+        await writer.write_step([write("resume", f=finish(300))])
+
+    producer = asyncio.create_task(produce())
+    first = writer.read("resume", 0)
+    async for event in first:  # a client on the writing node drops after 40 tokens
+        received.append(event)
+        if isinstance(event, LogEntry) and event.end >= 40:
+            break
+    await first.aclose()  # type: ignore[attr-defined]
+    last_end = received[-1].end
+    received += await collect(other.read("resume", last_end))
+    await producer
+    ends = [e.end for e in received if isinstance(e, LogEntry)]
+    assert ends == bounds[1:] and received[-1] == finish(300)
