@@ -34,17 +34,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import time
 import uuid
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
 
+from app.event_stream import EventStreamResponse, unless_disconnected
 from app.openai_schema import (
     ApiError,
     ChatRequest,
@@ -61,14 +62,13 @@ from app.openai_schema import (
 )
 from engine.request import FinishReason
 from protocol import events as pe
-from session.errors import StreamNotFound, TokenLogUnavailable
+from session.errors import OffsetOutOfRange, StreamNotFound, TokenLogUnavailable
 from session.service import Owner, Service
 from session.session import Submit, SubmitFailed
 from session.sse import event_id, format_event, parse_event_id
 from session.token_log import LogEntry, StreamEnd, StreamInfo, TokenLog
 
 DONE = format_event("[DONE]")
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 CANCEL_WAIT_S = 10.0  # a cancel answers once the engine confirmed (one step), or after this
 
 
@@ -101,19 +101,18 @@ def openai_routes() -> list[Route]:
                   methods=["POST"])]
 
 
-Endpoint = Callable[[Request], Any]
+Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 def _answering(endpoint: Endpoint) -> Endpoint:
     """Wrap an endpoint so an :class:`ApiError` becomes OpenAI's error response."""
+    @functools.wraps(endpoint)
     async def answer(request: Request) -> Response:
         try:
-            return await endpoint(request)  # type: ignore[no-any-return]
+            return await endpoint(request)
         except ApiError as exc:
             return JSONResponse(exc.body(), status_code=exc.status)
 
-    answer.__name__ = answer.__qualname__ = endpoint.__name__
-    answer.__doc__ = endpoint.__doc__
     return answer
 
 
@@ -156,7 +155,7 @@ async def chat_completions(request: Request) -> Response:
         return EventStreamResponse(events, on_disconnect=on_disconnect,
                                    headers={"X-Bargein-Stream-Id": stream_id})
     collect = _collect(service.log, stream_id, completion)
-    body_or_gone = await _unless_disconnected(request.receive, collect)
+    body_or_gone = await unless_disconnected(request.receive, collect)
     if body_or_gone is None:
         on_disconnect()
         return Response(status_code=499)  # nobody reads it: the client is gone
@@ -209,27 +208,6 @@ async def _collect(log: TokenLog, stream_id: str, completion: Completion) -> dic
     raise AssertionError("a token log read ends with its StreamEnd")
 
 
-async def _wait_disconnect(receive: Receive) -> None:
-    """Return when the ASGI server reports that the client went away."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _unless_disconnected(receive: Receive, work: Any) -> Any:
-    """``await work``, or None if the client disconnects first (``work`` is cancelled)."""
-    task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(_wait_disconnect(receive))
-    try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for pending in (task, gone):
-            pending.cancel()
-        await asyncio.gather(task, gone, return_exceptions=True)
-    if task.cancelled():
-        return None
-    return task.result()
-
-
 # ---- SSE ---------------------------------------------------------------------------
 
 async def sse_events(log: TokenLog, stream_id: str, completion: Completion, *,
@@ -255,17 +233,21 @@ async def sse_events(log: TokenLog, stream_id: str, completion: Completion, *,
                 else:
                     for body in _closing(completion, item):
                         yield format_event(dumps(body))
-    except StreamNotFound:
-        yield format_event(dumps({"error": {"message": "the stream expired", "type":
-                                            "invalid_request_error", "param": None,
-                                            "code": "stream_not_found"}}))
-        return
-    except TokenLogUnavailable:
-        yield format_event(dumps({"error": {"message": "the token log is unavailable; "
-                                            "resume later", "type": "server_error",
-                                            "param": None, "code": "internal_error"}}))
+    except (StreamNotFound, TokenLogUnavailable) as exc:
+        yield format_event(dumps(_read_error(exc).body()))
         return
     yield DONE
+
+
+def _read_error(exc: StreamNotFound | TokenLogUnavailable) -> ApiError:
+    """What a reader is told when its stream cannot be read any further."""
+    if isinstance(exc, OffsetOutOfRange):
+        return ApiError(f"position {exc.from_offset} is past the stream's end {exc.end}",
+                        code="offset_out_of_range")
+    if isinstance(exc, StreamNotFound):
+        return ApiError("the stream expired", code="stream_not_found")
+    return ApiError("the token log is unavailable; resume later", code="internal_error",
+                    status=503, type_="server_error")
 
 
 def _closing(completion: Completion, end: StreamEnd) -> list[dict[str, Any]]:
@@ -274,42 +256,6 @@ def _closing(completion: Completion, end: StreamEnd) -> list[dict[str, Any]]:
     if completion.include_usage:
         bodies.append(usage_chunk(completion, end))
     return bodies
-
-
-class EventStreamResponse(StreamingResponse):
-    """A ``text/event-stream`` response that notices a client leaving.
-
-    The events are written as they come while a second task waits for the
-    ASGI ``http.disconnect``; whichever ends first ends the response. If the
-    client left before the last event, ``on_disconnect`` is called (once),
-    then the event iterator is closed (its ``finally`` blocks run).
-    """
-
-    def __init__(self, events: AsyncGenerator[bytes, None], *,
-                 on_disconnect: Callable[[], None],
-                 headers: Mapping[str, str] | None = None) -> None:
-        super().__init__(events, headers={**SSE_HEADERS, **(headers or {})},
-                         media_type="text/event-stream")
-        self._events = events
-        self._on_disconnect = on_disconnect
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send({"type": "http.response.start", "status": self.status_code,
-                    "headers": self.raw_headers})
-        completed = await _unless_disconnected(receive, self._write(send))
-        if not completed:
-            self._on_disconnect()
-        await self._events.aclose()
-
-    async def _write(self, send: Send) -> bool:
-        """Write every event; True when the last one went out, False if the client left."""
-        try:
-            async for event in self._events:
-                await send({"type": "http.response.body", "body": event, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except OSError:  # ASGI 2.4 servers raise it for a client that left
-            return False
-        return True
 
 
 # ---- GET /v1/streams/{stream_id}/events and POST .../cancel ---------------------

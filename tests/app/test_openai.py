@@ -155,16 +155,16 @@ async def test_without_include_usage_no_chunk_carries_usage(
 async def test_stop_seed_user_and_unknown_fields(client: openai.AsyncOpenAI) -> None:
     messages = [{"role": "user", "content": "Count from 1 to 10, separated by commas."}]
     full = await client.chat.completions.create(model="bargein", messages=messages,  # type: ignore[arg-type]
-                                                max_tokens=30, temperature=0)
+                                                max_tokens=16, temperature=0)
     text = full.choices[0].message.content or ""
     assert "4" in text, text
     cut = await client.chat.completions.create(  # type: ignore[call-overload]
-        model="bargein", messages=messages, max_tokens=30, temperature=0, stop=["4"],
+        model="bargein", messages=messages, max_tokens=16, temperature=0, stop=["4"],
         user="u-7", n=1, extra_body={"frobnicate": True, "top_k": "ignored"})
     assert cut.choices[0].finish_reason == "stop"
     assert cut.choices[0].message.content == text[:text.index("4")]
     sampled = [await client.chat.completions.create(  # type: ignore[call-overload]
-        model="bargein", messages=messages, max_tokens=12, temperature=1.0, top_p=0.9,
+        model="bargein", messages=messages, max_tokens=8, temperature=1.0, top_p=0.9,
         seed=1234) for _ in range(2)]
     assert sampled[0].choices[0].message.content == sampled[1].choices[0].message.content
 
@@ -210,10 +210,10 @@ async def test_a_dropped_stream_resumes_from_last_event_id(
         client: openai.AsyncOpenAI, http: httpx.AsyncClient,
         live_server: LiveServer) -> None:
     reference = await client.chat.completions.create(model="bargein", messages=SKY,  # type: ignore[arg-type]
-                                                     max_tokens=48, temperature=0)
+                                                     max_tokens=32, temperature=0)
     before = await live_server.wait_idle()
     async with http.stream("POST", "/v1/chat/completions",
-                           json=stream_body(SKY, 48)) as response:
+                           json=stream_body(SKY, 32)) as response:
         assert response.status_code == 200
         stream_id = response.headers["x-bargein-stream-id"]
         first = await read_until(sse(response), 3)
@@ -233,7 +233,7 @@ async def test_a_dropped_stream_resumes_from_last_event_id(
     assert [e.id for e in resumed[-2:]] == [None, None]
     # The answer was generated once: no token again for the resume.
     after = await live_server.wait_idle()
-    assert after.num_generated_tokens - before.num_generated_tokens == 48
+    assert after.num_generated_tokens - before.num_generated_tokens == 32
 
     # The same id again gives the same events, byte for byte (now from the log only).
     assert await resume(http, stream_id, last_id) == resumed
