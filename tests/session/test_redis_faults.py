@@ -1,0 +1,133 @@
+"""RedisTokenLog when redis-server dies, hangs or restarts (each test owns its server)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from redis.asyncio import Redis
+
+from session.errors import TokenLogUnavailable
+from session.redis_log import RedisLogConfig, RedisTokenLog
+from tests.redis_server import RedisServer, redis_server_binary
+from tests.session.log_helpers import chunks, collect, entry, finish, live_info, write
+
+pytestmark = pytest.mark.redis
+
+BOUND_S = 1.0  # retry_for_s of the logs under test
+
+
+@pytest.fixture
+def server() -> Iterator[RedisServer]:
+    if redis_server_binary() is None:
+        pytest.skip("redis-server is not installed (make test installs Debian's redis-server)")
+    own = RedisServer()
+    own.start()
+    yield own
+    own.close()
+
+
+@pytest.fixture
+async def logs(server: RedisServer) -> AsyncIterator[list[RedisTokenLog]]:
+    """Two nodes (writer, reader) on the server, with a 1 s retry bound."""
+    config = RedisLogConfig(retry_for_s=BOUND_S, socket_timeout_s=0.3, block_ms=500)
+    opened = [RedisTokenLog(server.url, node_id=f"node-{i}", config=config) for i in range(2)]
+    yield opened
+    for log in opened:
+        await log.close()
+
+
+async def wait_ready(log: RedisTokenLog) -> None:
+    for _ in range(50):
+        if await log.ping():
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("the log did not recover after redis came back")
+
+
+async def test_writes_fail_after_the_bound_then_service_recovers(
+    server: RedisServer, logs: list[RedisTokenLog]
+) -> None:
+    log = logs[0]
+    await log.create_stream(live_info("a"))
+    await log.write_step([write("a", entry(0, 1))])
+    follower = asyncio.create_task(collect(log.read("a", 0)))
+    await asyncio.sleep(0.05)
+    server.kill()
+    started = time.monotonic()
+    with pytest.raises(TokenLogUnavailable) as raised:
+        await log.write_step([write("a", entry(1, 2))])
+    assert BOUND_S * 0.9 <= time.monotonic() - started <= BOUND_S + 1.0
+    assert raised.value.stream_ids == ("a",)
+    with pytest.raises(TokenLogUnavailable):
+        await asyncio.wait_for(follower, 2)  # its live reader is told, not left waiting
+    assert not await log.ping()
+
+    server.start()  # same port, empty
+    await wait_ready(log)
+    started = time.monotonic()
+    with pytest.raises(TokenLogUnavailable):  # the broken stream stays broken, at once
+        await log.write_step([write("a", entry(1, 2))])
+    assert time.monotonic() - started < 0.5
+    await log.create_stream(live_info("b"))
+    await log.write_step([write("b", entry(0, 2), finish(2))])
+    assert await collect(logs[1].read("b", 0)) == [entry(0, 2), finish(2)]
+
+
+async def test_a_hang_shorter_than_the_bound_is_absorbed(server: RedisServer, logs: list[RedisTokenLog]) -> None:
+    log = logs[0]
+    await log.create_stream(live_info("a"))
+    await log.write_step([write("a", entry(0, 1))])
+    server.pause()
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.5, server.resume)
+    started = time.monotonic()
+    await log.write_step([write("a", entry(1, 2))])  # retried until redis answers again
+    assert 0.4 <= time.monotonic() - started < BOUND_S
+    await log.write_step([write("a", entry(2, 3), finish(3))])
+    assert await collect(logs[1].read("a", 0)) == [*chunks([0, 1, 2, 3]), finish(3)]
+
+
+async def test_restart_within_the_bound_reports_the_lost_stream(
+    server: RedisServer, logs: list[RedisTokenLog]
+) -> None:
+    log = logs[0]
+    await log.create_stream(live_info("a"))
+    await log.write_step([write("a", entry(0, 1))])
+    server.stop()
+    asyncio.get_running_loop().call_later(0.3, server.start)  # back empty: no persistence
+    with pytest.raises(TokenLogUnavailable) as raised:
+        await log.write_step([write("a", entry(1, 2))])
+    assert raised.value.stream_ids == ("a",)
+    raw = Redis.from_url(server.url)
+    try:
+        assert await raw.keys("*{a}*") == []  # the write did not leave a headless stream
+    finally:
+        await raw.aclose()
+    await log.create_stream(live_info("c"))
+    await log.write_step([write("c", entry(0, 1), finish(1))])
+    assert await collect(log.read("c", 0)) == [entry(0, 1), finish(1)]
+
+
+async def test_remote_reader_is_told_when_redis_stays_down(
+    server: RedisServer, logs: list[RedisTokenLog]
+) -> None:
+    writer, reader = logs
+    await writer.create_stream(live_info("a"))
+    await writer.write_step([write("a", entry(0, 1))])
+    follower = asyncio.create_task(collect(reader.read("a", 0)))
+    await asyncio.sleep(0.2)  # replayed, now in the tailer's XREAD
+    server.kill()
+    started = time.monotonic()
+    with pytest.raises(TokenLogUnavailable):
+        await asyncio.wait_for(follower, BOUND_S + 3)
+    assert time.monotonic() - started < BOUND_S + 2
+    server.start()
+    await wait_ready(writer)
+    await writer.create_stream(live_info("b"))
+    tail = asyncio.create_task(collect(reader.read("b", 0)))
+    await asyncio.sleep(0.1)
+    await writer.write_step([write("b", entry(0, 1), finish(1))])
+    assert await asyncio.wait_for(tail, 5) == [entry(0, 1), finish(1)]
