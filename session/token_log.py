@@ -396,7 +396,7 @@ def open_token_log(
     if url is None or url == "memory://":
         return MemoryTokenLog(retention_s=retention_s, clock=clock)
     if url.startswith(("redis://", "rediss://", "unix://")):
-        from session.redis_log import RedisTokenLog  # redis is imported only when used
+        from session.redis_log import RedisLogConfig, RedisTokenLog  # redis only when used
 
-        return RedisTokenLog(url, retention_s=retention_s, node_id=node_id)
+        return RedisTokenLog(url, node_id=node_id, config=RedisLogConfig(retention_s=retention_s))
     raise ValueError(f"token log url {url!r} must be memory://, redis://, rediss:// or unix://")
