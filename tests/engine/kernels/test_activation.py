@@ -15,7 +15,7 @@ def _check(num_tokens: int, inter_size: int, dtype: torch.dtype, device: torch.d
     assert_close(silu_and_mul(x), silu_and_mul_ref(x))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("num_tokens,inter_size", [(1, 1), (5, 37), (2, 1023), (3, 1025)])
 def test_silu_and_mul_matches_reference(
     num_tokens: int, inter_size: int, dtype: torch.dtype, device: torch.device, poisoned_outputs: None
@@ -29,7 +29,7 @@ def test_silu_and_mul_refuses_an_odd_width(device: torch.device) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("num_tokens,inter_size", [(4097, 1536), (1, 14336)])
 def test_silu_and_mul_large_shapes_on_gpu(
     num_tokens: int, inter_size: int, dtype: torch.dtype, device: torch.device, poisoned_outputs: None

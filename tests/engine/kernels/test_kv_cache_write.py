@@ -26,7 +26,7 @@ def _check(num_tokens: int, hk: int, head_dim: int, block_size: int, dtype: torc
     torch.testing.assert_close(v_cache, want_v, atol=0, rtol=0, equal_nan=True)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("block_size", [1, 15, 16, 17])
 @pytest.mark.parametrize("num_tokens,hk,head_dim", [(1, 1, 1), (19, 3, 64), (5, 2, 24)])
 def test_write_kv_cache_matches_reference(
@@ -53,6 +53,6 @@ def test_write_kv_cache_refuses_int32_slots(device: torch.device) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_write_kv_cache_large_shapes_on_gpu(dtype: torch.dtype, device: torch.device) -> None:
     _check(4099, 8, 128, 16, dtype, device)

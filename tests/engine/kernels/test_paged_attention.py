@@ -41,7 +41,7 @@ def _check_decode(seq_lens: Sequence[int], heads: tuple[int, int, int], block_si
     assert_close(paged_attention_decode(*args, scale), paged_attention_decode_ref(*args, scale))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("heads", HEADS)
 @pytest.mark.parametrize("block_size", [16, 5])
 def test_decode_matches_reference_on_ragged_contexts(
@@ -51,8 +51,11 @@ def test_decode_matches_reference_on_ragged_contexts(
     _check_decode(lens, heads, block_size, dtype, device)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("num_splits,tokens_per_split", [(2, 128), (3, 64)])
+@pytest.mark.parametrize(
+    "num_splits,tokens_per_split,dtype",
+    [(2, 128, torch.float32), (3, 64, torch.float32), (3, 64, torch.bfloat16), (2, 128, torch.float16)],
+    ids=str,
+)
 def test_split_k_decode_matches_reference(
     num_splits: int, tokens_per_split: int, dtype: torch.dtype, device: torch.device, poisoned_outputs: None
 ) -> None:
@@ -70,7 +73,7 @@ def test_decode_of_one_long_sequence_splits_and_matches(device: torch.device, po
 
 
 @pytest.mark.parametrize(
-    "block_size,dtype", [(16, torch.float32), (7, torch.float32), (7, torch.bfloat16), (16, torch.float16)]
+    "block_size,dtype", [(16, torch.float32), (7, torch.float32), (7, torch.bfloat16), (16, torch.float16)], ids=str
 )
 def test_prefill_matches_reference_with_cached_prefixes(
     block_size: int, dtype: torch.dtype, device: torch.device, poisoned_outputs: None
@@ -109,7 +112,7 @@ def test_attention_refuses_int64_block_tables(device: torch.device) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("num_seqs,max_len", [(1, 8193), (64, 2049), (256, 515)])
 def test_decode_large_batches_on_gpu(
     num_seqs: int, max_len: int, dtype: torch.dtype, device: torch.device, poisoned_outputs: None
@@ -120,7 +123,7 @@ def test_decode_large_batches_on_gpu(
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_prefill_large_chunks_on_gpu(dtype: torch.dtype, device: torch.device, poisoned_outputs: None) -> None:
     chunks = [(0, 512), (1000, 256), (15, 1), (17, 333), (2047, 129)]
     _check_prefill(chunks, (9, 3, 64), 16, dtype, device)

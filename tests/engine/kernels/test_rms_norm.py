@@ -20,7 +20,7 @@ def _check(num_tokens: int, hidden: int, dtype: torch.dtype, with_residual: bool
     assert_close(residual_out, want_residual)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("num_tokens,hidden", [(1, 1), (3, 17), (7, 64), (2, 127), (5, 129)])
 @pytest.mark.parametrize("with_residual", [False, True])
 def test_rms_norm_matches_reference(
@@ -42,7 +42,7 @@ def test_rms_norm_refuses_a_mismatched_weight(device: torch.device) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("num_tokens,hidden", [(4097, 576), (33, 4095), (1, 8192)])
 def test_rms_norm_large_shapes_on_gpu(
     num_tokens: int, hidden: int, dtype: torch.dtype, device: torch.device, poisoned_outputs: None

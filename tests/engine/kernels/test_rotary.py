@@ -27,7 +27,7 @@ def _check(num_tokens: int, hq: int, hk: int, head_dim: int, dtype: torch.dtype,
     assert torch.equal(qkv, before), "the inputs must not be mutated"
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize(
     "num_tokens,hq,hk,head_dim", [(1, 1, 1, 2), (7, 9, 3, 64), (13, 5, 1, 34), (3, 4, 4, 16)]
 )
@@ -44,7 +44,7 @@ def test_rotary_refuses_int32_positions(device: torch.device) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("num_tokens,hq,hk,head_dim", [(4097, 9, 3, 64), (513, 32, 8, 128)])
 def test_rotary_large_shapes_on_gpu(
     num_tokens: int, hq: int, hk: int, head_dim: int, dtype: torch.dtype, device: torch.device, poisoned_outputs: None
