@@ -1,0 +1,248 @@
+"""Prometheus metrics: every ``bargein_*`` series, fed by the engine and the sessions.
+
+One :class:`Metrics` per app holds the metric objects. Engine numbers come
+from the runner's listeners (:meth:`Metrics.attach_runner`, on the engine
+thread, one call per step): step times, queue time, TTFT, inter-token and
+end-to-end latency, preemptions, tokens, gauges of the scheduler and the KV
+pool. Session numbers come through :class:`app.observer.Observer`. Names and
+meanings are listed in ``docs/operating.md``.
+
+Several worker processes: start every worker with ``PROMETHEUS_MULTIPROC_DIR``
+set to one empty folder (prometheus-client then keeps values in files there)
+and each worker's ``/metrics`` serves the sum over all of them; gauges say
+how they combine (``livesum``: sum over live workers, ``livemax``: the
+largest). This is prometheus-client's multi-process mode; see
+https://prometheus.github.io/client_python/multiprocess/.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+
+if TYPE_CHECKING:
+    from engine.engine import EngineStats, StepStats
+    from engine.request import RequestOutput
+
+FINISH_REASONS = ("stop", "length", "interrupted", "cancelled", "error")
+REJECTION_REASONS = ("invalid_parameter", "prompt_too_long", "conflict", "overloaded",
+                     "rate_limited", "engine_stopped")
+
+# Seconds: from a fast GPU step (1 ms) to a loaded CPU box (tens of seconds).
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+STEP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+E2E_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+LOG_WRITE_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                       0.1, 0.25, 1.0)
+LAG_BUCKETS_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+
+
+class Metrics:
+    """Every bargein metric object.
+
+    Args:
+        registry: where they are registered. ``None`` registers nowhere,
+            which is what multi-process mode wants (values live in the
+            ``PROMETHEUS_MULTIPROC_DIR`` files and are collected from there).
+        multiproc_dir: that folder when several workers share it; then
+            :meth:`render` merges every worker's files.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None, *,
+                 multiproc_dir: str | None = None) -> None:
+        self.registry = registry
+        self.multiproc_dir = multiproc_dir
+        self._define_latencies(registry)
+        self._define_gauges(registry)
+        self._define_counters(registry)
+        for reason in FINISH_REASONS:  # zero series exist before the first request
+            self.requests_finished.labels(finish_reason=reason)
+        for reason in REJECTION_REASONS:
+            self.admission_rejections.labels(reason=reason)
+        for phase in ("prefill", "decode"):
+            self.step_duration.labels(phase=phase)
+
+    def _define_latencies(self, r: CollectorRegistry | None) -> None:
+        self.ttft = Histogram(
+            "bargein_time_to_first_token_seconds",
+            "Request arrival to its first token sampled.", buckets=LATENCY_BUCKETS_S, registry=r)
+        self.inter_token = Histogram(
+            "bargein_inter_token_latency_seconds",
+            "Time between two consecutive tokens of one request.", buckets=STEP_BUCKETS_S,
+            registry=r)
+        self.e2e = Histogram(
+            "bargein_e2e_request_latency_seconds",
+            "Request arrival to the end of its generation (any finish reason).",
+            buckets=E2E_BUCKETS_S, registry=r)
+        self.queue_time = Histogram(
+            "bargein_request_queue_time_seconds",
+            "Request arrival to its first scheduled engine step.", buckets=LATENCY_BUCKETS_S,
+            registry=r)
+        self.step_duration = Histogram(
+            "bargein_engine_step_duration_seconds",
+            "Wall time of one engine step; phase=prefill if it computed any prompt token, "
+            "else decode.", ["phase"], buckets=STEP_BUCKETS_S, registry=r)
+        self.interrupt_to_free = Histogram(
+            "bargein_interrupt_to_free_seconds",
+            "Cancel (or disconnect-cancel) frame received to the end of the engine step "
+            "that freed the request's KV blocks.", buckets=STEP_BUCKETS_S, registry=r)
+        self.delivery_lag = Histogram(
+            "bargein_delivery_lag_tokens",
+            "Tokens generated but not yet sent to the client when a delta is sent "
+            "(the tokens that delta coalesces).", buckets=LAG_BUCKETS_TOKENS, registry=r)
+        self.log_write = Histogram(
+            "bargein_token_log_write_seconds",
+            "One token-log write of one engine step's outputs.", buckets=LOG_WRITE_BUCKETS_S,
+            registry=r)
+
+    def _define_gauges(self, r: CollectorRegistry | None) -> None:
+        def gauge(name: str, doc: str, mode: Any = "livesum") -> Gauge:
+            return Gauge(name, doc, registry=r, multiprocess_mode=mode)
+
+        self.running = gauge("bargein_sequences_running", "Sequences in the running batch.")
+        self.waiting = gauge("bargein_sequences_waiting", "Sequences waiting for admission.")
+        self.kv_blocks_used = gauge("bargein_kv_blocks_used", "KV cache blocks in use.")
+        self.kv_blocks_total = gauge("bargein_kv_blocks_total", "KV cache blocks in the pool.")
+        self.sessions_connected = gauge("bargein_sessions_connected",
+                                        "Open /v1/realtime connections.")
+        self.streams_delivering = gauge("bargein_streams_delivering",
+                                        "Streams being sent to a client right now.")
+        self.event_loop_lag = gauge("bargein_event_loop_lag_seconds",
+                                    "How late the event loop ran a timer, last sample.",
+                                    mode="livemax")
+
+    def _define_counters(self, r: CollectorRegistry | None) -> None:
+        self.requests_finished = Counter(
+            "bargein_requests_finished", "Engine requests ended, by finish reason.",
+            ["finish_reason"], registry=r)
+        self.disconnects = Counter(
+            "bargein_disconnects", "Realtime clients that closed or dropped the "
+            "connection; active_response: a response was still generating.",
+            ["active_response"], registry=r)
+        self.resumes = Counter("bargein_stream_resumes", "stream.resume requests accepted.",
+                               registry=r)
+        self.replayed_tokens = Counter(
+            "bargein_replayed_tokens",
+            "Tokens sent to resuming clients out of the log (already generated when the "
+            "resume arrived).", registry=r)
+        self.admission_rejections = Counter(
+            "bargein_admission_rejections",
+            "Requests refused before reaching the engine, by reason (the error code).",
+            ["reason"], registry=r)
+        self.protocol_errors = Counter(
+            "bargein_protocol_errors",
+            "Client frames refused by the decoder (malformed, unknown type, a field out "
+            "of range), by error code.", ["code"], registry=r)
+        self.preemptions = Counter("bargein_preemptions",
+                                   "Sequences preempted to free KV blocks (recomputed later).",
+                                   registry=r)
+        self.prompt_tokens = Counter("bargein_prompt_tokens",
+                                     "Prompt tokens of requests whose prefill finished.",
+                                     registry=r)
+        self.generated_tokens = Counter("bargein_generated_tokens", "Tokens sampled.",
+                                        registry=r)
+
+    # ---- feeding ---------------------------------------------------------------
+
+    def attach_runner(self, runner: Any) -> None:
+        """Feed the engine metrics from ``runner`` (an ``EngineRunner``)."""
+        self._set_engine_gauges(runner.stats())  # the pool's size before any step
+        runner.add_step_stats_listener(self.on_step)
+        runner.add_step_listener(self.on_outputs)
+
+    def on_step(self, step: StepStats) -> None:
+        """One engine step (engine thread): latencies, step time, tokens, gauges."""
+        if step.num_prefill_tokens or step.num_decode_tokens:
+            phase = "prefill" if step.num_prefill_tokens else "decode"
+            self.step_duration.labels(phase=phase).observe(step.duration_s)
+        _observe_all(self.queue_time, step.queue_times_s)
+        _observe_all(self.ttft, step.ttfts_s)
+        _observe_all(self.inter_token, step.inter_token_s)
+        _observe_all(self.e2e, step.e2e_s)
+        _inc(self.preemptions, step.num_preempted)
+        _inc(self.prompt_tokens, step.num_prompt_tokens)
+        _inc(self.generated_tokens, step.num_generated_tokens)
+        self._set_engine_gauges(step.engine)
+
+    def _set_engine_gauges(self, engine: EngineStats) -> None:
+        self.running.set(engine.num_running)
+        self.waiting.set(engine.num_waiting)
+        self.kv_blocks_used.set(engine.num_total_blocks - engine.num_free_blocks)
+        self.kv_blocks_total.set(engine.num_total_blocks)
+
+    def on_outputs(self, outputs: Sequence[RequestOutput]) -> None:
+        """One step's outputs (engine thread): count the requests that ended.
+
+        Every request the engine accepted ends here exactly once, including
+        those ended by a shutdown or an engine crash.
+        """
+        for out in outputs:
+            if out.finished and out.finish_reason is not None:
+                self.requests_finished.labels(finish_reason=out.finish_reason.value).inc()
+
+    # ---- exposition ------------------------------------------------------------
+
+    def render(self) -> tuple[bytes, str]:
+        """The Prometheus text exposition and its content type."""
+        if self.multiproc_dir is not None:
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry, path=self.multiproc_dir)
+            return generate_latest(registry), CONTENT_TYPE_LATEST
+        assert self.registry is not None
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    def close(self) -> None:
+        """The process stops serving: drop its live gauges (multi-process mode)."""
+        if self.multiproc_dir is not None:
+            multiprocess.mark_process_dead(os.getpid(), self.multiproc_dir)
+
+    @contextlib.asynccontextmanager
+    async def watching_event_loop(self, interval_s: float = 0.25,
+                                  clock: Callable[[], float] = time.monotonic
+                                  ) -> AsyncIterator[None]:
+        """While inside, sample the event loop's lag every ``interval_s`` seconds."""
+        task = asyncio.create_task(self._watch_loop(interval_s, clock), name="loop-lag")
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _watch_loop(self, interval_s: float, clock: Callable[[], float]) -> None:
+        while True:
+            start = clock()
+            await asyncio.sleep(interval_s)
+            self.event_loop_lag.set(max(0.0, clock() - start - interval_s))
+
+
+def create_metrics(multiproc_dir: str | None) -> Metrics:
+    """The metrics of one app: its own registry in one process; shared files
+    in ``multiproc_dir`` when several workers serve (see the module doc)."""
+    if multiproc_dir is not None:
+        return Metrics(None, multiproc_dir=multiproc_dir)
+    return Metrics(CollectorRegistry())
+
+
+def _observe_all(histogram: Histogram, values: Sequence[float]) -> None:
+    for value in values:
+        histogram.observe(value)
+
+
+def _inc(counter: Counter, amount: int) -> None:
+    if amount:  # inc(0) is legal but costs a lock (and a file write with several workers)
+        counter.inc(amount)

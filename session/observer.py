@@ -1,0 +1,89 @@
+"""What the session layer reports to whoever watches it (metrics, request logs).
+
+``session`` never imports ``app``: the service, connections and deliveries
+call a :class:`SessionObserver` they are given, and the app passes one that
+feeds Prometheus and the structured request log (``app/observer.py``).
+Every method must be quick and must not raise: it runs on the event loop in
+the middle of serving a client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from session.session import Message
+
+
+class SessionObserver(Protocol):
+    """Hooks called by :class:`~session.service.Service`, ``Connection`` and ``Delivery``.
+
+    Ids: ``response_id`` is the id the client knows (its own or the one the
+    server made), ``stream_id`` the engine request and token log stream,
+    ``session_id`` the conversation (or, for HTTP, what the HTTP API uses).
+    """
+
+    def submitted(self, *, response_id: str, stream_id: str, session_id: str,
+                  num_prompt_tokens: int, max_tokens: int,
+                  messages: Sequence[Message]) -> None:
+        """A request went to the engine."""
+
+    def rejected(self, reason: str, *, response_id: str | None) -> None:
+        """A request was refused before it reached the engine; ``reason`` is
+        the error code sent (``invalid_parameter``, ``prompt_too_long``,
+        ``conflict``, ...) or ``engine_stopped``."""
+
+    def finished(self, *, stream_id: str, finish_reason: str, num_output_tokens: int,
+                 text: str, interrupt_to_free_s: float | None) -> None:
+        """Generation of a stream ended. ``interrupt_to_free_s``: for an aborted
+        one, seconds from the abort's frame to the end of the engine step that
+        freed its blocks."""
+
+    def log_written(self, seconds: float, num_streams: int) -> None:
+        """One ``TokenLog.write_step`` took ``seconds`` for ``num_streams`` streams."""
+
+    def resumed(self, *, stream_id: str, from_offset: int, num_replayed: int) -> None:
+        """A ``stream.resume`` was accepted; ``num_replayed`` tokens were already
+        in the log past ``from_offset`` (they are sent from the log, not generated)."""
+
+    def delivery_started(self) -> None:
+        """A delivery task began sending a stream to a client."""
+
+    def delivery_ended(self) -> None:
+        """That delivery task ended (stream done, client gone, or error)."""
+
+    def delta_sent(self, num_tokens: int) -> None:
+        """A ``response.delta`` went out carrying ``num_tokens`` tokens: the
+        tokens generated but not yet sent when it was sent (delivery lag)."""
+
+
+class NullObserver:
+    """Observes nothing (the default, and for tests of the session layer)."""
+
+    def submitted(self, *, response_id: str, stream_id: str, session_id: str,
+                  num_prompt_tokens: int, max_tokens: int,
+                  messages: Sequence[Message]) -> None:
+        pass
+
+    def rejected(self, reason: str, *, response_id: str | None) -> None:
+        pass
+
+    def finished(self, *, stream_id: str, finish_reason: str, num_output_tokens: int,
+                 text: str, interrupt_to_free_s: float | None) -> None:
+        pass
+
+    def log_written(self, seconds: float, num_streams: int) -> None:
+        pass
+
+    def resumed(self, *, stream_id: str, from_offset: int, num_replayed: int) -> None:
+        pass
+
+    def delivery_started(self) -> None:
+        pass
+
+    def delivery_ended(self) -> None:
+        pass
+
+    def delta_sent(self, num_tokens: int) -> None:
+        pass
