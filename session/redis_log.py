@@ -4,8 +4,10 @@ Layout, per stream (the ``{stream_id}`` hash tag keeps one response's keys in
 one Redis Cluster hash slot):
 
 - ``<prefix>{<stream_id>}:log``: a Redis stream. Entry ``[start, end)`` has the
-  explicit id ``<end>-0`` and fields ``s`` (start), ``i`` (token ids, packed
-  little-endian uint32), ``x`` (text, UTF-8). The finish has id ``<end>-1`` and
+  explicit id ``<end>-0`` and one field ``d``: little-endian uint32 start,
+  uint32 count, the token ids as uint32, then the text in UTF-8 (one field,
+  because redis-py's per-argument packing and parsing dominate the cost of a
+  step and of a replay). The finish has id ``<end>-1`` and
   fields ``f`` (finish reason), ``p``/``c``/``k`` (prompt, completion, cached
   tokens). So "entries with end > offset" is ``XRANGE (<offset>-0 +``, a
   reader's position is its last id, and a retried ``XADD`` of an entry that
@@ -68,6 +70,7 @@ from session.token_log import (
 
 T = TypeVar("T")
 
+_HEAD = struct.Struct("<II")  # start, number of token ids of a packed entry
 _ENDED_REMEMBERED = 65_536  # ended stream ids kept to refuse late writes with StreamEnded
 
 # Creates the metadata hash only if absent: KEYS[1] meta, ARGV[1] ttl ms, ARGV[2:] field/value pairs.
@@ -114,12 +117,13 @@ class RedisLogConfig:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
 
 
-def _encode_entry(entry: LogEntry) -> dict[str, Any]:
+def _encode_entry(entry: LogEntry) -> dict[str, bytes]:
+    count = len(entry.token_ids)
     try:
-        packed = struct.pack(f"<{len(entry.token_ids)}I", *entry.token_ids)
+        head = struct.pack(f"<II{count}I", entry.start, count, *entry.token_ids)
     except struct.error as exc:
         raise ValueError(f"token ids must be uint32: {exc}") from exc
-    return {"s": entry.start, "i": packed, "x": entry.text}
+    return {"d": head + entry.text.encode("utf-8")}
 
 
 def _encode_finish(finish: StreamEnd) -> dict[str, Any]:
@@ -133,11 +137,13 @@ def _decode(stream_id: str, entry_id: StreamId, fields: dict[bytes, bytes], pos:
     if seq == 1:
         return StreamEnd(end=end, finish_reason=fields[b"f"].decode(), prompt_tokens=int(fields[b"p"]),
                          completion_tokens=int(fields[b"c"]), cached_tokens=int(fields[b"k"]))
-    start, packed = int(fields[b"s"]), fields[b"i"]
+    data = fields[b"d"]
+    start, count = _HEAD.unpack_from(data)
     if start > pos:
         raise StreamNotFound(stream_id, f"offsets [{pos}, {start}) are no longer held")
-    ids = struct.unpack(f"<{len(packed) // 4}I", packed)
-    return LogEntry(start=start, end=end, text=fields[b"x"].decode(), token_ids=ids)
+    ids = struct.unpack_from(f"<{count}I", data, _HEAD.size)
+    text = data[_HEAD.size + 4 * count:].decode("utf-8")
+    return LogEntry(start=start, end=end, text=text, token_ids=ids)
 
 
 def _final(stream_id: str, finish: StreamEnd, from_offset: int) -> StreamEnd:
