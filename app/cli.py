@@ -65,8 +65,12 @@ def serve(settings: Settings) -> None:
     import uvicorn
     from tqdm import tqdm
 
+    from app.logging import configure_logging
     from app.server import create_app
 
+    server = settings.server
+    configure_logging(fmt=server.log_format, level=server.log_level,
+                      log_prompts=server.log_prompts)
     bar = tqdm(total=len(LOAD_STAGES), desc="loading model", unit="step",
                file=sys.stderr, leave=True)
 
@@ -80,7 +84,8 @@ def serve(settings: Settings) -> None:
     # websockets' sans-I/O implementation: the legacy one is deprecated.
     uvicorn.run(app, host=settings.server.host, port=settings.server.port,
                 log_level=settings.server.log_level, ws="websockets-sansio",
-                ws_max_size=settings.session.max_frame_bytes)
+                ws_max_size=settings.session.max_frame_bytes,
+                log_config=None)  # keep the structured logging set up above
 
 
 async def _chat(args: argparse.Namespace) -> int:

@@ -41,8 +41,9 @@ SECRET_FIELDS = frozenset({"api_key", "authorization", "secret", "token", "resum
                            "session_token", "password"})
 _BEARER = re.compile(r"(?i)\b(bearer[ .])\S+")
 # Attributes every LogRecord has; anything else on a record came from ``extra``.
+# uvicorn's ``color_message`` repeats ``msg`` with terminal colours.
 _RECORD_ATTRS = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime",
-                                                               "taskName"}
+                                                               "taskName", "color_message"}
 
 
 @contextlib.contextmanager

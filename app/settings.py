@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from app.logging import LogFormat
 from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from session.config import SessionConfig
 
@@ -34,6 +35,11 @@ class ServerConfig:
         debug_endpoints: serve ``GET /debug/engine`` (engine stats and recent
             prompts) for tests and operators; never enable on a public port.
         log_level: uvicorn and bargein log level.
+        log_format: ``logfmt`` or ``json`` (one object a line); see ``app/logging.py``.
+        log_prompts: put prompts and generated text in the logs (debugging
+            only; off, they are never logged).
+        metrics_multiproc_dir: prometheus-client's ``PROMETHEUS_MULTIPROC_DIR``
+            when several worker processes serve; ``/metrics`` then sums them.
     """
 
     host: str = "127.0.0.1"
@@ -43,12 +49,17 @@ class ServerConfig:
     secret: str | None = None
     debug_endpoints: bool = False
     log_level: str = "info"
+    log_format: LogFormat = "logfmt"
+    log_prompts: bool = False
+    metrics_multiproc_dir: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port={self.port} must be in [0, 65535]")
         if self.log_backend not in ("memory", "redis"):
             raise ValueError(f"log_backend={self.log_backend!r} must be 'memory' or 'redis'")
+        if self.log_format not in ("logfmt", "json"):
+            raise ValueError(f"log_format={self.log_format!r} must be 'logfmt' or 'json'")
         if self.log_backend == "redis" and not self.redis_url:
             raise ValueError("log_backend='redis' needs a redis_url")
 
@@ -128,6 +139,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser,
     _add(parser, env, "--debug-endpoints", s.debug_endpoints, _bool,
          "serve GET /debug/engine (tests only)")
     _add(parser, env, "--log-level", s.log_level, str, "debug, info, warning, error")
+    _add(parser, env, "--log-format", s.log_format, str, "logfmt or json (one object a line)")
+    _add(parser, env, "--log-prompts", s.log_prompts, _bool,
+         "log prompts and generated text (debugging only)")
+    # prometheus-client reads this variable itself, under its own name.
+    parser.set_defaults(metrics_multiproc_dir=env.get("PROMETHEUS_MULTIPROC_DIR") or None)
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -158,7 +174,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                 host=args.host, port=args.port, secret=args.secret,
                 log_backend="redis" if args.redis_url else args.log_backend,
                 redis_url=args.redis_url, debug_endpoints=args.debug_endpoints,
-                log_level=args.log_level))
+                log_level=args.log_level, log_format=args.log_format,
+                log_prompts=args.log_prompts,
+                metrics_multiproc_dir=args.metrics_multiproc_dir))
     except ValueError as exc:
         raise SettingsError(str(exc)) from exc
 

@@ -35,6 +35,8 @@ class Sequence:
         status: see :class:`SequenceStatus`.
         finish_reason: set once finished.
         num_preemptions: times this sequence was preempted.
+        first_scheduled_time: ``time.monotonic()`` when first scheduled (queue time ends).
+        last_token_time: ``time.monotonic()`` when its last token was sampled.
     """
 
     __slots__ = (
@@ -47,6 +49,8 @@ class Sequence:
         "status",
         "finish_reason",
         "num_preemptions",
+        "first_scheduled_time",
+        "last_token_time",
     )
 
     def __init__(self, request: EngineRequest, seq_no: int) -> None:
@@ -60,6 +64,8 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.finish_reason: FinishReason | None = None
         self.num_preemptions = 0
+        self.first_scheduled_time: float | None = None
+        self.last_token_time: float | None = None
 
     @property
     def request_id(self) -> str:

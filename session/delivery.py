@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 
 from protocol import events as pe
 from session.errors import StreamNotFound, TokenLogUnavailable
+from session.observer import NullObserver, SessionObserver
 from session.token_log import LogEntry, StreamEnd, TokenLog
 
 SendEvent = Callable[[object], Awaitable[None]]
@@ -41,12 +42,14 @@ class Delivery:
         send: writes one server event and returns once it is on the wire.
         on_delivered: called with each delta's text after it was sent.
         include_token_ids: put ``token_ids`` in the deltas.
+        observer: told when delivery starts and ends and of each delta's size.
     """
 
     def __init__(self, log: TokenLog, *, response_id: str, stream_id: str,
                  from_offset: int, send: SendEvent,
                  on_delivered: Callable[[str], None] = lambda text: None,
-                 include_token_ids: bool = False) -> None:
+                 include_token_ids: bool = False,
+                 observer: SessionObserver | None = None) -> None:
         self.log = log
         self.response_id = response_id
         self.stream_id = stream_id
@@ -55,6 +58,7 @@ class Delivery:
         self._send = send
         self._on_delivered = on_delivered
         self._include_token_ids = include_token_ids
+        self._observer: SessionObserver = observer or NullObserver()
         self._muted = False
         self._queue: asyncio.Queue[LogEntry | StreamEnd | BaseException] = asyncio.Queue()
 
@@ -71,6 +75,7 @@ class Delivery:
         ``internal_error`` (the client may resume later).
         """
         reader = asyncio.create_task(self._read(), name=f"read-{self.stream_id}")
+        self._observer.delivery_started()
         try:
             await self._deliver()
         except StreamNotFound:
@@ -79,6 +84,7 @@ class Delivery:
             await self._send(self._error(pe.ErrorCode.INTERNAL_ERROR,
                                          "token log unavailable", True))
         finally:
+            self._observer.delivery_ended()
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
@@ -112,6 +118,7 @@ class Delivery:
             response_id=self.response_id, stream_id=self.stream_id,
             start=entries[0].start, end=entries[-1].end, text=text,
             token_ids=token_ids if self._include_token_ids else None)
+        self._observer.delta_sent(delta.end - delta.start)
         await self._send(delta)
         self.sent_end = entries[-1].end
         self._on_delivered(text)
