@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 
@@ -21,13 +21,11 @@ from engine.config import EngineConfig, SchedulerConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import DuplicateRequestError, PromptTooLongError
 from engine.kv_cache import BlockPool
+from engine.model_runner import ModelRunner, SeqInput
 from engine.request import EngineRequest, FinishReason, RequestOutput
 from engine.sampler import Sampler, make_generator
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.sequence import Sequence
-
-if TYPE_CHECKING:
-    from collections.abc import Sequence as SequenceOf
 
 
 class ModelRunnerLike(Protocol):
@@ -40,7 +38,7 @@ class ModelRunnerLike(Protocol):
     tokenizer: Any
     device: torch.device
 
-    def execute(self, seqs: SequenceOf[Any]) -> torch.Tensor: ...
+    def execute(self, seqs: list[SeqInput]) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,17 +68,48 @@ class EngineStats:
     num_finished_by_reason: Mapping[str, int]
 
 
-def _make_seq_input(item: Any) -> Any:
-    # Imported here so the engine (and its fake-runner tests) load without
-    # pulling the model package in; the class is looked up once per process.
-    from engine.model_runner import SeqInput
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepStats:
+    """What one step did, for metrics. Latencies are seconds between
+    ``time.monotonic()`` readings, from ``EngineRequest.arrival_time`` on.
 
-    return SeqInput(
-        token_ids=item.token_ids,
-        start_pos=item.start_pos,
-        block_table=item.block_table,
-        sample=item.sample,
-    )
+    Attributes:
+        duration_s: wall time of the step (aborts, plan, forward, sample, detokenize).
+        num_prefill_tokens: prompt tokens (or tokens recomputed after a
+            preemption) computed this step; 0 in a decode-only step.
+        num_decode_tokens: one-token decodes computed this step.
+        num_preempted: sequences preempted while planning the step.
+        num_prompt_tokens: prompt tokens of the requests that got their first token.
+        num_generated_tokens: tokens sampled.
+        queue_times_s: arrival -> first scheduled, one per request first scheduled.
+        ttfts_s: arrival -> first token sampled, one per request that got it.
+        inter_token_s: previous token -> this one, one per request that got a later token.
+        e2e_s: arrival -> finished, one per request that ended (any reason).
+        engine: the counters as of the end of the step.
+    """
+
+    duration_s: float
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_preempted: int
+    num_prompt_tokens: int
+    num_generated_tokens: int
+    queue_times_s: tuple[float, ...]
+    ttfts_s: tuple[float, ...]
+    inter_token_s: tuple[float, ...]
+    e2e_s: tuple[float, ...]
+    engine: EngineStats
+
+
+@dataclass(slots=True)
+class _StepRecord:
+    """Per-request timings collected during one step (becomes a ``StepStats``)."""
+
+    num_prompt_tokens: int = 0
+    queue_times_s: list[float] = field(default_factory=list)
+    ttfts_s: list[float] = field(default_factory=list)
+    inter_token_s: list[float] = field(default_factory=list)
+    e2e_s: list[float] = field(default_factory=list)
 
 
 class LLMEngine:
@@ -115,12 +144,12 @@ class LLMEngine:
         self._last_step_s = 0.0
         self._finished: Counter[str] = Counter()
         self.time_by_phase: Counter[str] = Counter()  # seconds, for profiling
+        self._record = _StepRecord()
+        self.last_step: StepStats | None = None  # set by every step()
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
         """Load the model and build the engine (slow: seconds)."""
-        from engine.model_runner import ModelRunner
-
         runner = ModelRunner(config.model, config.cache, config.scheduler.max_model_len)
         return cls(runner, config.scheduler)
 
@@ -193,8 +222,10 @@ class LLMEngine:
         scheduler plans). A step whose plan is empty runs no model.
         """
         start = time.perf_counter()
+        self._record = _StepRecord()
         outputs = self._drain_aborts()
         plan = self.scheduler.schedule()
+        self._note_first_scheduled(plan)
         t_sched = time.perf_counter()
         if not plan.is_empty:
             sampled = self._execute(plan)
@@ -205,12 +236,58 @@ class LLMEngine:
             self.time_by_phase["schedule"] += t_sched - start
             self.time_by_phase["postprocess"] += time.perf_counter() - t_model
         self._last_step_s = time.perf_counter() - start
+        self.last_step = self._step_stats(plan)
         return outputs
+
+    def _note_first_scheduled(self, plan: SchedulerOutput) -> None:
+        """Queue time ends when a request is scheduled for the first time."""
+        now = time.monotonic()
+        for item in plan.scheduled:
+            if item.seq.first_scheduled_time is None:
+                item.seq.first_scheduled_time = now
+                self._record.queue_times_s.append(now - item.seq.request.arrival_time)
+
+    def _note_token(self, seq: Sequence) -> None:
+        """TTFT or inter-token latency of the token ``seq`` just got."""
+        now = time.monotonic()
+        if seq.num_output_tokens == 1:
+            self._record.ttfts_s.append(now - seq.request.arrival_time)
+            self._record.num_prompt_tokens += seq.num_prompt_tokens
+        elif seq.last_token_time is not None:
+            self._record.inter_token_s.append(now - seq.last_token_time)
+        seq.last_token_time = now
+
+    def _step_stats(self, plan: SchedulerOutput) -> StepStats:
+        """The step's :class:`StepStats` (a decode computes one output token)."""
+        record = self._record
+        num_decode = sum(1 for item in plan.scheduled if len(item.token_ids) == 1
+                         and item.start_pos >= item.seq.num_prompt_tokens)
+        return StepStats(
+            duration_s=self._last_step_s,
+            num_prefill_tokens=plan.num_batched_tokens - num_decode,
+            num_decode_tokens=num_decode,
+            num_preempted=len(plan.preempted_ids),
+            num_prompt_tokens=record.num_prompt_tokens,
+            num_generated_tokens=len(record.ttfts_s) + len(record.inter_token_s),
+            queue_times_s=tuple(record.queue_times_s),
+            ttfts_s=tuple(record.ttfts_s),
+            inter_token_s=tuple(record.inter_token_s),
+            e2e_s=tuple(record.e2e_s),
+            engine=self.stats(),
+        )
 
     def _execute(self, plan: SchedulerOutput) -> list[int]:
         """Forward the plan and sample one token per sampling sequence."""
         t0 = time.perf_counter()
-        inputs = [_make_seq_input(item) for item in plan.scheduled]
+        inputs = [
+            SeqInput(
+                token_ids=item.token_ids,
+                start_pos=item.start_pos,
+                block_table=item.block_table,
+                sample=item.sample,
+            )
+            for item in plan.scheduled
+        ]
         logits = self.runner.execute(inputs)  # [num_sample, vocab] float32
         t1 = time.perf_counter()
         seqs = [item.seq for item in plan.scheduled if item.sample]
@@ -228,6 +305,7 @@ class LLMEngine:
     def _output(self, seq: Sequence) -> RequestOutput:
         """Detokenize ``seq``'s new token, apply stop strings, build its output."""
         token_id = seq.token_ids[-1]
+        self._note_token(seq)
         detok = self._detoks[seq.request_id]
         text = detok.add((token_id,))
         self._num_generated_tokens += 1
@@ -255,6 +333,7 @@ class LLMEngine:
         """Forget a finished sequence's per-request state; return held-back text."""
         assert seq.finish_reason is not None
         self._finished[seq.finish_reason.value] += 1
+        self._record.e2e_s.append(time.monotonic() - seq.request.arrival_time)
         self._generators.pop(seq.request_id)
         return self._detoks.pop(seq.request_id).flush()
 

@@ -20,13 +20,14 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from engine.engine import EngineStats, LLMEngine
+from engine.engine import EngineStats, LLMEngine, StepStats
 from engine.errors import DuplicateRequestError, EngineStoppedError
 from engine.request import EngineRequest, FinishReason, RequestOutput
 
 logger = logging.getLogger(__name__)
 
 StepListener = Callable[[list[RequestOutput]], None]
+StepStatsListener = Callable[[StepStats], None]
 
 
 class _State(enum.Enum):
@@ -60,6 +61,7 @@ class EngineRunner:
         self._live: dict[str, _Live] = {}
         self._sinks: dict[str, Callable[[RequestOutput], None]] = {}
         self._listeners: list[StepListener] = []
+        self._stats_listeners: list[StepStatsListener] = []
         self._thread: threading.Thread | None = None
         self._stats = engine.stats()
         self.error: BaseException | None = None
@@ -102,18 +104,17 @@ class EngineRunner:
                 self._state = _State.STOPPING
                 self._cond.notify_all()
                 thread = self._thread
-                if never_started:
-                    self._stop_on_caller()
-                    return
+                outputs = self._stop_before_start() if never_started else []
+        self._dispatch(outputs)
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
 
-    def _stop_on_caller(self) -> None:
-        """Shutdown before start: end queued requests here (lock held)."""
+    def _stop_before_start(self) -> list[RequestOutput]:
+        """Shutdown before start: the queued requests' final outputs (lock held)."""
         self._state = _State.STOPPED
         self._submits.clear()
-        outputs = [_final(live, FinishReason.CANCELLED) for live in self._live.values()]
-        self._dispatch_locked(outputs)
+        self._aborts.clear()
+        return [_final(live, FinishReason.CANCELLED) for live in self._live.values()]
 
     # ---- thread-safe API ------------------------------------------------------
 
@@ -152,6 +153,16 @@ class EngineRunner:
         with self._cond:
             self._listeners.append(fn)
 
+    def add_step_stats_listener(self, fn: StepStatsListener) -> None:
+        """Call ``fn(step_stats)`` on the engine thread after every step.
+
+        Called before that step's outputs reach the step listeners, so
+        metrics fed from it are up to date when a client sees the tokens.
+        Same rules as :meth:`add_step_listener`.
+        """
+        with self._cond:
+            self._stats_listeners.append(fn)
+
     def stats(self) -> EngineStats:
         """The counters as of the end of the last step."""
         return self._stats
@@ -176,9 +187,10 @@ class EngineRunner:
             if request_id in self._sinks:
                 raise DuplicateRequestError(request_id)
             self._sinks[request_id] = sink
-        finished = False
+        submitted = finished = False
         try:
             self.submit(request)
+            submitted = True
             while not finished:
                 output = await queue.get()
                 finished = output.finished
@@ -186,7 +198,7 @@ class EngineRunner:
         finally:
             with self._cond:
                 self._sinks.pop(request_id, None)
-            if not finished:
+            if submitted and not finished:
                 self.abort(request_id, FinishReason.CANCELLED)
 
     # ---- the engine thread ------------------------------------------------------
@@ -202,7 +214,7 @@ class EngineRunner:
             return
         with self._cond:
             self._state = _State.STOPPED
-            self._dispatch_locked(outputs)
+        self._dispatch(outputs)
 
     def _next_step(self) -> bool:
         """Wait for work, then run one step; ``False`` once stopping."""
@@ -222,7 +234,10 @@ class EngineRunner:
         outputs = self.engine.step()
         self._stats = self.engine.stats()
         with self._cond:
-            self._dispatch_locked(outputs)
+            stats_listeners = list(self._stats_listeners)
+        for fn in stats_listeners:
+            _call_safely(fn, self.engine.last_step)
+        self._dispatch(outputs)
         return True
 
     def _finish_on_stop(self) -> list[RequestOutput]:
@@ -245,23 +260,29 @@ class EngineRunner:
             self._submits.clear()
             self._aborts.clear()
             outputs = [_final(live, FinishReason.ERROR) for live in self._live.values()]
-            self._dispatch_locked(outputs)
+        self._dispatch(outputs)
 
-    def _dispatch_locked(self, outputs: list[RequestOutput]) -> None:
-        """Hand one step's outputs to listeners and iterators (lock held)."""
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        """Hand one step's outputs to listeners and iterators.
+
+        Bookkeeping happens under the lock; the callbacks run outside it, so a
+        listener may call ``submit`` or ``abort``.
+        """
         if not outputs:
             return
-        for output in outputs:
-            live = self._live.get(output.request_id)
-            if live is None:
-                continue
-            live.num_output_tokens = output.num_output_tokens
-            if output.finished:
-                del self._live[output.request_id]
-        for fn in self._listeners:
+        with self._cond:
+            for output in outputs:
+                live = self._live.get(output.request_id)
+                if live is None:
+                    continue
+                live.num_output_tokens = output.num_output_tokens
+                if output.finished:
+                    del self._live[output.request_id]
+            listeners = list(self._listeners)
+            sinks = [(self._sinks.get(o.request_id), o) for o in outputs]
+        for fn in listeners:
             _call_safely(fn, outputs)
-        for output in outputs:
-            sink = self._sinks.get(output.request_id)
+        for sink, output in sinks:
             if sink is not None:
                 _call_safely(sink, output)
 
