@@ -20,6 +20,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from engine.attention import AttentionMetadata
 from engine.kernels import Ops
 from engine.kernels.rotary import build_cos_sin_cache
+from engine.model.linear import Linear
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -27,12 +28,11 @@ class LayerWeights:
     """One decoder layer, fused: ``qkv [(Hq+2Hk)*D, H]``, ``gate_up [2I, H]``."""
 
     input_norm: torch.Tensor
-    qkv: torch.Tensor
-    qkv_bias: torch.Tensor | None
-    o_proj: torch.Tensor
+    qkv: Linear
+    o_proj: Linear
     post_norm: torch.Tensor
-    gate_up: torch.Tensor
-    down: torch.Tensor
+    gate_up: Linear
+    down: Linear
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,12 +82,11 @@ def _fused_layer(weights: dict[str, torch.Tensor], i: int, bias: bool, to) -> La
         qkv_bias = to(torch.cat([weights[f"{att}{x}_proj.bias"] for x in "qkv"]))
     return LayerWeights(
         input_norm=to(weights[p + "input_layernorm.weight"]),
-        qkv=to(torch.cat([weights[f"{att}{x}_proj.weight"] for x in "qkv"])),
-        qkv_bias=qkv_bias,
-        o_proj=to(weights[att + "o_proj.weight"]),
+        qkv=Linear(to(torch.cat([weights[f"{att}{x}_proj.weight"] for x in "qkv"])), qkv_bias),
+        o_proj=Linear(to(weights[att + "o_proj.weight"])),
         post_norm=to(weights[p + "post_attention_layernorm.weight"]),
-        gate_up=to(torch.cat([weights[mlp + "gate_proj.weight"], weights[mlp + "up_proj.weight"]])),
-        down=to(weights[mlp + "down_proj.weight"]),
+        gate_up=Linear(to(torch.cat([weights[mlp + "gate_proj.weight"], weights[mlp + "up_proj.weight"]]))),
+        down=Linear(to(weights[mlp + "down_proj.weight"])),
     )
 
 
@@ -127,7 +126,7 @@ class LlamaModel:
         self.embed = to(weights["model.embed_tokens.weight"])
         self.norm = to(weights["model.norm.weight"])
         tied = getattr(config, "tie_word_embeddings", False) or "lm_head.weight" not in weights
-        self.lm_head = self.embed if tied else to(weights["lm_head.weight"])
+        self.lm_head = Linear(self.embed if tied else to(weights["lm_head.weight"]))
         inv_freq, scaling = _rope_inv_freq(config)
         self.cos_sin_cache = build_cos_sin_cache(max_model_len, self.shape.head_dim, inv_freq, scaling).to(device)
         self.scale = self.shape.head_dim**-0.5
@@ -156,12 +155,12 @@ class LlamaModel:
             h, residual = self.ops.rms_norm(x, layer.input_norm, self.shape.rms_norm_eps, residual)
             h = self._attention(h, layer, positions, meta, kv[0], kv[1])
             h, residual = self.ops.rms_norm(h, layer.post_norm, self.shape.rms_norm_eps, residual)
-            x = F.linear(self.ops.silu_and_mul(F.linear(h, layer.gate_up)), layer.down)
+            x = layer.down(self.ops.silu_and_mul(layer.gate_up(h)))
         return self.ops.rms_norm(x, self.norm, self.shape.rms_norm_eps, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[N, H]`` hidden states -> ``[N, vocab]`` float32 logits."""
-        return F.linear(hidden, self.lm_head).float()
+        return self.lm_head(hidden).float()
 
     def _attention(
         self,
@@ -174,7 +173,7 @@ class LlamaModel:
     ) -> torch.Tensor:
         s = self.shape
         num_tokens = h.shape[0]
-        qkv = F.linear(h, layer.qkv, layer.qkv_bias)
+        qkv = layer.qkv(h)
         q, k, v = qkv.split([s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim, s.num_kv_heads * s.head_dim], -1)
         q, k = self.ops.rotary_embedding(
             q.view(num_tokens, s.num_heads, s.head_dim),
@@ -185,7 +184,7 @@ class LlamaModel:
         v = v.view(num_tokens, s.num_kv_heads, s.head_dim)
         self.ops.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
         out = self._paged_attention(q, meta, k_cache, v_cache)
-        return F.linear(out.view(num_tokens, -1), layer.o_proj)
+        return layer.o_proj(out.view(num_tokens, -1))
 
     def _paged_attention(
         self, q: torch.Tensor, meta: AttentionMetadata, k_cache: torch.Tensor, v_cache: torch.Tensor
