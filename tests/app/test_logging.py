@@ -1,0 +1,152 @@
+"""Structured logs: one JSON object or logfmt line a record, ids on request lines,
+no conversation text unless asked, never a key."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+import re
+from collections.abc import Iterator
+
+import pytest
+
+from app.client import RealtimeClient
+from app.logging import REDACTED, StructuredFormatter, bind, configure_logging, set_ids
+from tests.app.conftest import LiveServer
+
+
+def record(msg: str, *args: object, **extra: object) -> logging.LogRecord:
+    rec = logging.makeLogRecord({"name": "bargein.test", "levelno": logging.INFO,
+                                 "levelname": "INFO", "msg": msg, "args": args})
+    rec.__dict__.update(extra)
+    return rec
+
+
+def parse_logfmt(line: str) -> dict[str, str]:
+    """A logfmt line back into its fields (quoted values are JSON strings)."""
+    pairs = re.findall(r'(\w+)=("(?:[^"\\]|\\.)*"|\S*)', line)
+    return {key: json.loads(value) if value.startswith('"') else value
+            for key, value in pairs}
+
+
+def test_json_line_has_time_level_ids_and_extras() -> None:
+    formatter = StructuredFormatter("json")
+    with bind(request_id="resp_1", session_id="sess_1", stream_id="str_1"):
+        line = formatter.format(record("response %s", "finished", finish_reason="stop",
+                                       completion_tokens=12))
+    assert "\n" not in line
+    fields = json.loads(line)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", fields.pop("ts"))
+    assert fields == {"level": "info", "logger": "bargein.test", "msg": "response finished",
+                      "request_id": "resp_1", "session_id": "sess_1", "stream_id": "str_1",
+                      "finish_reason": "stop", "completion_tokens": 12}
+
+
+def test_logfmt_quotes_only_what_needs_quoting() -> None:
+    formatter = StructuredFormatter("logfmt")
+    with bind(session_id="sess_1"):
+        line = formatter.format(record('two words and "quotes"\nand a newline',
+                                       ratio=0.5, flag=True, empty=""))
+    assert "\n" not in line
+    assert " session_id=sess_1 " in line and " ratio=0.5 " in line and " flag=true " in line
+    fields = parse_logfmt(line)
+    assert fields["msg"] == 'two words and "quotes"\nand a newline'
+    assert fields["empty"] == "" and fields["level"] == "info"
+
+
+def test_ids_stay_inside_their_block_and_their_task() -> None:
+    formatter = StructuredFormatter("json")
+    with bind(request_id="inner"):
+        pass
+    assert "request_id" not in json.loads(formatter.format(record("after")))
+
+    async def connection(session_id: str) -> dict[str, str]:
+        set_ids(session_id=session_id)
+        await asyncio.sleep(0)  # let the other connection set its id too
+        return dict(json.loads(formatter.format(record("line"))))
+
+    async def both() -> list[dict[str, str]]:
+        return list(await asyncio.gather(connection("a"), connection("b")))
+
+    assert [f["session_id"] for f in asyncio.run(both())] == ["a", "b"]
+    assert "session_id" not in json.loads(formatter.format(record("outside")))
+
+
+def test_conversation_text_only_with_the_debug_flag() -> None:
+    rec = record("response submitted", messages=[{"role": "user", "content": "my secret plan"}],
+                 text="the answer", prompt_tokens=7)
+    quiet = json.loads(StructuredFormatter("json").format(rec))
+    assert quiet["messages"] == quiet["text"] == REDACTED and quiet["prompt_tokens"] == 7
+    assert "secret plan" not in json.dumps(quiet)
+    loud = json.loads(StructuredFormatter("json", log_prompts=True).format(rec))
+    assert loud["messages"][0]["content"] == "my secret plan" and loud["text"] == "the answer"
+
+
+@pytest.mark.parametrize("fmt", ["json", "logfmt"])
+def test_keys_are_never_logged_even_with_the_debug_flag(fmt: str) -> None:
+    formatter = StructuredFormatter(fmt, log_prompts=True)  # type: ignore[arg-type]
+    line = formatter.format(record("upgrade with Authorization: Bearer sk-live-123 and "
+                                   "subprotocol bearer.sk-live-456", api_key="sk-live-789",
+                                   resume_token="rt-1", authorization="Bearer sk-live-000"))
+    assert "sk-live" not in line and "rt-1" not in line
+    assert "Bearer [redacted]" in line and "bearer.[redacted]" in line
+
+
+def test_configure_logging_sends_uvicorn_through_one_handler() -> None:
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    out = io.StringIO()
+    try:
+        configure_logging(fmt="json", level="info", stream=out)
+        logging.getLogger("uvicorn.error").info("Started server process [%d]", 42)
+        logging.getLogger("bargein.test").debug("below the level")
+    finally:  # give pytest's handlers back
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    lines = out.getvalue().splitlines()
+    assert [json.loads(line)["msg"] for line in lines] == ["Started server process [42]"]
+
+
+@pytest.fixture
+def request_log() -> Iterator[io.StringIO]:
+    """Lines of the ``bargein`` loggers at INFO, as the server would write them (JSON)."""
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(StructuredFormatter("json"))
+    logger = logging.getLogger("bargein")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield out
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+@pytest.mark.slow
+async def test_a_request_logs_its_ids_and_no_text(live_server: LiveServer,
+                                                  request_log: io.StringIO) -> None:
+    question = "Please describe the zebra named Quintessa-Marigold in one sentence."
+    async with RealtimeClient(live_server.ws_url) as client:
+        answer = await client.chat(question, max_tokens=12, temperature=0)
+        response = client.current
+        assert response is not None and response.done is not None
+        session_id = client.session["session_id"]
+    await live_server.wait_idle()
+    await asyncio.sleep(0.2)  # the disconnect line comes after the client left
+    text = request_log.getvalue()
+    lines = [json.loads(line) for line in text.splitlines()]
+    mine = [f for f in lines if f.get("stream_id") == response.stream_id]
+    assert [f["msg"] for f in mine] == ["response submitted", "response finished"]
+    for fields in mine:
+        assert (fields["request_id"], fields["session_id"]) == (response.response_id,
+                                                                session_id)
+    assert mine[1]["finish_reason"] == response.done["finish_reason"]
+    assert mine[1]["completion_tokens"] == response.done["end"]
+    assert any(f["msg"] == "client disconnected" and f["session_id"] == session_id
+               for f in lines)
+    assert "Quintessa" not in text
+    assert answer.strip() and answer.strip() not in text
