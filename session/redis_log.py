@@ -44,7 +44,6 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from redis.asyncio import Redis
-from redis.asyncio.client import Pipeline
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ResponseError
@@ -117,18 +116,22 @@ class RedisLogConfig:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
 
 
-def _encode_entry(entry: LogEntry) -> dict[str, bytes]:
+def _encode_entry(entry: LogEntry) -> bytes:
     count = len(entry.token_ids)
     try:
         head = struct.pack(f"<II{count}I", entry.start, count, *entry.token_ids)
     except struct.error as exc:
         raise ValueError(f"token ids must be uint32: {exc}") from exc
-    return {"d": head + entry.text.encode("utf-8")}
+    return head + entry.text.encode("utf-8")
 
 
-def _encode_finish(finish: StreamEnd) -> dict[str, Any]:
-    return {"f": finish.finish_reason, "p": finish.prompt_tokens,
-            "c": finish.completion_tokens, "k": finish.cached_tokens}
+def _resp(*args: bytes | str | int) -> bytes:
+    """One command in RESP: an array of bulk strings."""
+    parts = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        data = arg if isinstance(arg, bytes) else str(arg).encode("utf-8")
+        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(parts)
 
 
 def _decode(stream_id: str, entry_id: StreamId, fields: dict[bytes, bytes], pos: int) -> LogEntry | StreamEnd:
@@ -319,7 +322,8 @@ class RedisTokenLog:
             except TokenLogUnavailable as exc:
                 self._break(sids, exc)
                 raise
-            lost = tuple(dict.fromkeys(sid for sid, result in zip(owners, results) if self._failed(result)))
+            lost = tuple(dict.fromkeys(
+                sid for sid, result in zip(owners, results) if sid is not None and self._failed(result)))
             self._apply(writes, lost)
             if lost:
                 error = TokenLogUnavailable("redis lost these streams (restarted without their data?)", lost)
@@ -328,12 +332,32 @@ class RedisTokenLog:
                 raise error
 
     async def _run_step(self, redis: Redis, writes: Sequence[StreamWrite]) -> tuple[list[Any], list[str | None]]:
-        async with redis.pipeline(transaction=False) as pipe:
-            owners = self._queue_step(pipe, writes)
-            return await pipe.execute(raise_on_error=False), owners
+        """Send the step as one packed write on one pooled connection and read every reply.
 
-    def _queue_step(self, pipe: Pipeline, writes: Sequence[StreamWrite]) -> list[str | None]:
-        """Queue one step; returns, per command, the stream whose loss its result reveals."""
+        This is what a non-transactional pipeline does, minus redis-py's
+        per-argument Python packing, which cost more than the round trip here.
+        Error replies come back as ResponseError values; a connection failure
+        or cancellation mid-way makes redis-py drop the connection, never
+        return it half-read.
+        """
+        commands, owners = self._queue_step(writes)
+        pool = redis.connection_pool
+        conn = await pool.get_connection()
+        try:
+            await conn.send_packed_command(b"".join(commands), check_health=False)
+            results: list[Any] = []
+            for _ in commands:
+                try:
+                    results.append(await conn.read_response())
+                except ResponseError as exc:
+                    results.append(exc)
+            return results, owners
+        finally:
+            await asyncio.shield(pool.release(conn))
+
+    def _queue_step(self, writes: Sequence[StreamWrite]) -> tuple[list[bytes], list[str | None]]:
+        """The step's commands (RESP) and, per command, the stream whose loss its reply reveals."""
+        commands: list[bytes] = []
         owners: list[str | None] = []
         ends: dict[str, int] = {}
         retention_ms, live_ms = int(self._cfg.retention_s * 1000), int(self._cfg.live_ttl_s * 1000)
@@ -341,26 +365,29 @@ class RedisTokenLog:
             sid = write.stream_id
             log_key, meta_key = self._log_key(sid), self._meta_key(sid)
             end = ends.get(sid, self._live[sid].cursor.end)
+            make = ("XADD", log_key, "NOMKSTREAM") if end > 0 else ("XADD", log_key)
             if end == 0 and sid not in ends:  # first write: the metadata must still be there
-                pipe.exists(meta_key)
+                commands.append(_resp("EXISTS", meta_key))
                 owners.append(sid)
             if write.entry is not None:
-                pipe.xadd(log_key, _encode_entry(write.entry), id=f"{write.entry.end}-0", nomkstream=end > 0)
+                commands.append(_resp(*make, f"{write.entry.end}-0", "d", _encode_entry(write.entry)))
                 owners.append(sid)
                 if end == 0:
-                    pipe.pexpire(log_key, live_ms)
+                    commands.append(_resp("PEXPIRE", log_key, live_ms))
                     owners.append(None)
                 end = write.entry.end
             if (finish := write.finish) is not None:
-                pipe.xadd(log_key, _encode_finish(finish), id=f"{end}-1", nomkstream=end > 0)
-                pipe.hset(meta_key, mapping={"status": "complete", "end": end, **{
-                    "finish_reason": finish.finish_reason, "prompt_tokens": finish.prompt_tokens,
-                    "completion_tokens": finish.completion_tokens, "cached_tokens": finish.cached_tokens}})
-                pipe.pexpire(log_key, retention_ms)
-                pipe.pexpire(meta_key, retention_ms)
+                make = ("XADD", log_key, "NOMKSTREAM") if end > 0 else ("XADD", log_key)
+                commands += [
+                    _resp(*make, f"{end}-1", "f", finish.finish_reason, "p", finish.prompt_tokens,
+                          "c", finish.completion_tokens, "k", finish.cached_tokens),
+                    _resp("HSET", meta_key, "status", "complete", "end", end,
+                          "finish_reason", finish.finish_reason, "prompt_tokens", finish.prompt_tokens,
+                          "completion_tokens", finish.completion_tokens, "cached_tokens", finish.cached_tokens),
+                    _resp("PEXPIRE", log_key, retention_ms), _resp("PEXPIRE", meta_key, retention_ms)]
                 owners += [sid, None, None, None]  # HSET's count is 0 on a retry: not a check
             ends[sid] = end
-        return owners
+        return commands, owners
 
     @staticmethod
     def _failed(result: object) -> bool:

@@ -6,11 +6,13 @@ import asyncio
 import itertools
 import random
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
 from redis.crc import key_slot
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from session.errors import TokenLogUnavailable
 from session.redis_log import RedisLogConfig, RedisTokenLog
@@ -201,3 +203,30 @@ async def test_a_resumed_reader_on_another_node_sees_every_token_once(make_log: 
     await producer
     ends = [e.end for e in received if isinstance(e, LogEntry)]
     assert ends == bounds[1:] and received[-1] == finish(300)
+
+
+async def test_a_step_retried_after_a_lost_reply_is_written_once(
+    make_log: MakeLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = make_log()
+    for sid in ("a", "b"):
+        await log.create_stream(live_info(sid))
+    await log.write_step([write("a", entry(0, 1)), write("b", entry(0, 1))])
+    real_run_step = log._run_step
+    calls = 0
+
+    async def reply_lost_once(*args: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        result = await real_run_step(*args)
+        if calls == 1:  # the step landed, but its reply never came back
+            raise RedisConnectionError("connection reset after the write")
+        return result
+
+    monkeypatch.setattr(log, "_run_step", reply_lost_once)
+    await log.write_step([write("a", entry(1, 3), finish(3)), write("b", entry(1, 2))])
+    assert calls == 2
+    assert await collect(log.read("a", 0)) == [entry(0, 1), entry(1, 3), finish(3)]
+    other = make_log("node-b")
+    await log.write_step([write("b", f=finish(2))])
+    assert await collect(other.read("b", 0)) == [entry(0, 1), entry(1, 2), finish(2)]
