@@ -96,6 +96,7 @@ class EngineRunner:
 
         Idempotent. Waits up to ``timeout`` seconds for the thread.
         """
+        outputs: list[RequestOutput] = []
         with self._cond:
             if self._state in (_State.STOPPING, _State.STOPPED):
                 thread = self._thread

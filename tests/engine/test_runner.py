@@ -1,0 +1,268 @@
+"""EngineRunner on the real model: thread-safe submit/abort, listeners, shutdown, crash.
+
+Aborts are triggered from inside a step (a hook around the real model
+runner's ``execute``, on the engine thread) so each lands in a known state:
+before the request is scheduled, mid-prefill, while decoding, after finish.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from transformers import PreTrainedTokenizerBase
+
+from engine.config import SchedulerConfig
+from engine.engine import LLMEngine
+from engine.errors import DuplicateRequestError, EngineStoppedError, PromptTooLongError
+from engine.model_runner import ModelRunner
+from engine.request import EngineRequest, FinishReason, RequestOutput, SamplingParams
+from engine.runner import EngineRunner
+from tests.engine.conftest import RunnerFactory
+
+pytestmark = pytest.mark.slow
+
+CONFIG = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, prefill_chunk_size=16, max_model_len=512)
+NUM_BLOCKS = 64
+
+
+class HookedRunner:
+    """The real ModelRunner, with a hook called on the engine thread before each forward."""
+
+    def __init__(self, inner: ModelRunner) -> None:
+        self._inner = inner
+        self.hook: Callable[[], None] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def execute(self, seqs: Any) -> Any:
+        if self.hook is not None:
+            self.hook()
+        return self._inner.execute(seqs)
+
+
+class Collector:
+    """A step listener recording every call; waits for requests to end."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[RequestOutput]] = []
+        self._cond = threading.Condition()
+
+    def __call__(self, outputs: list[RequestOutput]) -> None:
+        with self._cond:
+            self.calls.append(list(outputs))
+            self._cond.notify_all()
+
+    def outputs(self, request_id: str) -> list[RequestOutput]:
+        with self._cond:
+            return [o for call in self.calls for o in call if o.request_id == request_id]
+
+    def wait_finished(self, *request_ids: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not all(any(o.finished for o in self.outputs(r)) for r in request_ids):
+                assert self._cond.wait(deadline - time.monotonic()), f"timeout waiting for {request_ids}"
+
+
+@pytest.fixture(scope="module")
+def shared_runner(model_runner_factory: RunnerFactory) -> ModelRunner:
+    # One model and KV tensor for all engines here (one at a time): every block
+    # is written before it is read, so engines need not zero it.
+    return model_runner_factory(num_blocks=NUM_BLOCKS, max_model_len=CONFIG.max_model_len)
+
+
+@pytest.fixture
+def setup(shared_runner: ModelRunner) -> Iterator[tuple[EngineRunner, HookedRunner, Collector]]:
+    hooked = HookedRunner(shared_runner)
+    runner = EngineRunner(LLMEngine(hooked, CONFIG))  # type: ignore[arg-type]
+    collector = Collector()
+    runner.add_step_listener(collector)
+    runner.start()
+    yield runner, hooked, collector
+    runner.shutdown()
+
+
+def request(
+    tokenizer: PreTrainedTokenizerBase, request_id: str, text: str = "Tell me about the sea.", max_tokens: int = 8
+) -> EngineRequest:
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+    ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    return EngineRequest(request_id=request_id, prompt_token_ids=tuple(ids), params=params)
+
+
+def assert_ended_once(collector: Collector, request_id: str, reason: FinishReason) -> list[RequestOutput]:
+    outs = collector.outputs(request_id)
+    assert [o.finished for o in outs].count(True) == 1 and outs[-1].finished
+    assert outs[-1].finish_reason is reason
+    return outs
+
+
+def when(engine: LLMEngine, request_id: str, pred: Callable[[Any], bool], action: Callable[[], None]) -> Callable[[], None]:
+    """A hook running ``action`` once, in the step where ``pred(seq)`` holds for the live request."""
+    fired = []
+
+    def hook() -> None:
+        seq = engine.scheduler.get(request_id)
+        if not fired and seq is not None and pred(seq):
+            fired.append(True)
+            action()
+
+    return hook
+
+
+def test_requests_finish_once_and_listener_gets_whole_steps(setup, hf_tokenizer) -> None:
+    runner, _, collector = setup
+    for i in range(4):
+        runner.submit(request(hf_tokenizer, f"r{i}", max_tokens=5 + i))
+    collector.wait_finished(*(f"r{i}" for i in range(4)))
+    for i in range(4):
+        outs = assert_ended_once(collector, f"r{i}", FinishReason.LENGTH)
+        assert sum(len(o.new_token_ids) for o in outs) == 5 + i
+    # One hand-off per step: requests decoding together arrive in one call.
+    assert max(len(call) for call in collector.calls) >= 2
+    assert all(len({o.request_id for o in call}) == len(call) for call in collector.calls)
+    stats = runner.stats()
+    assert stats.num_free_blocks == NUM_BLOCKS and stats.num_running == stats.num_waiting == 0
+    assert stats.num_generated_tokens == 5 + 6 + 7 + 8
+    assert stats.num_finished_by_reason == {"length": 4}
+
+
+def test_abort_before_scheduled(setup, hf_tokenizer) -> None:
+    runner, hooked, collector = setup
+    victim = request(hf_tokenizer, "victim")
+
+    def submit_and_abort() -> None:  # both land in the queues mid-step
+        runner.submit(victim)
+        runner.abort("victim", FinishReason.CANCELLED)
+
+    hooked.hook = when(runner.engine, "other", lambda seq: True, submit_and_abort)
+    runner.submit(request(hf_tokenizer, "other", max_tokens=4))
+    collector.wait_finished("victim", "other")
+    outs = assert_ended_once(collector, "victim", FinishReason.CANCELLED)
+    assert outs == [outs[-1]] and outs[-1].num_output_tokens == 0 and outs[-1].new_token_ids == ()
+    assert_ended_once(collector, "other", FinishReason.LENGTH)
+
+
+@pytest.mark.parametrize(
+    ("state", "pred"),
+    [
+        ("mid_prefill", lambda seq: seq.num_computed_tokens == 0 and seq.block_table),
+        ("decoding", lambda seq: seq.num_output_tokens == 3),
+    ],
+)
+def test_abort_mid_prefill_and_decoding(setup, hf_tokenizer, state: str, pred: Callable[[Any], bool]) -> None:
+    runner, hooked, collector = setup
+    req = request(hf_tokenizer, "victim", max_tokens=100)
+    assert len(req.prompt_token_ids) > CONFIG.prefill_chunk_size
+    seen: list[int] = []
+
+    def abort() -> None:
+        seq = runner.engine.scheduler.get("victim")
+        seen.append(seq.num_output_tokens)
+        runner.abort("victim")
+
+    hooked.hook = when(runner.engine, "victim", pred, abort)
+    runner.submit(req)
+    collector.wait_finished("victim")
+    outs = assert_ended_once(collector, "victim", FinishReason.INTERRUPTED)
+    assert outs[-1].new_token_ids == ()
+    # Drained at the start of the next step: the step under way still completes.
+    expected_tokens = 0 if state == "mid_prefill" else seen[0] + 1
+    assert outs[-1].num_output_tokens == expected_tokens
+    assert runner.stats().num_free_blocks == NUM_BLOCKS
+
+
+def test_abort_after_finish_is_a_no_op(setup, hf_tokenizer) -> None:
+    runner, _, collector = setup
+    runner.submit(request(hf_tokenizer, "done", max_tokens=2))
+    collector.wait_finished("done")
+    runner.abort("done")
+    runner.abort("never-existed")
+    runner.submit(request(hf_tokenizer, "next", max_tokens=2))
+    collector.wait_finished("next")
+    assert_ended_once(collector, "done", FinishReason.LENGTH)
+    assert runner.stats().num_finished_by_reason == {"length": 2}
+
+
+def test_submit_validates_synchronously(setup, hf_tokenizer) -> None:
+    runner, _, collector = setup
+    with pytest.raises(PromptTooLongError) as info:
+        runner.submit(EngineRequest(request_id="long", prompt_token_ids=(1,) * CONFIG.max_model_len))
+    assert info.value.num_prompt_tokens == CONFIG.max_model_len
+    runner.submit(request(hf_tokenizer, "dup", max_tokens=3))
+    with pytest.raises(DuplicateRequestError):
+        runner.submit(request(hf_tokenizer, "dup"))
+    collector.wait_finished("dup")
+    assert_ended_once(collector, "dup", FinishReason.LENGTH)
+
+
+def test_idle_loop_sleeps(setup, hf_tokenizer) -> None:
+    runner, _, collector = setup
+    runner.submit(request(hf_tokenizer, "r", max_tokens=2))
+    collector.wait_finished("r")
+    steps = runner.stats().num_steps
+    cpu = time.process_time()
+    time.sleep(0.5)
+    assert time.process_time() - cpu < 0.1
+    assert runner.stats().num_steps == steps
+
+
+def test_shutdown_cancels_live_requests_and_refuses_new_ones(setup, hf_tokenizer) -> None:
+    runner, hooked, collector = setup
+    started = threading.Event()
+    hooked.hook = when(runner.engine, "a", lambda seq: seq.num_output_tokens >= 2, started.set)
+    for name in ("a", "b"):
+        runner.submit(request(hf_tokenizer, name, max_tokens=400))
+    assert started.wait(60)
+    runner.shutdown()
+    for name in ("a", "b"):
+        assert_ended_once(collector, name, FinishReason.CANCELLED)
+    assert runner.stats().num_free_blocks == NUM_BLOCKS
+    with pytest.raises(EngineStoppedError):
+        runner.submit(request(hf_tokenizer, "late"))
+
+
+def test_crash_ends_live_requests_with_error(setup, hf_tokenizer) -> None:
+    runner, hooked, collector = setup
+
+    def boom() -> None:
+        raise RuntimeError("injected failure")
+
+    hooked.hook = when(runner.engine, "a", lambda seq: seq.num_output_tokens >= 1, boom)
+    runner.submit(request(hf_tokenizer, "a", max_tokens=50))
+    runner.submit(request(hf_tokenizer, "b", max_tokens=50))
+    collector.wait_finished("a", "b")
+    assert_ended_once(collector, "a", FinishReason.ERROR)
+    assert_ended_once(collector, "b", FinishReason.ERROR)
+    with pytest.raises(EngineStoppedError):
+        runner.submit(request(hf_tokenizer, "c"))
+    assert isinstance(runner.error, RuntimeError)
+
+
+async def test_generate_yields_until_finished(setup, hf_tokenizer) -> None:
+    runner, _, _ = setup
+    outs = [o async for o in runner.generate(request(hf_tokenizer, "g", max_tokens=6))]
+    assert [o.finished for o in outs] == [False] * 5 + [True]
+    assert [o.num_output_tokens for o in outs] == [1, 2, 3, 4, 5, 6]
+    text = "".join(o.text for o in outs)
+    ids = [t for o in outs for t in o.new_token_ids]
+    assert text == hf_tokenizer.decode(ids, skip_special_tokens=True) and text
+
+
+async def test_leaving_generate_early_cancels_the_request(setup, hf_tokenizer) -> None:
+    runner, _, collector = setup
+    agen = runner.generate(request(hf_tokenizer, "g", max_tokens=200))
+    async for out in agen:
+        if out.num_output_tokens == 2:
+            break
+    await agen.aclose()
+    collector.wait_finished("g")
+    outs = assert_ended_once(collector, "g", FinishReason.CANCELLED)
+    assert outs[-1].num_output_tokens < 200
+    assert Counter(o.request_id for o in collector.outputs("g") if o.finished) == {"g": 1}
