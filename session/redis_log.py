@@ -1,26 +1,9 @@
 """The production TokenLog on Redis Streams (redis-py asyncio).
 
-Layout, per stream (the ``{stream_id}`` hash tag keeps one response's keys in
-one Redis Cluster hash slot):
+The key layout and entry format are in session/redis_format.py.
 
-- ``<prefix>{<stream_id>}:log``: a Redis stream. Entry ``[start, end)`` has the
-  explicit id ``<end>-0`` and one field ``d``: little-endian uint32 start,
-  uint32 count, the token ids as uint32, then the text in UTF-8 (one field,
-  because redis-py's per-argument packing and parsing dominate the cost of a
-  step and of a replay). The finish has id ``<end>-1`` and
-  fields ``f`` (finish reason), ``p``/``c``/``k`` (prompt, completion, cached
-  tokens). So "entries with end > offset" is ``XRANGE (<offset>-0 +``, a
-  reader's position is its last id, and a retried ``XADD`` of an entry that
-  already landed fails ("equal or smaller id") instead of duplicating it.
-- ``<prefix>{<stream_id>}:meta``: a hash of response_id, principal,
-  session_id, owner_node, status, and at the finish end, finish_reason and
-  usage.
-- Both keys expire ``live_ttl_s`` after creation (a dead writer never leaves
-  keys forever) and ``retention_s`` after the finish. The length of a stream
-  is bounded by admission (max_tokens), never trimmed.
-
-Writes: one non-transactional pipeline per engine step (the finish is queued
-after the entries), retried with backoff for at most ``retry_for_s``; then
+Writes: one packed write of every command of an engine step on one pooled
+connection (a pipeline; the finish is queued after the entries), retried with backoff for at most ``retry_for_s``; then
 :class:`TokenLogUnavailable` names the step's streams, which are broken from
 then on. A stream whose keys vanished (Redis restarted without persistence)
 is detected by ``XADD NOMKSTREAM`` returning nil (or its metadata missing at
@@ -36,7 +19,6 @@ through the node's one multiplexed ``XREAD BLOCK`` (session/redis_tail.py).
 from __future__ import annotations
 
 import asyncio
-import struct
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
@@ -55,6 +37,7 @@ from session.errors import (
     StreamNotFound,
     TokenLogUnavailable,
 )
+from session.redis_format import CREATE_LUA, Keys, already_added, decode, final, info_from_meta, step_commands
 from session.redis_tail import _TRANSIENT, RawEntry, StreamId, StreamTailer, Subscription, parse_id
 from session.token_log import (
     DEFAULT_LIVE_TTL_S,
@@ -69,16 +52,7 @@ from session.token_log import (
 
 T = TypeVar("T")
 
-_HEAD = struct.Struct("<II")  # start, number of token ids of a packed entry
 _ENDED_REMEMBERED = 65_536  # ended stream ids kept to refuse late writes with StreamEnded
-
-# Creates the metadata hash only if absent: KEYS[1] meta, ARGV[1] ttl ms, ARGV[2:] field/value pairs.
-_CREATE_LUA = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 2))
-redis.call('PEXPIRE', KEYS[1], ARGV[1])
-return 1
-"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -114,50 +88,6 @@ class RedisLogConfig:
         for name in ("block_ms", "replay_batch", "fanout_entries"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
-
-
-def _encode_entry(entry: LogEntry) -> bytes:
-    count = len(entry.token_ids)
-    try:
-        head = struct.pack(f"<II{count}I", entry.start, count, *entry.token_ids)
-    except struct.error as exc:
-        raise ValueError(f"token ids must be uint32: {exc}") from exc
-    return head + entry.text.encode("utf-8")
-
-
-def _resp(*args: bytes | str | int) -> bytes:
-    """One command in RESP: an array of bulk strings."""
-    parts = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        data = arg if isinstance(arg, bytes) else str(arg).encode("utf-8")
-        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
-    return b"".join(parts)
-
-
-def _decode(stream_id: str, entry_id: StreamId, fields: dict[bytes, bytes], pos: int) -> LogEntry | StreamEnd:
-    """A log entry as read back; raises StreamNotFound if it leaves a gap after ``pos``."""
-    end, seq = entry_id
-    if seq == 1:
-        return StreamEnd(end=end, finish_reason=fields[b"f"].decode(), prompt_tokens=int(fields[b"p"]),
-                         completion_tokens=int(fields[b"c"]), cached_tokens=int(fields[b"k"]))
-    data = fields[b"d"]
-    start, count = _HEAD.unpack_from(data)
-    if start > pos:
-        raise StreamNotFound(stream_id, f"offsets [{pos}, {start}) are no longer held")
-    ids = struct.unpack_from(f"<{count}I", data, _HEAD.size)
-    text = data[_HEAD.size + 4 * count:].decode("utf-8")
-    return LogEntry(start=start, end=end, text=text, token_ids=ids)
-
-
-def _final(stream_id: str, finish: StreamEnd, from_offset: int) -> StreamEnd:
-    if from_offset > finish.end:
-        raise OffsetOutOfRange(stream_id, from_offset, finish.end)
-    return finish
-
-
-def _already_added(result: object) -> bool:
-    """An XADD retried after its first attempt landed (explicit ids make it idempotent)."""
-    return isinstance(result, ResponseError) and "equal or smaller" in str(result)
 
 
 class _LocalStream:
@@ -216,9 +146,9 @@ class RedisTokenLog:
         # a cancelled reader would run on. Every call is timed here with asyncio.timeout.
         self._redis = Redis.from_url(url, socket_timeout=None, socket_connect_timeout=timeout,
                                      retry=no_retry)
-        self._create = self._redis.register_script(_CREATE_LUA)
-        wake_key = f"{config.key_prefix}node:{{{node_id}}}:wake"
-        self._wake_key = wake_key
+        self._create = self._redis.register_script(CREATE_LUA)
+        self._keys = Keys(config.key_prefix)
+        wake_key = self._wake_key = self._keys.wake(node_id)
         self._tailer = StreamTailer(
             make_client=lambda: Redis.from_url(
                 url, single_connection_client=True, retry=no_retry, socket_connect_timeout=timeout,
@@ -231,17 +161,6 @@ class RedisTokenLog:
         self._write_lock = asyncio.Lock()
         self._degraded = False  # after an outage, fail fast (one attempt) until a call succeeds
         self._closed = False
-
-    # -- keys ---------------------------------------------------------------
-
-    def _log_key(self, stream_id: str) -> str:
-        return f"{self._cfg.key_prefix}{{{stream_id}}}:log"
-
-    def _meta_key(self, stream_id: str) -> str:
-        return f"{self._cfg.key_prefix}{{{stream_id}}}:meta"
-
-    def _session_key(self, session_id: str) -> str:
-        return f"{self._cfg.key_prefix}session:{{{session_id}}}"
 
     # -- bounded retries ------------------------------------------------------
 
@@ -288,7 +207,7 @@ class RedisTokenLog:
         async def create(redis: Redis) -> Any:
             nonlocal attempts
             attempts += 1
-            return await self._create(keys=[self._meta_key(sid)], args=args, client=redis)
+            return await self._create(keys=[self._keys.meta(sid)], args=args, client=redis)
 
         if not await self._call("create_stream", create, (sid,)):
             if attempts == 1 or not await self._created_by_us(sid, meta):
@@ -298,7 +217,7 @@ class RedisTokenLog:
 
     async def _created_by_us(self, sid: str, meta: dict[str, str]) -> bool:
         """After a retried create found the hash: was it our own first attempt?"""
-        found = await self._call("create_stream", lambda r: r.hgetall(self._meta_key(sid)), (sid,))
+        found = await self._call("create_stream", lambda r: r.hgetall(self._keys.meta(sid)), (sid,))
         return {k.decode(): v.decode() for k, v in found.items()} == meta
 
     def _cursor(self, stream_id: str) -> StreamCursor:
@@ -317,8 +236,11 @@ class RedisTokenLog:
         async with self._write_lock:
             check_writes(writes, self._cursor)
             sids = tuple(dict.fromkeys(w.stream_id for w in writes))
+            commands, owners = step_commands(
+                writes, {sid: self._live[sid].cursor.end for sid in sids}, self._keys,
+                retention_ms=int(self._cfg.retention_s * 1000), live_ttl_ms=int(self._cfg.live_ttl_s * 1000))
             try:
-                results, owners = await self._call("write_step", lambda r: self._run_step(r, writes), sids)
+                results = await self._call("write_step", lambda r: self._run_step(r, commands), sids)
             except TokenLogUnavailable as exc:
                 self._break(sids, exc)
                 raise
@@ -331,7 +253,8 @@ class RedisTokenLog:
                 await self._delete_partial(lost)
                 raise error
 
-    async def _run_step(self, redis: Redis, writes: Sequence[StreamWrite]) -> tuple[list[Any], list[str | None]]:
+    @staticmethod
+    async def _run_step(redis: Redis, commands: list[bytes]) -> list[Any]:
         """Send the step as one packed write on one pooled connection and read every reply.
 
         This is what a non-transactional pipeline does, minus redis-py's
@@ -340,7 +263,6 @@ class RedisTokenLog:
         or cancellation mid-way makes redis-py drop the connection, never
         return it half-read.
         """
-        commands, owners = self._queue_step(writes)
         pool = redis.connection_pool
         conn = await pool.get_connection()
         try:
@@ -351,49 +273,15 @@ class RedisTokenLog:
                     results.append(await conn.read_response())
                 except ResponseError as exc:
                     results.append(exc)
-            return results, owners
+            return results
         finally:
             await asyncio.shield(pool.release(conn))
-
-    def _queue_step(self, writes: Sequence[StreamWrite]) -> tuple[list[bytes], list[str | None]]:
-        """The step's commands (RESP) and, per command, the stream whose loss its reply reveals."""
-        commands: list[bytes] = []
-        owners: list[str | None] = []
-        ends: dict[str, int] = {}
-        retention_ms, live_ms = int(self._cfg.retention_s * 1000), int(self._cfg.live_ttl_s * 1000)
-        for write in writes:
-            sid = write.stream_id
-            log_key, meta_key = self._log_key(sid), self._meta_key(sid)
-            end = ends.get(sid, self._live[sid].cursor.end)
-            make = ("XADD", log_key, "NOMKSTREAM") if end > 0 else ("XADD", log_key)
-            if end == 0 and sid not in ends:  # first write: the metadata must still be there
-                commands.append(_resp("EXISTS", meta_key))
-                owners.append(sid)
-            if write.entry is not None:
-                commands.append(_resp(*make, f"{write.entry.end}-0", "d", _encode_entry(write.entry)))
-                owners.append(sid)
-                if end == 0:
-                    commands.append(_resp("PEXPIRE", log_key, live_ms))
-                    owners.append(None)
-                end = write.entry.end
-            if (finish := write.finish) is not None:
-                make = ("XADD", log_key, "NOMKSTREAM") if end > 0 else ("XADD", log_key)
-                commands += [
-                    _resp(*make, f"{end}-1", "f", finish.finish_reason, "p", finish.prompt_tokens,
-                          "c", finish.completion_tokens, "k", finish.cached_tokens),
-                    _resp("HSET", meta_key, "status", "complete", "end", end,
-                          "finish_reason", finish.finish_reason, "prompt_tokens", finish.prompt_tokens,
-                          "completion_tokens", finish.completion_tokens, "cached_tokens", finish.cached_tokens),
-                    _resp("PEXPIRE", log_key, retention_ms), _resp("PEXPIRE", meta_key, retention_ms)]
-                owners += [sid, None, None, None]  # HSET's count is 0 on a retry: not a check
-            ends[sid] = end
-        return commands, owners
 
     @staticmethod
     def _failed(result: object) -> bool:
         """Whether a checked command's result shows its stream was lost."""
         if isinstance(result, Exception):
-            return not _already_added(result)
+            return not already_added(result)
         return result is None or result == 0  # XADD NOMKSTREAM on a missing key / EXISTS
 
     def _apply(self, writes: Sequence[StreamWrite], lost: tuple[str, ...]) -> None:
@@ -428,7 +316,7 @@ class RedisTokenLog:
 
     async def _delete_partial(self, stream_ids: Sequence[str]) -> None:
         """Remove keys that writes to lost streams re-created (best effort)."""
-        keys = [k for sid in stream_ids for k in (self._log_key(sid), self._meta_key(sid))]
+        keys = [k for sid in stream_ids for k in (self._keys.log(sid), self._keys.meta(sid))]
         try:
             await self._call("cleanup", lambda r: r.delete(*keys))
         except TokenLogUnavailable:
@@ -441,14 +329,14 @@ class RedisTokenLog:
         if local is not None:
             return replace(local.info, end=local.cursor.end)
         meta, last = await self._fetch_meta(stream_id)
-        return _info_from_meta(stream_id, meta, last)
+        return info_from_meta(stream_id, meta, last)
 
     async def _fetch_meta(self, stream_id: str) -> tuple[dict[bytes, bytes], list[Any]]:
         """The metadata hash and the log's newest raw entry (empty list if none)."""
         async def fetch(redis: Redis) -> list[Any]:
             async with redis.pipeline(transaction=False) as pipe:
-                pipe.hgetall(self._meta_key(stream_id))
-                pipe.xrevrange(self._log_key(stream_id), "+", "-", count=1)
+                pipe.hgetall(self._keys.meta(stream_id))
+                pipe.xrevrange(self._keys.log(stream_id), "+", "-", count=1)
                 return await pipe.execute()
 
         meta, last = await self._call("read", fetch, (stream_id,))
@@ -470,7 +358,7 @@ class RedisTokenLog:
     async def _fetch(self, stream_id: str, after: StreamId) -> list[RawEntry]:
         """Up to ``replay_batch`` raw entries with ids after ``after``."""
         raw = await self._call("read", lambda r: r.xrange(
-            self._log_key(stream_id), min=f"({after[0]}-{after[1]}", max="+", count=self._cfg.replay_batch),
+            self._keys.log(stream_id), min=f"({after[0]}-{after[1]}", max="+", count=self._cfg.replay_batch),
             (stream_id,))
         return [(parse_id(rid), fields) for rid, fields in raw]
 
@@ -484,9 +372,9 @@ class RedisTokenLog:
                 if not batch:
                     raise StreamNotFound(sid, "log lost")
                 for rid, fields in batch:
-                    event = _decode(sid, rid, fields, pos)
+                    event = decode(sid, rid, fields, pos)
                     if isinstance(event, StreamEnd):
-                        yield _final(sid, event, from_offset)
+                        yield final(sid, event, from_offset)
                         return
                     pos = event.end
                     yield event
@@ -498,7 +386,7 @@ class RedisTokenLog:
             if fresh:
                 continue
             if local.finish is not None:
-                yield _final(sid, local.finish, from_offset)
+                yield final(sid, local.finish, from_offset)
                 return
             if local.error is not None:
                 raise local.error
@@ -519,9 +407,9 @@ class RedisTokenLog:
             batch = await self._fetch(stream_id, last)
             for rid, fields in batch:
                 last = rid
-                event = _decode(stream_id, rid, fields, pos)
+                event = decode(stream_id, rid, fields, pos)
                 if isinstance(event, StreamEnd):
-                    yield _final(stream_id, event, from_offset)
+                    yield final(stream_id, event, from_offset)
                     return
                 if event.end > pos:
                     pos = event.end
@@ -536,8 +424,8 @@ class RedisTokenLog:
 
     async def _follow(self, stream_id: str, from_offset: int, pos: int,
                       last: StreamId) -> AsyncIterator[LogEntry | StreamEnd]:
-        sub = Subscription(stream_id=stream_id, log_key=self._log_key(stream_id),
-                           meta_key=self._meta_key(stream_id), last_id=last)
+        sub = Subscription(stream_id=stream_id, log_key=self._keys.log(stream_id),
+                           meta_key=self._keys.meta(stream_id), last_id=last)
         try:
             await self._tailer.subscribe(sub)
             while True:
@@ -545,9 +433,9 @@ class RedisTokenLog:
                 if isinstance(item, Exception):
                     raise item
                 for rid, fields in item:
-                    event = _decode(stream_id, rid, fields, pos)
+                    event = decode(stream_id, rid, fields, pos)
                     if isinstance(event, StreamEnd):
-                        yield _final(stream_id, event, from_offset)
+                        yield final(stream_id, event, from_offset)
                         return
                     if event.end > pos:  # entries up to a from_offset past the live end are skipped
                         pos = event.end
@@ -569,10 +457,10 @@ class RedisTokenLog:
 
     async def save_session(self, session_id: str, state: bytes) -> None:
         px = int(self._cfg.retention_s * 1000)
-        await self._call("save_session", lambda r: r.set(self._session_key(session_id), state, px=px))
+        await self._call("save_session", lambda r: r.set(self._keys.session(session_id), state, px=px))
 
     async def load_session(self, session_id: str) -> bytes | None:
-        state: bytes | None = await self._call("load_session", lambda r: r.get(self._session_key(session_id)))
+        state: bytes | None = await self._call("load_session", lambda r: r.get(self._keys.session(session_id)))
         return state
 
     async def ping(self) -> bool:
@@ -596,20 +484,3 @@ class RedisTokenLog:
         await self._redis.aclose()
 
 
-def _info_from_meta(stream_id: str, meta: dict[bytes, bytes], last: list[Any]) -> StreamInfo | None:
-    """StreamInfo from the metadata hash and the log's newest entry (for a live end)."""
-    if b"principal" not in meta:
-        return None
-    text = {k.decode(): v.decode() for k, v in meta.items()}
-    finish = None
-    if text.get("status") == "complete":
-        end = int(text["end"])
-        finish = StreamEnd(end=end, finish_reason=text["finish_reason"],
-                           prompt_tokens=int(text["prompt_tokens"]),
-                           completion_tokens=int(text["completion_tokens"]),
-                           cached_tokens=int(text["cached_tokens"]))
-    else:
-        end = parse_id(last[0][0])[0] if last else 0
-    return StreamInfo(stream_id=stream_id, response_id=text["response_id"], principal=text["principal"],
-                      session_id=text["session_id"], owner_node=text["owner_node"],
-                      status="complete" if finish else "live", end=end, finish=finish)
