@@ -35,12 +35,16 @@ def _reference_logits(hf: PreTrainedModel, tokens: list[int]) -> torch.Tensor:
 
 
 def _drive(
-    runner: ModelRunner, hf: PreTrainedModel, seqs: list[tuple[int, list[int]]], seed: int = 0
+    runner: ModelRunner,
+    hf: PreTrainedModel,
+    seqs: list[tuple[int, list[int]]],
+    seed: int = 0,
+    chunks: tuple[int, ...] = (1, 7, 16, 5),
 ) -> int:
     """Run ``(prompt_len, tokens)`` sequences step by step; compare every sampled row.
 
     Each step every unfinished sequence adds a prefill chunk (sizes cycling
-    over 1, 7, 16, 5 tokens, capped at the prompt end) or one decode token of
+    over ``chunks``, capped at the prompt end) or one decode token of
     its fixed continuation. Returns the number of logit rows compared.
     """
     rng = random.Random(seed)
@@ -48,13 +52,13 @@ def _drive(
     rng.shuffle(free)
     tables = [[free.pop() for _ in range(-(-len(t) // runner.block_size))] for _, t in seqs]
     want = [_reference_logits(hf, t) for _, t in seqs]
-    done, chunks, compared = [0] * len(seqs), [1, 7, 16, 5], 0
+    done, compared = [0] * len(seqs), 0
     for step in range(10_000):
         batch, owners = [], []
         for i, (prompt_len, tokens) in enumerate(seqs):
             if done[i] == len(tokens):
                 continue
-            n = min(chunks[(step + i) % 4], prompt_len - done[i]) if done[i] < prompt_len else 1
+            n = min(chunks[(step + i) % len(chunks)], prompt_len - done[i]) if done[i] < prompt_len else 1
             end = done[i] + n
             batch.append(SeqInput(token_ids=tokens[done[i] : end], start_pos=done[i],
                                   block_table=tables[i], sample=end >= prompt_len))
@@ -82,13 +86,13 @@ def test_default_model_logits_match_transformers(model_runner_factory, hf_model,
     runner = model_runner_factory(num_blocks=64)
     texts = ["Hi", "What is the capital of France?", "Write a haiku about the sea, the moon and a cat " * 3]
     seqs = []
-    for text, num_decode in zip(texts, [4, 6, 3]):
+    for text, num_decode in zip(texts, [2, 4, 3]):
         prompt = hf_tokenizer.apply_chat_template(
             [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
         )
         cont = hf_tokenizer.encode(" The answer is that Paris is lovely.")[:num_decode]
         seqs.append((len(prompt), list(prompt) + cont))
-    assert _drive(runner, hf_model, seqs) == 4 + 6 + 3 + 3
+    assert _drive(runner, hf_model, seqs, chunks=(16, 23, 1, 40)) == 2 + 4 + 3 + 3
 
 
 def test_one_chunk_prefill_then_greedy_decode_says_paris(model_runner_factory, hf_tokenizer) -> None:
