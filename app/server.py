@@ -1,4 +1,4 @@
-"""The starlette app: ``/v1/realtime``, ``/healthz``, ``/readyz`` and the static client.
+"""The starlette app: ``/v1/realtime``, health, ``/metrics`` and the static client.
 
 Thin by design: the WebSocket handler decodes frames (:mod:`protocol`), hands
 the events to its :class:`~session.connection.Connection` and lets one writer
@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import secrets
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,11 +23,14 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from app.logging import set_ids
+from app.metrics import Metrics, create_metrics
+from app.observer import Observer
 from app.openai_api import openai_routes
 from app.settings import Settings
 from protocol import CloseCode, Decoder, Format, encode, select_subprotocol
@@ -61,9 +65,13 @@ class AppState:
         log: the token log.
         load_error: why loading failed, if it did.
         loaded: set when loading ended (with or without success).
+        metrics: the Prometheus metrics (``GET /metrics``).
+        observer: feeds them (and the request log) from the sessions.
     """
 
     settings: Settings
+    metrics: Metrics
+    observer: Observer
     service: Service | None = None
     runner: Any = None
     log: TokenLog | None = None
@@ -96,11 +104,13 @@ async def _load(state: AppState, progress: Progress) -> None:
         state.loaded.set()
         return
     state.runner = runner
+    state.metrics.attach_runner(runner)
     secret = state.settings.server.secret
     service = Service(runner, state.log, state.settings.session,  # type: ignore[arg-type]
                       secret=secret.encode() if secret else secrets.token_bytes(32),
                       node_id=os.uname().nodename,
-                      debug=state.settings.server.debug_endpoints)
+                      debug=state.settings.server.debug_endpoints,
+                      observer=state.observer)
     await service.start()
     state.service = service
     progress("ready")
@@ -110,18 +120,22 @@ async def _load(state: AppState, progress: Progress) -> None:
 def create_app(settings: Settings, *, progress: Progress = lambda stage: None) -> Starlette:
     """The ASGI app for ``settings``; ``progress(stage)`` reports each loading
     stage when it is done (see ``app.cli.LOAD_STAGES``)."""
-    state = AppState(settings=settings)
+    metrics = create_metrics(settings.server.metrics_multiproc_dir)
+    state = AppState(settings=settings, metrics=metrics,
+                     observer=Observer(metrics, log_prompts=settings.server.log_prompts))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         state.log = open_token_log(settings.server.redis_url)
         loader = asyncio.create_task(_load(state, progress), name="load-model")
         try:
-            yield
+            async with state.metrics.watching_event_loop():
+                yield
         finally:
             await _shutdown(state, loader)
 
     routes = [Route("/healthz", healthz), Route("/readyz", readyz),
+              Route("/metrics", metrics_endpoint),
               WebSocketRoute("/v1/realtime", realtime)]
     routes += openai_routes()
     if settings.server.debug_endpoints:
@@ -140,6 +154,7 @@ async def _shutdown(state: AppState, loader: asyncio.Task[None]) -> None:
         await state.service.stop()
     if state.log is not None:
         await state.log.close()
+    state.metrics.close()
 
 
 def _state(scope_app: Any) -> AppState:
@@ -147,18 +162,38 @@ def _state(scope_app: Any) -> AppState:
 
 
 async def healthz(request: Request) -> JSONResponse:
-    """Liveness: the process answers."""
+    """Liveness: the process answers and its engine thread, once started, lives.
+
+    503 when the engine thread died: only a restart brings it back.
+    """
+    runner = _state(request.app).runner
+    if runner is not None and runner.error is not None:
+        return JSONResponse({"status": "engine thread died"}, status_code=503)
     return JSONResponse({"status": "ok"})
 
 
 async def readyz(request: Request) -> JSONResponse:
-    """Readiness: 200 once the model is loaded and the token log answers."""
+    """Readiness: 200 once the model is loaded, the engine runs and the token
+    log answers; else 503 and ``not_ready`` lists what is missing."""
     state = _state(request.app)
     log_ok = state.log is not None and await state.log.ping()
-    ready = state.service is not None and log_ok
+    not_ready = []
+    if state.service is None:
+        not_ready.append("model: failed to load" if state.load_error else "model: loading")
+    elif state.runner.error is not None:
+        not_ready.append("engine: thread died")
+    if not log_ok:
+        not_ready.append("token_log: not reachable")
+    ready = not not_ready
     body = {"ready": ready, "model_loaded": state.service is not None,
-            "token_log": log_ok, "error": state.load_error}
+            "token_log": log_ok, "error": state.load_error, "not_ready": not_ready}
     return JSONResponse(body, status_code=200 if ready else 503)
+
+
+async def metrics_endpoint(request: Request) -> Response:
+    """Prometheus text exposition of every ``bargein_*`` metric."""
+    body, content_type = _state(request.app).metrics.render()
+    return Response(body, headers={"Content-Type": content_type})
 
 
 async def debug_engine(request: Request) -> JSONResponse:
@@ -170,7 +205,10 @@ async def debug_engine(request: Request) -> JSONResponse:
     stats["num_finished_by_reason"] = dict(stats["num_finished_by_reason"])
     recent = [{"request_id": r.request_id, "prompt_token_ids": list(r.prompt_token_ids)}
               for r in state.service.recent_requests]
-    return JSONResponse({"stats": stats, "recent_requests": recent})
+    service = state.service
+    interrupts = {"count": service.num_interrupts,
+                  "latencies_s": list(service.interrupt_latencies_s)}
+    return JSONResponse({"stats": stats, "recent_requests": recent, "interrupts": interrupts})
 
 
 class _Writer:
@@ -233,25 +271,31 @@ async def realtime(ws: WebSocket) -> None:
         return
     writer = _Writer(ws, fmt)
     connection = Connection(state.service, writer.send)
+    set_ids(session_id=connection.session.session_id)  # on this connection's log lines
+    state.observer.connected()
     code: int = CloseCode.NORMAL
     try:
         await writer.send(connection.created_event())
         decoder = Decoder(fmt=fmt, max_frame_bytes=state.settings.session.max_frame_bytes)
-        await _read_loop(ws, connection, writer, decoder)
+        await _read_loop(ws, connection, writer, decoder, state.observer)
+        state.observer.disconnected(
+            active_response=connection.session.active_stream_id is not None)
     except Exception as exc:
         code = close_code_for(exc)
         if code == CloseCode.INTERNAL_ERROR:
             logger.exception("connection failed")
     finally:
+        state.observer.closed()
         await connection.close()
         await writer.close(code)
 
 
 async def _read_loop(ws: WebSocket, connection: Connection, writer: _Writer,
-                     decoder: Decoder) -> None:
+                     decoder: Decoder, observer: Observer) -> None:
     """Decode frames and hand them over, until the client goes away."""
     while True:
         message = await ws.receive()
+        received_at = time.monotonic()
         if message["type"] == "websocket.disconnect":
             return
         frame = message.get("text")
@@ -260,6 +304,7 @@ async def _read_loop(ws: WebSocket, connection: Connection, writer: _Writer,
         try:
             event = decoder.decode(frame)
         except ProtocolError as exc:
+            observer.protocol_error(exc.code.value)
             await writer.send(exc.to_event())
             continue
-        await connection.handle(event)
+        await connection.handle(event, received_at)

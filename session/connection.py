@@ -65,8 +65,12 @@ class Connection:
                              max_tokens=self.service.config.max_tokens,
                              max_context_tokens=max_model_len))
 
-    async def handle(self, event: object) -> None:
-        """Apply one decoded client event and carry out what it calls for."""
+    async def handle(self, event: object, received_at: float | None = None) -> None:
+        """Apply one decoded client event and carry out what it calls for.
+
+        ``received_at`` (monotonic seconds, default now) is when its frame
+        arrived: the start of the interrupt-latency measurement.
+        """
         if isinstance(event, pe.StreamResume):
             await self._resume(event)
         elif isinstance(event, pe.SessionResume):
@@ -74,7 +78,19 @@ class Connection:
                                            message="no such session",
                                            event_id=event.event_id))
         else:
-            await self._run(self.session.handle(event, self._clock()))
+            now = self._clock() if received_at is None else received_at
+            actions = self.session.handle(event, now)
+            if isinstance(event, pe.ResponseCreate):
+                self._report_rejections(actions)
+            await self._run(actions)
+
+    def _report_rejections(self, actions: list[Action]) -> None:
+        """A ``response.create`` the session refused (bad parameter, conflict)
+        is an admission rejection; the service reports its own (too long)."""
+        for action in actions:
+            if isinstance(action, Send) and isinstance(action.event, pe.ErrorEvent):
+                self.service.observer.rejected(action.event.code.value,
+                                               response_id=action.event.response_id)
 
     async def close(self) -> None:
         """The connection is gone: stop deliveries; apply the disconnect policy."""
@@ -141,7 +157,8 @@ class Connection:
 
         delivery = Delivery(self.service.log, response_id=response_id, stream_id=stream_id,
                             from_offset=from_offset, send=self._send, on_delivered=delivered,
-                            include_token_ids=self.session.settings.include_token_ids)
+                            include_token_ids=self.session.settings.include_token_ids,
+                            observer=self.service.observer)
         task = asyncio.create_task(delivery.run(), name=f"deliver-{stream_id}")
         self._deliveries[stream_id] = (delivery, task)
         task.add_done_callback(lambda _: self._deliveries.pop(stream_id, None))
@@ -169,6 +186,8 @@ class Connection:
         await self._send(pe.StreamResumed(stream_id=event.stream_id,
                                           response_id=info.response_id,
                                           from_=event.from_, status=info.status))
+        self.service.observer.resumed(stream_id=event.stream_id, from_offset=event.from_,
+                                      num_replayed=max(0, info.end - event.from_))
         self._start_delivery(info.response_id, event.stream_id, event.from_)
 
     @staticmethod

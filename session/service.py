@@ -28,6 +28,7 @@ from protocol import events as pe
 from session.chat import render_prompt
 from session.config import SessionConfig
 from session.errors import TokenLogUnavailable
+from session.observer import NullObserver, SessionObserver
 from session.session import GenerationFinished, Submit, Submitted, SubmitFailed
 from session.token_log import LogEntry, StreamEnd, StreamInfo, StreamWrite, TokenLog
 from session.tokens import make_resume_token
@@ -70,21 +71,27 @@ class Service:
         clock: monotonic seconds.
         debug: keep the last requests submitted (``recent_requests``) for
             tests and ``/debug/engine``.
+        observer: told of submits, rejections, finishes and log writes (metrics).
     """
 
     def __init__(self, runner: Any, log: TokenLog, config: SessionConfig, *,
                  secret: bytes, node_id: str = "node-0",
-                 clock: Callable[[], float] = time.monotonic, debug: bool = False) -> None:
+                 clock: Callable[[], float] = time.monotonic, debug: bool = False,
+                 observer: SessionObserver | None = None) -> None:
         self.runner = runner
+        self.observer: SessionObserver = observer or NullObserver()
         self.log = log
         self.config = config
         self.secret = secret
         self.node_id = node_id
         self.clock = clock
         self.recent_requests: deque[EngineRequest] = deque(maxlen=256 if debug else 0)
+        # Frame received -> the engine step that freed the blocks ended, per
+        # interrupt (newest last); issue 8 turns it into a histogram metric.
         self.interrupt_latencies_s: deque[float] = deque(maxlen=4096)
+        self.num_interrupts = 0
         self._live: dict[str, _LiveStream] = {}
-        self._steps: asyncio.Queue[list[RequestOutput]] = asyncio.Queue()
+        self._steps: asyncio.Queue[tuple[float, list[RequestOutput]]] = asyncio.Queue()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._writer: asyncio.Task[None] | None = None
 
@@ -135,17 +142,22 @@ class Service:
             return self._too_long(action, len(ids))
         except EngineStoppedError:
             await self._end_unsubmitted(action.stream_id, len(ids))
+            self.observer.rejected("engine_stopped", response_id=action.response_id)
             return SubmitFailed(response_id=action.response_id,
                                 code=pe.ErrorCode.INTERNAL_ERROR,
                                 message="the engine is not running")
         self._live[action.stream_id] = _LiveStream(response_id=action.response_id,
                                                    on_finish=owner.on_finish)
         self.recent_requests.append(request)
+        self.observer.submitted(response_id=action.response_id, stream_id=action.stream_id,
+                                session_id=owner.session_id, num_prompt_tokens=len(ids),
+                                max_tokens=action.params.max_tokens, messages=action.messages)
         return Submitted(response_id=action.response_id,
                          resume_token=make_resume_token(self.secret, action.stream_id,
                                                         owner.principal))
 
     def _too_long(self, action: Submit, num_tokens: int) -> SubmitFailed:
+        self.observer.rejected(pe.ErrorCode.PROMPT_TOO_LONG.value, response_id=action.response_id)
         return SubmitFailed(
             response_id=action.response_id, code=pe.ErrorCode.PROMPT_TOO_LONG,
             message=f"the prompt has {num_tokens} tokens; the context holds "
@@ -175,24 +187,30 @@ class Service:
     # ---- engine steps -> token log ---------------------------------------------
 
     def _on_engine_step(self, outputs: list[RequestOutput]) -> None:
-        """Step listener, on the engine thread: one hand-off to the loop per step."""
+        """Step listener, on the engine thread: one hand-off to the loop per step.
+
+        The step's end time travels along: interrupt latency is measured to it,
+        not to when the busy event loop got round to the outputs.
+        """
         assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._steps.put_nowait, outputs)
+        self._loop.call_soon_threadsafe(self._steps.put_nowait, (time.monotonic(), outputs))
 
     async def _write_steps(self) -> None:
         """Write each step to the log in one ``write_step``, in step order."""
         while True:
-            outputs = await self._steps.get()
+            step_end, outputs = await self._steps.get()
             writes = [w for w in map(self._to_write, outputs) if w is not None]
             if not writes:
                 continue
             try:
+                started = time.perf_counter()
                 await self.log.write_step(writes)
+                self.observer.log_written(time.perf_counter() - started, len(writes))
             except TokenLogUnavailable as exc:
                 logger.error("token log write failed for %s", exc.stream_ids)
                 for stream_id in exc.stream_ids:
                     self.runner.abort(stream_id, FinishReason.ERROR)
-            self._notify_finished(outputs)
+            self._notify_finished(outputs, step_end)
 
     def _to_write(self, out: RequestOutput) -> StreamWrite | None:
         live = self._live.get(out.request_id)
@@ -219,16 +237,26 @@ class Service:
             return None
         return StreamWrite(stream_id=out.request_id, entry=entry, finish=finish)
 
-    def _notify_finished(self, outputs: Sequence[RequestOutput]) -> None:
-        now = self.clock()
+    def _notify_finished(self, outputs: Sequence[RequestOutput], step_end: float) -> None:
         for out in outputs:
             if not out.finished or out.request_id not in self._live:
                 continue
             live = self._live.pop(out.request_id)
+            latency = None
             if live.abort_requested_at is not None:
-                self.interrupt_latencies_s.append(now - live.abort_requested_at)
+                latency = step_end - live.abort_requested_at
+                self.num_interrupts += 1
+                self.interrupt_latencies_s.append(latency)
+            assert out.finish_reason is not None
+            text = "".join(live.texts)
+            self.observer.finished(stream_id=out.request_id,
+                                   finish_reason=out.finish_reason.value,
+                                   num_output_tokens=out.num_output_tokens, text=text,
+                                   interrupt_to_free_s=latency)
             if live.on_finish is not None:
-                assert out.finish_reason is not None
-                live.on_finish(GenerationFinished(stream_id=out.request_id,
-                                                  text="".join(live.texts),
-                                                  finish_reason=out.finish_reason))
+                event = GenerationFinished(stream_id=out.request_id, text=text,
+                                           finish_reason=out.finish_reason)
+                try:
+                    live.on_finish(event)
+                except Exception:  # one broken session must not stop every stream
+                    logger.exception("finish callback of %s failed", out.request_id)

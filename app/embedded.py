@@ -1,0 +1,86 @@
+"""A bargein server on a thread of the current process (tests and benchmarks).
+
+uvicorn serves on a free loopback port from its own thread and event loop;
+the caller keeps in-process access to the app's state (engine runner, service)
+to read the engine's stats and the requests it received.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+import httpx
+import uvicorn
+
+from app.server import AppState, create_app
+from app.settings import Settings
+
+
+class EmbeddedServer:
+    """Serve ``settings`` on ``127.0.0.1`` (a free port) until :meth:`stop`.
+
+    Args:
+        settings: the server's settings (``server.host``/``port`` are ignored).
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.app = create_app(settings)
+        self.state: AppState = self.app.state.bargein
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", 0))
+        self.host, self.port = self._sock.getsockname()
+        config = uvicorn.Config(self.app, ws="websockets-sansio", lifespan="on",
+                                log_level=settings.server.log_level,
+                                ws_max_size=settings.session.max_frame_bytes)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run,
+                                        kwargs={"sockets": [self._sock]},
+                                        name="bargein-server", daemon=True)
+
+    @property
+    def ws_url(self) -> str:
+        """The realtime endpoint."""
+        return f"ws://{self.host}:{self.port}/v1/realtime"
+
+    @property
+    def http_url(self) -> str:
+        """The HTTP base URL."""
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout_s: float = 300.0) -> None:
+        """Start serving and wait until ``/readyz`` says the model is loaded.
+
+        Raises:
+            RuntimeError: loading failed, or the server thread died.
+            TimeoutError: not ready within ``timeout_s``.
+        """
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self._thread.is_alive():
+                raise RuntimeError("the server thread died while starting")
+            try:
+                response = httpx.get(self.http_url + "/readyz", timeout=2)
+            except httpx.TransportError:
+                response = None
+            if response is not None and response.status_code == 200:
+                return
+            if response is not None and response.json().get("error"):
+                raise RuntimeError(f"loading failed: {response.json()['error']}")
+            time.sleep(0.2)
+        raise TimeoutError(f"the server was not ready within {timeout_s} s")
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Shut down (engine thread included) and release the port."""
+        self._server.should_exit = True
+        self._thread.join(timeout=timeout_s)
+        self._sock.close()
+
+    def stats(self) -> Any:
+        """The engine's ``EngineStats`` now (a frozen snapshot)."""
+        return self.state.runner.stats()
