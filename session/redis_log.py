@@ -52,7 +52,13 @@ from session.token_log import (
 
 T = TypeVar("T")
 
-_ENDED_REMEMBERED = 65_536  # ended stream ids kept to refuse late writes with StreamEnded
+_REMEMBERED = 65_536  # ended (broken) stream ids kept to refuse late writes
+
+
+def _remember(ids: dict[str, None], stream_id: str) -> None:
+    ids[stream_id] = None
+    if len(ids) > _REMEMBERED:
+        del ids[next(iter(ids))]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -156,8 +162,10 @@ class RedisTokenLog:
             wake=self._wake, wake_key=wake_key, block_ms=config.block_ms, timeout_s=timeout,
             unavailable_after_s=config.retry_for_s, count=config.replay_batch)
         self._live: dict[str, _LocalStream] = {}
-        self._broken: set[str] = set()  # streams whose log is incomplete after a failure
-        self._ended: dict[str, None] = {}  # recently ended here, oldest first: writes get StreamEnded
+        # Recently broken (log incomplete after a failure) and ended stream ids, oldest first,
+        # bounded: late writes to them get TokenLogUnavailable / StreamEnded.
+        self._broken: dict[str, None] = {}
+        self._ended: dict[str, None] = {}
         self._write_lock = asyncio.Lock()
         self._degraded = False  # after an outage, fail fast (one attempt) until a call succeeds
         self._closed = False
@@ -221,8 +229,6 @@ class RedisTokenLog:
         return {k.decode(): v.decode() for k, v in found.items()} == meta
 
     def _cursor(self, stream_id: str) -> StreamCursor:
-        if stream_id in self._broken:
-            raise TokenLogUnavailable("this stream's log is incomplete after a redis failure", (stream_id,))
         local = self._live.get(stream_id)
         if local is None:
             if stream_id in self._ended:
@@ -234,24 +240,34 @@ class RedisTokenLog:
         if not writes:
             return
         async with self._write_lock:
-            check_writes(writes, self._cursor)
-            sids = tuple(dict.fromkeys(w.stream_id for w in writes))
-            commands, owners = step_commands(
-                writes, {sid: self._live[sid].cursor.end for sid in sids}, self._keys,
-                retention_ms=int(self._cfg.retention_s * 1000), live_ttl_ms=int(self._cfg.live_ttl_s * 1000))
-            try:
-                results = await self._call("write_step", lambda r: self._run_step(r, commands), sids)
-            except TokenLogUnavailable as exc:
-                self._break(sids, exc)
-                raise
-            lost = tuple(dict.fromkeys(
-                sid for sid, result in zip(owners, results) if sid is not None and self._failed(result)))
-            self._apply(writes, lost)
-            if lost:
-                error = TokenLogUnavailable("redis lost these streams (restarted without their data?)", lost)
-                self._break(lost, error)
-                await self._delete_partial(lost)
-                raise error
+            # Streams already broken are refused, but the rest of the step is still written:
+            # their readers must not see a gap because another stream failed.
+            failed = tuple(dict.fromkeys(w.stream_id for w in writes if w.stream_id in self._broken))
+            healthy = [w for w in writes if w.stream_id not in self._broken]
+            check_writes(healthy, self._cursor)
+            if healthy:
+                failed += await self._write_healthy(healthy)
+            if failed:
+                raise TokenLogUnavailable("these streams' log is incomplete after a redis failure", failed)
+
+    async def _write_healthy(self, writes: Sequence[StreamWrite]) -> tuple[str, ...]:
+        """Write validated writes; returns the streams that failed (now broken)."""
+        sids = tuple(dict.fromkeys(w.stream_id for w in writes))
+        commands, owners = step_commands(
+            writes, {sid: self._live[sid].cursor.end for sid in sids}, self._keys,
+            retention_ms=int(self._cfg.retention_s * 1000), live_ttl_ms=int(self._cfg.live_ttl_s * 1000))
+        try:
+            results = await self._call("write_step", lambda r: self._run_step(r, commands), sids)
+        except TokenLogUnavailable as exc:
+            self._break(sids, exc)
+            return sids
+        lost = tuple(dict.fromkeys(
+            sid for sid, result in zip(owners, results) if sid is not None and self._failed(result)))
+        self._apply(writes, lost)
+        if lost:
+            self._break(lost, TokenLogUnavailable("redis lost these streams (restarted without data?)", lost))
+            await self._delete_partial(lost)
+        return lost
 
     @staticmethod
     async def _run_step(redis: Redis, commands: list[bytes]) -> list[Any]:
@@ -297,19 +313,14 @@ class RedisTokenLog:
             if write.finish is not None:
                 local.finish = write.finish
                 del self._live[write.stream_id]  # readers that hold it finish from its tail
-                self._remember_ended(write.stream_id)
+                _remember(self._ended, write.stream_id)
         for local in touched.values():
             local.notify()
-
-    def _remember_ended(self, stream_id: str) -> None:
-        self._ended[stream_id] = None
-        if len(self._ended) > _ENDED_REMEMBERED:
-            del self._ended[next(iter(self._ended))]
 
     def _break(self, stream_ids: Sequence[str], error: Exception) -> None:
         for sid in stream_ids:
             local = self._live.pop(sid, None)
-            self._broken.add(sid)
+            _remember(self._broken, sid)
             if local is not None:
                 local.error = error
                 local.notify()

@@ -118,7 +118,8 @@ class TokenLog(Protocol):
 
         Raises ValueError for a non-contiguous or empty entry (nothing is
         written then), StreamNotFound, StreamEnded, TokenLogUnavailable
-        (its ``stream_ids`` are incomplete in the log).
+        (its ``stream_ids`` are incomplete in the log and refused from then
+        on; the step's other streams were written).
         """
         ...
 
