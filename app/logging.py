@@ -160,6 +160,7 @@ def configure_logging(*, fmt: LogFormat, level: str, log_prompts: bool = False,
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         uvicorn_logger = logging.getLogger(name)
         uvicorn_logger.handlers.clear()
+        uvicorn_logger.setLevel(logging.NOTSET)  # the root's level (uvicorn.run may set it)
         uvicorn_logger.propagate = True
     return handler
 

@@ -95,16 +95,19 @@ def test_keys_are_never_logged_even_with_the_debug_flag(fmt: str) -> None:
 
 
 def test_configure_logging_sends_uvicorn_through_one_handler() -> None:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
+    loggers = [logging.getLogger(name) for name in ("", "uvicorn", "uvicorn.error",
+                                                    "uvicorn.access")]
+    saved = [(lg.handlers[:], lg.level, lg.propagate) for lg in loggers]
     out = io.StringIO()
     try:
         configure_logging(fmt="json", level="info", stream=out)
         logging.getLogger("uvicorn.error").info("Started server process [%d]", 42)
         logging.getLogger("bargein.test").debug("below the level")
-    finally:  # give pytest's handlers back
-        root.handlers[:] = handlers
-        root.setLevel(level)
+    finally:  # give pytest and the live server their logging back
+        for lg, (handlers, level, propagate) in zip(loggers, saved):
+            lg.handlers[:] = handlers
+            lg.setLevel(level)
+            lg.propagate = propagate
     lines = out.getvalue().splitlines()
     assert [json.loads(line)["msg"] for line in lines] == ["Started server process [42]"]
 
