@@ -98,8 +98,8 @@ class Metrics:
             "else decode.", ["phase"], buckets=STEP_BUCKETS_S, registry=r)
         self.interrupt_to_free = Histogram(
             "bargein_interrupt_to_free_seconds",
-            "Cancel (or disconnect-cancel) frame received to the end of the engine step "
-            "that freed the request's KV blocks.", buckets=STEP_BUCKETS_S, registry=r)
+            "Cancel (or disconnect-cancel) frame received to the engine freeing the "
+            "request's KV blocks.", buckets=STEP_BUCKETS_S, registry=r)
         self.delivery_lag = Histogram(
             "bargein_delivery_lag_tokens",
             "Tokens generated but not yet sent to the client when a delta is sent "

@@ -37,8 +37,8 @@ class SessionObserver(Protocol):
     def finished(self, *, stream_id: str, finish_reason: str, num_output_tokens: int,
                  text: str, interrupt_to_free_s: float | None) -> None:
         """Generation of a stream ended. ``interrupt_to_free_s``: for an aborted
-        one, seconds from the abort's frame to the end of the engine step that
-        freed its blocks."""
+        one, seconds from the abort's frame to the engine freeing its blocks
+        (``None`` for the others)."""
 
     def log_written(self, seconds: float, num_streams: int) -> None:
         """One ``TokenLog.write_step`` took ``seconds`` for ``num_streams`` streams."""
