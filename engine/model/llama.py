@@ -10,6 +10,7 @@ one backend (``engine.kernels.get_ops``); only the GEMMs are plain torch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -74,16 +75,20 @@ def _check_supported(config: PretrainedConfig, max_model_len: int) -> None:
         raise ValueError(f"unsupported: sliding_window={window} < {max_model_len=}")
 
 
-def _fused_layer(weights: dict[str, torch.Tensor], i: int, bias: bool, to) -> LayerWeights:
+def _fused_layer(weights: dict[str, torch.Tensor], i: int, to: Callable[[torch.Tensor], torch.Tensor]) -> LayerWeights:
+    """Layer ``i``'s weights, q/k/v and gate/up fused; biases where the checkpoint has them
+    (Qwen2: q/k/v; Llama with ``attention_bias``: q/k/v and o)."""
     p = f"model.layers.{i}."
     att, mlp = p + "self_attn.", p + "mlp."
-    qkv_bias = None
-    if bias:
+    qkv_bias = o_bias = None
+    if att + "q_proj.bias" in weights:
         qkv_bias = to(torch.cat([weights[f"{att}{x}_proj.bias"] for x in "qkv"]))
+    if att + "o_proj.bias" in weights:
+        o_bias = to(weights[att + "o_proj.bias"])
     return LayerWeights(
         input_norm=to(weights[p + "input_layernorm.weight"]),
         qkv=Linear(to(torch.cat([weights[f"{att}{x}_proj.weight"] for x in "qkv"])), qkv_bias),
-        o_proj=Linear(to(weights[att + "o_proj.weight"])),
+        o_proj=Linear(to(weights[att + "o_proj.weight"]), o_bias),
         post_norm=to(weights[p + "post_attention_layernorm.weight"]),
         gate_up=Linear(to(torch.cat([weights[mlp + "gate_proj.weight"], weights[mlp + "up_proj.weight"]]))),
         down=Linear(to(weights[mlp + "down_proj.weight"])),
@@ -121,8 +126,7 @@ class LlamaModel:
         def to(t: torch.Tensor) -> torch.Tensor:
             return t.to(device=device, dtype=dtype).contiguous()
 
-        bias = bool(getattr(config, "attention_bias", False)) or config.model_type == "qwen2"
-        self.layers = [_fused_layer(weights, i, bias, to) for i in range(self.shape.num_layers)]
+        self.layers = [_fused_layer(weights, i, to) for i in range(self.shape.num_layers)]
         self.embed = to(weights["model.embed_tokens.weight"])
         self.norm = to(weights["model.norm.weight"])
         tied = getattr(config, "tie_word_embeddings", False) or "lm_head.weight" not in weights

@@ -127,16 +127,19 @@ def _tiny(arch: str) -> PreTrainedModel:
         return LlamaForCausalLM(LlamaConfig(**common, tie_word_embeddings=False))
     if arch == "llama-tied-mha":
         return LlamaForCausalLM(LlamaConfig(**{**common, "num_key_value_heads": 4}, tie_word_embeddings=True))
+    if arch == "mistral":
+        return MistralForCausalLM(MistralConfig(**common, sliding_window=None))
     if arch == "qwen2":
         model = Qwen2ForCausalLM(Qwen2Config(**common, tie_word_embeddings=False))
-        for name, p in model.named_parameters():
-            if name.endswith("proj.bias"):  # HF initialises biases to 0: make them matter
-                torch.nn.init.normal_(p, std=0.5)
-        return model
-    return MistralForCausalLM(MistralConfig(**common, sliding_window=None))
+    else:  # llama-attention-bias: biases on q, k, v and o
+        model = LlamaForCausalLM(LlamaConfig(**common, attention_bias=True))
+    for name, p in model.named_parameters():
+        if name.endswith("proj.bias"):  # HF initialises biases to 0: make them matter
+            torch.nn.init.normal_(p, std=0.5)
+    return model
 
 
-@pytest.mark.parametrize("arch", ["llama", "llama-tied-mha", "qwen2", "mistral"])
+@pytest.mark.parametrize("arch", ["llama", "llama-tied-mha", "llama-attention-bias", "qwen2", "mistral"])
 def test_tiny_architectures_match_transformers(arch: str, tmp_path: Path, model_runner_factory, hf_tokenizer) -> None:
     hf = _tiny(arch).eval()
     hf.save_pretrained(tmp_path)
