@@ -69,8 +69,8 @@ class Observer:
             extra["interrupt_to_free_s"] = round(interrupt_to_free_s, 6)
         if self.log_prompts:
             extra["text"] = text
-        with bind(stream_id=stream_id, request_id=ids and ids.request_id,
-                  session_id=ids and ids.session_id):
+        with bind(stream_id=stream_id, request_id=ids.request_id if ids else None,
+                  session_id=ids.session_id if ids else None):
             logger.info("response finished", extra=extra)
 
     def log_written(self, seconds: float, num_streams: int) -> None:
