@@ -20,10 +20,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.client import RealtimeClient
 from app.metrics import Metrics
+from engine.engine import EngineStats, StepStats
+from engine.request import FinishReason, RequestOutput
 from tests.app.conftest import LiveServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -265,3 +268,44 @@ def test_several_workers_add_up_in_one_scrape(tmp_path: Path) -> None:
     assert samples.get("bargein_requests_finished_total", finish_reason="stop") == 4
     assert samples.get("bargein_time_to_first_token_seconds_count") == 2
     assert samples.get("bargein_sessions_connected") == 3
+
+
+def test_engine_steps_feed_histograms_counters_and_gauges() -> None:
+    metrics = Metrics(CollectorRegistry())
+    engine = EngineStats(num_free_blocks=90, num_total_blocks=100, num_running=3,
+                         num_waiting=2, num_generated_tokens=0, num_prompt_tokens=0,
+                         num_preemptions=1, num_steps=2, last_step_s=0.02,
+                         num_finished_by_reason={})
+    prefill = StepStats(duration_s=0.05, num_prefill_tokens=40, num_decode_tokens=2,
+                        num_preempted=1, num_prompt_tokens=40, num_generated_tokens=3,
+                        queue_times_s=(0.5,), ttfts_s=(0.7,), inter_token_s=(0.02, 0.03),
+                        e2e_s=(), engine=engine)
+    decode = StepStats(duration_s=0.01, num_prefill_tokens=0, num_decode_tokens=3,
+                       num_preempted=0, num_prompt_tokens=0, num_generated_tokens=3,
+                       queue_times_s=(), ttfts_s=(), inter_token_s=(0.01,) * 3,
+                       e2e_s=(1.5,), engine=engine)
+    metrics.on_step(prefill)
+    metrics.on_step(decode)
+    metrics.on_outputs([RequestOutput(request_id="a", new_token_ids=(7,), text="x",
+                                      num_prompt_tokens=40, num_output_tokens=9,
+                                      finished=True, finish_reason=FinishReason.LENGTH),
+                        RequestOutput(request_id="b", new_token_ids=(8,), text="y",
+                                      num_prompt_tokens=4, num_output_tokens=2)])
+    samples = Samples(metrics.render()[0].decode())
+    steps = "bargein_engine_step_duration_seconds"
+    assert samples.get(f"{steps}_count", phase="prefill") == 1
+    assert samples.get(f"{steps}_sum", phase="prefill") == pytest.approx(0.05)
+    assert samples.get(f"{steps}_count", phase="decode") == 1
+    assert samples.get("bargein_inter_token_latency_seconds_count") == 5
+    assert samples.get("bargein_time_to_first_token_seconds_sum") == pytest.approx(0.7)
+    assert samples.get("bargein_request_queue_time_seconds_count") == 1
+    assert samples.get("bargein_e2e_request_latency_seconds_sum") == pytest.approx(1.5)
+    assert samples.get("bargein_preemptions_total") == 1
+    assert samples.get("bargein_prompt_tokens_total") == 40
+    assert samples.get("bargein_generated_tokens_total") == 6
+    assert samples.get("bargein_requests_finished_total", finish_reason="length") == 1
+    assert sum(samples.get("bargein_requests_finished_total", finish_reason=reason)
+               for reason in FINISH_REASONS) == 1
+    assert (samples.get("bargein_kv_blocks_used"), samples.get("bargein_kv_blocks_total"),
+            samples.get("bargein_sequences_running"),
+            samples.get("bargein_sequences_waiting")) == (10, 100, 3, 2)
