@@ -8,6 +8,8 @@ head ``h // (Hq // Hk)``.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -252,6 +254,12 @@ def _dot_precision(q: torch.Tensor) -> str:
     return "ieee" if q.dtype == torch.float32 or not q.is_cuda else "tf32"
 
 
+@functools.cache
+def _num_sms(device_index: int | None) -> int:
+    """Multiprocessors of a CUDA device (asked once: this runs on every decode launch)."""
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
 def _decode_num_splits(num_programs: int, max_context: int, device: torch.device) -> tuple[int, int]:
     """``(num_splits, tokens_per_split)`` for split-K decode.
 
@@ -263,7 +271,7 @@ def _decode_num_splits(num_programs: int, max_context: int, device: torch.device
     writes and reads, small beside the K and V they replace.
     """
     if device.type == "cuda":
-        target, min_tokens = 4 * torch.cuda.get_device_properties(device).multi_processor_count, 256
+        target, min_tokens = 4 * _num_sms(device.index), 256
     else:
         target, min_tokens = 8, 64
     num_splits = max(1, min(-(-target // num_programs), -(-max_context // min_tokens)))
