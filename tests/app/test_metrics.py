@@ -41,7 +41,8 @@ EXPECTED_FAMILIES = {
     "bargein_kv_blocks_total", "bargein_sessions_connected", "bargein_streams_delivering",
     "bargein_event_loop_lag_seconds", "bargein_requests_finished", "bargein_disconnects",
     "bargein_stream_resumes", "bargein_replayed_tokens", "bargein_admission_rejections",
-    "bargein_protocol_errors", "bargein_preemptions", "bargein_prompt_tokens", "bargein_generated_tokens",
+    "bargein_protocol_errors", "bargein_preemptions", "bargein_prompt_tokens",
+    "bargein_generated_tokens",
 }
 
 
