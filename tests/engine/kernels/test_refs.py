@@ -84,12 +84,15 @@ def test_write_kv_cache_scatters_to_slots() -> None:
     assert int((k_cache != 0).any(-1).any(-1).sum()) == 3
 
 
-def test_rms_norm_with_residual() -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_with_residual(dtype: torch.dtype) -> None:
     x, r, w = torch.randn(3, 7), torch.randn(3, 7), torch.randn(7)
-    out, res = OPS.rms_norm(x, w, 1e-6, r)
-    s = x + r
+    out, res = OPS.rms_norm(x.to(dtype), w.to(dtype), 1e-6, r.to(dtype))
+    s = x.to(dtype) + r.to(dtype)
     torch.testing.assert_close(res, s)
-    torch.testing.assert_close(out, s / torch.sqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6) * w)
+    s = s.float()
+    want = s / torch.sqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6) * w.to(dtype).float()
+    torch.testing.assert_close(out, want.to(dtype))
     out2, res2 = OPS.rms_norm(x, w, 1e-6)
     assert res2 is x or torch.equal(res2, x)
 
