@@ -200,11 +200,11 @@ SCRIPTED_RESUME = """async () => {
     close() { this.readyState = 3; }
     push(event) { this.onmessage?.({ data: typeof event === 'string' ? event : JSON.stringify(event) }); }
   }
-  const tick = () => new Promise((resolve) => setTimeout(resolve, 20));
+  const until = async (ready) => { while (!ready()) await new Promise((resolve) => setTimeout(resolve, 5)); };
   const client = new BargeinClient('ws://scripted/v1/realtime',
     { WebSocket: ScriptedSocket, apiKey: 'k1', initialDelayMs: 1, pingIntervalMs: 0 });
   const connected = client.connect();
-  await tick();
+  await until(() => sockets[0]?.readyState === 1);
   const [first] = sockets;
   first.push('not json');
   first.push({ type: 'from.the.future', x: 1 });
@@ -217,7 +217,7 @@ SCRIPTED_RESUME = """async () => {
   first.push(delta(0, 2, 'Hello'));
   first.push(delta(2, 3, ' wor'));
   client.drop();
-  await tick();
+  await until(() => sockets[1]?.sent.length === 1);
   const second = sockets[1];
   const sessionResume = second.sent[0];
   second.push({ type: 'session.created', session_id: 's2', session_token: 't2', limits: {} });
@@ -330,6 +330,7 @@ def test_talking_over_the_voice_cuts_the_turn_to_what_was_spoken(open_page: Any,
     page.page.evaluate("window.__say('Write two sentences about the sea.')")
     page.page.wait_for_function("() => window.__wordsSpoken >= 4", timeout=60_000)
     spoken = page.page.evaluate("() => { window.__say('Name one color.'); return window.__spoken(); }")
+    page.page.wait_for_function("() => document.querySelectorAll('.msg.assistant').length === 2")
     assert page.wait_for_end() in {"stop", "length"}
     first_text = page.page.inner_text(".msg.assistant >> nth=0 >> .text")
     (cancel,) = page.of_type(page.sent, "response.cancel")
@@ -360,12 +361,12 @@ SCRIPTED_SESSION_LOST = """async () => {
     close() { this.readyState = 3; }
     push(event) { this.onmessage?.({ data: JSON.stringify(event) }); }
   }
-  const tick = () => new Promise((resolve) => setTimeout(resolve, 20));
+  const until = async (ready) => { while (!ready()) await new Promise((resolve) => setTimeout(resolve, 5)); };
   const client = new BargeinClient('ws://scripted', { WebSocket: ScriptedSocket, initialDelayMs: 1, pingIntervalMs: 0 });
   const lost = [];
   client.addEventListener('sessionlost', (event) => lost.push(event.detail.code));
   const connected = client.connect();
-  await tick();
+  await until(() => sockets[0]?.readyState === 1);
   sockets[0].push({ type: 'session.created', session_id: 's1', session_token: 't1', limits: {} });
   await connected;
   const reply = client.send('hi');
@@ -374,7 +375,7 @@ SCRIPTED_SESSION_LOST = """async () => {
   sockets[0].push(delta(0, 2, 'Hello'));
   reply.cancel({ heardChars: 3 });
   client.drop();
-  await tick();
+  await until(() => sockets[1]?.sent.length === 1);
   const second = sockets[1];
   second.push({ type: 'session.created', session_id: 's2', session_token: 't2', limits: {} });
   second.push({ type: 'error', code: 'not_found', message: 'no such session', retryable: false,
