@@ -233,7 +233,8 @@ class EngineRunner:
         for request_id, reason in aborts:
             self.engine.abort_request(request_id, reason)
         outputs = self.engine.step()
-        self._stats = self.engine.stats()
+        last = self.engine.last_step
+        self._stats = last.engine if last is not None else self.engine.stats()
         with self._cond:
             stats_listeners = list(self._stats_listeners)
         for fn in stats_listeners:

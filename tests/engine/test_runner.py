@@ -266,3 +266,14 @@ async def test_leaving_generate_early_cancels_the_request(setup, hf_tokenizer) -
     outs = assert_ended_once(collector, "g", FinishReason.CANCELLED)
     assert outs[-1].num_output_tokens < 200
     assert Counter(o.request_id for o in collector.outputs("g") if o.finished) == {"g": 1}
+
+
+def test_shutdown_before_start_cancels_queued_requests(shared_runner: ModelRunner, hf_tokenizer) -> None:
+    runner = EngineRunner(LLMEngine(shared_runner, CONFIG))
+    collector = Collector()
+    runner.add_step_listener(collector)
+    runner.submit(request(hf_tokenizer, "queued"))
+    runner.shutdown()
+    assert_ended_once(collector, "queued", FinishReason.CANCELLED)
+    with pytest.raises(EngineStoppedError):
+        runner.submit(request(hf_tokenizer, "late"))
