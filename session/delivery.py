@@ -20,6 +20,9 @@ from session.observer import NullObserver, SessionObserver
 from session.token_log import LogEntry, StreamEnd, TokenLog
 
 SendEvent = Callable[[object], Awaitable[None]]
+# Log entries read ahead of the socket; past it the reader waits, so a lagging
+# client costs no memory beyond the log itself (whatever the log backend).
+READ_AHEAD = 64
 
 
 def done_event(response_id: str, stream_id: str, end: StreamEnd) -> pe.ResponseDone:
@@ -60,7 +63,8 @@ class Delivery:
         self._include_token_ids = include_token_ids
         self._observer: SessionObserver = observer or NullObserver()
         self._muted = False
-        self._queue: asyncio.Queue[LogEntry | StreamEnd | BaseException] = asyncio.Queue()
+        self._queue: asyncio.Queue[LogEntry | StreamEnd | BaseException] = asyncio.Queue(
+            maxsize=READ_AHEAD)
 
     def mute(self) -> None:
         """Send no more deltas; still send ``response.done`` when the stream ends
@@ -92,9 +96,9 @@ class Delivery:
     async def _read(self) -> None:
         try:
             async for item in self.log.read(self.stream_id, self.sent_end):
-                self._queue.put_nowait(item)
+                await self._queue.put(item)
         except (StreamNotFound, TokenLogUnavailable) as exc:
-            self._queue.put_nowait(exc)
+            await self._queue.put(exc)
 
     async def _deliver(self) -> None:
         while self.finish is None:
@@ -113,7 +117,7 @@ class Delivery:
 
     async def _send_delta(self, entries: list[LogEntry]) -> None:
         text = "".join(e.text for e in entries)
-        token_ids = [t for e in entries for t in e.token_ids]
+        token_ids = tuple(t for e in entries for t in e.token_ids)
         delta = pe.ResponseDelta(
             response_id=self.response_id, stream_id=self.stream_id,
             start=entries[0].start, end=entries[-1].end, text=text,

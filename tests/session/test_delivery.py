@@ -1,0 +1,109 @@
+"""Delivery from the token log to a (fake, slow) socket: coalescing and offsets."""
+
+from __future__ import annotations
+
+import asyncio
+
+from protocol import events as pe
+from session.delivery import Delivery
+from session.token_log import LogEntry, MemoryTokenLog, StreamEnd, StreamInfo, StreamWrite
+
+WORDS = ["Paris", " is", " the", " capital", " of", " France", "."]
+
+
+async def new_stream(log: MemoryTokenLog, stream_id: str = "s1") -> None:
+    await log.create_stream(StreamInfo(stream_id=stream_id, response_id="r1", principal="p",
+                                       session_id="sess", owner_node="n", status="live",
+                                       end=0, finish=None))
+
+
+def step(i: int, stream_id: str = "s1") -> list[StreamWrite]:
+    entry = LogEntry(start=i, end=i + 1, text=WORDS[i], token_ids=(100 + i,))
+    return [StreamWrite(stream_id=stream_id, entry=entry, finish=None)]
+
+
+def finish(end: int) -> list[StreamWrite]:
+    done = StreamEnd(end=end, finish_reason="stop", prompt_tokens=9, completion_tokens=end,
+                     cached_tokens=0)
+    return [StreamWrite(stream_id="s1", entry=None, finish=done)]
+
+
+class SlowSocket:
+    """Records events; each send blocks until the test releases it."""
+
+    def __init__(self) -> None:
+        self.events: list[object] = []
+        self.gate = asyncio.Event()
+
+    async def send(self, event: object) -> None:
+        self.events.append(event)
+        await self.gate.wait()
+
+
+async def test_tokens_written_while_the_socket_is_busy_go_out_as_one_delta() -> None:
+    log = MemoryTokenLog()
+    await new_stream(log)
+    socket = SlowSocket()
+    delivered: list[str] = []
+    delivery = Delivery(log, response_id="r1", stream_id="s1", from_offset=0,
+                        send=socket.send, on_delivered=delivered.append,
+                        include_token_ids=True)
+    task = asyncio.create_task(delivery.run())
+    await log.write_step(step(0))
+    while not socket.events:  # the first delta is on the (blocked) wire
+        await asyncio.sleep(0)
+    for i in range(1, len(WORDS)):  # the engine goes on meanwhile
+        await log.write_step(step(i))
+    await log.write_step(finish(len(WORDS)))
+    socket.gate.set()
+    await asyncio.wait_for(task, 5)
+    first, second, done = socket.events
+    assert first == pe.ResponseDelta(response_id="r1", stream_id="s1", start=0, end=1,
+                                     text="Paris", token_ids=(100,))
+    assert isinstance(second, pe.ResponseDelta)
+    assert (second.start, second.end, second.text) == (1, 7, " is the capital of France.")
+    assert second.token_ids == tuple(range(101, 107))
+    assert isinstance(done, pe.ResponseDone)
+    assert (done.end, done.finish_reason, done.usage.completion_tokens) == (7, "stop", 7)
+    assert "".join(delivered) == "".join(WORDS)
+
+
+async def test_delivery_from_an_offset_sends_only_the_rest() -> None:
+    log = MemoryTokenLog()
+    await new_stream(log)
+    for i in range(len(WORDS)):
+        await log.write_step(step(i))
+    await log.write_step(finish(len(WORDS)))
+    socket = SlowSocket()
+    socket.gate.set()
+    await Delivery(log, response_id="r1", stream_id="s1", from_offset=3,
+                   send=socket.send).run()
+    deltas = [e for e in socket.events if isinstance(e, pe.ResponseDelta)]
+    assert "".join(d.text for d in deltas) == " capital of France."
+    assert deltas[0].start == 3 and deltas[-1].end == 7
+    assert all(d.token_ids is None for d in deltas)  # not asked for
+    assert isinstance(socket.events[-1], pe.ResponseDone)
+
+
+async def test_muted_delivery_sends_only_the_done() -> None:
+    log = MemoryTokenLog()
+    await new_stream(log)
+    socket = SlowSocket()
+    socket.gate.set()
+    delivery = Delivery(log, response_id="r1", stream_id="s1", from_offset=0,
+                        send=socket.send)
+    delivery.mute()  # barge-in: the user stopped listening
+    task = asyncio.create_task(delivery.run())
+    await log.write_step(step(0))
+    await log.write_step(finish(1))
+    await asyncio.wait_for(task, 5)
+    assert [type(e) for e in socket.events] == [pe.ResponseDone]
+
+
+async def test_unknown_stream_is_answered_with_not_found() -> None:
+    socket = SlowSocket()
+    socket.gate.set()
+    await Delivery(MemoryTokenLog(), response_id="r1", stream_id="nope", from_offset=0,
+                   send=socket.send).run()
+    (error,) = socket.events
+    assert isinstance(error, pe.ErrorEvent) and error.code is pe.ErrorCode.NOT_FOUND
