@@ -19,7 +19,7 @@ const STATE_LABELS = {
   resuming: "resuming…", closed: "disconnected",
 };
 
-/** The answer on screen now: its Response, its elements and its timings. */
+/** The answer on screen now: its BargeinResponse, its elements and its timings. */
 let turn = null;
 /** Voice mode: the recognition, or null when off. */
 let listener = null;
@@ -101,7 +101,7 @@ function addMessage(role, text) {
   return { item, node: body.firstChild, meta };
 }
 
-/** @param {import("./bargein.js").Response} response */
+/** @param {import("./bargein.js").BargeinResponse} response */
 function showResponse(response) {
   const { item, node, meta } = addMessage("assistant", "");
   item.dataset.responseId = response.id;

@@ -83,7 +83,7 @@ export class BargeinError extends Error {
  * After `cancel()` no further deltas are handed out (what is on screen stays
  * what was heard) although late ones are still counted in `text` and `end`.
  */
-export class Response extends EventTarget {
+export class BargeinResponse extends EventTarget {
   /** @param {BargeinClient} client @param {string} id */
   constructor(client, id) {
     super();
@@ -226,7 +226,7 @@ export class Response extends EventTarget {
  *
  * Events (all CustomEvent): `statechange` (detail: {state, attempt, delayMs}),
  * `event` (detail: every server event, unknown types included), `sent`
- * (detail: every client event), `response` (detail: a new Response), `error`
+ * (detail: every client event), `response` (detail: a new BargeinResponse), `error`
  * (detail: a BargeinError not tied to one response), `sessionlost` (detail: a
  * BargeinError: after a reconnect the server no longer had the conversation, so
  * the client goes on in a new session; streams still resume).
@@ -251,7 +251,7 @@ export class BargeinClient extends EventTarget {
     /** @type {Record<string, number> | null} limits from `session.created` */
     this.limits = null;
     /** @type {string | null} */ this.model = null;
-    /** @type {Map<string, Response>} */
+    /** @type {Map<string, BargeinResponse>} */
     this.responses = new Map();
     /** Number of streams resumed (`stream.resumed`) since connect(). */
     this.resumes = 0;
@@ -317,12 +317,12 @@ export class BargeinClient extends EventTarget {
    * @param {string | Array<{role: string, content: string}>} input  a user message, or items
    * @param {Record<string, any> & {interruptActive?: boolean}} [params]  max_tokens,
    *   temperature, top_p, top_k, seed, stop; `interruptActive` barges in on an active response
-   * @returns {Response}
+   * @returns {BargeinResponse}
    */
   send(input, params = {}) {
     const { interruptActive, ...sampling } = params;
     const items = typeof input === "string" ? [{ role: "user", content: input }] : input;
-    const response = new Response(this, newId("resp"));
+    const response = new BargeinResponse(this, newId("resp"));
     this.responses.set(response.id, response);
     this._emit("response", response);
     const event = { type: "response.create", response_id: response.id, input: items, ...sampling };
@@ -333,7 +333,7 @@ export class BargeinClient extends EventTarget {
 
   /**
    * Barge-in on `response` (`response.cancel`). Safe to call more than once.
-   * @param {Response | string} response  a Response or its id
+   * @param {BargeinResponse | string} response  a BargeinResponse or its id
    * @param {{heardChars?: number}} [options]  characters the user saw or heard (code points)
    */
   cancel(response, options = {}) {
