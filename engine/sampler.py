@@ -83,9 +83,10 @@ class Sampler:
         rand_rows = [i for i, p in enumerate(params) if not p.greedy]
         rand_params = [params[i] for i in rand_rows]
         probs = self._probs(logits[rand_rows], rand_params)
-        noise = torch.empty_like(probs)
+        noise = torch.empty_like(probs).exponential_()  # global RNG for unseeded rows
         for row, i in enumerate(rand_rows):
-            noise[row].exponential_(generator=generators[i])
+            if generators[i] is not None:  # seeded rows draw from their own stream
+                noise[row].exponential_(generator=generators[i])
         tokens[rand_rows] = (probs / noise).argmax(dim=-1)
         return tokens.tolist()
 
