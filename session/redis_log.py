@@ -2,10 +2,11 @@
 
 The key layout and entry format are in session/redis_format.py.
 
-Writes: one packed write of every command of an engine step on one pooled
-connection (a pipeline; the finish is queued after the entries), retried with backoff for at most ``retry_for_s``; then
+Writes: every command of an engine step goes out as one packed write on one
+pooled connection (a pipeline: one round trip; the finish is queued after the
+entries), retried with backoff for at most ``retry_for_s``; then
 :class:`TokenLogUnavailable` names the step's streams, which are broken from
-then on. A stream whose keys vanished (Redis restarted without persistence)
+then on (the step's other streams are still written). A stream whose keys vanished (Redis restarted without persistence)
 is detected by ``XADD NOMKSTREAM`` returning nil (or its metadata missing at
 its first write); it is reported the same way and its partial keys deleted.
 
@@ -70,7 +71,8 @@ class RedisLogConfig:
         live_ttl_s: seconds after creation a stream's keys expire if it never ends.
         retry_for_s: how long a failing write or read is retried before
             TokenLogUnavailable.
-        socket_timeout_s: per-command socket timeout (a hung Redis is a failure).
+        socket_timeout_s: longest wait for one attempt of a call (a hung Redis
+            is a failure, retried within ``retry_for_s``); also the connect timeout.
         block_ms: longest XREAD BLOCK of the node's tailer.
         replay_batch: entries per XRANGE when replaying.
         fanout_entries: entries of each stream this node writes kept in memory

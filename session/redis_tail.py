@@ -101,14 +101,14 @@ class StreamTailer:
         self._timeout_s = timeout_s
         self._unavailable_after_s = unavailable_after_s
         self._count = count
-        self._subs: set[Subscription] = set()
+        self._subs: dict[str, set[Subscription]] = {}  # log key -> its subscribers
         self._has_subs = asyncio.Event()
         self._wake_id: StreamId = (0, 0)
         self._task: asyncio.Task[None] | None = None
 
     async def subscribe(self, sub: Subscription) -> None:
         """Start delivering entries past ``sub.last_id`` to ``sub.queue``."""
-        self._subs.add(sub)
+        self._subs.setdefault(sub.log_key, set()).add(sub)
         self._has_subs.set()
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run(), name="bargein-redis-tail")
@@ -117,7 +117,11 @@ class StreamTailer:
 
     def unsubscribe(self, sub: Subscription) -> None:
         """Stop delivering to ``sub`` (idempotent)."""
-        self._subs.discard(sub)
+        subs = self._subs.get(sub.log_key)
+        if subs is not None:
+            subs.discard(sub)
+            if not subs:
+                del self._subs[sub.log_key]
         if not self._subs:
             self._has_subs.clear()
 
@@ -153,11 +157,8 @@ class StreamTailer:
 
     async def _poll(self, client: Redis) -> None:
         """One XREAD BLOCK over the wake key and every subscribed key."""
-        keys: dict[str, StreamId] = {}
-        for sub in self._subs:
-            keys[sub.log_key] = min(keys.get(sub.log_key, sub.last_id), sub.last_id)
         streams = {self._wake_key: format_id(self._wake_id)}
-        streams.update((key, format_id(last)) for key, last in keys.items())
+        streams.update((key, format_id(min(s.last_id for s in subs))) for key, subs in self._subs.items())
         async with asyncio.timeout(self._block_ms / 1000 + self._timeout_s):
             reply = await client.xread(streams, count=self._count, block=self._block_ms)
         if not reply:
@@ -173,7 +174,7 @@ class StreamTailer:
                 self._deliver(key, entries)
 
     def _deliver(self, key: str, entries: list[RawEntry]) -> None:
-        for sub in [s for s in self._subs if s.log_key == key]:
+        for sub in list(self._subs.get(key, ())):
             fresh = [e for e in entries if e[0] > sub.last_id]
             if fresh:
                 sub.last_id = fresh[-1][0]
@@ -181,7 +182,7 @@ class StreamTailer:
 
     async def _drop_missing(self, client: Redis) -> None:
         """Tell subscribers of streams whose metadata is gone (expired) to stop."""
-        subs = list(self._subs)
+        subs = [sub for key_subs in self._subs.values() for sub in key_subs]
         async with client.pipeline(transaction=False) as pipe:
             for sub in subs:
                 pipe.exists(sub.meta_key)
@@ -192,6 +193,6 @@ class StreamTailer:
                 sub.queue.put_nowait(StreamNotFound(sub.stream_id, "expired while followed"))
 
     def _fail_all(self, error: Exception) -> None:
-        for sub in list(self._subs):
+        for sub in [sub for key_subs in self._subs.values() for sub in key_subs]:
             self.unsubscribe(sub)
             sub.queue.put_nowait(error)

@@ -115,7 +115,10 @@ async def test_remote_readers_share_one_blocking_read(make_log: MakeLog, raw: Re
     for sid in sids:
         await writer.create_stream(live_info(sid))
     tasks = [asyncio.create_task(collect(reader.read(sid, 0))) for sid in sids]
-    await asyncio.sleep(0.2)
+    for _ in range(100):  # until every reader has replayed and waits on the tailer
+        await asyncio.sleep(0.05)
+        if sum(map(len, reader._tailer._subs.values())) == len(sids) and (await raw.info("clients"))["blocked_clients"]:
+            break
     clients = await raw.client_list()
     assert sum(1 for c in clients if c["cmd"] == "xread") == 1  # not one per reader
     await writer.write_step([write(sid, entry(0, 3), finish(3)) for sid in sids])
@@ -124,7 +127,7 @@ async def test_remote_readers_share_one_blocking_read(make_log: MakeLog, raw: Re
 
 
 async def test_remote_reader_joins_a_blocked_read_at_once(make_log: MakeLog) -> None:
-    writer, reader = make_log("node-a"), make_log("node-b", block_ms=10_000)
+    writer, reader = make_log("node-a"), make_log("node-b", block_ms=30_000)
     for sid in ("first", "second"):
         await writer.create_stream(live_info(sid))
     first = asyncio.create_task(collect(reader.read("first", 0)))
@@ -132,7 +135,7 @@ async def test_remote_reader_joins_a_blocked_read_at_once(make_log: MakeLog) -> 
     second = asyncio.create_task(collect(reader.read("second", 0)))
     await asyncio.sleep(0.1)
     await writer.write_step([write("second", entry(0, 1), finish(1))])
-    assert await asyncio.wait_for(second, 2) == [entry(0, 1), finish(1)]  # well under block_ms
+    assert await asyncio.wait_for(second, 5) == [entry(0, 1), finish(1)]  # well under block_ms
     first.cancel()
     await asyncio.gather(first, return_exceptions=True)
 
