@@ -156,13 +156,11 @@ class RealtimeClient:
             yield delta
 
     async def _follow(self, response: Response) -> AsyncIterator[str]:
-        failures = 0
         while response.done is None:
             try:
                 event = await self._recv()
             except ConnectionClosed:
-                failures += 1
-                if failures > self.max_reconnects:
+                if self.max_reconnects < 1:
                     raise
                 await self._resume(response)
                 continue
@@ -179,14 +177,28 @@ class RealtimeClient:
                 raise ServerError(event)
 
     async def _resume(self, response: Response) -> None:
-        """Reconnect and ``stream.resume`` from ``response.end``."""
+        """Reconnect and ``stream.resume`` from ``response.end``, retrying with
+        exponential backoff (50 ms, 100 ms, ...) up to ``max_reconnects`` times.
+
+        Raises:
+            ConnectionClosed or OSError: the last attempt's failure.
+            ServerError: the server refused the resume (e.g. ``not_found``).
+        """
         self._ws = None
-        await asyncio.sleep(0.05)
-        await self.connect()
-        await self.send({"type": "stream.resume", "stream_id": response.stream_id,
-                         "resume_token": response.resume_token, "from": response.end})
-        await self._expect("stream.resumed")
-        self.num_resumes += 1
+        for attempt in range(self.max_reconnects):
+            await asyncio.sleep(0.05 * 2**attempt)
+            try:
+                await self.connect()
+                await self.send({"type": "stream.resume", "stream_id": response.stream_id,
+                                 "resume_token": response.resume_token,
+                                 "from": response.end})
+                await self._expect("stream.resumed")
+            except (ConnectionClosed, OSError):
+                if attempt == self.max_reconnects - 1:
+                    raise
+                continue
+            self.num_resumes += 1
+            return
 
     async def cancel(self, heard_chars: int | None = None) -> dict[str, Any]:
         """Interrupt the current response; returns its ``response.done``.
