@@ -45,7 +45,7 @@ export function countChars(text) {
 export class BargeinError extends Error {
   /**
    * @param {string} code  protocol error code (`conflict`, `not_found`, ...) or a
-   *   client code: `connection_lost`, `closed`, `stream_gap`
+   *   client code: `connection_lost`, `closed`, `stream_gap`, `frame_too_large`
    * @param {string} message  human readable
    * @param {{retryable?: boolean, retryAfterMs?: number, responseId?: string}} [extra]
    */
@@ -566,10 +566,25 @@ export class BargeinClient extends EventTarget {
   _send(event, { reject, direct = false } = {}) {
     const eventId = `evt_${this._nextEventId++}`;
     const framed = { ...event, event_id: eventId };
+    const tooBig = this._checkSize(framed);
+    if (tooBig) {
+      if (reject) reject(tooBig);
+      else this._emit("error", tooBig);
+      return eventId;
+    }
     if (reject) this._pending.set(eventId, { reject, type: event.type });
     if (direct || this.state === "open") this._sendDirect(framed);
     else this._outbox.push(framed);
     return eventId;
+  }
+
+  /** The server closes the socket (1009) on a frame over its limit: refuse it here instead. */
+  _checkSize(event) {
+    const maxBytes = this.limits?.max_frame_bytes;
+    if (!maxBytes) return null;
+    const numBytes = new TextEncoder().encode(JSON.stringify(event)).length;
+    if (numBytes <= maxBytes) return null;
+    return new BargeinError("frame_too_large", `${event.type} is ${numBytes} bytes; the server takes at most ${maxBytes}`);
   }
 
   _sendDirect(event) {

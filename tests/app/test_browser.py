@@ -208,8 +208,10 @@ SCRIPTED_RESUME = """async () => {
   const [first] = sockets;
   first.push('not json');
   first.push({ type: 'from.the.future', x: 1 });
-  first.push({ type: 'session.created', session_id: 's1', session_token: 't1', model: 'm', limits: {} });
+  first.push({ type: 'session.created', session_id: 's1', session_token: 't1', model: 'm',
+               limits: { max_frame_bytes: 400 } });
   await connected;
+  const tooBig = await client.send('x'.repeat(400)).done.catch((error) => error.code);
   const reply = client.send('hi', { max_tokens: 9 });
   const create = first.sent.at(-1);
   const delta = (start, end, text) => ({ type: 'response.delta', response_id: reply.id, stream_id: 'st', start, end, text });
@@ -232,7 +234,7 @@ SCRIPTED_RESUME = """async () => {
                 finish_reason: 'stop', usage: { prompt_tokens: 1, completion_tokens: 6, cached_tokens: 0 } });
   const pieces = [];
   for await (const piece of reply) pieces.push(piece.text);
-  return { protocols: first.protocols, create, sessionResume, streamResume, pieces, text: reply.text,
+  return { protocols: first.protocols, tooBig, create, sessionResume, streamResume, pieces, text: reply.text,
            chars: countChars(reply.text), sessionId: client.sessionId, state: client.state,
            finish: reply.finishReason, resumes: client.resumes };
 }"""
@@ -242,6 +244,7 @@ def test_client_resumes_without_repeating_or_losing_text(open_page: Any) -> None
     page = open_page()
     result = page.page.evaluate(SCRIPTED_RESUME)
     assert result["protocols"] == ["bargein.v1.json", "bearer.k1"]
+    assert result["tooBig"] == "frame_too_large"
     assert result["create"]["type"] == "response.create"
     assert result["create"]["input"] == [{"role": "user", "content": "hi"}]
     assert result["create"]["max_tokens"] == 9
