@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 from session.errors import (
     OffsetOutOfRange,
@@ -200,6 +200,8 @@ class RedisTokenLog:
                     raise TokenLogUnavailable(f"{what}: redis unreachable ({exc!r})", stream_ids) from exc
                 await asyncio.sleep(min(delay, remaining))
                 delay = min(delay * 2, 0.5)
+            except RedisError as exc:  # an error reply, e.g. a key of the wrong type: no retry
+                raise TokenLogUnavailable(f"{what}: redis refused it ({exc})", stream_ids) from exc
 
     # -- writing --------------------------------------------------------------
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from session.errors import StreamNotFound, TokenLogUnavailable
@@ -151,6 +152,9 @@ class StreamTailer:
                     if loop.time() - down_since >= self._unavailable_after_s:
                         self._fail_all(TokenLogUnavailable(f"redis unreachable: {exc}"))
                     await asyncio.sleep(0.1)
+                except RedisError as exc:  # an error reply (e.g. a key of the wrong type)
+                    log.error("token log tailer: %r; failing its %d keys' readers", exc, len(self._subs))
+                    self._fail_all(TokenLogUnavailable(f"redis refused the tailer's read: {exc}"))
         finally:
             if client is not None:
                 await client.aclose()

@@ -233,3 +233,23 @@ async def test_a_step_retried_after_a_lost_reply_is_written_once(
     other = make_log("node-b")
     await log.write_step([write("b", f=finish(2))])
     assert await collect(other.read("b", 0)) == [entry(0, 1), entry(1, 2), finish(2)]
+
+
+async def test_an_error_reply_reaches_readers_as_unavailable(make_log: MakeLog, raw: Redis) -> None:
+    writer, reader = make_log("node-a"), make_log("node-b")
+    for sid in ("clash", "other"):
+        await writer.create_stream(live_info(sid))
+    follower = asyncio.create_task(collect(reader.read("clash", 0)))
+    for _ in range(100):  # until it waits on the tailer's XREAD
+        await asyncio.sleep(0.05)
+        if reader._tailer._subs:
+            break
+    log_key = next(k for k in await raw.keys("*{clash}*") if k.endswith(b":meta")).replace(b":meta", b":log")
+    await raw.set(log_key, "not a stream")  # another program clobbered the key
+    other = asyncio.create_task(collect(reader.read("other", 0)))  # wakes the tailer: its XREAD fails
+    with pytest.raises(TokenLogUnavailable):  # the followers are told (all of the node's: which
+        await asyncio.wait_for(follower, 10)  # key failed is not in the error), none left waiting
+    with pytest.raises(TokenLogUnavailable):
+        await asyncio.wait_for(other, 10)
+    with pytest.raises(TokenLogUnavailable):
+        await collect(reader.read("clash", 0))
