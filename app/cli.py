@@ -85,6 +85,8 @@ def serve(settings: Settings) -> None:
     uvicorn.run(app, host=settings.server.host, port=settings.server.port,
                 log_level=settings.server.log_level, ws="websockets-sansio",
                 ws_max_size=settings.session.max_frame_bytes,
+                ws_ping_interval=settings.server.ws_ping_interval_s or None,
+                ws_ping_timeout=settings.server.ws_ping_timeout_s or None,
                 log_config=None)  # keep the structured logging set up above
 
 

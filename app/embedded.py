@@ -36,7 +36,9 @@ class EmbeddedServer:
         self.host, self.port = self._sock.getsockname()
         config = uvicorn.Config(self.app, ws="websockets-sansio", lifespan="on",
                                 log_level=settings.server.log_level,
-                                ws_max_size=settings.session.max_frame_bytes)
+                                ws_max_size=settings.session.max_frame_bytes,
+                                ws_ping_interval=settings.server.ws_ping_interval_s or None,
+                                ws_ping_timeout=settings.server.ws_ping_timeout_s or None)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run,
                                         kwargs={"sockets": [self._sock]},

@@ -111,7 +111,7 @@ def _answering(endpoint: Endpoint) -> Endpoint:
         try:
             return await endpoint(request)
         except ApiError as exc:
-            return JSONResponse(exc.body(), status_code=exc.status)
+            return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
     return answer
 
@@ -166,8 +166,9 @@ async def _submit(service: Service, chat: ChatRequest, principal: str
                   ) -> tuple[Completion, str]:
     """Create the stream and submit its request, as a ``response.create`` would.
 
-    Raises ApiError: the prompt does not fit (400 ``context_length_exceeded``)
-    or the engine is not running (503).
+    Raises ApiError: the prompt does not fit (400 ``context_length_exceeded``),
+    admission refused it (``rate_limited``: 429, ``overloaded``: 503, both with
+    ``Retry-After``) or the engine is not running (503).
     """
     stream_id = uuid.uuid4().hex
     completion = Completion(completion_id=f"chatcmpl-{stream_id}", created=int(time.time()),
@@ -181,6 +182,13 @@ async def _submit(service: Service, chat: ChatRequest, principal: str
     if isinstance(result, SubmitFailed):
         if result.code is pe.ErrorCode.PROMPT_TOO_LONG:
             raise ApiError(result.message, param="messages", code="context_length_exceeded")
+        if result.retry_after_ms is not None:
+            limited = result.code is pe.ErrorCode.RATE_LIMITED
+            raise ApiError(result.message, status=429 if limited else 503,
+                           code=result.code.value,
+                           type_="rate_limit_error" if limited else "server_error",
+                           headers={"Retry-After": str(-(-result.retry_after_ms // 1000)),
+                                    "X-Bargein-Retry-After-Ms": str(result.retry_after_ms)})
         raise ApiError(result.message, status=503, code=result.code.value,
                        type_="server_error")
     return completion, stream_id

@@ -44,12 +44,15 @@ class ApiError(Exception):
         code: machine-readable reason (``invalid_value``, ``context_length_exceeded``...).
         status: the HTTP status to answer with.
         type_: OpenAI's error type (``invalid_request_error``, ``server_error``).
+        headers: extra response headers (``Retry-After``).
     """
 
     def __init__(self, message: str, *, param: str | None = None,
                  code: str | None = "invalid_value", status: int = 400,
-                 type_: str = "invalid_request_error") -> None:
+                 type_: str = "invalid_request_error",
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
+        self.headers = headers
         self.message = message
         self.param = param
         self.code = code

@@ -22,19 +22,23 @@ from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from app.auth import AuthConfig, AuthMiddleware, load_api_keys
 from app.logging import set_ids
 from app.metrics import Metrics, create_metrics
 from app.observer import Observer
 from app.openai_api import openai_routes
+from app.outgoing import Outgoing
 from app.settings import Settings
-from protocol import CloseCode, Decoder, Format, encode, select_subprotocol
+from protocol import CloseCode, Decoder, select_subprotocol
 from protocol.errors import FrameTooLarge, ProtocolError
+from session.admission import Admission
 from session.connection import Connection
 from session.service import Service
 from session.token_log import TokenLog, open_token_log
@@ -110,7 +114,8 @@ async def _load(state: AppState, progress: Progress) -> None:
                       secret=secret.encode() if secret else secrets.token_bytes(32),
                       node_id=os.uname().nodename,
                       debug=state.settings.server.debug_endpoints,
-                      observer=state.observer)
+                      observer=state.observer,
+                      admission=Admission(state.settings.admission))
     await service.start()
     state.service = service
     progress("ready")
@@ -141,7 +146,10 @@ def create_app(settings: Settings, *, progress: Progress = lambda stage: None) -
     if settings.server.debug_endpoints:
         routes.append(Route("/debug/engine", debug_engine))
     routes.append(Mount("/", StaticFiles(directory=STATIC_DIR, html=True), name="static"))
-    app = Starlette(routes=routes, lifespan=lifespan)
+    auth = AuthConfig(key_digests=load_api_keys(settings.server.api_keys),
+                      allowed_origins=frozenset(settings.server.allowed_origins))
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    middleware=[Middleware(AuthMiddleware, config=auth)])
     app.state.bargein = state
     return app
 
@@ -211,66 +219,20 @@ async def debug_engine(request: Request) -> JSONResponse:
     return JSONResponse({"stats": stats, "recent_requests": recent, "interrupts": interrupts})
 
 
-class _Writer:
-    """The one task per connection that writes frames, in order.
-
-    ``send`` queues an event and returns once it is written (so callers go at
-    the client's pace); after the socket closed it returns at once.
-    """
-
-    def __init__(self, ws: WebSocket, fmt: Format) -> None:
-        self._ws = ws
-        self._fmt = fmt
-        self._queue: asyncio.Queue[tuple[Any, asyncio.Future[None]]] = asyncio.Queue()
-        self._closed = False
-        self.task = asyncio.create_task(self._run(), name="ws-writer")
-
-    async def send(self, event: Any) -> None:
-        if self._closed:
-            return
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait((event, done))
-        await done
-
-    async def _run(self) -> None:
-        try:
-            while True:
-                event, done = await self._queue.get()
-                frame = encode(event, self._fmt)
-                if isinstance(frame, str):
-                    await self._ws.send_text(frame)
-                else:
-                    await self._ws.send_bytes(frame)
-                if not done.done():
-                    done.set_result(None)
-        except (WebSocketDisconnect, RuntimeError, OSError):
-            pass  # the socket is gone; the reader sees it too
-        finally:
-            self._closed = True
-            while not self._queue.empty():
-                _, done = self._queue.get_nowait()
-                if not done.done():
-                    done.set_result(None)
-
-    async def close(self, code: int) -> None:
-        """Stop writing and close the socket with ``code`` (once)."""
-        self.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.task
-        with contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect):
-            await self._ws.close(code)
-
-
 async def realtime(ws: WebSocket) -> None:
     """``/v1/realtime``: one conversation per connection (PROTOCOL.md)."""
     state = _state(ws.app)
     fmt, subprotocol, _ = select_subprotocol(ws.scope.get("subprotocols", []))
     await ws.accept(subprotocol=subprotocol)
-    if state.service is None:
-        await ws.close(CloseCode.TRY_AGAIN_LATER, reason="model loading")
+    if state.service is None or state.service.saturated():
+        reason = "model loading" if state.service is None else "overloaded"
+        await ws.close(CloseCode.TRY_AGAIN_LATER, reason=reason)
         return
-    writer = _Writer(ws, fmt)
-    connection = Connection(state.service, writer.send)
+    server = state.settings.server
+    writer = Outgoing(ws, fmt, max_bytes=server.max_outgoing_bytes,
+                      slow_timeout_s=server.slow_client_timeout_s)
+    connection = Connection(state.service, writer.send,
+                            principal=ws.scope.get("state", {}).get("principal", "anonymous"))
     set_ids(session_id=connection.session.session_id)  # on this connection's log lines
     state.observer.connected()
     code: int = CloseCode.NORMAL
@@ -278,6 +240,9 @@ async def realtime(ws: WebSocket) -> None:
         await writer.send(connection.created_event())
         decoder = Decoder(fmt=fmt, max_frame_bytes=state.settings.session.max_frame_bytes)
         await _read_loop(ws, connection, writer, decoder, state.observer)
+        if writer.too_slow.is_set():
+            code = CloseCode.CLIENT_TOO_SLOW
+            logger.info("client too slow: closing with 4008")
         state.observer.disconnected(
             active_response=connection.session.active_stream_id is not None)
     except Exception as exc:
@@ -290,13 +255,14 @@ async def realtime(ws: WebSocket) -> None:
         await writer.close(code)
 
 
-async def _read_loop(ws: WebSocket, connection: Connection, writer: _Writer,
+async def _read_loop(ws: WebSocket, connection: Connection, writer: Outgoing,
                      decoder: Decoder, observer: Observer) -> None:
-    """Decode frames and hand them over, until the client goes away."""
+    """Decode frames and hand them over, until the client goes away (or
+    stayed too slow, see :mod:`app.outgoing`)."""
     while True:
-        message = await ws.receive()
+        message = await _receive(ws, writer.too_slow)
         received_at = time.monotonic()
-        if message["type"] == "websocket.disconnect":
+        if message is None or message["type"] == "websocket.disconnect":
             return
         frame = message.get("text")
         if frame is None:
@@ -308,3 +274,18 @@ async def _read_loop(ws: WebSocket, connection: Connection, writer: _Writer,
             await writer.send(exc.to_event())
             continue
         await connection.handle(event, received_at)
+
+
+async def _receive(ws: WebSocket, stop: asyncio.Event) -> Any:
+    """The next ASGI message, or None once ``stop`` is set."""
+    if stop.is_set():
+        return None
+    receive = asyncio.ensure_future(ws.receive())
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((receive, stopped), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not receive.done():
+            receive.cancel()
+    return receive.result() if not receive.cancelled() else None

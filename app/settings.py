@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from app.logging import LogFormat
 from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from session.admission import AdmissionConfig
 from session.config import SessionConfig
 
 ENV_PREFIX = "BARGEIN_"
@@ -40,6 +41,16 @@ class ServerConfig:
             only; off, they are never logged).
         metrics_multiproc_dir: prometheus-client's ``PROMETHEUS_MULTIPROC_DIR``
             when several worker processes serve; ``/metrics`` then sums them.
+        api_keys: API keys: a file (one a line) or a comma list; ``None``: no
+            key needed (see ``app/auth.py``). Never printed.
+        allowed_origins: browser ``Origin`` values allowed; empty: any.
+        ws_ping_interval_s: seconds between WebSocket pings (uvicorn's
+            keepalive); ``ws_ping_timeout_s``: a pong later than this closes
+            the connection (a vanished client), and the disconnect policy applies.
+        slow_client_timeout_s: a client over its outgoing bound this long is
+            closed with 4008 (0: never); see ``app/outgoing.py``.
+        max_outgoing_bytes: bytes of frames one connection may have waiting
+            for its socket.
     """
 
     host: str = "127.0.0.1"
@@ -52,8 +63,19 @@ class ServerConfig:
     log_format: LogFormat = "logfmt"
     log_prompts: bool = False
     metrics_multiproc_dir: str | None = None
+    api_keys: str | None = field(default=None, repr=False)
+    allowed_origins: tuple[str, ...] = ()
+    ws_ping_interval_s: float = 20.0
+    ws_ping_timeout_s: float = 20.0
+    slow_client_timeout_s: float = 10.0
+    max_outgoing_bytes: int = 1 << 20
 
     def __post_init__(self) -> None:
+        for name in ("ws_ping_interval_s", "ws_ping_timeout_s", "slow_client_timeout_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
+        if self.max_outgoing_bytes < 1024:
+            raise ValueError(f"max_outgoing_bytes={self.max_outgoing_bytes} must be >= 1024")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port={self.port} must be in [0, 65535]")
         if self.log_backend not in ("memory", "redis"):
@@ -71,6 +93,7 @@ class Settings:
     engine: EngineConfig = field(default_factory=EngineConfig)
     session: SessionConfig = field(default_factory=SessionConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
 
 
 class SettingsError(ValueError):
@@ -142,8 +165,45 @@ def add_serve_arguments(parser: argparse.ArgumentParser,
     _add(parser, env, "--log-format", s.log_format, str, "logfmt or json (one object a line)")
     _add(parser, env, "--log-prompts", s.log_prompts, _bool,
          "log prompts and generated text (debugging only)")
+    _add_limit_arguments(parser, env)
     # prometheus-client reads this variable itself, under its own name.
     parser.set_defaults(metrics_multiproc_dir=env.get("PROMETHEUS_MULTIPROC_DIR") or None)
+
+
+def _add_limit_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    """Flags of keys, liveness, backpressure and admission (issue 7)."""
+    s, a = ServerConfig(), AdmissionConfig()
+    _add(parser, env, "--api-keys", None, str,
+         "API keys: a file (one key a line) or a comma list; unset: no key needed")
+    _add(parser, env, "--allowed-origins", "", str, "browser Origins allowed (comma list)")
+    _add(parser, env, "--ws-ping-interval", s.ws_ping_interval_s, float,
+         "seconds between WebSocket pings (0: none)")
+    _add(parser, env, "--ws-ping-timeout", s.ws_ping_timeout_s, float,
+         "seconds to wait for a pong before dropping the client")
+    _add(parser, env, "--slow-client-timeout", s.slow_client_timeout_s, float,
+         "seconds a client may stay over its outgoing bound before close 4008 (0: never)")
+    _add(parser, env, "--max-outgoing-bytes", s.max_outgoing_bytes, int,
+         "bytes of frames one connection may have waiting")
+    _add(parser, env, "--max-waiting", a.max_waiting, int,
+         "requests admitted without a first token yet; past it: overloaded (0: no bound)")
+    _add(parser, env, "--max-queue-time", a.max_queue_time_s, float,
+         "longest expected queue wait in seconds; past it: overloaded (0: no bound)")
+    _add(parser, env, "--max-responses-per-key", a.max_active_per_principal, int,
+         "responses one API key has generating at once (0: no cap)")
+    _add(parser, env, "--rate-limit-requests", a.rate_limit_requests, float,
+         "requests per second per API key (0: off)")
+    _add(parser, env, "--rate-limit-tokens", a.rate_limit_tokens, float,
+         "prompt + max_tokens per second per API key (0: off)")
+
+
+def _limits_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``ServerConfig`` fields of :func:`_add_limit_arguments`'s flags."""
+    origins = tuple(o.strip() for o in (args.allowed_origins or "").split(",") if o.strip())
+    return {"api_keys": args.api_keys, "allowed_origins": origins,
+            "ws_ping_interval_s": args.ws_ping_interval,
+            "ws_ping_timeout_s": args.ws_ping_timeout,
+            "slow_client_timeout_s": args.slow_client_timeout,
+            "max_outgoing_bytes": args.max_outgoing_bytes}
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -176,7 +236,13 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                 redis_url=args.redis_url, debug_endpoints=args.debug_endpoints,
                 log_level=args.log_level, log_format=args.log_format,
                 log_prompts=args.log_prompts,
-                metrics_multiproc_dir=args.metrics_multiproc_dir))
+                metrics_multiproc_dir=args.metrics_multiproc_dir,
+                **_limits_from_args(args)),
+            admission=AdmissionConfig(
+                max_waiting=args.max_waiting, max_queue_time_s=args.max_queue_time,
+                max_active_per_principal=args.max_responses_per_key,
+                rate_limit_requests=args.rate_limit_requests,
+                rate_limit_tokens=args.rate_limit_tokens))
     except ValueError as exc:
         raise SettingsError(str(exc)) from exc
 

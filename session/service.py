@@ -25,6 +25,7 @@ from typing import Any
 from engine.errors import EngineStoppedError, PromptTooLongError
 from engine.request import EngineRequest, FinishReason, RequestOutput
 from protocol import events as pe
+from session.admission import Admission, AdmissionConfig, Refusal
 from session.chat import render_prompt
 from session.config import SessionConfig
 from session.errors import TokenLogUnavailable
@@ -46,6 +47,8 @@ class _LiveStream:
     on_finish: OnFinish | None
     texts: list[str] = field(default_factory=list)
     abort_requested_at: float | None = None
+    principal: str = ""
+    started: bool = False  # its first token (or its end) came: it left the queue
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,13 +75,18 @@ class Service:
         debug: keep the last requests submitted (``recent_requests``) for
             tests and ``/debug/engine``.
         observer: told of submits, rejections, finishes and log writes (metrics).
+        admission: refuses requests past the queue and rate limits (default:
+            no limits).
     """
 
     def __init__(self, runner: Any, log: TokenLog, config: SessionConfig, *,
                  secret: bytes, node_id: str = "node-0",
                  clock: Callable[[], float] = time.monotonic, debug: bool = False,
-                 observer: SessionObserver | None = None) -> None:
+                 observer: SessionObserver | None = None,
+                 admission: Admission | None = None) -> None:
         self.runner = runner
+        self.admission = admission or Admission(AdmissionConfig(max_waiting=0,
+                                                                max_queue_time_s=0))
         self.observer: SessionObserver = observer or NullObserver()
         self.log = log
         self.config = config
@@ -118,17 +126,45 @@ class Service:
 
     # ---- submitting ----------------------------------------------------------
 
+    def saturated(self) -> bool:
+        """The waiting queue is full (a new connection gets close 1013)."""
+        return self.admission.saturated()
+
     async def submit(self, action: Submit, owner: Owner, now: float
                      ) -> Submitted | SubmitFailed:
-        """Render the prompt, create the stream, submit the request.
+        """Admit, render the prompt, create the stream, submit the request.
 
-        From ``runner.submit`` to the return there is no ``await``: the
-        caller hands ``Submitted`` to its session before any engine output of
-        this request can reach the loop.
+        Admission (:mod:`session.admission`) answers first, before any KV
+        block is allocated. From ``runner.submit`` to the return there is no
+        ``await``: the caller hands ``Submitted`` to its session before any
+        engine output of this request can reach the loop.
         """
+        refusal = self.admission.check_request(owner.principal, self.clock())
+        if refusal is not None:
+            return self._refused(action, refusal)
+        try:
+            result = await self._submit_admitted(action, owner, now)
+        except BaseException:
+            self.admission.cancelled(owner.principal)
+            raise
+        if isinstance(result, SubmitFailed):
+            self.admission.cancelled(owner.principal)
+        return result
+
+    def _refused(self, action: Submit, refusal: Refusal) -> SubmitFailed:
+        self.observer.rejected(refusal.code.value, response_id=action.response_id)
+        return SubmitFailed(response_id=action.response_id, code=refusal.code,
+                            message=refusal.message, retry_after_ms=refusal.retry_after_ms)
+
+    async def _submit_admitted(self, action: Submit, owner: Owner, now: float
+                               ) -> Submitted | SubmitFailed:
         ids = await asyncio.to_thread(render_prompt, self.runner.tokenizer, action.messages)
         if len(ids) >= self.max_model_len:
             return self._too_long(action, len(ids))
+        refusal = self.admission.charge_tokens(
+            owner.principal, len(ids) + action.params.max_tokens, self.clock())
+        if refusal is not None:
+            return self._refused(action, refusal)
         await self.log.create_stream(StreamInfo(
             stream_id=action.stream_id, response_id=action.response_id,
             principal=owner.principal, session_id=owner.session_id,
@@ -147,7 +183,8 @@ class Service:
                                 code=pe.ErrorCode.INTERNAL_ERROR,
                                 message="the engine is not running")
         self._live[action.stream_id] = _LiveStream(response_id=action.response_id,
-                                                   on_finish=owner.on_finish)
+                                                   on_finish=owner.on_finish,
+                                                   principal=owner.principal)
         self.recent_requests.append(request)
         self.observer.submitted(response_id=action.response_id, stream_id=action.stream_id,
                                 session_id=owner.session_id, num_prompt_tokens=len(ids),
@@ -216,6 +253,9 @@ class Service:
         live = self._live.get(out.request_id)
         if live is None:
             return None  # not a stream of this service
+        if not live.started and (out.new_token_ids or out.finished):
+            live.started = True
+            self.admission.started(self.clock())
         start = out.num_output_tokens - len(out.new_token_ids)
         entry = None
         if out.new_token_ids:
@@ -242,6 +282,7 @@ class Service:
             if not out.finished or out.request_id not in self._live:
                 continue
             live = self._live.pop(out.request_id)
+            self.admission.ended(live.principal)
             latency = None
             if live.abort_requested_at is not None:
                 latency = step_end - live.abort_requested_at

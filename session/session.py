@@ -79,11 +79,13 @@ class Submitted:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SubmitFailed:
-    """The request was refused before generating (e.g. ``prompt_too_long``)."""
+    """The request was refused before generating (e.g. ``prompt_too_long``);
+    ``retry_after_ms`` for ``overloaded`` and ``rate_limited``."""
 
     response_id: str
     code: pe.ErrorCode
     message: str
+    retry_after_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -382,7 +384,8 @@ class Session:
         del self.turns[len(self.turns) - self._pending_turns:]
         self._active = None
         self.state = State.IDLE
-        return [_error(event.code, event.message, active, event.response_id)]
+        error = _error(event.code, event.message, active, event.response_id)
+        return [replace(error, event=replace(error.event, retry_after_ms=event.retry_after_ms))]
 
     def _require_submitting(self, event: Submitted | SubmitFailed) -> _Response:
         active = self._active

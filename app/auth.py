@@ -1,0 +1,182 @@
+"""API keys and the browser ``Origin`` allow-list, checked before any route runs.
+
+:class:`AuthMiddleware` wraps the whole ASGI app. On the protected paths
+(``/v1/...`` and ``/debug/...``; the static page, ``/healthz``, ``/readyz``
+and ``/metrics`` stay open so that a browser can load the page and probes
+need no key):
+
+- a request whose ``Origin`` header is not in ``--allowed-origins`` (when an
+  allow-list is set) is refused with HTTP 403; clients that send no
+  ``Origin`` (not browsers) are not concerned;
+- when API keys are configured, every request must carry one: the
+  ``Authorization: Bearer <key>`` header, or, on a WebSocket, the offered
+  subprotocol ``bearer.<key>`` (browsers cannot set headers; the server never
+  echoes it). Missing or wrong: HTTP 401 with ``WWW-Authenticate: Bearer``.
+
+A WebSocket is refused *before the upgrade*, with a real HTTP response, via
+the ASGI ``websocket.http.response`` extension (uvicorn supports it); a
+server without it gets ``websocket.close`` before accept, which uvicorn
+answers with 403.
+
+The caller's *principal* is put in ``scope["state"]["principal"]``:
+``"key:<first 32 hex of sha256(key)>"`` (the same as
+:func:`app.openai_api.principal_of`), or ``"anonymous"`` without a key. Keys
+are kept only as their SHA-256 digests, and never logged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from protocol.codec import BEARER_PREFIX
+
+logger = logging.getLogger("bargein.auth")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+ANONYMOUS = "anonymous"
+PROTECTED_PREFIXES = ("/v1/", "/debug/")
+# uvicorn (0.54, websockets-sansio) logs this at ERROR after a handshake answered
+# with an HTTP response, as a refusal here is: one line per refused client.
+_UVICORN_DENIAL_LINE = "ASGI callable returned without completing handshake."
+
+
+class _DenialLineFilter(logging.Filter):
+    """Drops uvicorn's error line about a WebSocket answered with an HTTP response."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != _UVICORN_DENIAL_LINE
+
+
+def key_digest(key: str) -> str:
+    """The SHA-256 hex digest of a key (what is kept in memory instead of the key)."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def principal_for(key: str | None) -> str:
+    """The principal of a caller presenting ``key`` (``"anonymous"`` for none)."""
+    return ANONYMOUS if not key else "key:" + key_digest(key)[:32]
+
+
+def load_api_keys(spec: str | None) -> frozenset[str]:
+    """The key digests named by ``spec``: a file (one key a line, ``#`` comments)
+    or a comma-separated list. ``None`` or empty: no keys (auth off).
+
+    Raises:
+        ValueError: ``spec`` names a file that holds no key.
+    """
+    if not spec:
+        return frozenset()
+    path = Path(spec).expanduser()
+    if path.is_file():
+        lines = (line.split("#", 1)[0].strip() for line in path.read_text().splitlines())
+        keys = [line for line in lines if line]
+        if not keys:
+            raise ValueError(f"the API key file {str(path)!r} holds no key")
+    else:
+        keys = [k.strip() for k in spec.split(",") if k.strip()]
+    return frozenset(key_digest(k) for k in keys)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AuthConfig:
+    """What :class:`AuthMiddleware` enforces.
+
+    Attributes:
+        key_digests: SHA-256 digests of the accepted keys; empty: no key needed.
+        allowed_origins: browser origins allowed (``scheme://host[:port]``);
+            empty: any.
+    """
+
+    key_digests: frozenset[str] = field(default_factory=frozenset, repr=False)
+    allowed_origins: frozenset[str] = frozenset()
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1")
+            for k, v in scope.get("headers", [])}
+
+
+def presented_key(scope: Scope) -> str | None:
+    """The key a request carries: bearer header first, then a ``bearer.`` subprotocol."""
+    scheme, _, key = _headers(scope).get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and key.strip():
+        return key.strip()
+    offered: Iterable[str] = scope.get("subprotocols", []) if scope["type"] == "websocket" else ()
+    return next((p[len(BEARER_PREFIX):] for p in offered
+                 if p.startswith(BEARER_PREFIX) and len(p) > len(BEARER_PREFIX)), None)
+
+
+class AuthMiddleware:
+    """ASGI middleware: origin check, API key check, principal in the scope.
+
+    Args:
+        app: the wrapped ASGI app.
+        config: keys and origins.
+    """
+
+    def __init__(self, app: ASGIApp, config: AuthConfig) -> None:
+        self.app = app
+        self.config = config
+        uvicorn_error = logging.getLogger("uvicorn.error")
+        if not any(isinstance(f, _DenialLineFilter) for f in uvicorn_error.filters):
+            uvicorn_error.addFilter(_DenialLineFilter())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        key = presented_key(scope)
+        scope.setdefault("state", {})["principal"] = principal_for(key)
+        if scope["path"].startswith(PROTECTED_PREFIXES):
+            refusal = self._refusal(scope, key)
+            if refusal is not None:
+                await _deny(scope, receive, send, *refusal)
+                return
+        await self.app(scope, receive, send)
+
+    def _refusal(self, scope: Scope, key: str | None) -> tuple[int, str, str] | None:
+        """``(status, code, message)`` of a request to refuse, or None."""
+        origin = _headers(scope).get("origin")
+        allowed = self.config.allowed_origins
+        if allowed and origin is not None and origin not in allowed:
+            logger.info("request refused", extra={"reason": "origin", "origin": origin[:200]})
+            return 403, "origin_not_allowed", "this Origin is not allowed"
+        digests = self.config.key_digests
+        if digests and (key is None or key_digest(key) not in digests):
+            reason = "missing_api_key" if key is None else "invalid_api_key"
+            logger.info("request refused", extra={"reason": reason})  # never the key itself
+            return 401, reason, "a valid API key is required (Authorization: Bearer <key>)"
+        return None
+
+
+async def _deny(scope: Scope, receive: Receive, send: Send, status: int, code: str,
+                message: str) -> None:
+    """Answer with an HTTP error (before the upgrade, for a WebSocket)."""
+    body = json.dumps({"error": {"message": message, "type": "invalid_request_error",
+                                 "param": None, "code": code}}).encode()
+    headers = [(b"content-type", b"application/json"),
+               (b"content-length", str(len(body)).encode())]
+    if status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    if scope["type"] == "http":
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+        return
+    await receive()  # websocket.connect
+    if "websocket.http.response" in scope.get("extensions", {}):
+        await send({"type": "websocket.http.response.start", "status": status,
+                    "headers": headers})
+        await send({"type": "websocket.http.response.body", "body": body})
+    else:
+        await send({"type": "websocket.close", "code": 1008})

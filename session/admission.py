@@ -1,0 +1,236 @@
+"""Admission control: say no early and clearly, before any KV block is allocated.
+
+:class:`Admission` is consulted by :meth:`session.service.Service.submit`
+(the one path of both the WebSocket and the HTTP API) before a request
+reaches the engine. In the order checked:
+
+1. per-principal token buckets (``rate_limited``): requests per second, and
+   tokens per second (prompt tokens plus ``max_tokens``, charged once the
+   prompt is rendered). A bucket holds ``burst_s`` seconds of its rate;
+2. a cap on the responses one principal has generating at once
+   (``rate_limited``: it is that caller's own load);
+3. a bounded waiting queue (``overloaded``): requests admitted that have not
+   produced their first token yet (waiting in the engine, in prefill, or
+   being submitted) may not exceed ``max_waiting``;
+4. a queue-time deadline, enforced *up front by estimate* (``overloaded``):
+   the expected wait is the number waiting divided by the rate at which
+   requests left the queue over the last ``window_s`` seconds; a request that
+   would wait longer than ``max_queue_time_s`` is refused now rather than
+   timed out later. With too few recent starts to estimate, only the bound
+   of 3. applies.
+
+Every refusal carries ``retry_after_ms``: when the bucket refills, or when
+the queue is expected to be short enough again. Sans-I/O: time is an argument.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from protocol import events as pe
+
+MIN_RETRY_MS = 100
+MAX_RETRY_MS = 30_000
+MIN_STARTS_TO_ESTIMATE = 4
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdmissionConfig:
+    """Limits of admission (0 turns a limit off).
+
+    Attributes:
+        max_waiting: requests admitted but without a first token yet.
+        max_queue_time_s: longest expected wait in the queue, seconds (off by
+            default: the estimate needs a load it can learn from; set it for
+            production, e.g. to the TTFT target).
+        max_active_per_principal: responses one principal has generating.
+        rate_limit_requests: requests per second per principal.
+        rate_limit_tokens: prompt + max_tokens per second per principal.
+        burst_s: seconds of its rate a bucket holds (its size).
+        window_s: seconds of recent queue departures the wait estimate uses.
+    """
+
+    max_waiting: int = 64
+    max_queue_time_s: float = 0.0
+    max_active_per_principal: int = 0
+    rate_limit_requests: float = 0.0
+    rate_limit_tokens: float = 0.0
+    burst_s: float = 2.0
+    window_s: float = 20.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_waiting", "max_active_per_principal"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
+        for name in ("max_queue_time_s", "rate_limit_requests", "rate_limit_tokens"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
+        if self.burst_s <= 0 or self.window_s <= 0:
+            raise ValueError(f"burst_s={self.burst_s} and window_s={self.window_s} must be > 0")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Refusal:
+    """Why a request is refused: the ``error`` event's code, message, retry hint."""
+
+    code: pe.ErrorCode
+    message: str
+    retry_after_ms: int
+
+
+@dataclass(slots=True, kw_only=True)
+class TokenBucket:
+    """A token bucket: ``rate`` per second, holding at most ``capacity``."""
+
+    rate: float
+    capacity: float
+    level: float
+    updated: float
+
+    def refill(self, now: float) -> None:
+        self.level = min(self.capacity, self.level + (now - self.updated) * self.rate)
+        self.updated = now
+
+    def wait_s(self, amount: float) -> float:
+        """Seconds until ``amount`` may be taken (0: now). More than the bucket
+        holds may be taken from a full bucket (its level goes below zero)."""
+        need = min(amount, self.capacity)
+        return 0.0 if need <= self.level else (need - self.level) / self.rate
+
+
+def _retry_ms(seconds: float) -> int:
+    return int(min(MAX_RETRY_MS, max(MIN_RETRY_MS, math.ceil(seconds * 1000))))
+
+
+@dataclass(slots=True)
+class _Principal:
+    requests: TokenBucket | None = None
+    tokens: TokenBucket | None = None
+    active: int = 0
+
+
+class Admission:
+    """Admission state of one service (its principals, its queue).
+
+    Call :meth:`check_request` before rendering the prompt, :meth:`charge_tokens`
+    after, :meth:`started` when a request produced its first token (or
+    ended before), :meth:`ended` when its generation ended, or
+    :meth:`cancelled` when it was refused after :meth:`check_request` passed.
+    """
+
+    def __init__(self, config: AdmissionConfig) -> None:
+        self.config = config
+        self.num_waiting = 0
+        self._starts: deque[float] = deque()
+        self._principals: dict[str, _Principal] = {}
+
+    def saturated(self) -> bool:
+        """The queue is full: a new connection is answered with close 1013."""
+        return 0 < self.config.max_waiting <= self.num_waiting
+
+    def check_request(self, principal: str, now: float) -> Refusal | None:
+        """Admit a request (counted as waiting and active), or say why not."""
+        state = self._principal(principal, now)
+        refusal = (self._rate_limited(state, now) or self._over_cap(state)
+                   or self._overloaded(now))
+        if refusal is None:
+            if state.requests is not None:
+                state.requests.level -= 1
+            state.active += 1
+            self.num_waiting += 1
+        return refusal
+
+    def charge_tokens(self, principal: str, num_tokens: int, now: float) -> Refusal | None:
+        """Take ``num_tokens`` from the principal's token bucket, or refuse
+        (then :meth:`cancelled` must follow)."""
+        bucket = self._principal(principal, now).tokens
+        if bucket is None:
+            return None
+        bucket.refill(now)
+        wait = bucket.wait_s(num_tokens)
+        if wait > 0:
+            return Refusal(code=pe.ErrorCode.RATE_LIMITED, retry_after_ms=_retry_ms(wait),
+                           message=f"token rate limit: {self.config.rate_limit_tokens:g} "
+                                   "tokens/s (prompt plus max_tokens)")
+        bucket.level -= num_tokens
+        return None
+
+    def started(self, now: float) -> None:
+        """An admitted request left the queue (first token, or ended first)."""
+        self.num_waiting = max(0, self.num_waiting - 1)
+        self._starts.append(now)
+
+    def ended(self, principal: str) -> None:
+        """An admitted request's generation ended."""
+        state = self._principals.get(principal)
+        if state is not None:
+            state.active = max(0, state.active - 1)
+
+    def cancelled(self, principal: str) -> None:
+        """An admitted request was refused later (never reached the engine)."""
+        self.num_waiting = max(0, self.num_waiting - 1)
+        self.ended(principal)
+
+    def expected_wait_s(self, now: float) -> float | None:
+        """Expected queue wait of a new request, or None without enough history."""
+        while self._starts and self._starts[0] < now - self.config.window_s:
+            self._starts.popleft()
+        if len(self._starts) < MIN_STARTS_TO_ESTIMATE:
+            return None
+        span = max(now - self._starts[0], 1e-3)
+        return (self.num_waiting + 1) / (len(self._starts) / span)
+
+    # ---- the checks ------------------------------------------------------------
+
+    def _principal(self, principal: str, now: float) -> _Principal:
+        state = self._principals.get(principal)
+        if state is None:
+            cfg = self.config
+            state = self._principals[principal] = _Principal(
+                requests=_bucket(cfg.rate_limit_requests, cfg.burst_s, now, minimum=1.0),
+                tokens=_bucket(cfg.rate_limit_tokens, cfg.burst_s, now, minimum=0.0))
+        return state
+
+    def _rate_limited(self, state: _Principal, now: float) -> Refusal | None:
+        if state.requests is None:
+            return None
+        state.requests.refill(now)
+        wait = state.requests.wait_s(1.0)
+        if wait <= 0:
+            return None
+        return Refusal(code=pe.ErrorCode.RATE_LIMITED, retry_after_ms=_retry_ms(wait),
+                       message=f"request rate limit: {self.config.rate_limit_requests:g}/s")
+
+    def _over_cap(self, state: _Principal) -> Refusal | None:
+        cap = self.config.max_active_per_principal
+        if not cap or state.active < cap:
+            return None
+        return Refusal(code=pe.ErrorCode.RATE_LIMITED, retry_after_ms=1000,
+                       message=f"at most {cap} responses generating at once per API key")
+
+    def _overloaded(self, now: float) -> Refusal | None:
+        cfg = self.config
+        wait = self.expected_wait_s(now)
+        rate = None if wait is None else (self.num_waiting + 1) / wait
+        if cfg.max_waiting and self.num_waiting >= cfg.max_waiting:
+            excess = self.num_waiting - cfg.max_waiting + 1
+            return Refusal(code=pe.ErrorCode.OVERLOADED,
+                           retry_after_ms=_retry_ms(excess / rate if rate else 1.0),
+                           message=f"the server is overloaded: {self.num_waiting} requests "
+                                   "are waiting; retry later")
+        if cfg.max_queue_time_s and wait is not None and wait > cfg.max_queue_time_s:
+            return Refusal(code=pe.ErrorCode.OVERLOADED,
+                           retry_after_ms=_retry_ms(wait - cfg.max_queue_time_s),
+                           message=f"the server is overloaded: the expected wait "
+                                   f"({wait:.1f} s) is over {cfg.max_queue_time_s:g} s")
+        return None
+
+
+def _bucket(rate: float, burst_s: float, now: float, *, minimum: float) -> TokenBucket | None:
+    if not rate:
+        return None
+    capacity = max(minimum, rate * burst_s)
+    return TokenBucket(rate=rate, capacity=capacity, level=capacity, updated=now)
+

@@ -1,0 +1,289 @@
+"""API keys, ownership, origins, rate limits, admission and liveness, end to end.
+
+One server of its own for this module (the bundled model loaded a second
+time in the suite): API keys, an Origin allow-list, a request rate limit of
+1/s per key (bursts of 2), at most two responses generating per key, pings
+every 0.5 s with a 0.5 s pong timeout. Each test uses its own keys, so the
+per-key limits of one test never touch another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import os
+import re
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from app.client import RealtimeClient, ServerError
+from app.embedded import EmbeddedServer
+from app.settings import ServerConfig, Settings
+from engine.config import EngineConfig, SchedulerConfig
+from session.admission import AdmissionConfig
+from session.config import SessionConfig
+
+pytestmark = pytest.mark.slow
+
+KEYS = ("k-alice", "k-bob", "k-sub", "k-origin", "k-rate", "k-http", "k-cap", "k-busy",
+        "k-gone", "k-logs")
+GOOD_ORIGIN = "http://chat.example"
+PING_S = 0.5
+GREEDY = {"temperature": 0.0}
+
+
+@pytest.fixture(scope="module")
+def guarded() -> Iterator[EmbeddedServer]:
+    server = EmbeddedServer(Settings(
+        engine=EngineConfig(scheduler=SchedulerConfig(max_model_len=512)),
+        session=SessionConfig(max_tokens=64, default_max_tokens=16),
+        server=ServerConfig(port=0, debug_endpoints=True, log_level="warning",
+                            api_keys=",".join(KEYS), allowed_origins=(GOOD_ORIGIN,),
+                            ws_ping_interval_s=PING_S, ws_ping_timeout_s=PING_S),
+        admission=AdmissionConfig(max_waiting=64, rate_limit_requests=1.0, burst_s=2.0,
+                                  max_active_per_principal=2)))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+# ---- API keys ------------------------------------------------------------------
+
+async def test_missing_or_wrong_key_is_refused_with_401_before_the_upgrade(
+        guarded: EmbeddedServer) -> None:
+    for headers in ({}, bearer("not-a-key")):
+        with pytest.raises(InvalidStatus) as refused:
+            await connect(guarded.ws_url, additional_headers=headers)
+        response = refused.value.response
+        assert response.status_code == 401
+        assert response.headers["WWW-Authenticate"] == "Bearer"
+    async with httpx.AsyncClient(base_url=guarded.http_url) as http:
+        assert (await http.get("/v1/models")).status_code == 401
+        assert (await http.get("/v1/models", headers=bearer("nope"))).status_code == 401
+        assert (await http.get("/v1/models", headers=bearer("k-alice"))).status_code == 200
+        assert (await http.get("/healthz")).status_code == 200  # probes need no key
+
+
+async def test_good_key_in_header_or_subprotocol_opens_a_session(
+        guarded: EmbeddedServer) -> None:
+    async with RealtimeClient(guarded.ws_url, headers=bearer("k-sub")) as client:
+        assert client.session["type"] == "session.created"
+    async with connect(guarded.ws_url,
+                       subprotocols=["bargein.v1.json", "bearer.k-sub"]) as ws:  # type: ignore[list-item]
+        assert ws.subprotocol == "bargein.v1.json"
+        echoed = ws.response.headers.get_all("Sec-WebSocket-Protocol")
+        assert echoed == ["bargein.v1.json"]  # the key is never echoed
+        assert '"session.created"' in str(await ws.recv())
+    with pytest.raises(InvalidStatus) as refused:
+        await connect(guarded.ws_url, subprotocols=["bearer.wrong"])  # type: ignore[list-item]
+    assert refused.value.response.status_code == 401
+
+
+async def test_keys_never_reach_the_logs(guarded: EmbeddedServer,
+                                         caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    async with RealtimeClient(guarded.ws_url, headers=bearer("k-logs")) as client:
+        await client.chat("Hi", max_tokens=2, **GREEDY)
+    with pytest.raises(InvalidStatus):
+        await connect(guarded.ws_url, subprotocols=["bearer.k-wrong-secret"])  # type: ignore[list-item]
+    lines = [r.getMessage() + str(r.__dict__) for r in caplog.records  # the server's lines
+             if r.name.startswith(("bargein", "uvicorn", "app", "session", "engine"))]
+    assert any("request refused" in line for line in lines)
+    assert not any("k-logs" in line or "k-wrong-secret" in line for line in lines)
+
+
+# ---- ownership -----------------------------------------------------------------
+
+async def test_another_key_cannot_resume_or_cancel_a_stream(guarded: EmbeddedServer) -> None:
+    async with RealtimeClient(guarded.ws_url, headers=bearer("k-alice")) as alice:
+        await alice.send({"type": "response.create", "response_id": "mine", "max_tokens": 48,
+                          "input": [{"role": "user", "content": "Count to twenty."}]})
+        created = await alice._expect("response.created")
+        async with RealtimeClient(guarded.ws_url, headers=bearer("k-bob")) as bob:
+            await bob.send({"type": "stream.resume", "stream_id": created["stream_id"],
+                            "resume_token": created["resume_token"], "from": 0})
+            with pytest.raises(ServerError) as resumed:
+                await bob._expect("stream.resumed")
+            assert resumed.value.code == "forbidden"
+            await bob.send({"type": "response.cancel", "response_id": "mine"})
+            with pytest.raises(ServerError) as cancelled:
+                await bob._expect("response.done")
+            assert cancelled.value.code == "not_found"
+        async with httpx.AsyncClient(base_url=guarded.http_url, headers=bearer("k-bob")) as http:
+            stream = f"/v1/streams/{created['stream_id']}"
+            assert (await http.get(stream + "/events")).status_code == 404
+            assert (await http.post(stream + "/cancel")).status_code == 404
+        # The owner still can, from another connection.
+        async with RealtimeClient(guarded.ws_url, headers=bearer("k-alice")) as again:
+            await again.send({"type": "stream.resume", "stream_id": created["stream_id"],
+                              "resume_token": created["resume_token"], "from": 0})
+            assert (await again._expect("stream.resumed"))["stream_id"] == created["stream_id"]
+            assert (await again._expect("response.done"))["finish_reason"] in ("stop", "length")
+
+
+# ---- origin --------------------------------------------------------------------
+
+async def test_origin_outside_the_allow_list_gets_403(guarded: EmbeddedServer) -> None:
+    with pytest.raises(InvalidStatus) as refused:
+        await connect(guarded.ws_url, origin="http://evil.example",  # type: ignore[arg-type]
+                      additional_headers=bearer("k-origin"))
+    assert refused.value.response.status_code == 403
+    async with connect(guarded.ws_url, origin=GOOD_ORIGIN,  # type: ignore[arg-type]
+                       additional_headers=bearer("k-origin")) as ws:
+        assert '"session.created"' in str(await ws.recv())
+
+
+# ---- rate limits and admission ---------------------------------------------------
+
+async def test_request_rate_limit_answers_rate_limited_with_retry_after(
+        guarded: EmbeddedServer) -> None:
+    clients = [RealtimeClient(guarded.ws_url, headers=bearer("k-rate")) for _ in range(3)]
+    for client in clients:
+        await client.connect()
+    try:  # three at once on a bucket of two: one is refused
+        answers = await asyncio.gather(*(c.chat("Hi", max_tokens=1, **GREEDY) for c in clients),
+                                       return_exceptions=True)
+    finally:
+        for client in clients:
+            await client.close()
+    refused = [a for a in answers if isinstance(a, ServerError)]
+    assert len(refused) == 1, answers
+    error = refused[0].event
+    assert error["code"] == "rate_limited" and "request rate" in error["message"]
+    assert error["retryable"] is True and 0 < error["retry_after_ms"] <= 1000
+
+
+async def test_http_rate_limit_is_a_429_with_retry_after(guarded: EmbeddedServer) -> None:
+    body = {"model": "m", "max_tokens": 1, "temperature": 0,
+            "messages": [{"role": "user", "content": "Hi"}]}
+    async with httpx.AsyncClient(base_url=guarded.http_url, headers=bearer("k-http"),
+                                 timeout=120) as http:
+        answers = await asyncio.gather(*(http.post("/v1/chat/completions", json=body)
+                                         for _ in range(4)))
+    limited = [a for a in answers if a.status_code == 429]
+    assert limited, [a.status_code for a in answers]
+    assert limited[0].json()["error"]["code"] == "rate_limited"
+    assert int(limited[0].headers["Retry-After"]) >= 1
+
+
+async def test_cap_on_responses_generating_per_key(guarded: EmbeddedServer) -> None:
+    clients = [RealtimeClient(guarded.ws_url, headers=bearer("k-cap")) for _ in range(3)]
+    for client in clients:
+        await client.connect()
+    try:
+        for client in clients[:2]:  # two long answers generating
+            await client.send({"type": "response.create", "max_tokens": 64, "input": [
+                {"role": "user", "content": "Tell me a long story."}]})
+            await client._expect("response.created")
+        await asyncio.sleep(1.2)  # the request bucket refills: only the cap is left
+        with pytest.raises(ServerError) as refused:
+            await clients[2].chat("Hi", max_tokens=1)
+        assert refused.value.code == "rate_limited"
+        assert "at once" in refused.value.event["message"]
+    finally:
+        for client in clients:
+            await client.close()
+
+
+async def test_full_queue_answers_overloaded_and_1013_at_connect(
+        guarded: EmbeddedServer) -> None:
+    admission = guarded.state.service.admission  # type: ignore[union-attr]
+    async with RealtimeClient(guarded.ws_url, headers=bearer("k-busy")) as client:
+        saved = admission.num_waiting
+        admission.num_waiting = admission.config.max_waiting  # as if 64 requests waited
+        try:
+            started = time.perf_counter()
+            with pytest.raises(ServerError) as refused:
+                await client.chat("Hi", max_tokens=1)
+            rejection_s = time.perf_counter() - started
+            ws = await connect(guarded.ws_url, additional_headers=bearer("k-busy"))
+            with pytest.raises(ConnectionClosed) as closed:
+                await ws.recv()
+            async with httpx.AsyncClient(base_url=guarded.http_url,
+                                         headers=bearer("k-busy")) as http:
+                answer = await http.post("/v1/chat/completions", json={
+                    "model": "m", "messages": [{"role": "user", "content": "Hi"}]})
+        finally:
+            admission.num_waiting = saved
+    assert refused.value.code == "overloaded" and refused.value.event["retry_after_ms"] >= 100
+    assert rejection_s < 0.5  # refused before any prompt rendering or engine work
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
+    assert answer.status_code == 503 and answer.json()["error"]["code"] == "overloaded"
+    assert int(answer.headers["Retry-After"]) >= 1
+
+
+# ---- liveness --------------------------------------------------------------------
+
+def _raw_upgrade(port: int, key: str) -> socket.socket:
+    """A WebSocket handshake on a plain socket that will then never read or pong."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    nonce = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall((f"GET /v1/realtime HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                  "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+                  f"Sec-WebSocket-Key: {nonce}\r\nSec-WebSocket-Version: 13\r\n"
+                  f"Authorization: Bearer {key}\r\n\r\n").encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += sock.recv(4096)
+    assert head.startswith(b"HTTP/1.1 101"), head[:80]
+    return sock
+
+
+def _masked_text(payload: bytes) -> bytes:
+    """One masked client text frame (payload < 126 bytes)."""
+    mask = os.urandom(4)
+    body = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+    return bytes([0x81, 0x80 | len(payload)]) + mask + body
+
+
+def _connected(server: EmbeddedServer) -> float:
+    text = httpx.get(server.http_url + "/metrics").text
+    match = re.search(r"^bargein_sessions_connected (\S+)$", text, re.MULTILINE)
+    assert match is not None
+    return float(match.group(1))
+
+
+async def test_silently_vanished_client_is_noticed_within_ping_interval_plus_timeout(
+        guarded: EmbeddedServer) -> None:
+    before_cancelled = guarded.stats().num_finished_by_reason.get("cancelled", 0)
+    baseline = _connected(guarded)
+    sock = _raw_upgrade(guarded.port, "k-gone")
+    gone_at = time.monotonic()  # from now on: no reads, no pongs, no close frame
+    try:
+        update = b'{"type":"session.update","session":{"on_disconnect":"cancel"}}'
+        create = (b'{"type":"response.create","max_tokens":64,'
+                  b'"input":[{"role":"user","content":"Write a long poem."}]}')
+        sock.sendall(_masked_text(update) + _masked_text(create))
+        while _connected(guarded) > baseline or time.monotonic() - gone_at < 0.1:
+            await asyncio.sleep(0.05)
+            assert time.monotonic() - gone_at < 10, "the vanished client was never noticed"
+        noticed_s = time.monotonic() - gone_at
+        stats = await _wait_cancelled(guarded, before_cancelled)
+    finally:
+        sock.close()
+    # interval + timeout, plus a scheduling margin on a shared 2-core box
+    assert noticed_s <= 2 * PING_S + 1.0, noticed_s
+    assert stats.num_finished_by_reason["cancelled"] == before_cancelled + 1
+
+
+async def _wait_cancelled(server: EmbeddedServer, before: int) -> Any:
+    """The disconnect policy (cancel) ended the silent client's response."""
+    deadline = time.monotonic() + 20
+    while server.stats().num_finished_by_reason.get("cancelled", 0) <= before:
+        assert time.monotonic() < deadline, server.stats()
+        await asyncio.sleep(0.05)
+    return server.stats()
