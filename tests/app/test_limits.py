@@ -10,11 +10,8 @@ per-key limits of one test never touch another.
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
-import os
 import re
-import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -30,6 +27,7 @@ from app.settings import ServerConfig, Settings
 from engine.config import EngineConfig, SchedulerConfig
 from session.admission import AdmissionConfig
 from session.config import SessionConfig
+from tests.app.rawws import masked_text, raw_upgrade
 
 pytestmark = pytest.mark.slow
 
@@ -228,28 +226,6 @@ async def test_full_queue_answers_overloaded_and_1013_at_connect(
 
 # ---- liveness --------------------------------------------------------------------
 
-def _raw_upgrade(port: int, key: str) -> socket.socket:
-    """A WebSocket handshake on a plain socket that will then never read or pong."""
-    sock = socket.create_connection(("127.0.0.1", port))
-    nonce = base64.b64encode(os.urandom(16)).decode()
-    sock.sendall((f"GET /v1/realtime HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-                  "Upgrade: websocket\r\nConnection: Upgrade\r\n"
-                  f"Sec-WebSocket-Key: {nonce}\r\nSec-WebSocket-Version: 13\r\n"
-                  f"Authorization: Bearer {key}\r\n\r\n").encode())
-    head = b""
-    while b"\r\n\r\n" not in head:
-        head += sock.recv(4096)
-    assert head.startswith(b"HTTP/1.1 101"), head[:80]
-    return sock
-
-
-def _masked_text(payload: bytes) -> bytes:
-    """One masked client text frame (payload < 126 bytes)."""
-    mask = os.urandom(4)
-    body = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
-    return bytes([0x81, 0x80 | len(payload)]) + mask + body
-
-
 def _connected(server: EmbeddedServer) -> float:
     text = httpx.get(server.http_url + "/metrics").text
     match = re.search(r"^bargein_sessions_connected (\S+)$", text, re.MULTILINE)
@@ -261,13 +237,13 @@ async def test_silently_vanished_client_is_noticed_within_ping_interval_plus_tim
         guarded: EmbeddedServer) -> None:
     before_cancelled = guarded.stats().num_finished_by_reason.get("cancelled", 0)
     baseline = _connected(guarded)
-    sock = _raw_upgrade(guarded.port, "k-gone")
+    sock = raw_upgrade(guarded.port, key="k-gone")
     gone_at = time.monotonic()  # from now on: no reads, no pongs, no close frame
     try:
         update = b'{"type":"session.update","session":{"on_disconnect":"cancel"}}'
         create = (b'{"type":"response.create","max_tokens":64,'
                   b'"input":[{"role":"user","content":"Write a long poem."}]}')
-        sock.sendall(_masked_text(update) + _masked_text(create))
+        sock.sendall(masked_text(update) + masked_text(create))
         while _connected(guarded) > baseline or time.monotonic() - gone_at < 0.1:
             await asyncio.sleep(0.05)
             assert time.monotonic() - gone_at < 10, "the vanished client was never noticed"

@@ -1,0 +1,42 @@
+"""A WebSocket client on a plain socket, for clients that misbehave on purpose.
+
+Enough of RFC 6455 to open a connection and send small text frames; it never
+reads unless asked, never answers pings and never sends a close frame: what a
+client that vanished, or one that stopped reading, looks like to the server.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import socket
+
+
+def raw_upgrade(port: int, *, key: str | None = None, rcvbuf: int | None = None) -> socket.socket:
+    """Open ``/v1/realtime`` on ``127.0.0.1:port``; return the socket after the 101.
+
+    ``rcvbuf``: ``SO_RCVBUF`` bytes, set before connecting (a small window).
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if rcvbuf is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.connect(("127.0.0.1", port))
+    nonce = base64.b64encode(os.urandom(16)).decode()
+    auth = f"Authorization: Bearer {key}\r\n" if key else ""
+    sock.sendall((f"GET /v1/realtime HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                  "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+                  f"Sec-WebSocket-Key: {nonce}\r\nSec-WebSocket-Version: 13\r\n"
+                  f"{auth}\r\n").encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += sock.recv(1)  # byte by byte: leave the first frame unread
+    assert head.startswith(b"HTTP/1.1 101"), head[:80]
+    return sock
+
+
+def masked_text(payload: bytes) -> bytes:
+    """One masked client text frame (payload under 126 bytes)."""
+    assert len(payload) < 126
+    mask = os.urandom(4)
+    body = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+    return bytes([0x81, 0x80 | len(payload)]) + mask + body
