@@ -59,7 +59,7 @@ async def test_writes_fail_after_the_bound_then_service_recovers(
     started = time.monotonic()
     with pytest.raises(TokenLogUnavailable) as raised:
         await log.write_step([write("a", entry(1, 2))])
-    assert BOUND_S * 0.9 <= time.monotonic() - started <= BOUND_S + 1.0
+    assert BOUND_S * 0.9 <= time.monotonic() - started <= BOUND_S + 1.5
     assert raised.value.stream_ids == ("a",)
     with pytest.raises(TokenLogUnavailable):
         await asyncio.wait_for(follower, 2)  # its live reader is told, not left waiting
@@ -77,17 +77,19 @@ async def test_writes_fail_after_the_bound_then_service_recovers(
 
 
 async def test_a_hang_shorter_than_the_bound_is_absorbed(server: RedisServer, logs: list[RedisTokenLog]) -> None:
-    log = logs[0]
-    await log.create_stream(live_info("a"))
-    await log.write_step([write("a", entry(0, 1))])
-    server.pause()
-    loop = asyncio.get_running_loop()
-    loop.call_later(0.5, server.resume)
-    started = time.monotonic()
-    await log.write_step([write("a", entry(1, 2))])  # retried until redis answers again
-    assert 0.4 <= time.monotonic() - started < BOUND_S
-    await log.write_step([write("a", entry(2, 3), finish(3))])
-    assert await collect(logs[1].read("a", 0)) == [*chunks([0, 1, 2, 3]), finish(3)]
+    log = RedisTokenLog(server.url, config=RedisLogConfig(retry_for_s=5.0, socket_timeout_s=0.3))
+    try:
+        await log.create_stream(live_info("a"))
+        await log.write_step([write("a", entry(0, 1))])
+        server.pause()
+        asyncio.get_running_loop().call_later(0.5, server.resume)
+        started = time.monotonic()
+        await log.write_step([write("a", entry(1, 2))])  # retried until redis answers again
+        assert 0.4 <= time.monotonic() - started < 5.0
+        await log.write_step([write("a", entry(2, 3), finish(3))])
+        assert await collect(logs[1].read("a", 0)) == [*chunks([0, 1, 2, 3]), finish(3)]
+    finally:
+        await log.close()
 
 
 async def test_restart_within_the_bound_reports_the_lost_stream(
