@@ -1,0 +1,205 @@
+"""Leases: which node generates a stream, kept in Redis.
+
+A node that generates a stream holds the key ``<prefix>{<stream_id>}:lease``
+(value: its node id, ``PX`` the lease time; the hash tag keeps it in the
+stream's Redis Cluster slot). While it generates, it renews all its leases
+every ``renew_every_s`` in ONE pipeline; it deletes them when its streams end.
+A node that died stops renewing, and ``ttl_s`` later the key is gone.
+
+Taking a lease is ``SET NX PX``: Redis runs it atomically, so of two nodes
+racing for the lease of a dead stream exactly one gets it.
+
+Fencing: a node only writes a stream while its lease is *locally* valid,
+``ttl_s`` after the start of the last renewal that succeeded. Redis set the
+key's expiry later than that start, so the local view runs out first: once
+another node could have taken the lease, the old owner has stopped writing
+(clocks drift at rates far below the margin). A node that finds its local
+view lapsed renews at once (:meth:`Leases.confirm`) before it writes on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+
+# Renew a lease this node holds; take it back if it vanished (nobody else has it,
+# so the log is still ours alone). KEYS[1] lease, ARGV[1] node id, ARGV[2] ttl ms.
+# Returns 1 when the node holds the lease afterwards, 0 when another node has it.
+RENEW_LUA = """
+local owner = redis.call('GET', KEYS[1])
+if owner == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+if not owner then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0
+"""
+
+# Delete a lease only if this node holds it. KEYS[1] lease, ARGV[1] node id.
+RELEASE_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaseConfig:
+    """Lease timing.
+
+    Attributes:
+        ttl_s: a lease not renewed for this long expires: the time after a
+            node's death before another node may continue its streams.
+        renew_every_s: renewal period (well below ``ttl_s``: a late tick under
+            load must not lose a lease).
+    """
+
+    ttl_s: float = 5.0
+    renew_every_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.renew_every_s <= 0:
+            raise ValueError(f"{self.renew_every_s=} must be > 0")
+        if self.ttl_s < 2 * self.renew_every_s:
+            raise ValueError(f"{self.ttl_s=} must be >= 2 * renew_every_s")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Renewal:
+    """What one renewal tick found: leases now held elsewhere, streams flagged."""
+
+    lost: tuple[str, ...]
+    flagged: tuple[str, ...]
+
+
+def lease_key(prefix: str, stream_id: str) -> str:
+    """The lease key of a stream (same hash slot as its log and metadata)."""
+    return f"{prefix}{{{stream_id}}}:lease"
+
+
+class Leases:
+    """The leases one node holds, and taking, renewing and releasing them.
+
+    Args:
+        redis: a redis-py asyncio client (its own pool).
+        node_id: the value written into the leases this node holds.
+        key_prefix: the token log's key prefix.
+        config: lease timing.
+        clock: monotonic seconds (local lease validity).
+        flag_key: the key of a per-stream flag read in the renewal pipeline
+            (the cancel flag of session/forward.py), or None.
+    """
+
+    def __init__(self, redis: Redis, node_id: str, *, key_prefix: str = "bargein:",
+                 config: LeaseConfig = LeaseConfig(),
+                 clock: Callable[[], float] = time.monotonic,
+                 flag_key: Callable[[str], str] | None = None) -> None:
+        self.redis = redis
+        self.node_id = node_id
+        self.config = config
+        self._prefix = key_prefix
+        self._clock = clock
+        self._flag_key = flag_key
+        self._valid_until: dict[str, float] = {}  # held leases: local expiry (monotonic s)
+
+    def key(self, stream_id: str) -> str:
+        return lease_key(self._prefix, stream_id)
+
+    @property
+    def held(self) -> list[str]:
+        """Streams whose lease this node holds (or held until a failed renewal)."""
+        return list(self._valid_until)
+
+    def holds(self, stream_id: str) -> bool:
+        return stream_id in self._valid_until
+
+    def valid(self, stream_id: str) -> bool:
+        """This node holds the lease and no other node can have taken it yet."""
+        until = self._valid_until.get(stream_id)
+        return until is not None and self._clock() < until
+
+    async def acquire(self, stream_id: str) -> bool:
+        """Take the lease if nobody holds it (``SET NX PX``); True if taken."""
+        started = self._clock()
+        taken = await self.redis.set(self.key(stream_id), self.node_id, nx=True,
+                                     px=int(self.config.ttl_s * 1000))
+        if taken:
+            self._valid_until[stream_id] = started + self.config.ttl_s
+        return bool(taken)
+
+    async def owner(self, stream_id: str) -> str | None:
+        """The node holding the lease of ``stream_id`` now, or None."""
+        value = await self.redis.get(self.key(stream_id))
+        return None if value is None else value.decode()
+
+    async def owners(self, stream_ids: Sequence[str]) -> list[str | None]:
+        """The holders of several leases, in one ``MGET`` per call.
+
+        On a Redis Cluster the keys span slots: callers pass one stream at a
+        time there (the client splits multi-slot commands itself otherwise).
+        """
+        if not stream_ids:
+            return []
+        values = await self.redis.mget([self.key(s) for s in stream_ids])
+        return [None if v is None else v.decode() for v in values]
+
+    async def renew(self, stream_ids: Iterable[str] | None = None) -> Renewal:
+        """Renew the given held leases (default: all) in one pipeline.
+
+        The streams whose lease another node holds now are forgotten here
+        (their generation must stop); the flag of each renewed stream is read
+        in the same pipeline. Raises redis errors (the leases then keep their
+        local validity, which runs out on its own).
+        """
+        sids = [s for s in (self.held if stream_ids is None else stream_ids) if self.holds(s)]
+        if not sids:
+            return Renewal(lost=(), flagged=())
+        started = self._clock()
+        ttl_ms = int(self.config.ttl_s * 1000)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for sid in sids:  # EVAL, not EVALSHA: no SCRIPT EXISTS round trip per tick
+                pipe.eval(RENEW_LUA, 1, self.key(sid), self.node_id, ttl_ms)
+                if self._flag_key is not None:
+                    pipe.exists(self._flag_key(sid))
+            results: list[Any] = await pipe.execute()
+        step = 1 if self._flag_key is None else 2
+        lost, flagged = [], []
+        for sid, ok, flag in zip(sids, results[::step], results[1::step] if step == 2 else sids):
+            if sid not in self._valid_until:
+                continue  # released meanwhile
+            if not ok:
+                del self._valid_until[sid]
+                lost.append(sid)
+                continue
+            self._valid_until[sid] = started + self.config.ttl_s
+            if step == 2 and flag:
+                flagged.append(sid)
+        return Renewal(lost=tuple(lost), flagged=tuple(flagged))
+
+    async def confirm(self, stream_id: str) -> bool:
+        """Renew one lease now; True if this node still holds it."""
+        return self.holds(stream_id) and not (await self.renew([stream_id])).lost
+
+    def forget(self, stream_id: str) -> None:
+        """Stop renewing a lease without deleting it (it expires on its own)."""
+        self._valid_until.pop(stream_id, None)
+
+    async def release(self, stream_ids: Sequence[str], *, also_delete: Sequence[str] = ()) -> None:
+        """Delete the leases of ended streams (only where this node holds them),
+        and the keys ``also_delete``, in one pipeline."""
+        for sid in stream_ids:
+            self._valid_until.pop(sid, None)
+        if not stream_ids and not also_delete:
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for sid in stream_ids:
+                pipe.eval(RELEASE_LUA, 1, self.key(sid), self.node_id)
+            for key in also_delete:
+                pipe.delete(key)
+            await pipe.execute()

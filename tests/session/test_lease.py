@@ -1,0 +1,124 @@
+"""Leases and forwarded cancels on a real redis-server (session/lease.py, session/forward.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+
+from engine.request import FinishReason
+from session.forward import Forwarder
+from session.lease import LeaseConfig, Leases
+
+pytestmark = pytest.mark.redis
+
+_prefixes = itertools.count()
+FAST = LeaseConfig(ttl_s=0.4, renew_every_s=0.1)
+
+
+@pytest.fixture
+async def redis(redis_server: str) -> AsyncIterator[Redis]:
+    client = Redis.from_url(redis_server)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"lease{next(_prefixes)}:"
+
+
+async def test_of_nodes_racing_for_a_dead_streams_lease_exactly_one_wins(
+        redis_server: str, prefix: str) -> None:
+    clients = [Redis.from_url(redis_server) for _ in range(3)]
+    nodes = [Leases(c, f"node-{i}", key_prefix=prefix, config=FAST) for i, c in enumerate(clients)]
+    try:
+        for round_ in range(50):
+            sid = f"dead-{round_}"
+            won = await asyncio.gather(*(n.acquire(sid) for n in nodes))
+            assert sum(won) == 1, won
+            winner = nodes[won.index(True)]
+            assert await nodes[0].owner(sid) == winner.node_id
+            assert [n.valid(sid) for n in nodes] == won
+    finally:
+        for client in clients:
+            await client.aclose()
+
+
+async def test_a_lease_not_renewed_expires_and_the_next_node_takes_it(
+        redis: Redis, prefix: str) -> None:
+    a = Leases(redis, "a", key_prefix=prefix, config=FAST)
+    b = Leases(redis, "b", key_prefix=prefix, config=FAST)
+    assert await a.acquire("s")
+    assert not await b.acquire("s")
+    for _ in range(5):  # renewed past its TTL: still a's
+        await asyncio.sleep(0.1)
+        assert (await a.renew()).lost == ()
+    assert not await b.acquire("s")
+    await asyncio.sleep(0.5)  # a stopped renewing: a dead node
+    assert not a.valid("s"), "the old owner's local view ran out first"
+    assert await b.acquire("s")
+    renewal = await a.renew()  # a wakes up: it must learn it lost the stream
+    assert renewal.lost == ("s",)
+    assert not a.holds("s") and await a.owner("s") == "b"
+
+
+async def test_a_vanished_lease_is_taken_back_by_its_holder_on_renewal(
+        redis: Redis, prefix: str) -> None:
+    a = Leases(redis, "a", key_prefix=prefix, config=FAST)
+    assert await a.acquire("s")
+    await redis.delete(a.key("s"))  # e.g. expired while Redis was unreachable
+    assert (await a.renew()).lost == ()
+    assert await a.owner("s") == "a"
+
+
+async def test_release_deletes_only_the_holders_lease(redis: Redis, prefix: str) -> None:
+    a = Leases(redis, "a", key_prefix=prefix, config=FAST)
+    b = Leases(redis, "b", key_prefix=prefix, config=FAST)
+    assert await b.acquire("s")
+    a._valid_until["s"] = 0.0  # a believes it held it once (stale)
+    await a.release(["s"])
+    assert await a.owner("s") == "b"
+    await b.release(["s"], also_delete=[f"{prefix}other"])
+    assert await a.owner("s") is None
+
+
+async def test_renewal_renews_every_stream_in_one_pipeline_and_reads_flags(
+        redis: Redis, prefix: str) -> None:
+    forwarder = Forwarder(redis, "a", lambda sid, reason: None, key_prefix=prefix)
+    a = Leases(redis, "a", key_prefix=prefix, config=FAST, flag_key=forwarder.flag_key)
+    for i in range(20):
+        assert await a.acquire(f"s{i}")
+    await forwarder.forward("s7", FinishReason.INTERRUPTED, owner=None)
+    before = await _calls(redis, "eval")
+    renewal = await a.renew()
+    assert await _calls(redis, "eval") - before == 20
+    assert renewal == type(renewal)(lost=(), flagged=("s7",))
+    assert await forwarder.cancel_reason("s7") is FinishReason.INTERRUPTED
+
+
+async def test_a_cancel_reaches_the_owner_node_through_its_channel(
+        redis_server: str, prefix: str) -> None:
+    received: asyncio.Queue[tuple[str, FinishReason]] = asyncio.Queue()
+    owner_client, asker_client = Redis.from_url(redis_server), Redis.from_url(redis_server)
+    owner = Forwarder(owner_client, "owner", lambda s, r: received.put_nowait((s, r)),
+                      key_prefix=prefix)
+    asker = Forwarder(asker_client, "asker", lambda s, r: None, key_prefix=prefix)
+    await owner.start()
+    try:
+        await asyncio.wait_for(owner.subscribed.wait(), 5)
+        assert await asker.forward("s1", FinishReason.INTERRUPTED, "owner") == 1
+        assert await asyncio.wait_for(received.get(), 5) == ("s1", FinishReason.INTERRUPTED)
+        assert await asker.forward("s2", FinishReason.INTERRUPTED, "nobody") == 0
+    finally:
+        await owner.stop()
+        await owner_client.aclose()
+        await asker_client.aclose()
+
+
+async def _calls(redis: Redis, command: str) -> int:
+    stats = await redis.info("commandstats")
+    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
