@@ -263,6 +263,8 @@ class MemoryTokenLog:
 
     async def create_stream(self, info: StreamInfo) -> None:
         self._sweep()
+        if self._closed:
+            raise TokenLogUnavailable("token log closed", (info.stream_id,))
         if info.stream_id in self._streams:
             raise StreamExists(info.stream_id)
         expires_at = self._clock() + self._live_ttl_s

@@ -37,6 +37,8 @@ async def test_close_wakes_readers_and_refuses_calls() -> None:
     assert not await log.ping()
     with pytest.raises(TokenLogUnavailable):
         await log.write_step([write("s", entry(0, 1))])
+    with pytest.raises(TokenLogUnavailable):
+        await log.create_stream(live_info("t"))
 
 
 async def test_factory_picks_the_backend_from_the_url() -> None:
