@@ -19,7 +19,8 @@ Realtime behaviours, each drawn per request:
   from the last offset received.
 - ``--slow-readers N``: N more clients, for the whole run, each asking for a
   long answer and reading one delta per second (their numbers are reported
-  apart: they are the experiment, the others are the victims).
+  apart: they are the experiment, the others are the victims);
+  ``--slow-head-start s`` starts them ``s`` seconds before the other arrivals.
 
 Reported (JSON, ``--out``), per offered rate: TTFT (``response.create``
 sent -> first delta; the connect is included), inter-token latency (the gap
@@ -77,6 +78,7 @@ class LoadConfig:
     max_tokens: int = 48
     slow_readers: int = 0
     slow_max_tokens: int = 64
+    slow_head_start_s: float = 0.0
     interrupt_rate: float = 0.0
     disconnect_rate: float = 0.0
     drain_s: float = 60.0
@@ -156,9 +158,11 @@ class Client:
 
     async def open(self) -> None:
         headers = {"Authorization": f"Bearer {self.cfg.api_key}"} if self.cfg.api_key else {}
+        # A slow reader's client library buffers one frame: TCP backpressure
+        # reaches the server, as with a real client that reads slowly.
         self.ws = await connect(self.cfg.url, subprotocols=[SUBPROTOCOL],  # type: ignore[list-item]
-                                additional_headers=headers, max_queue=None if
-                                self.sample.kind == "slow" else 64, open_timeout=30)
+                                additional_headers=headers, open_timeout=30,
+                                max_queue=1 if self.sample.kind == "slow" else 64)
         first = json.loads(await self.ws.recv())
         assert first["type"] == "session.created", first
 
@@ -173,6 +177,10 @@ class Client:
             await self.open()
         except InvalidStatus as exc:
             self.sample.error = f"http_{exc.response.status_code}"
+            return
+        except ConnectionClosed as exc:  # 1013: saturated at connect
+            self.sample.error = f"close_{exc.rcvd.code if exc.rcvd else 1006}"
+            self.sample.reject_latency = time.perf_counter() - started
             return
         assert self.ws is not None
         sent_at = time.perf_counter()
@@ -278,12 +286,15 @@ async def slow_reader(cfg: LoadConfig, rng: random.Random, until: float,
         await one_request(cfg, rng, sample, cfg.slow_max_tokens)
 
 
-async def run_load(cfg: LoadConfig) -> list[Sample]:
-    """Offer ``cfg.rate`` requests/s for ``cfg.duration_s`` s; return every sample."""
+async def run_load(cfg: LoadConfig, samples: list[Sample] | None = None) -> list[Sample]:
+    """Offer ``cfg.rate`` requests/s for ``cfg.duration_s`` s; return every sample.
+
+    ``samples``: a list to fill as requests start (to watch a run in progress).
+    """
     require_loopback(cfg.url)
     rng = random.Random(cfg.seed)
-    samples: list[Sample] = []
-    start = time.perf_counter()
+    samples = [] if samples is None else samples
+    start = time.perf_counter() + cfg.slow_head_start_s
     until = start + cfg.duration_s
     tasks = [asyncio.create_task(slow_reader(cfg, random.Random(cfg.seed + 1 + i), until,
                                              samples)) for i in range(cfg.slow_readers)]
@@ -359,6 +370,10 @@ def plot(reports: Sequence[dict[str, Any]], path: Path, title: str) -> None:
         for q, style in (("p50", "--"), ("p95", "-")):
             ys = [r[key][q] if r[key][q] is not None else math.nan for r in reports]
             lat.plot(rates, ys, style, marker="o", label=f"{label} {q}")
+    rejections = [r["rejection_latency_s"]["p99"] for r in reports]
+    if any(v is not None for v in rejections):
+        lat.plot(rates, [math.nan if v is None else v for v in rejections], "-", marker="x",
+                 color="black", label="rejection p99")
     lat.set(xlabel="offered load (requests/s)", ylabel="seconds", yscale="log",
             title="latency vs offered load")
     good.plot(rates, [r["goodput"] for r in reports], marker="o", label="goodput (SLO met)")
@@ -388,6 +403,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=48, help="median max_tokens")
     p.add_argument("--slow-readers", type=int, default=0)
     p.add_argument("--slow-max-tokens", type=int, default=64)
+    p.add_argument("--slow-head-start", type=float, default=0.0,
+                   help="seconds the slow readers start before the other arrivals")
     p.add_argument("--interrupt-rate", type=float, default=0.0)
     p.add_argument("--disconnect-rate", type=float, default=0.0)
     p.add_argument("--slo-ttft", type=float, default=2.0, help="seconds")
@@ -407,6 +424,7 @@ async def sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
         cfg = LoadConfig(url=args.url, rate=rate, duration_s=args.duration,
                          prompt_words=args.prompt_words, max_tokens=args.max_tokens,
                          slow_readers=args.slow_readers, slow_max_tokens=args.slow_max_tokens,
+                         slow_head_start_s=args.slow_head_start,
                          interrupt_rate=args.interrupt_rate,
                          disconnect_rate=args.disconnect_rate, drain_s=args.drain,
                          api_key=args.api_key, seed=args.seed)

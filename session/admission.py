@@ -14,10 +14,11 @@ reaches the engine. In the order checked:
    being submitted) may not exceed ``max_waiting``;
 4. a queue-time deadline, enforced *up front by estimate* (``overloaded``):
    the expected wait is the number waiting divided by the rate at which
-   requests left the queue over the last ``window_s`` seconds; a request that
-   would wait longer than ``max_queue_time_s`` is refused now rather than
-   timed out later. With too few recent starts to estimate, only the bound
-   of 3. applies.
+   requests left the queue over the last ``window_s`` seconds (Little's law,
+   W = L / lambda: underloaded, few wait and the rate is the arrival rate;
+   saturated, the rate is the engine's capacity); a request that would wait
+   longer than ``max_queue_time_s`` is refused now rather than timed out
+   later. With too few recent starts to estimate, only the bound of 3. applies.
 
 Every refusal carries ``retry_after_ms``: when the bucket refills, or when
 the queue is expected to be short enough again. Sans-I/O: time is an argument.
@@ -180,7 +181,14 @@ class Admission:
         if len(self._starts) < MIN_STARTS_TO_ESTIMATE:
             return None
         span = max(now - self._starts[0], 1e-3)
-        return (self.num_waiting + 1) / (len(self._starts) / span)
+        return self.num_waiting / (len(self._starts) / span)
+
+    def _departure_rate(self, now: float) -> float | None:
+        """Requests per second that left the queue lately (after ``expected_wait_s``
+        pruned the window), or None without enough history."""
+        if len(self._starts) < MIN_STARTS_TO_ESTIMATE:
+            return None
+        return len(self._starts) / max(now - self._starts[0], 1e-3)
 
     # ---- the checks ------------------------------------------------------------
 
@@ -213,7 +221,7 @@ class Admission:
     def _overloaded(self, now: float) -> Refusal | None:
         cfg = self.config
         wait = self.expected_wait_s(now)
-        rate = None if wait is None else (self.num_waiting + 1) / wait
+        rate = self._departure_rate(now)
         if cfg.max_waiting and self.num_waiting >= cfg.max_waiting:
             excess = self.num_waiting - cfg.max_waiting + 1
             return Refusal(code=pe.ErrorCode.OVERLOADED,

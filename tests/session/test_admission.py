@@ -62,9 +62,10 @@ def test_queue_time_deadline_refuses_up_front_by_estimate() -> None:
     for i in range(4):  # four requests left the queue in 4 s: 1 per second
         assert admission.check_request("a", float(i)) is None
         admission.started(float(i + 1))
-    assert admission.expected_wait_s(5.0) == pytest.approx(1.0 / (4 / 4.0))
-    for _ in range(2):
+    assert admission.expected_wait_s(5.0) == 0.0  # nobody waits: no wait
+    for _ in range(3):
         assert admission.check_request("a", 5.0) is None
+    assert admission.expected_wait_s(5.0) == pytest.approx(3 / (4 / 4.0))
     refusal = admission.check_request("a", 5.0)  # 3 waiting at 1/s: 3 s > 2 s
     assert refusal is not None and refusal.code is pe.ErrorCode.OVERLOADED
     assert refusal.retry_after_ms == 1000

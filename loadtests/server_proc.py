@@ -1,0 +1,79 @@
+"""Start ``bargein serve`` in a subprocess on a free loopback port (for the experiments).
+
+The load generator then runs in its own process, so the server's engine and
+event loop do not share a GIL with the clients that measure them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def served(flags: Sequence[str], *, timeout_s: float = 300.0) -> Iterator[str]:
+    """Run ``bargein serve --debug-endpoints true <flags>``; yield its HTTP base URL
+    once ``/readyz`` is 200; stop it (SIGTERM) at exit.
+
+    Raises:
+        RuntimeError: the server exited or was not ready within ``timeout_s``.
+    """
+    port = free_port()
+    cmd = [sys.executable, "-m", "app", "serve", "--port", str(port), "--debug-endpoints",
+           "true", "--log-level", "warning", *flags]
+    # stderr to a file, not a pipe nobody reads (a full pipe would stall the server)
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            _wait_ready(proc, url, timeout_s, err)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], url: str, timeout_s: float,
+                err: IO[bytes]) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            err.seek(0)
+            tail = err.read().decode(errors="replace")[-2000:]
+            raise RuntimeError(f"the server exited ({proc.returncode}): {tail}")
+        with contextlib.suppress(httpx.TransportError):
+            if httpx.get(url + "/readyz", timeout=2).status_code == 200:
+                return
+        time.sleep(0.5)
+    raise RuntimeError(f"the server was not ready within {timeout_s} s")
+
+
+async def engine_stats(http: httpx.AsyncClient) -> dict[str, Any]:
+    """The engine's stats from ``GET /debug/engine``."""
+    return (await http.get("/debug/engine")).json()["stats"]  # type: ignore[no-any-return]
+
+
+def load_average() -> str:
+    """``/proc/loadavg``'s 1, 5 and 15 minute load averages."""
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])

@@ -1,0 +1,184 @@
+"""The slow-reader experiment: does a client reading one delta per second hurt anyone else?
+
+One ``bargein serve`` (bundled model, subprocess) gets the same open-loop
+load three times (same seed: the same arrival times, prompts and lengths),
+with 0, 1 and 10 extra slow readers (:mod:`loadtests.loadgen`'s
+``--slow-readers``: each asks for a long answer and reads one delta per
+second, its client library buffering a single frame, so TCP backpressure
+reaches the server), started ``--head-start`` seconds before the measured
+arrivals. Reported for the other clients: TTFT and ITL p50/p95
+and the change against the run without slow readers. For the slow readers:
+the engine's counters, polled every 0.5 s from ``/debug/engine``: whether
+the KV pool was entirely free (nothing running or waiting) at moments when
+slow readers were still reading their answers, i.e. their blocks were freed
+when generation ended, not when the client had read it.
+
+Usage: ``python loadtests/slow_reader.py [--rate 0.5] [--duration 30]``
+writes ``docs/perf/slow-reader.md`` and ``docs/perf/slow-reader.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from loadtests.loadgen import LoadConfig, Sample, run_load, summarize  # noqa: E402
+from loadtests.server_proc import engine_stats, load_average, served  # noqa: E402
+
+SLOW_COUNTS = (0, 1, 10)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Poll:
+    """One look at the engine while a run goes on."""
+
+    t: float
+    num_running: int
+    num_waiting: int
+    num_free_blocks: int
+    num_total_blocks: int
+    slow_reading: int  # slow-reader requests started and not yet fully read
+
+
+async def watch(http: httpx.AsyncClient, samples: list[Sample], polls: list[Poll],
+                stop: asyncio.Event) -> None:
+    """Poll the engine every 0.5 s until ``stop``."""
+    start = time.perf_counter()
+    while not stop.is_set():
+        stats = await engine_stats(http)
+        reading = sum(1 for s in samples if s.kind == "slow" and s.e2e is None
+                      and s.error is None and s.ttft is not None)
+        polls.append(Poll(t=time.perf_counter() - start, num_running=stats["num_running"],
+                          num_waiting=stats["num_waiting"],
+                          num_free_blocks=stats["num_free_blocks"],
+                          num_total_blocks=stats["num_total_blocks"], slow_reading=reading))
+        await asyncio.sleep(0.5)
+
+
+async def one_run(url: str, args: argparse.Namespace, num_slow: int) -> dict[str, Any]:
+    """The load with ``num_slow`` slow readers: loadgen's report plus the block polls."""
+    cfg = LoadConfig(url=url.replace("http://", "ws://") + "/v1/realtime", rate=args.rate,
+                     duration_s=args.duration, prompt_words=args.prompt_words,
+                     max_tokens=args.max_tokens, slow_readers=num_slow,
+                     slow_max_tokens=args.slow_max_tokens, drain_s=args.drain, seed=args.seed,
+                     slow_head_start_s=args.head_start)
+    samples: list[Sample] = []
+    polls: list[Poll] = []
+    stop = asyncio.Event()
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        watcher = asyncio.create_task(watch(http, samples, polls, stop))
+        await run_load(cfg, samples)
+        stop.set()
+        await watcher
+        final = await engine_stats(http)
+    report = summarize(cfg, samples, args.slo_ttft, args.slo_itl)
+    freed = [p for p in polls if p.slow_reading and p.num_running == 0 and p.num_waiting == 0]
+    report["blocks"] = {
+        "total": final["num_total_blocks"], "free_at_end": final["num_free_blocks"],
+        "min_free_during_run": min(p.num_free_blocks for p in polls),
+        "polls_idle_while_slow_readers_read": len(freed),
+        "all_free_in_those_polls": all(p.num_free_blocks == p.num_total_blocks for p in freed),
+        "max_slow_reading_in_those_polls": max((p.slow_reading for p in freed), default=0)}
+    return report
+
+
+def _pct(new: float | None, base: float | None) -> str:
+    if new is None or base is None or base == 0:
+        return "n/a"
+    return f"{100 * (new - base) / base:+.1f}%"
+
+
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{1000 * value:.0f}"
+
+
+def markdown(runs: Sequence[dict[str, Any]], args: argparse.Namespace,
+             load: tuple[str, str]) -> str:
+    """The report: victims' latencies per slow-reader count, then the blocks."""
+    base = runs[0]
+    lines = ["# Slow readers: what one client reading a delta per second does to the others", "",
+             f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by "
+             "`python loadtests/slow_reader.py` on the bundled SmolLM2-135M (fp32, CPU). "
+             f"The machine (2 cores) was **shared with other people's jobs**: load average "
+             f"{load[0]} at the start, {load[1]} at the end, so absolute numbers are noisy "
+             "and small differences between runs are within that noise.", "",
+             f"Same open-loop load in each run (seed {args.seed}): Poisson arrivals at "
+             f"{args.rate:g} requests/s for {args.duration:g} s, median "
+             f"{args.prompt_words} prompt words and {args.max_tokens} max_tokens; each slow "
+             f"reader asks for {args.slow_max_tokens} tokens again and again and reads one "
+             f"delta per second; the slow readers start {args.head_start:g} s before the "
+             "measured arrivals (so the run compares clients that are *reading* slowly, "
+             "not a burst of their prompts), in every run, 0 included.", "",
+             "## The other clients", "",
+             "| slow readers | requests | TTFT p50 ms | TTFT p95 ms | ITL p50 ms | ITL p95 ms "
+             "| TTFT p95 vs 0 | ITL p95 vs 0 | errors |", "|" + " --- |" * 9]
+    for n, run in zip(SLOW_COUNTS, runs):
+        lines.append(
+            f"| {n} | {run['num_requests']} | {_ms(run['ttft_s']['p50'])} | "
+            f"{_ms(run['ttft_s']['p95'])} | {_ms(run['itl_s']['p50'])} | "
+            f"{_ms(run['itl_s']['p95'])} | {_pct(run['ttft_s']['p95'], base['ttft_s']['p95'])} "
+            f"| {_pct(run['itl_s']['p95'], base['itl_s']['p95'])} | {run['errors'] or '-'} |")
+    lines += ["", "## The slow readers' KV blocks", "",
+              "Engine counters polled every 0.5 s from `/debug/engine`. *Idle while slow "
+              "readers read*: polls where nothing was running or waiting in the engine while "
+              "slow readers were still reading their answers.", "",
+              "| slow readers | slow requests | polls idle while slow readers read | pool all free"
+              " in those | slow readers still reading then (max) | free blocks at end |",
+              "|" + " --- |" * 6]
+    for n, run in zip(SLOW_COUNTS[1:], runs[1:]):
+        b = run["blocks"]
+        lines.append(f"| {n} | {run['slow_readers']['num_requests']} | "
+                     f"{b['polls_idle_while_slow_readers_read']} | {b['all_free_in_those_polls']} "
+                     f"| {b['max_slow_reading_in_those_polls']} | {b['free_at_end']} / "
+                     f"{b['total']} |")
+    return "\n".join(lines) + "\n"
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rate", type=float, default=0.5)
+    p.add_argument("--duration", type=float, default=30.0)
+    p.add_argument("--drain", type=float, default=60.0)
+    p.add_argument("--prompt-words", type=int, default=16)
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--slow-max-tokens", type=int, default=24)
+    p.add_argument("--slo-ttft", type=float, default=2.0)
+    p.add_argument("--slo-itl", type=float, default=0.25)
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--head-start", type=float, default=6.0,
+                   help="seconds the slow readers start before the measured arrivals")
+    p.add_argument("--out", type=Path, default=Path("docs/perf/slow-reader.md"))
+    return p.parse_args(argv)
+
+
+async def experiment(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The three runs on one server."""
+    with served(["--max-tokens", "256"]) as url:
+        return [await one_run(url, args, n) for n in SLOW_COUNTS]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the experiment and write the report (markdown and JSON beside it)."""
+    args = _parse(argv)
+    start_load = load_average()
+    runs = asyncio.run(experiment(args))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(markdown(runs, args, (start_load, load_average())))
+    args.out.with_suffix(".json").write_text(json.dumps(runs, indent=2) + "\n")
+    print(args.out.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
