@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
@@ -112,14 +111,27 @@ async def _load(state: AppState, progress: Progress) -> None:
     secret = state.settings.server.secret
     service = Service(runner, state.log, state.settings.session,  # type: ignore[arg-type]
                       secret=secret.encode() if secret else secrets.token_bytes(32),
-                      node_id=os.uname().nodename,
+                      node_id=state.settings.server.node_name,
                       debug=state.settings.server.debug_endpoints,
                       observer=state.observer,
-                      admission=Admission(state.settings.admission))
+                      admission=Admission(state.settings.admission),
+                      cluster=make_cluster(state.settings))
     await service.start()
     state.service = service
     progress("ready")
     state.loaded.set()
+
+
+def make_cluster(settings: Settings) -> Any:
+    """With a Redis log, this node's :class:`session.cluster.Cluster`; else None."""
+    server = settings.server
+    if server.redis_url is None:
+        return None
+    from session.cluster import Cluster  # redis only when used
+    from session.lease import LeaseConfig
+
+    lease = LeaseConfig(ttl_s=server.lease_ttl_s, renew_every_s=server.lease_ttl_s / 5)
+    return Cluster(server.redis_url, server.node_name, lease=lease)
 
 
 def create_app(settings: Settings, *, progress: Progress = lambda stage: None) -> Starlette:
@@ -131,7 +143,8 @@ def create_app(settings: Settings, *, progress: Progress = lambda stage: None) -
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        state.log = open_token_log(settings.server.redis_url)
+        state.log = open_token_log(settings.server.redis_url,
+                                   node_id=settings.server.node_name)
         loader = asyncio.create_task(_load(state, progress), name="load-model")
         try:
             async with state.metrics.watching_event_loop():

@@ -51,6 +51,10 @@ class ServerConfig:
             closed with 4008 (0: never); see ``app/outgoing.py``.
         max_outgoing_bytes: bytes of frames one connection may have waiting
             for its socket.
+        node_id: this node's name among several sharing one Redis (unique per
+            node; ``None``: ``host:port``, see :attr:`node_name`).
+        lease_ttl_s: with Redis, a stream whose node stops renewing its lease
+            this long is continued by the node a client resumes it on.
     """
 
     host: str = "127.0.0.1"
@@ -69,11 +73,20 @@ class ServerConfig:
     ws_ping_timeout_s: float = 20.0
     slow_client_timeout_s: float = 10.0
     max_outgoing_bytes: int = 1 << 20
+    node_id: str | None = None
+    lease_ttl_s: float = 5.0
+
+    @property
+    def node_name(self) -> str:
+        """``node_id``, or ``host:port`` when none was given."""
+        return self.node_id or f"{self.host}:{self.port}"
 
     def __post_init__(self) -> None:
         for name in ("ws_ping_interval_s", "ws_ping_timeout_s", "slow_client_timeout_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
+        if self.lease_ttl_s < 0.2:
+            raise ValueError(f"lease_ttl_s={self.lease_ttl_s} must be >= 0.2")
         if self.max_outgoing_bytes < 1024:
             raise ValueError(f"max_outgoing_bytes={self.max_outgoing_bytes} must be >= 1024")
         if not 0 <= self.port <= 65535:
@@ -166,6 +179,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser,
     _add(parser, env, "--log-prompts", s.log_prompts, _bool,
          "log prompts and generated text (debugging only)")
     _add_limit_arguments(parser, env)
+    _add(parser, env, "--node-id", None, str,
+         "this node's unique name among nodes sharing one Redis (default: host:port)")
+    _add(parser, env, "--lease-ttl", s.lease_ttl_s, float,
+         "seconds before a dead node's streams may be taken over by another node")
     # prometheus-client reads this variable itself, under its own name.
     parser.set_defaults(metrics_multiproc_dir=env.get("PROMETHEUS_MULTIPROC_DIR") or None)
 
@@ -237,6 +254,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                 log_level=args.log_level, log_format=args.log_format,
                 log_prompts=args.log_prompts,
                 metrics_multiproc_dir=args.metrics_multiproc_dir,
+                node_id=args.node_id, lease_ttl_s=args.lease_ttl,
                 **_limits_from_args(args)),
             admission=AdmissionConfig(
                 max_waiting=args.max_waiting, max_queue_time_s=args.max_queue_time,

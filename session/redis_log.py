@@ -232,6 +232,26 @@ class RedisTokenLog:
         found = await self._call("create_stream", lambda r: r.hgetall(self._keys.meta(sid)), (sid,))
         return {k.decode(): v.decode() for k, v in found.items()} == meta
 
+    def adopt_stream(self, info: StreamInfo) -> None:
+        """Write on a stream another node created, from its end ``info.end``.
+
+        For a takeover (session/cluster.py): the caller holds the stream's
+        lease, so no other node writes it any more.
+        """
+        sid = info.stream_id
+        self._broken.pop(sid, None)
+        self._ended.pop(sid, None)
+        local = _LocalStream(replace(info, status="live", finish=None), self._cfg.fanout_entries)
+        local.cursor.end = info.end
+        self._live[sid] = local
+
+    def abandon_stream(self, stream_id: str) -> None:
+        """Stop writing a stream another node may now continue: late writes
+        are refused and local readers get a retryable TokenLogUnavailable
+        (their clients resume it, on any node)."""
+        self._break((stream_id,), TokenLogUnavailable("another node continues this stream",
+                                                      (stream_id,)))
+
     def _cursor(self, stream_id: str) -> StreamCursor:
         local = self._live.get(stream_id)
         if local is None:

@@ -1,0 +1,331 @@
+"""Several bargein nodes on one Redis: leases, forwarded interrupts, takeover.
+
+One :class:`Cluster` per node, beside its :class:`~session.service.Service`
+and its :class:`~session.redis_log.RedisTokenLog` (same Redis, same key
+prefix). The service calls it at five points:
+
+- ``claim`` when it creates a stream: the generation record
+  (session/takeover.py) is stored and the lease taken, in one pipeline,
+  before the stream exists;
+- ``fence`` before each step's log write: only streams whose lease is
+  locally valid are written (session/lease.py);
+- ``ended`` when a stream's generation ended: its lease is released at the
+  next tick;
+- ``abort_elsewhere`` for a cancel of a stream this node does not generate
+  (session/forward.py);
+- ``follow`` when a client resumes a stream here: the stream is watched, and
+  if it is unfinished with no lease (its node died), taken over.
+
+One task ticks every ``renew_every_s``: it renews every lease in one
+pipeline (reading the cancel flags on the way), releases ended streams'
+leases, and checks the leases of the streams watched here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from engine.errors import EngineError
+from engine.request import EngineRequest, FinishReason, SamplingParams
+from session.errors import TokenLogError, TokenLogUnavailable
+from session.forward import Forwarder
+from session.lease import LeaseConfig, Leases
+from session.redis_format import Keys
+from session.takeover import (
+    Continuation,
+    GenerationRecord,
+    LoggedPrefix,
+    continuation_params,
+    gen_key,
+    read_prefix,
+)
+from session.token_log import StreamEnd, StreamInfo, StreamWrite
+
+log = logging.getLogger(__name__)
+
+_REDIS_ERRORS = (RedisError, OSError)
+
+
+class Cluster:
+    """This node's part of a multi-node deployment (see the module doc).
+
+    Args:
+        url: the Redis URL (the token log's).
+        node_id: unique name of this node (written into its leases).
+        key_prefix: the token log's key prefix.
+        lease: lease timing.
+        record_ttl_s: how long a generation record outlives a dead node
+            (the token log's live TTL).
+    """
+
+    def __init__(self, url: str, node_id: str, *, key_prefix: str = "bargein:",
+                 lease: LeaseConfig = LeaseConfig(), record_ttl_s: float = 3600.0) -> None:
+        self.node_id = node_id
+        self.redis = Redis.from_url(url)
+        self.forwarder = Forwarder(self.redis, node_id, self._on_forwarded_abort,
+                                   key_prefix=key_prefix)
+        self.leases = Leases(self.redis, node_id, key_prefix=key_prefix, config=lease,
+                             flag_key=self.forwarder.flag_key)
+        self._prefix = key_prefix
+        self._keys = Keys(key_prefix)
+        self._record_ttl_ms = int(record_ttl_s * 1000)
+        self._service: Any = None
+        self._ended: list[str] = []
+        self._watched: set[str] = set()
+        self._taking: dict[str, asyncio.Task[str]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._ticker: asyncio.Task[None] | None = None
+        self.num_takeovers = 0  # streams this node continued after their node died
+
+    # ---- life cycle ------------------------------------------------------------
+
+    async def start(self, service: Any) -> None:
+        """Attach to the service (its runner, log, tokenizer) and start ticking."""
+        self._service = service
+        await self.forwarder.start()
+        self._ticker = asyncio.create_task(self._tick_loop(), name="cluster-tick")
+
+    async def stop(self) -> None:
+        """Stop ticking and listening (leases are left to expire: another node
+        takes the streams over if this one does not come back)."""
+        for task in (self._ticker, *self._tasks, *self._taking.values()):
+            if task is not None:
+                task.cancel()
+        for task in (self._ticker, *self._tasks, *self._taking.values()):
+            if task is not None:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        await self.forwarder.stop()
+        await self.redis.aclose()
+
+    # ---- hooks of the service --------------------------------------------------
+
+    async def claim(self, stream_id: str, prompt_token_ids: tuple[int, ...],
+                    params: SamplingParams) -> None:
+        """Store the generation record and take the lease of a new stream.
+
+        Raises TokenLogUnavailable when Redis refuses or fails (the stream
+        must not be created: nobody could continue it).
+        """
+        record = GenerationRecord(prompt_token_ids=prompt_token_ids, params=params)
+        try:
+            await self.redis.set(gen_key(self._prefix, stream_id), record.encode(),
+                                 px=self._record_ttl_ms)
+            taken = await self.leases.acquire(stream_id)
+        except _REDIS_ERRORS as exc:
+            raise TokenLogUnavailable(f"cannot claim stream {stream_id}: {exc!r}",
+                                      (stream_id,)) from exc
+        if not taken:
+            raise TokenLogUnavailable(f"stream {stream_id} already has a lease", (stream_id,))
+
+    async def fence(self, writes: list[StreamWrite]) -> list[StreamWrite]:
+        """The writes this node may still make: streams whose lease it holds.
+
+        A lease whose local validity ran out (a stalled loop) is renewed
+        first; one another node holds now is abandoned.
+        """
+        lapsed = {w.stream_id for w in writes
+                  if self.leases.holds(w.stream_id) and not self.leases.valid(w.stream_id)}
+        if lapsed:
+            try:
+                renewal = await self.leases.renew(lapsed)
+                lost: tuple[str, ...] = renewal.lost
+            except _REDIS_ERRORS as exc:
+                log.error("lease renewal failed (%r): abandoning %d streams", exc, len(lapsed))
+                lost = tuple(lapsed)
+            for sid in lost:
+                self._abandon(sid)
+        return [w for w in writes if self.leases.holds(w.stream_id)]
+
+    def ended(self, stream_id: str) -> None:
+        """Generation of a stream this node wrote ended (its finish is logged)."""
+        self._ended.append(stream_id)
+
+    def abort_elsewhere(self, stream_id: str, reason: FinishReason) -> None:
+        """A cancel for a stream this node does not generate: forward it."""
+        self._spawn(self._forward(stream_id, reason), f"forward-{stream_id}")
+
+    async def follow(self, stream_id: str) -> None:
+        """A client here reads ``stream_id``: watch it, take it over if its node died."""
+        self._watched.add(stream_id)
+        await self._take_over_once(stream_id)
+
+    # ---- forwarding ------------------------------------------------------------
+
+    async def _forward(self, stream_id: str, reason: FinishReason) -> None:
+        try:
+            owner = await self.leases.owner(stream_id)
+            target = owner if owner != self.node_id else None  # never to ourselves
+            received = await self.forwarder.forward(stream_id, reason, target)
+        except _REDIS_ERRORS as exc:
+            log.error("forwarding the cancel of %s failed: %r", stream_id, exc)
+            return
+        if owner is None or received == 0:
+            # Nobody generates it: the node taking it over ends it as cancelled.
+            self._watched.add(stream_id)
+            await self._take_over_once(stream_id)
+
+    def _on_forwarded_abort(self, stream_id: str, reason: FinishReason) -> None:
+        service = self._service
+        if service is not None and self.leases.holds(stream_id):
+            service.abort(stream_id, reason, service.clock())
+
+    # ---- the tick --------------------------------------------------------------
+
+    async def _tick_loop(self) -> None:
+        every = self.leases.config.renew_every_s
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await self._tick()
+            except _REDIS_ERRORS as exc:
+                log.warning("cluster tick failed: %r", exc)
+
+    async def _tick(self) -> None:
+        """Renew, apply cancel flags, release ended leases, check watched streams."""
+        renewal = await self.leases.renew()
+        for sid in renewal.lost:
+            log.error("lease of %s is held by another node: abandoning it", sid)
+            self._abandon(sid)
+        for sid in renewal.flagged:  # a forwarded cancel whose message was lost
+            self._service.abort(sid, FinishReason.INTERRUPTED, self._service.clock())
+        ended, self._ended = self._ended, []
+        if ended:
+            await self.leases.release(ended, also_delete=[gen_key(self._prefix, s) for s in ended])
+        await self._check_watched()
+
+    async def _check_watched(self) -> None:
+        sids = [s for s in self._watched if not self.leases.holds(s) and s not in self._taking]
+        if not sids:
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for sid in sids:  # one EXISTS each: a cluster may hold them in different slots
+                pipe.exists(self.leases.key(sid))
+            leased = await pipe.execute()
+        for sid, has_owner in zip(sids, leased):
+            if not has_owner:
+                self._spawn(self._take_over_once(sid), f"takeover-{sid}")
+
+    # ---- takeover --------------------------------------------------------------
+
+    async def _take_over_once(self, stream_id: str) -> str:
+        """Run at most one takeover attempt per stream at a time; its outcome."""
+        task = self._taking.get(stream_id)
+        if task is None:
+            task = self._taking[stream_id] = asyncio.create_task(
+                self._take_over(stream_id), name=f"takeover-{stream_id}")
+            task.add_done_callback(lambda _: self._taking.pop(stream_id, None))
+        try:
+            outcome = await asyncio.shield(task)
+        except (TokenLogError, *_REDIS_ERRORS) as exc:
+            log.warning("takeover of %s failed: %r", stream_id, exc)
+            return "failed"
+        if outcome != "owned":
+            self._watched.discard(stream_id)
+        return outcome
+
+    async def _take_over(self, stream_id: str) -> str:
+        """Continue ``stream_id`` here if it is unfinished and nobody holds its lease.
+
+        Returns ``"done"`` (complete or unknown), ``"owned"`` (another node
+        holds the lease), ``"ended"`` (ended here without generating:
+        cancelled, length, or nothing to continue from) or ``"continued"``.
+        """
+        log_ = self._service.log
+        info = await log_.info(stream_id)
+        if info is None or info.status == "complete":
+            return "done"
+        if not await self.leases.acquire(stream_id):
+            return "owned"
+        try:
+            return await self._continue(stream_id)
+        except BaseException:
+            await self._release_now(stream_id)
+            raise
+
+    async def _continue(self, stream_id: str) -> str:
+        """With the lease held: end or continue the stream from its logged prefix."""
+        service = self._service
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.get(gen_key(self._prefix, stream_id))
+            pipe.get(self.forwarder.flag_key(stream_id))
+            pipe.hset(self._keys.meta(stream_id), "owner_node", self.node_id)
+            raw_record, flag, _ = await pipe.execute()
+        info = await service.log.info(stream_id)  # the final end: the old owner is gone
+        if info is None or info.status == "complete":
+            await self._release_now(stream_id)
+            return "done"
+        prefix = await read_prefix(service.log, stream_id, info.end)
+        if isinstance(prefix, StreamEnd):
+            await self._release_now(stream_id)
+            return "done"
+        service.log.adopt_stream(info)
+        reason = self._end_reason(raw_record, flag, prefix, info)
+        if reason is not None:
+            await self._finish(stream_id, info, raw_record, prefix, reason)
+            return "ended"
+        record = GenerationRecord.decode(raw_record)
+        continuation = Continuation(service.runner.tokenizer, record, prefix, service.runner.abort)
+        request = EngineRequest(request_id=stream_id,
+                                prompt_token_ids=record.prompt_token_ids + prefix.token_ids,
+                                params=continuation_params(record.params, prefix.end),
+                                arrival_time=service.clock())
+        try:
+            service.continue_stream(request, response_id=info.response_id,
+                                    continuation=continuation)
+        except EngineError as exc:
+            log.error("continuing %s failed: %r", stream_id, exc)
+            await self._finish(stream_id, info, raw_record, prefix, FinishReason.ERROR)
+            return "ended"
+        self.num_takeovers += 1
+        log.info("took over %s at offset %d", stream_id, prefix.end)
+        return "continued"
+
+    def _end_reason(self, raw_record: bytes | None, flag: bytes | None,
+                    prefix: LoggedPrefix, info: StreamInfo) -> FinishReason | None:
+        """Why the stream ends here without generating, or None to continue it."""
+        if flag is not None:
+            return FinishReason(flag.decode())
+        if raw_record is None:
+            return FinishReason.ERROR  # created by a node outside the cluster, or expired
+        record = GenerationRecord.decode(raw_record)
+        room = self._service.max_model_len - len(record.prompt_token_ids)
+        if prefix.end >= min(record.params.max_tokens, room):
+            return FinishReason.LENGTH
+        return None
+
+    async def _finish(self, stream_id: str, info: StreamInfo, raw_record: bytes | None,
+                      prefix: LoggedPrefix, reason: FinishReason) -> None:
+        """End an adopted stream at its logged end, then release its lease."""
+        num_prompt = 0 if raw_record is None else len(
+            GenerationRecord.decode(raw_record).prompt_token_ids)
+        end = StreamEnd(end=prefix.end, finish_reason=reason.value, prompt_tokens=num_prompt,
+                        completion_tokens=prefix.end, cached_tokens=0)
+        await self._service.log.write_step([StreamWrite(stream_id=stream_id, entry=None,
+                                                        finish=end)])
+        await self._release_now(stream_id)
+
+    async def _release_now(self, stream_id: str) -> None:
+        try:
+            await self.leases.release([stream_id])
+        except _REDIS_ERRORS as exc:
+            log.warning("releasing the lease of %s failed: %r", stream_id, exc)
+
+    def _abandon(self, stream_id: str) -> None:
+        """Another node may continue this stream: stop generating and writing it."""
+        self.leases.forget(stream_id)
+        service = self._service
+        service.runner.abort(stream_id, FinishReason.CANCELLED)
+        service.log.abandon_stream(stream_id)
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
