@@ -98,7 +98,7 @@ class Service:
         self.node_id = node_id
         self.clock = clock
         self.recent_requests: deque[EngineRequest] = deque(maxlen=256 if debug else 0)
-        # Frame received -> the engine step that freed the blocks ended, per
+        # Frame received -> the engine step that freed the blocks began, per
         # interrupt (newest last); issue 8 turns it into a histogram metric.
         self.interrupt_latencies_s: deque[float] = deque(maxlen=4096)
         self.num_interrupts = 0
@@ -258,16 +258,19 @@ class Service:
     def _on_engine_step(self, outputs: list[RequestOutput]) -> None:
         """Step listener, on the engine thread: one hand-off to the loop per step.
 
-        The step's end time travels along: interrupt latency is measured to it,
-        not to when the busy event loop got round to the outputs.
+        The step's start time travels along: the engine frees the blocks of
+        aborted requests first thing in a step (``LLMEngine.step`` drains its
+        aborts before scheduling), so interrupt latency is measured to it, not
+        to when the busy event loop got round to the outputs.
         """
         assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._steps.put_nowait, (time.monotonic(), outputs))
+        step_start = time.monotonic() - self.runner.stats().last_step_s
+        self._loop.call_soon_threadsafe(self._steps.put_nowait, (step_start, outputs))
 
     async def _write_steps(self) -> None:
         """Write each step to the log in one ``write_step``, in step order."""
         while True:
-            step_end, outputs = await self._steps.get()
+            step_start, outputs = await self._steps.get()
             outputs = [self._continued(out) for out in outputs]
             writes = [w for w in map(self._to_write, outputs) if w is not None]
             if not writes:
@@ -282,7 +285,7 @@ class Service:
                 logger.error("token log write failed for %s", exc.stream_ids)
                 for stream_id in exc.stream_ids:
                     self.runner.abort(stream_id, FinishReason.ERROR)
-            self._notify_finished(outputs, step_end)
+            self._notify_finished(outputs, step_start)
 
     def _continued(self, out: RequestOutput) -> RequestOutput:
         """A taken-over stream's output as the stream sees it (offsets, text)."""
@@ -319,7 +322,7 @@ class Service:
             return None
         return StreamWrite(stream_id=out.request_id, entry=entry, finish=finish)
 
-    def _notify_finished(self, outputs: Sequence[RequestOutput], step_end: float) -> None:
+    def _notify_finished(self, outputs: Sequence[RequestOutput], freed_at: float) -> None:
         for out in outputs:
             if not out.finished or out.request_id not in self._live:
                 continue
@@ -328,11 +331,12 @@ class Service:
                 self.cluster.ended(out.request_id)
             self.admission.ended(live.principal)
             latency = None
-            if live.abort_requested_at is not None:
-                latency = step_end - live.abort_requested_at
+            assert out.finish_reason is not None
+            if live.abort_requested_at is not None and out.finish_reason in (
+                    FinishReason.INTERRUPTED, FinishReason.CANCELLED):
+                latency = freed_at - live.abort_requested_at
                 self.num_interrupts += 1
                 self.interrupt_latencies_s.append(latency)
-            assert out.finish_reason is not None
             text = "".join(live.texts)
             self.observer.finished(stream_id=out.request_id,
                                    finish_reason=out.finish_reason.value,
