@@ -1,7 +1,8 @@
 """bargein's engine against transformers ``generate`` on the same model, same run.
 
 For each batch size N (concurrent requests), N copies of one chat prompt ask
-for ``--new-tokens`` tokens each (greedy, EOS ignored). bargein: all N
+for ``--new-tokens`` tokens each (greedy, EOS ignored); the two systems take
+turns per size and run, so load drifts on a shared machine hit both. bargein: all N
 requests are added at once and the engine is stepped until they finish.
 transformers: one ``generate`` call on the N prompts, left padded. Reported
 per system, median over ``--runs``:
@@ -150,7 +151,8 @@ def _median(results: list[Result]) -> Result:
     )
 
 
-def bench_bargein(args: argparse.Namespace, sizes: list[int]) -> tuple[dict[int, Result], LLMEngine, list[int], str]:
+def setup_bargein(args: argparse.Namespace, sizes: list[int]) -> tuple[LLMEngine, list[int], str]:
+    """The engine, warmed up, and the chat prompt (ids and text)."""
     engine = build_engine(max(sizes), 64, args.new_tokens, args.max_num_batched_tokens)
     tokenizer = engine.tokenizer
     prompt_text = tokenizer.apply_chat_template(
@@ -160,15 +162,11 @@ def bench_bargein(args: argparse.Namespace, sizes: list[int]) -> tuple[dict[int,
     assert len(prompt) <= 64, len(prompt)
     run_bargein(engine, prompt, 2, 4, "warmup")
     engine.time_by_phase.clear()
-    results = {}
-    for n in sizes:
-        runs = [run_bargein(engine, prompt, n, args.new_tokens, f"n{n}r{r}") for r in range(args.runs)]
-        results[n] = _median(runs)
-        print(f"bargein      N={n:3d}  TTFT {results[n].ttft_s:7.3f} s  decode {results[n].decode_tok_s:8.1f} tok/s")
-    return results, engine, prompt, prompt_text
+    return engine, prompt, prompt_text
 
 
-def bench_hf(args: argparse.Namespace, sizes: list[int], prompt_text: str) -> dict[int, Result]:
+def setup_hf() -> tuple[object, object]:
+    """transformers' model and a left-padding tokenizer on the same weights."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, _ = resolve_folder(ModelConfig())
@@ -176,13 +174,35 @@ def bench_hf(args: argparse.Namespace, sizes: list[int], prompt_text: str) -> di
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    run_hf(model, tokenizer, prompt_text, 2, 4)
-    results = {}
-    for n in sizes:
-        runs = [run_hf(model, tokenizer, prompt_text, n, args.new_tokens) for _ in range(args.runs)]
-        results[n] = _median(runs)
-        print(f"transformers N={n:3d}  TTFT {results[n].ttft_s:7.3f} s  decode {results[n].decode_tok_s:8.1f} tok/s")
-    return results
+    return model, tokenizer
+
+
+def bench(args: argparse.Namespace, sizes: list[int]) -> tuple[dict[int, Result], dict[int, Result], LLMEngine, int, float]:
+    """Both systems, alternating per size and run so load drifts hit both alike.
+
+    Returns bargein's and transformers' medians, the engine, the prompt length
+    and the peak RSS (MiB) with only bargein loaded.
+    """
+    engine, prompt, prompt_text = setup_bargein(args, sizes)
+    rss_ours = _peak_rss_mb()
+    hf = None if args.skip_hf else setup_hf()
+    if hf is not None:
+        run_hf(hf[0], hf[1], prompt_text, 2, 4)
+    ours: dict[int, list[Result]] = {n: [] for n in sizes}
+    theirs: dict[int, list[Result]] = {n: [] for n in sizes}
+    for r in range(args.runs):
+        for n in sizes:
+            ours[n].append(run_bargein(engine, prompt, n, args.new_tokens, f"n{n}r{r}"))
+            _print("bargein", n, ours[n][-1])
+            if hf is not None:
+                theirs[n].append(run_hf(hf[0], hf[1], prompt_text, n, args.new_tokens))
+                _print("transformers", n, theirs[n][-1])
+    medians = {n: _median(v) for n, v in ours.items()}
+    return medians, {n: _median(v) for n, v in theirs.items() if v}, engine, len(prompt), rss_ours
+
+
+def _print(system: str, n: int, result: Result) -> None:
+    print(f"{system:12s} N={n:3d}  TTFT {result.ttft_s:7.3f} s  decode {result.decode_tok_s:8.1f} tok/s", flush=True)
 
 
 def report(
@@ -219,6 +239,7 @@ def report(
             f"{ours_n.ttft_s:.3f} | {hf.ttft_s if hf else float('nan'):.3f} | {ours_n.total_s:.2f} | "
             f"{hf.total_s if hf else float('nan'):.2f} |"
         )
+    lines += ["", *_targets(ours, theirs)]
     phases = Counter(engine.time_by_phase)
     total = sum(phases.values()) or 1.0
     stats = engine.stats()
@@ -226,8 +247,9 @@ def report(
         "",
         f"- KV cache: {engine.runner.kv_bytes_per_token} bytes per token "
         f"({engine.runner.kv_bytes_per_token * 16} per 16-token block), fp32, all layers, K and V.",
-        f"- Peak RSS: {rss[0]:.0f} MiB after the bargein runs (model + KV pool of "
-        f"{engine.pool.num_total_blocks} blocks), {rss[1]:.0f} MiB at the end (transformers' model loaded too).",
+        f"- Peak RSS: {rss[0]:.0f} MiB with bargein alone (model + KV pool of "
+        f"{engine.pool.num_total_blocks} blocks, after a warm-up), {rss[1]:.0f} MiB at the end "
+        "(transformers' model loaded too, after every run).",
         f"- Where bargein's step time went ({stats.num_steps} steps): "
         + ", ".join(f"{k} {v:.1f} s ({100 * v / total:.1f}%)" for k, v in phases.most_common())
         + ". `model` is `ModelRunner.execute` (input preparation + forward + logits); the rest is the engine's Python "
@@ -237,15 +259,27 @@ def report(
     return "\n".join(lines)
 
 
+def _targets(ours: dict[int, Result], theirs: dict[int, Result]) -> list[str]:
+    """The issue's two targets, checked on this run's numbers."""
+    lines = []
+    if 32 in ours and 32 in theirs:
+        ratio = ours[32].decode_tok_s / theirs[32].decode_tok_s
+        verdict = "met" if ratio >= 2 else "missed"
+        lines.append(f"- Target, 32 concurrent >= 2x transformers' decode tokens/s: {ratio:.2f}x, {verdict}.")
+    if 1 in ours and 1 in theirs:
+        slowdown = theirs[1].decode_tok_s / ours[1].decode_tok_s
+        verdict = "met" if slowdown <= 1.2 else "missed"
+        lines.append(f"- Target, single request no slower than 1.2x transformers: {slowdown:.2f}x the time per token, {verdict}.")
+    return lines
+
+
 def main() -> None:
     args = _parse()
     sizes = [int(s) for s in args.sizes.split(",")]
     load_start = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    ours, engine, prompt, prompt_text = bench_bargein(args, sizes)
-    rss_ours = _peak_rss_mb()
-    theirs = {} if args.skip_hf else bench_hf(args, sizes, prompt_text)
+    ours, theirs, engine, prompt_len, rss_ours = bench(args, sizes)
     load_end = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    text = report(args, ours, theirs, engine, len(prompt), (rss_ours, _peak_rss_mb()), (load_start, load_end))
+    text = report(args, ours, theirs, engine, prompt_len, (rss_ours, _peak_rss_mb()), (load_start, load_end))
     print(text)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
