@@ -123,7 +123,8 @@ class ModelRunner:
         slots: list[int] = []
         for s in seqs:
             end = s.start_pos + len(s.token_ids)
-            assert end <= self.max_model_len and len(s.block_table) * bs >= end, (end, len(s.block_table))
+            assert s.token_ids and end <= self.max_model_len, (s.start_pos, len(s.token_ids))
+            assert len(s.block_table) * bs >= end, f"{len(s.block_table)} blocks cannot hold {end} tokens"
             span = range(s.start_pos, end)
             positions.extend(span)
             slots.extend(s.block_table[p // bs] * bs + p % bs for p in span)
