@@ -50,6 +50,7 @@ from session.token_log import StreamEnd, StreamInfo, StreamWrite
 log = logging.getLogger(__name__)
 
 _REDIS_ERRORS = (RedisError, OSError)
+ORPHAN_GRACE_S = 30.0  # a claim not followed by generation this long was abandoned
 
 
 class Cluster:
@@ -77,6 +78,7 @@ class Cluster:
         self._record_ttl_ms = int(record_ttl_s * 1000)
         self._service: Any = None
         self._ended: list[str] = []
+        self._claimed_at: dict[str, float] = {}  # claimed here, not yet ended
         self._watched: set[str] = set()
         self._taking: dict[str, asyncio.Task[str]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -123,6 +125,7 @@ class Cluster:
                                       (stream_id,)) from exc
         if not taken:
             raise TokenLogUnavailable(f"stream {stream_id} already has a lease", (stream_id,))
+        self._claimed_at[stream_id] = self._service.clock()
 
     async def fence(self, writes: list[StreamWrite]) -> list[StreamWrite]:
         """The writes this node may still make: streams whose lease it holds.
@@ -146,6 +149,7 @@ class Cluster:
     def ended(self, stream_id: str) -> None:
         """Generation of a stream this node wrote ended (its finish is logged)."""
         self._ended.append(stream_id)
+        self._claimed_at.pop(stream_id, None)
 
     def abort_elsewhere(self, stream_id: str, reason: FinishReason) -> None:
         """A cancel for a stream this node does not generate: forward it."""
@@ -189,16 +193,29 @@ class Cluster:
 
     async def _tick(self) -> None:
         """Renew, apply cancel flags, release ended leases, check watched streams."""
+        service = self._service
         renewal = await self.leases.renew()
         for sid in renewal.lost:
             log.error("lease of %s is held by another node: abandoning it", sid)
             self._abandon(sid)
         for sid in renewal.flagged:  # a forwarded cancel whose message was lost
-            self._service.abort(sid, FinishReason.INTERRUPTED, self._service.clock())
+            if service.is_generating(sid):
+                service.abort(sid, FinishReason.INTERRUPTED, service.clock())
         ended, self._ended = self._ended, []
+        ended += self._orphans(service)
         if ended:
             await self.leases.release(ended, also_delete=[gen_key(self._prefix, s) for s in ended])
         await self._check_watched()
+
+    def _orphans(self, service: Any) -> list[str]:
+        """Held leases of streams that never started generating here (their
+        creation failed after the claim), past a grace period."""
+        now = service.clock()
+        orphans = [sid for sid, at in self._claimed_at.items()
+                   if now - at > ORPHAN_GRACE_S and not service.is_generating(sid)]
+        for sid in orphans:
+            del self._claimed_at[sid]
+        return [sid for sid in orphans if self.leases.holds(sid)]
 
     async def _check_watched(self) -> None:
         sids = [s for s in self._watched if not self.leases.holds(s) and s not in self._taking]

@@ -229,6 +229,10 @@ class Service:
         live.abort_requested_at = requested_at
         self.runner.abort(stream_id, reason)
 
+    def is_generating(self, stream_id: str) -> bool:
+        """Whether this node's engine is generating ``stream_id`` now."""
+        return stream_id in self._live
+
     async def follow(self, stream_id: str) -> None:
         """A client here reads a live stream: with a cluster, continue it here
         if the node generating it died (see session/cluster.py)."""
