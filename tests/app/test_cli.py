@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from app.settings import SettingsError, parse_serve_args
+from tests.app.conftest import LiveServer
 
 
 def test_defaults_serve_the_bundled_model_on_loopback() -> None:
@@ -70,3 +71,13 @@ def test_client_imports_without_torch_or_the_engine() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_chat_command_talks_to_a_live_server(live_server: LiveServer) -> None:
+    chat = subprocess.run(
+        [sys.executable, "-m", "app", "chat", "--url", live_server.ws_url, "--max-tokens", "16"],
+        input="What is the capital of France?\n\n", capture_output=True, text=True,
+        timeout=120, check=False)
+    assert chat.returncode == 0, chat.stderr
+    assert "Paris" in chat.stdout

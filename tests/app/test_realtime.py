@@ -144,3 +144,27 @@ async def test_thirty_two_concurrent_sessions_all_complete(live_server: LiveServ
         assert done["finish_reason"] in ("stop", "length")
         assert done["end"] == done["usage"]["completion_tokens"] > 0
         assert text == alone[country], (country, text, alone[country])
+
+
+async def test_msgpack_subprotocol_carries_the_same_events(live_server: LiveServer) -> None:
+    import msgpack
+    from websockets.asyncio.client import connect
+
+    async with connect(live_server.ws_url, subprotocols=["bargein.v1.msgpack"]) as ws:  # type: ignore[list-item]
+        assert ws.subprotocol == "bargein.v1.msgpack"
+        created = msgpack.unpackb(await ws.recv())
+        assert created["type"] == "session.created"
+        await ws.send(msgpack.packb({"type": "response.create", "max_tokens": 12,
+                                     "temperature": 0.0, "input": [
+                                         {"role": "user",
+                                          "content": "What is the capital of France?"}]}))
+        text = ""
+        while True:
+            frame = await ws.recv()
+            assert isinstance(frame, bytes)
+            event = msgpack.unpackb(frame)
+            if event["type"] == "response.delta":
+                text += event["text"]
+            if event["type"] == "response.done":
+                break
+    assert "Paris" in text
