@@ -34,6 +34,20 @@ from typing import Any
 
 from engine.request import FinishReason, SamplingParams
 from protocol import events as pe
+from session.actions import (
+    Abort,
+    Action,
+    Delivered,
+    Disconnected,
+    GenerationFinished,
+    Message,
+    Send,
+    StartDelivery,
+    StopDelivery,
+    Submit,
+    Submitted,
+    SubmitFailed,
+)
 from session.config import SessionConfig
 from session.errors import SessionError
 
@@ -59,110 +73,6 @@ class IllegalTransition(SessionError):
         self.event = event
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Message:
-    """One conversation item, as the chat template takes it."""
-
-    role: str
-    content: str
-
-
-# ---- internal events: what the service reports back -----------------------
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Submitted:
-    """The engine accepted the active response's request."""
-
-    response_id: str
-    resume_token: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SubmitFailed:
-    """The request was refused before generating (e.g. ``prompt_too_long``);
-    ``retry_after_ms`` for ``overloaded`` and ``rate_limited``."""
-
-    response_id: str
-    code: pe.ErrorCode
-    message: str
-    retry_after_ms: int | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Delivered:
-    """Text of a response that was just written to the socket."""
-
-    stream_id: str
-    text: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GenerationFinished:
-    """The engine finished a request (any reason) and ``text`` is all of it."""
-
-    stream_id: str
-    text: str
-    finish_reason: FinishReason
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Disconnected:
-    """The client's connection closed."""
-
-
-# ---- actions: what the service must do ------------------------------------
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Send:
-    """Send ``event`` (a :mod:`protocol.events` server event) to the client."""
-
-    event: Any
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Submit:
-    """Render ``messages`` with the chat template and submit them as a request.
-
-    Answer with :class:`Submitted` or :class:`SubmitFailed`.
-    """
-
-    response_id: str
-    stream_id: str
-    messages: tuple[Message, ...]
-    params: SamplingParams
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StartDelivery:
-    """Start the delivery task of a stream on this connection."""
-
-    response_id: str
-    stream_id: str
-    from_offset: int = 0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Abort:
-    """Abort the engine request of ``stream_id`` (its blocks are freed).
-
-    ``requested_at`` is the ``now`` of the event that asked for it, for the
-    interrupt-latency histogram.
-    """
-
-    stream_id: str
-    reason: FinishReason
-    requested_at: float
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StopDelivery:
-    """Stop delivering a finished stream and send its ``response.done`` again."""
-
-    response_id: str
-    stream_id: str
-
-
-Action = Send | Submit | StartDelivery | Abort | StopDelivery
 
 
 @dataclass(slots=True, kw_only=True)
@@ -177,7 +87,7 @@ class _Response:
 
 
 @dataclass(slots=True, kw_only=True)
-class Settings:
+class ConversationSettings:
     """The session settings now in force (``session.update``)."""
 
     instructions: str | None = None
@@ -214,7 +124,7 @@ class Session:
         self.config = config
         self.session_id = session_id or new_id()
         self.state = State.IDLE
-        self.settings = Settings(instructions=config.instructions,
+        self.settings = ConversationSettings(instructions=config.instructions,
                                  on_disconnect=config.on_disconnect)
         self.turns: list[Message] = []
         self._new_id = new_id
