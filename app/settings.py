@@ -142,19 +142,34 @@ def add_serve_arguments(parser: argparse.ArgumentParser,
                         env: Mapping[str, str] | None = None) -> None:
     """Declare the flags of ``bargein serve`` on ``parser``."""
     env = os.environ if env is None else env
-    s, e, c, m = ServerConfig(), SessionConfig(), SchedulerConfig(), ModelConfig()
+    s, e = ServerConfig(), SessionConfig()
     _add(parser, env, "--host", s.host, str, "interface to bind")
     _add(parser, env, "--port", s.port, int, "TCP port")
+    _add_engine_arguments(parser, env)
+    _add(parser, env, "--log-backend", s.log_backend, str, "token log: memory or redis")
+    _add(parser, env, "--redis-url", s.redis_url, str,
+         "Redis URL (implies --log-backend redis)")
+    _add(parser, env, "--secret", s.secret, str, "resume-token key")
+    _add(parser, env, "--max-tokens", e.max_tokens, int, "most tokens of one response")
+    _add_session_and_log_arguments(parser, env)
+    _add_limit_arguments(parser, env)
+    _add(parser, env, "--node-id", None, str,
+         "this node's unique name among nodes sharing one Redis (default: host:port)")
+    _add(parser, env, "--lease-ttl", s.lease_ttl_s, float,
+         "seconds before a dead node's streams may be taken over by another node")
+    # prometheus-client reads this variable itself, under its own name.
+    parser.set_defaults(metrics_multiproc_dir=env.get("PROMETHEUS_MULTIPROC_DIR") or None)
+
+
+def _add_engine_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    """Flags of the model, the scheduler and the KV cache."""
+    c, m = SchedulerConfig(), ModelConfig()
     _add(parser, env, "--model", m.path, str, "model path: HF folder or .gguf "
          "(default: the bundled SmolLM2-135M-Instruct)")
     _add(parser, env, "--device", m.device, str, "auto, cpu or cuda")
     _add(parser, env, "--dtype", m.dtype, str, "float32, bfloat16 or float16")
     _add(parser, env, "--backend", m.backend, str, "kernels: auto, torch or triton")
     _add(parser, env, "--cache-dir", m.cache_dir, str, "converted-weights cache")
-    _add(parser, env, "--log-backend", s.log_backend, str, "token log: memory or redis")
-    _add(parser, env, "--redis-url", s.redis_url, str,
-         "Redis URL (implies --log-backend redis)")
-    _add(parser, env, "--secret", s.secret, str, "resume-token key")
     _add(parser, env, "--max-num-seqs", c.max_num_seqs, int, "sequences per step")
     _add(parser, env, "--max-num-batched-tokens", c.max_num_batched_tokens, int,
          "tokens per step")
@@ -165,7 +180,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser,
     _add(parser, env, "--block-size", CacheConfig().block_size, int, "tokens per KV block")
     _add(parser, env, "--num-blocks", None, int, "KV blocks (default: from --kv-cache-bytes)")
     _add(parser, env, "--kv-cache-bytes", CacheConfig().memory_bytes, int, "KV cache budget")
-    _add(parser, env, "--max-tokens", e.max_tokens, int, "most tokens of one response")
+
+
+def _add_session_and_log_arguments(parser: argparse.ArgumentParser,
+                                   env: Mapping[str, str]) -> None:
+    """Flags of the session defaults, debugging and logging."""
+    s, e = ServerConfig(), SessionConfig()
     _add(parser, env, "--default-max-tokens", e.default_max_tokens, int,
          "max_tokens when a response.create names none")
     _add(parser, env, "--max-frame-bytes", e.max_frame_bytes, int, "largest client frame")
@@ -178,13 +198,6 @@ def add_serve_arguments(parser: argparse.ArgumentParser,
     _add(parser, env, "--log-format", s.log_format, str, "logfmt or json (one object a line)")
     _add(parser, env, "--log-prompts", s.log_prompts, _bool,
          "log prompts and generated text (debugging only)")
-    _add_limit_arguments(parser, env)
-    _add(parser, env, "--node-id", None, str,
-         "this node's unique name among nodes sharing one Redis (default: host:port)")
-    _add(parser, env, "--lease-ttl", s.lease_ttl_s, float,
-         "seconds before a dead node's streams may be taken over by another node")
-    # prometheus-client reads this variable itself, under its own name.
-    parser.set_defaults(metrics_multiproc_dir=env.get("PROMETHEUS_MULTIPROC_DIR") or None)
 
 
 def _add_limit_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
