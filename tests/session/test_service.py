@@ -1,0 +1,129 @@
+"""The service's step hand-off: one loop hand-off and one log write per engine step.
+
+The engine side is a stand-in that calls the step listener from its own
+thread, as ``EngineRunner`` does (the real runner and model are exercised end
+to end in tests/app); what is checked here is the glue's contract.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from engine.request import EngineRequest, FinishReason, RequestOutput, SamplingParams
+from session.config import SessionConfig
+from session.service import Owner, Service
+from session.session import GenerationFinished, Message, Submit, Submitted
+from session.token_log import LogEntry, MemoryTokenLog, StreamEnd, StreamWrite
+
+
+class ChatTemplate:
+    def apply_chat_template(self, conversation: list[dict[str, str]], **kwargs: object
+                            ) -> list[int]:
+        return [1, 2, 3]
+
+
+@dataclass
+class Stats:
+    last_step_s: float = 0.001
+
+
+class ThreadedEngine:
+    """Calls the listeners from another thread, one call per step."""
+
+    tokenizer = ChatTemplate()
+    max_model_len = 64
+    model_name = "stand-in"
+
+    def __init__(self) -> None:
+        self.listeners: list[Any] = []
+        self.requests: list[EngineRequest] = []
+        self.aborted: list[tuple[str, FinishReason]] = []
+
+    def add_step_listener(self, fn: Any) -> None:
+        self.listeners.append(fn)
+
+    def submit(self, request: EngineRequest) -> None:
+        self.requests.append(request)
+
+    def abort(self, request_id: str, reason: FinishReason) -> None:
+        self.aborted.append((request_id, reason))
+
+    def stats(self) -> Stats:
+        return Stats()
+
+    def run_steps(self, steps: Sequence[list[RequestOutput]]) -> None:
+        def run() -> None:
+            for outputs in steps:
+                for fn in self.listeners:
+                    fn(outputs)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        thread.join()
+
+
+class CountingLog(MemoryTokenLog):
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[list[StreamWrite]] = []
+
+    async def write_step(self, writes: Sequence[StreamWrite]) -> None:
+        self.writes.append(list(writes))
+        await super().write_step(writes)
+
+
+def out(request_id: str, n: int, text: str, finished: bool = False) -> RequestOutput:
+    return RequestOutput(request_id=request_id, new_token_ids=(100 + n,), text=text,
+                         num_prompt_tokens=3, num_output_tokens=n + 1, finished=finished,
+                         finish_reason=FinishReason.STOP if finished else None)
+
+
+async def test_each_engine_step_is_one_log_write_and_finishes_reach_the_owner() -> None:
+    engine, log = ThreadedEngine(), CountingLog()
+    service = Service(engine, log, SessionConfig(), secret=b"k")
+    await service.start()
+    finished: list[GenerationFinished] = []
+    owner = Owner(principal="p", session_id="sess", on_finish=finished.append)
+    for stream_id in ("a", "b"):
+        submit = Submit(response_id=f"r-{stream_id}", stream_id=stream_id,
+                        messages=(Message(role="user", content="hi"),),
+                        params=SamplingParams(max_tokens=4))
+        assert isinstance(await service.submit(submit, owner, 0.0), Submitted)
+    assert [r.prompt_token_ids for r in engine.requests] == [(1, 2, 3), (1, 2, 3)]
+    engine.run_steps([[out("a", 0, "Hel"), out("b", 0, "Yo")],
+                      [out("a", 1, "lo", finished=True), out("b", 1, "!")],
+                      [out("b", 2, "", finished=True)]])
+    while len(finished) < 2:
+        await asyncio.sleep(0.01)
+    await service.stop()
+    assert [[w.stream_id for w in step] for step in log.writes] == [["a", "b"], ["a", "b"],
+                                                                     ["b"]]
+    assert log.writes[1][0] == StreamWrite(
+        stream_id="a", entry=LogEntry(start=1, end=2, text="lo", token_ids=(101,)),
+        finish=StreamEnd(end=2, finish_reason="stop", prompt_tokens=3, completion_tokens=2,
+                         cached_tokens=0))
+    assert [(f.stream_id, f.text) for f in finished] == [("a", "Hello"), ("b", "Yo!")]
+
+
+async def test_abort_reaches_the_engine_and_its_latency_is_recorded() -> None:
+    engine, log = ThreadedEngine(), CountingLog()
+    service = Service(engine, log, SessionConfig(), secret=b"k")
+    await service.start()
+    submit = Submit(response_id="r", stream_id="s", params=SamplingParams(max_tokens=4),
+                    messages=(Message(role="user", content="hi"),))
+    await service.submit(submit, Owner(principal="p", session_id="sess"), 0.0)
+    service.abort("s", FinishReason.INTERRUPTED, requested_at=service.clock())
+    assert engine.aborted == [("s", FinishReason.INTERRUPTED)]
+    final = RequestOutput(request_id="s", new_token_ids=(), text="", num_prompt_tokens=3,
+                          num_output_tokens=0, finished=True,
+                          finish_reason=FinishReason.INTERRUPTED)
+    engine.run_steps([[final]])
+    while service.num_interrupts == 0:
+        await asyncio.sleep(0.01)
+    await service.stop()
+    assert len(service.interrupt_latencies_s) == 1
+    assert (await log.info("s")).finish.finish_reason == "interrupted"  # type: ignore[union-attr]
