@@ -94,6 +94,22 @@ async def test_cancel_races_each_end_the_request_exactly_once(
     assert stats.num_free_blocks == start.num_free_blocks
 
 
+async def test_cancel_during_prefill_of_a_long_prompt(live_server: LiveServer) -> None:
+    start = await live_server.wait_idle()
+    long_prompt = "Summarize this: " + "the quick brown fox jumps over the lazy dog " * 40
+    async with RealtimeClient(live_server.ws_url) as client:
+        await client.send({"type": "response.create", "response_id": "long", "max_tokens": 32,
+                           "input": [{"role": "user", "content": long_prompt}]})
+        created = await client._expect("response.created")
+        await client.send({"type": "response.cancel", "response_id": "long"})
+        done = (await events_until_done(client, created["response_id"]))[-1]
+    assert done["finish_reason"] == "interrupted"
+    assert done["usage"]["prompt_tokens"] > 256  # more than one prefill chunk
+    assert done["end"] < 3  # stopped at (or right after) the prefill
+    stats = await live_server.wait_idle()
+    assert stats.num_free_blocks == start.num_free_blocks
+
+
 async def test_fuzz_submit_then_cancel_leaks_nothing(live_server: LiveServer) -> None:
     """1,000 create-then-cancel rounds, cancel 0-50 ms later (0: same burst), from
     25 clients at once, while another session generates and must come out intact."""
