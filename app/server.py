@@ -229,7 +229,11 @@ async def debug_engine(request: Request) -> JSONResponse:
     service = state.service
     interrupts = {"count": service.num_interrupts,
                   "latencies_s": list(service.interrupt_latencies_s)}
-    return JSONResponse({"stats": stats, "recent_requests": recent, "interrupts": interrupts})
+    body = {"stats": stats, "recent_requests": recent, "interrupts": interrupts}
+    if service.cluster is not None:
+        body["cluster"] = {"node_id": service.node_id, "takeovers": service.cluster.num_takeovers,
+                           "leases_held": len(service.cluster.leases.held)}
+    return JSONResponse(body)
 
 
 async def realtime(ws: WebSocket) -> None:

@@ -16,7 +16,8 @@ Reported (stdout as JSON, and ``--out``): responses started, completed
 exactly (text equal to the reference), completed with a different text,
 completed with an error (an ``error`` event, ``finish_reason`` error, or no
 node answering a resume for ``--give-up`` seconds), still unfinished at the
-end, and tokens lost (a delta starting past the last end received) or
+end, streams continued by another node (``took over`` in the nodes' logs),
+and tokens lost (a delta starting past the last end received) or
 duplicated (a delta starting before it). The goal is zero lost, zero
 duplicated.
 
@@ -58,6 +59,7 @@ PROMPTS = (
     "Write a poem about the sea.",
 )
 SECRET = "chaos-secret"
+SUBPROTOCOL = "bargein.v1.json"
 
 
 @dataclass(slots=True)
@@ -81,7 +83,7 @@ class Node:
                 [sys.executable, "-m", "app", "serve", "--port", str(self.port),
                  "--redis-url", self.redis_url, "--node-id", self.node_id, "--secret", SECRET,
                  "--lease-ttl", "2", "--max-tokens", str(max_tokens), "--max-num-seqs", "16",
-                 "--log-level", "warning"], stdout=out, stderr=subprocess.STDOUT)
+                 "--log-level", "info"], stdout=out, stderr=subprocess.STDOUT)
 
     def kill(self) -> None:
         assert self.proc is not None
@@ -123,8 +125,8 @@ async def open_session(nodes: list[Node], rng: random.Random, give_up_s: float
     while time.monotonic() < deadline:
         node = rng.choice(nodes)
         try:
-            ws = await connect(node.ws_url, subprotocols=["bargein.v1.json"],  # type: ignore[list-item]
-                               open_timeout=5)
+            ws = await connect(node.ws_url, open_timeout=5,
+                               subprotocols=[SUBPROTOCOL])  # type: ignore[list-item]
             first = json.loads(await asyncio.wait_for(ws.recv(), 10))
             if first["type"] == "session.created":
                 return ws, node
@@ -277,6 +279,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for task in pending:
             task.cancel()
         report = summarize(outcomes, refs, len(pending), sum(n.num_kills for n in nodes), args)
+        report["takeovers"] = sum(Path(n.log_path).read_text(errors="replace").count("took over")
+                                  for n in nodes)
         report["chaos"] = events
         report["logs"] = log_dir
         return report

@@ -272,12 +272,12 @@ class Cluster:
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.get(gen_key(self._prefix, stream_id))
             pipe.get(self.forwarder.flag_key(stream_id))
-            pipe.hset(self._keys.meta(stream_id), "owner_node", self.node_id)
-            raw_record, flag, _ = await pipe.execute()
+            raw_record, flag = await pipe.execute()
         info = await service.log.info(stream_id)  # the final end: the old owner is gone
         if info is None or info.status == "complete":
             await self._release_now(stream_id)
             return "done"
+        await self.redis.hset(self._keys.meta(stream_id), "owner_node", self.node_id)
         prefix = await read_prefix(service.log, stream_id, info.end)
         if isinstance(prefix, StreamEnd):
             await self._release_now(stream_id)

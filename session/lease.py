@@ -9,12 +9,13 @@ A node that died stops renewing, and ``ttl_s`` later the key is gone.
 Taking a lease is ``SET NX PX``: Redis runs it atomically, so of two nodes
 racing for the lease of a dead stream exactly one gets it.
 
-Fencing: a node only writes a stream while its lease is *locally* valid,
-``ttl_s`` after the start of the last renewal that succeeded. Redis set the
-key's expiry later than that start, so the local view runs out first: once
-another node could have taken the lease, the old owner has stopped writing
-(clocks drift at rates far below the margin). A node that finds its local
-view lapsed renews at once (:meth:`Leases.confirm`) before it writes on.
+Fencing: a node only writes a stream while its lease is *locally* valid:
+``VALID_FRACTION * ttl_s`` after the start of the last renewal that
+succeeded. Redis set the key's expiry later than that start and a quarter of
+the TTL later still, so the local view runs out first, with room for a write
+already on its way: once another node could have taken the lease, the old
+owner has stopped writing. A node that finds its local view lapsed renews at
+once before it writes on (session/cluster.py ``fence``).
 """
 
 from __future__ import annotations
@@ -78,6 +79,9 @@ class Renewal:
     flagged: tuple[str, ...]
 
 
+VALID_FRACTION = 0.75  # of the TTL after a renewal's start that the holder trusts its lease
+
+
 def lease_key(prefix: str, stream_id: str) -> str:
     """The lease key of a stream (same hash slot as its log and metadata)."""
     return f"{prefix}{{{stream_id}}}:lease"
@@ -130,7 +134,7 @@ class Leases:
         taken = await self.redis.set(self.key(stream_id), self.node_id, nx=True,
                                      px=int(self.config.ttl_s * 1000))
         if taken:
-            self._valid_until[stream_id] = started + self.config.ttl_s
+            self._valid_until[stream_id] = started + VALID_FRACTION * self.config.ttl_s
         return bool(taken)
 
     async def owner(self, stream_id: str) -> str | None:
@@ -177,14 +181,10 @@ class Leases:
                 del self._valid_until[sid]
                 lost.append(sid)
                 continue
-            self._valid_until[sid] = started + self.config.ttl_s
+            self._valid_until[sid] = started + VALID_FRACTION * self.config.ttl_s
             if step == 2 and flag:
                 flagged.append(sid)
         return Renewal(lost=tuple(lost), flagged=tuple(flagged))
-
-    async def confirm(self, stream_id: str) -> bool:
-        """Renew one lease now; True if this node still holds it."""
-        return self.holds(stream_id) and not (await self.renew([stream_id])).lost
 
     def forget(self, stream_id: str) -> None:
         """Stop renewing a lease without deleting it (it expires on its own)."""

@@ -53,8 +53,13 @@ class Node:
 
     def engine(self) -> dict[str, Any]:
         """The node's ``/debug/engine`` stats."""
-        stats: dict[str, Any] = httpx.get(f"{self.http_url}/debug/engine", timeout=10).json()["stats"]
+        stats: dict[str, Any] = self.debug()["stats"]
         return stats
+
+    def debug(self) -> dict[str, Any]:
+        """The node's whole ``/debug/engine`` answer."""
+        body: dict[str, Any] = httpx.get(f"{self.http_url}/debug/engine", timeout=10).json()
+        return body
 
 
 def start_node(name: str, redis_url: str, log_dir: str) -> Node:
@@ -244,6 +249,7 @@ async def test_when_the_owner_is_killed_the_resuming_node_continues_the_stream_e
     assert done["end"] == reference.end and done["finish_reason"] == reference.done["finish_reason"]
     assert done["usage"]["completion_tokens"] == reference.end
     assert b.engine()["num_generated_tokens"] - generated_on_b == reference.end - last_logged
+    assert b.debug()["cluster"]["takeovers"] == 1
     await on_b.ws.close()
 
 
