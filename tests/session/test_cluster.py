@@ -1,0 +1,160 @@
+"""Takeover and forwarded cancels between nodes, on a real redis-server, without a model.
+
+Each node is a :class:`session.cluster.Cluster` with its own RedisTokenLog;
+the service around it is a stand-in that records what the cluster asks of
+it (the continuation request it would submit to its engine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from engine.request import EngineRequest, FinishReason, SamplingParams
+from session.cluster import Cluster
+from session.lease import LeaseConfig
+from session.redis_log import RedisLogConfig, RedisTokenLog
+from session.token_log import LogEntry, StreamEnd, StreamInfo, StreamWrite
+
+pytestmark = pytest.mark.redis
+
+_prefixes = itertools.count()
+LEASE = LeaseConfig(ttl_s=0.5, renew_every_s=0.1)
+PROMPT = (7, 8, 9)
+
+
+class LetterTokenizer:
+    """Token i decodes to one letter (all the detokenizer needs is ``decode``)."""
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(chr(ord("a") + i % 26) for i in ids)
+
+
+@dataclass
+class Runner:
+    tokenizer: Any = field(default_factory=LetterTokenizer)
+    submitted: list[EngineRequest] = field(default_factory=list)
+
+    def abort(self, request_id: str, reason: FinishReason) -> None:
+        pass
+
+
+@dataclass
+class StandIn:
+    """What a Cluster uses of its Service."""
+
+    log: RedisTokenLog
+    runner: Runner = field(default_factory=Runner)
+    max_model_len: int = 512
+    clock: Callable[[], float] = time.monotonic
+    continued: list[str] = field(default_factory=list)
+
+    def is_generating(self, stream_id: str) -> bool:
+        return stream_id in self.continued
+
+    def abort(self, stream_id: str, reason: FinishReason, requested_at: float) -> None:
+        pass
+
+    def continue_stream(self, request: EngineRequest, *, response_id: str,
+                        continuation: Any) -> None:
+        self.runner.submitted.append(request)
+        self.continued.append(request.request_id)
+
+
+@pytest.fixture
+async def deployment(redis_server: str) -> AsyncIterator[Callable[[str], Any]]:
+    """``node(name)`` starts a cluster node on a fresh shared key prefix."""
+    prefix = f"cluster{next(_prefixes)}:"
+    started: list[tuple[Cluster, StandIn]] = []
+
+    async def node(name: str) -> tuple[Cluster, StandIn]:
+        log = RedisTokenLog(redis_server, node_id=name,
+                            config=RedisLogConfig(key_prefix=prefix))
+        cluster = Cluster(redis_server, name, key_prefix=prefix, lease=LEASE)
+        service = StandIn(log=log)
+        await cluster.start(service)
+        started.append((cluster, service))
+        return cluster, service
+
+    yield node
+    for cluster, service in started:
+        await cluster.stop()
+        await service.log.close()
+
+
+async def dead_stream(node: Callable[[str], Any], sid: str, params: SamplingParams) -> None:
+    """Node ``dead`` claims a stream, logs tokens [0, 3), then stops (its lease expires)."""
+    cluster, service = await node("dead")
+    await cluster.claim(sid, PROMPT, params)
+    await service.log.create_stream(StreamInfo(
+        stream_id=sid, response_id=f"resp-{sid}", principal="p", session_id="s",
+        owner_node="dead", status="live", end=0, finish=None))
+    await service.log.write_step([StreamWrite(stream_id=sid, finish=None, entry=LogEntry(
+        start=0, end=3, text="bcd", token_ids=(1, 2, 3)))])
+    cluster.leases.forget(sid)  # stops renewing: as if killed
+    await asyncio.sleep(LEASE.ttl_s + 0.1)
+
+
+async def test_of_two_nodes_racing_to_continue_a_dead_stream_exactly_one_does(
+        deployment: Callable[[str], Any]) -> None:
+    await dead_stream(deployment, "s1", SamplingParams(max_tokens=10, temperature=0))
+    (b, on_b), (c, on_c) = await deployment("b"), await deployment("c")
+    outcomes = await asyncio.gather(b.follow("s1"), c.follow("s1"))
+    requests = on_b.runner.submitted + on_c.runner.submitted
+    assert len(requests) == 1, outcomes
+    assert requests[0].prompt_token_ids == PROMPT + (1, 2, 3)
+    assert requests[0].params.max_tokens == 7 and requests[0].params.temperature == 0
+    assert b.num_takeovers + c.num_takeovers == 1
+    winner = b if b.num_takeovers else c
+    assert await winner.leases.owner("s1") == winner.node_id
+
+
+async def test_a_cancel_for_a_stream_whose_node_died_ends_it_as_interrupted(
+        deployment: Callable[[str], Any]) -> None:
+    await dead_stream(deployment, "s2", SamplingParams(max_tokens=10))
+    b, on_b = await deployment("b")
+    b.abort_elsewhere("s2", FinishReason.INTERRUPTED)
+    end = await asyncio.wait_for(last_event(on_b.log, "s2"), 10)
+    assert isinstance(end, StreamEnd)
+    assert (end.end, end.finish_reason, end.prompt_tokens) == (3, "interrupted", len(PROMPT))
+    assert on_b.runner.submitted == []
+    for _ in range(50):  # released right after the end is written
+        if await b.leases.owner("s2") is None:
+            break
+        await asyncio.sleep(0.05)
+    assert await b.leases.owner("s2") is None
+
+
+async def test_a_watched_stream_is_taken_over_when_its_lease_expires(
+        deployment: Callable[[str], Any]) -> None:
+    dead, on_dead = await deployment("dead")
+    await dead.claim("s3", PROMPT, SamplingParams(max_tokens=5))
+    await on_dead.log.create_stream(StreamInfo(
+        stream_id="s3", response_id="r3", principal="p", session_id="s",
+        owner_node="dead", status="live", end=0, finish=None))
+    b, on_b = await deployment("b")
+    await b.follow("s3")  # the owner still renews: nothing to do
+    await asyncio.sleep(LEASE.ttl_s)
+    assert on_b.runner.submitted == []
+    dead.leases.forget("s3")
+    for _ in range(50):
+        if on_b.runner.submitted:
+            break
+        await asyncio.sleep(0.1)
+    assert [r.prompt_token_ids for r in on_b.runner.submitted] == [PROMPT]
+
+
+async def last_event(log: RedisTokenLog, sid: str) -> LogEntry | StreamEnd | None:
+    item = None
+    with contextlib.suppress(StopAsyncIteration):
+        async with contextlib.aclosing(log.read(sid, 0)) as items:
+            async for item in items:
+                pass
+    return item
