@@ -24,14 +24,18 @@ class EmbeddedServer:
 
     Args:
         settings: the server's settings (``server.host``/``port`` are ignored).
+        sndbuf: ``SO_SNDBUF`` of the listening socket, inherited by every
+            connection (tests of slow clients: a small kernel buffer fills fast).
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, sndbuf: int | None = None) -> None:
         self.settings = settings
         self.app = create_app(settings)
         self.state: AppState = self.app.state.bargein
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if sndbuf is not None:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
         self._sock.bind(("127.0.0.1", 0))
         self.host, self.port = self._sock.getsockname()
         config = uvicorn.Config(self.app, ws="websockets-sansio", lifespan="on",

@@ -29,7 +29,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from protocol import Format, encode
 
-CLOSE_TIMEOUT_S = 2.0
+CLOSE_TIMEOUT_S = 5.0
 
 
 class Outgoing:
@@ -43,7 +43,8 @@ class Outgoing:
         clock: monotonic seconds.
 
     Attributes:
-        too_slow: set when the client stayed over its bound too long.
+        too_slow: set when the client stayed over its bound too long; from
+            then on ``send`` returns at once and sends nothing.
     """
 
     def __init__(self, ws: WebSocket, fmt: Format, *, max_bytes: int = 1 << 20,
@@ -57,6 +58,7 @@ class Outgoing:
         self._queue: asyncio.Queue[tuple[str | bytes, asyncio.Future[None]]] = asyncio.Queue()
         self.queued_bytes = 0
         self._writing_since: float | None = None
+        self._writing: asyncio.Future[None] | None = None  # the frame being written
         self._over_since: float | None = None
         self._closed = False
         self.too_slow = asyncio.Event()
@@ -83,12 +85,12 @@ class Outgoing:
         try:
             while True:
                 frame, done = await self._queue.get()
-                self._writing_since = self._clock()
+                self._writing_since, self._writing = self._clock(), done
                 if isinstance(frame, str):
                     await self._ws.send_text(frame)
                 else:
                     await self._ws.send_bytes(frame)
-                self._writing_since = None
+                self._writing_since, self._writing = None, None
                 self.queued_bytes -= len(frame)
                 if not done.done():
                     done.set_result(None)
@@ -100,6 +102,8 @@ class Outgoing:
     def _release(self) -> None:
         """Closed: wake every waiting sender, forget queued frames."""
         self._closed = True
+        if self._writing is not None and not self._writing.done():
+            self._writing.set_result(None)
         while not self._queue.empty():
             _, done = self._queue.get_nowait()
             if not done.done():
@@ -123,6 +127,7 @@ class Outgoing:
             self._over_since = self._over_since if self._over_since is not None else now
             if now - self._over_since >= self.slow_timeout_s:
                 self.too_slow.set()
+                self._release()  # senders blocked on this client (the read loop too) go on
                 return
 
     async def close(self, code: int) -> None:

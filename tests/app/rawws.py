@@ -35,8 +35,10 @@ def raw_upgrade(port: int, *, key: str | None = None, rcvbuf: int | None = None)
 
 
 def masked_text(payload: bytes) -> bytes:
-    """One masked client text frame (payload under 126 bytes)."""
-    assert len(payload) < 126
+    """One masked client text frame (payload under 64 KiB)."""
+    assert len(payload) < 65536
     mask = os.urandom(4)
     body = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
-    return bytes([0x81, 0x80 | len(payload)]) + mask + body
+    if len(payload) < 126:
+        return bytes([0x81, 0x80 | len(payload)]) + mask + body
+    return bytes([0x81, 0x80 | 126]) + len(payload).to_bytes(2, "big") + mask + body

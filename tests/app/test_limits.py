@@ -3,15 +3,18 @@
 One server of its own for this module (the bundled model loaded a second
 time in the suite): API keys, an Origin allow-list, a request rate limit of
 1/s per key (bursts of 2), at most two responses generating per key, pings
-every 0.5 s with a 0.5 s pong timeout. Each test uses its own keys, so the
-per-key limits of one test never touch another.
+every 4 s with a 1 s pong timeout, a 0.5 s slow-client timeout and a small
+kernel send buffer (so a client that stops reading fills it fast). Each test
+uses its own keys, so the per-key limits of one test never touch another.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
+import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -32,9 +35,11 @@ from tests.app.rawws import masked_text, raw_upgrade
 pytestmark = pytest.mark.slow
 
 KEYS = ("k-alice", "k-bob", "k-sub", "k-origin", "k-rate", "k-http", "k-cap", "k-busy",
-        "k-gone", "k-logs")
+        "k-gone", "k-logs", "k-slow")
+SLOW_CLIENT_S = 0.5
 GOOD_ORIGIN = "http://chat.example"
-PING_S = 0.5
+PING_INTERVAL_S = 4.0
+PING_TIMEOUT_S = 1.0
 GREEDY = {"temperature": 0.0}
 
 
@@ -45,9 +50,11 @@ def guarded() -> Iterator[EmbeddedServer]:
         session=SessionConfig(max_tokens=64, default_max_tokens=16),
         server=ServerConfig(port=0, debug_endpoints=True, log_level="warning",
                             api_keys=",".join(KEYS), allowed_origins=(GOOD_ORIGIN,),
-                            ws_ping_interval_s=PING_S, ws_ping_timeout_s=PING_S),
+                            ws_ping_interval_s=PING_INTERVAL_S,
+                            ws_ping_timeout_s=PING_TIMEOUT_S,
+                            slow_client_timeout_s=SLOW_CLIENT_S),
         admission=AdmissionConfig(max_waiting=64, rate_limit_requests=1.0, burst_s=2.0,
-                                  max_active_per_principal=2)))
+                                  max_active_per_principal=2)), sndbuf=8192)
     server.start()
     try:
         yield server
@@ -252,7 +259,7 @@ async def test_silently_vanished_client_is_noticed_within_ping_interval_plus_tim
     finally:
         sock.close()
     # interval + timeout, plus a scheduling margin on a shared 2-core box
-    assert noticed_s <= 2 * PING_S + 1.0, noticed_s
+    assert noticed_s <= PING_INTERVAL_S + PING_TIMEOUT_S + 1.0, noticed_s
     assert stats.num_finished_by_reason["cancelled"] == before_cancelled + 1
 
 
@@ -263,3 +270,52 @@ async def _wait_cancelled(server: EmbeddedServer, before: int) -> Any:
         assert time.monotonic() < deadline, server.stats()
         await asyncio.sleep(0.05)
     return server.stats()
+
+
+# ---- slow clients ------------------------------------------------------------------
+
+async def test_client_that_stops_reading_is_closed_with_4008(guarded: EmbeddedServer) -> None:
+    sock = raw_upgrade(guarded.port, key="k-slow", rcvbuf=4096)
+    try:
+        # Each session.update is answered with the 4 KB of instructions it set; the
+        # client reads none of it, so the server's buffers fill and stay full.
+        update = json.dumps({"type": "session.update",
+                             "session": {"instructions": "x" * 4000}}).encode()
+        flood = masked_text(update) * 100
+        sock.setblocking(False)
+        sent = 0
+        while sent < len(flood):
+            try:
+                sent += sock.send(flood[sent:])
+            except BlockingIOError:
+                break  # the server stopped reading: it is stuck writing to us
+            await asyncio.sleep(0)
+        # Over its bound from now on; well before the first ping (4 s) goes unanswered.
+        await asyncio.sleep(SLOW_CLIENT_S + 0.4)
+        sock.setblocking(True)
+        sock.settimeout(10)
+        code = _close_code(sock)  # the client reads again: after the backlog, the close
+    finally:
+        sock.close()
+    assert code == 4008
+
+
+def _close_code(sock: socket.socket) -> int | None:
+    """Read server frames until a close frame; return its code (None at EOF)."""
+    buf = b""
+    while True:
+        while len(buf) >= 2:
+            opcode, length, start = buf[0] & 0x0F, buf[1] & 0x7F, 2
+            if length == 126:
+                if len(buf) < 4:
+                    break
+                length, start = int.from_bytes(buf[2:4], "big"), 4
+            if len(buf) < start + length:
+                break
+            if opcode == 0x8:
+                return int.from_bytes(buf[start:start + 2], "big")
+            buf = buf[start + length:]
+        chunk = sock.recv(65536)
+        if not chunk:
+            return None
+        buf += chunk
