@@ -113,7 +113,7 @@ class ModelRunner:
         rows = [last_row[i] - 1 for i, s in enumerate(seqs) if s.sample]
         if not rows:
             return torch.empty(0, self.vocab_size, dtype=torch.float32, device=self.device)
-        return self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
+        return self.model.compute_logits(torch.index_select(hidden, 0, torch.tensor(rows, device=self.device)))
 
     def _prepare(self, seqs: list[SeqInput]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """Flat input ids, positions and attention metadata; decodes lead ``seqs``."""

@@ -17,9 +17,14 @@ from engine.kernels._triton import check_tensor, dot_dtype, lazy_jit, next_power
 
 
 def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
-    """``cache[block_ids]`` flattened over blocks: ``[..., n * block_size, Hk, D]``."""
-    out = cache[block_ids]
-    return out.flatten(-4, -3)
+    """``cache[block_ids]`` flattened over blocks: ``[..., n * block_size, Hk, D]``.
+
+    ``index_select`` over whole-block rows, not advanced indexing: on a busy
+    CPU the latter goes parallel even for a few blocks and waits on a
+    descheduled thread (measured: 0.02 ms against ~20 ms for 8 blocks).
+    """
+    rows = torch.index_select(cache.flatten(1), 0, block_ids.flatten())
+    return rows.view(*block_ids.shape[:-1], block_ids.shape[-1] * cache.shape[1], *cache.shape[2:])
 
 
 def paged_attention_decode_ref(

@@ -37,7 +37,7 @@ def rotary_embedding_ref(
         ``(q_out, k_out)``, new tensors of the input shapes and dtypes; the
         inputs are not mutated.
     """
-    cos, sin = cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)
+    cos, sin = torch.index_select(cos_sin_cache, 0, positions).unsqueeze(1).chunk(2, dim=-1)
     # one rotation over q and k side by side: half the small ops of the CPU path
     qk = _rotate_ref(torch.cat((q, k), dim=1), cos, sin)
     return qk[:, : q.shape[1]], qk[:, q.shape[1] :]
