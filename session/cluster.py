@@ -83,6 +83,7 @@ class Cluster:
         self._taking: dict[str, asyncio.Task[str]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ticker: asyncio.Task[None] | None = None
+        self._handing_over = False
         self.num_takeovers = 0  # streams this node continued after their node died
 
     # ---- life cycle ------------------------------------------------------------
@@ -92,6 +93,20 @@ class Cluster:
         self._service = service
         await self.forwarder.start()
         self._ticker = asyncio.create_task(self._tick_loop(), name="cluster-tick")
+
+    async def hand_over(self) -> None:
+        """Before a graceful shutdown: stop writing every stream generated here
+        and release their leases at once (their generation records stay), so
+        the nodes their clients resume on continue them, instead of the engine
+        shutdown ending them as cancelled. Local readers get a retryable error."""
+        self._handing_over = True
+        held = self.leases.held
+        for sid in held:
+            self._service.log.abandon_stream(sid)
+        try:
+            await self.leases.release(held)
+        except _REDIS_ERRORS as exc:
+            log.warning("releasing leases at shutdown failed (they expire): %r", exc)
 
     async def stop(self) -> None:
         """Stop ticking and listening (leases are left to expire: another node
@@ -133,6 +148,8 @@ class Cluster:
         A lease whose local validity ran out (a stalled loop) is renewed
         first; one another node holds now is abandoned.
         """
+        if self._handing_over:
+            return []
         lapsed = {w.stream_id for w in writes
                   if self.leases.holds(w.stream_id) and not self.leases.valid(w.stream_id)}
         if lapsed:
@@ -148,6 +165,8 @@ class Cluster:
 
     def ended(self, stream_id: str) -> None:
         """Generation of a stream this node wrote ended (its finish is logged)."""
+        if self._handing_over:
+            return  # ended by the shutdown, not logged: its record must stay
         self._ended.append(stream_id)
         self._claimed_at.pop(stream_id, None)
 

@@ -1,13 +1,15 @@
-"""Two ``bargein serve`` processes on one redis-server (issue 11).
+"""Three ``bargein serve`` processes on one redis-server (issue 11).
 
 Node A generates; node B serves resumes and cancels of A's streams, and takes
-a stream over when A dies (SIGKILL). Both nodes load the bundled model, once
-for the module. Engine counters come from each node's ``/debug/engine``.
+a stream over when A dies (SIGKILL) or when C shuts down (SIGTERM). Each node
+loads the bundled model, once for the module. Engine counters come from each
+node's ``/debug/engine``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -23,6 +25,7 @@ import httpx
 import pytest
 from redis import Redis
 from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
 
 from tests.redis_server import free_port
 
@@ -91,9 +94,9 @@ def wait_ready(node: Node, timeout_s: float = 300) -> None:
 
 @pytest.fixture(scope="module")
 def nodes(redis_server: str) -> Iterator[dict[str, Node]]:
-    """Nodes ``a`` and ``b`` sharing the test redis-server (default key prefix)."""
+    """Nodes ``a``, ``b`` and ``c`` sharing the test redis-server (default key prefix)."""
     with tempfile.TemporaryDirectory(prefix="bargein-multinode-") as log_dir:
-        started = {name: start_node(name, redis_server, log_dir) for name in ("a", "b")}
+        started = {name: start_node(name, redis_server, log_dir) for name in ("a", "b", "c")}
         try:
             for node in started.values():
                 wait_ready(node)
@@ -225,13 +228,46 @@ async def test_an_http_cancel_on_another_node_interrupts_the_stream(
     await on_a.ws.close()
 
 
+@pytest.fixture(scope="module")
+def reference(nodes: dict[str, Node]) -> Reader:
+    """The prompt's answer on B, uninterrupted (greedy)."""
+
+    async def answer() -> Reader:
+        reader, _ = await create(nodes["b"].ws_url)
+        await reader.until_done()
+        await reader.ws.close()
+        return reader
+
+    reader = asyncio.run(answer())
+    assert reader.end > 60, "the reference answer is too short to stop a node mid-answer"
+    return reader
+
+
+async def test_a_node_shutting_down_hands_its_streams_to_the_node_they_resume_on(
+        nodes: dict[str, Node], reference: Reader) -> None:
+    b, c = nodes["b"], nodes["c"]
+    takeovers = b.debug()["cluster"]["takeovers"]
+    on_c, created = await create(c.ws_url)
+    await on_c.until_end(25)
+    c.proc.send_signal(signal.SIGTERM)  # a rolling restart: no "cancelled" for the user
+    with contextlib.suppress(ConnectionClosed):
+        await on_c.until_done()
+    assert on_c.done is None, "the shutdown ended the stream"
+    on_b = await resume(b.ws_url, created, on_c.end)
+    done = await on_b.until_done()
+    assert on_c.text + on_b.text == reference.text
+    assert contiguous(on_c.deltas, 0) and contiguous(on_b.deltas, on_c.end)
+    assert done["end"] == reference.end and done["finish_reason"] == reference.done["finish_reason"]
+    assert b.debug()["cluster"]["takeovers"] == takeovers + 1
+    assert c.proc.wait(timeout=60) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal
+    await on_c.ws.close()
+    await on_b.ws.close()
+
+
 async def test_when_the_owner_is_killed_the_resuming_node_continues_the_stream_exactly(
-        nodes: dict[str, Node], redis_server: str) -> None:
+        nodes: dict[str, Node], reference: Reader, redis_server: str) -> None:
     a, b = nodes["a"], nodes["b"]
-    reference, _ = await create(b.ws_url)  # the same prompt, uninterrupted, greedy
-    await reference.until_done()
-    await reference.ws.close()
-    assert reference.end > 60, "the reference answer is too short to kill A mid-answer"
+    takeovers = b.debug()["cluster"]["takeovers"]
 
     on_a, created = await create(a.ws_url)
     await on_a.until_end(25)
@@ -249,7 +285,7 @@ async def test_when_the_owner_is_killed_the_resuming_node_continues_the_stream_e
     assert done["end"] == reference.end and done["finish_reason"] == reference.done["finish_reason"]
     assert done["usage"]["completion_tokens"] == reference.end
     assert b.engine()["num_generated_tokens"] - generated_on_b == reference.end - last_logged
-    assert b.debug()["cluster"]["takeovers"] == 1
+    assert b.debug()["cluster"]["takeovers"] == takeovers + 1
     await on_b.ws.close()
 
 
