@@ -26,11 +26,14 @@ class EmbeddedServer:
         settings: the server's settings (``server.host``/``port`` are ignored).
         sndbuf: ``SO_SNDBUF`` of the listening socket, inherited by every
             connection (tests of slow clients: a small kernel buffer fills fast).
+        runner: a started engine runner to serve (e.g. another server's, to
+            skip loading the model again); it keeps running after :meth:`stop`.
     """
 
-    def __init__(self, settings: Settings, *, sndbuf: int | None = None) -> None:
+    def __init__(self, settings: Settings, *, sndbuf: int | None = None,
+                 runner: Any = None) -> None:
         self.settings = settings
-        self.app = create_app(settings)
+        self.app = create_app(settings, runner=runner)
         self.state: AppState = self.app.state.bargein
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

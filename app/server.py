@@ -70,6 +70,8 @@ class AppState:
         loaded: set when loading ended (with or without success).
         metrics: the Prometheus metrics (``GET /metrics``).
         observer: feeds them (and the request log) from the sessions.
+        shared_runner: a started runner this app serves instead of loading
+            one (tests: two servers on one model); the app never shuts it down.
     """
 
     settings: Settings
@@ -79,6 +81,7 @@ class AppState:
     runner: Any = None
     log: TokenLog | None = None
     load_error: str | None = None
+    shared_runner: Any = None
     loaded: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -100,7 +103,8 @@ def load_runner(settings: Settings, progress: Progress) -> Any:
 
 async def _load(state: AppState, progress: Progress) -> None:
     try:
-        runner = await asyncio.to_thread(load_runner, state.settings, progress)
+        runner = state.shared_runner or await asyncio.to_thread(load_runner, state.settings,
+                                                                progress)
     except Exception as exc:  # reported by /readyz and the log; the server stays up
         logger.exception("loading the model failed")
         state.load_error = f"{type(exc).__name__}: {exc}"
@@ -134,11 +138,13 @@ def make_cluster(settings: Settings) -> Any:
     return Cluster(server.redis_url, server.node_name, lease=lease)
 
 
-def create_app(settings: Settings, *, progress: Progress = lambda stage: None) -> Starlette:
+def create_app(settings: Settings, *, progress: Progress = lambda stage: None,
+               runner: Any = None) -> Starlette:
     """The ASGI app for ``settings``; ``progress(stage)`` reports each loading
-    stage when it is done (see ``app.cli.LOAD_STAGES``)."""
+    stage when it is done (see ``app.cli.LOAD_STAGES``); ``runner``: serve
+    this started engine runner instead of loading the model (never shut down here)."""
     metrics = create_metrics(settings.server.metrics_multiproc_dir)
-    state = AppState(settings=settings, metrics=metrics,
+    state = AppState(settings=settings, metrics=metrics, shared_runner=runner,
                      observer=Observer(metrics, log_prompts=settings.server.log_prompts))
 
     @contextlib.asynccontextmanager
@@ -171,7 +177,7 @@ async def _shutdown(state: AppState, loader: asyncio.Task[None]) -> None:
     await loader  # a loading thread cannot be cancelled; let it end first
     if state.service is not None and state.service.cluster is not None:
         await state.service.cluster.hand_over()  # other nodes continue its streams
-    if state.runner is not None:
+    if state.runner is not None and state.runner is not state.shared_runner:
         await asyncio.to_thread(state.runner.shutdown)
     if state.service is not None:
         await state.service.stop()

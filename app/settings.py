@@ -192,6 +192,9 @@ def _add_session_and_log_arguments(parser: argparse.ArgumentParser,
     _add(parser, env, "--instructions", e.instructions, str, "default system prompt")
     _add(parser, env, "--on-disconnect", e.on_disconnect, str,
          "a generating response whose client disconnects: continue or cancel")
+    _add(parser, env, "--abandon-grace", e.abandon_grace_s, float,
+         "seconds a generating response nobody reads may run on before it is "
+         "cancelled (0: never)")
     _add(parser, env, "--debug-endpoints", s.debug_endpoints, _bool,
          "serve GET /debug/engine (tests only)")
     _add(parser, env, "--log-level", s.log_level, str, "debug, info, warning, error")
@@ -259,7 +262,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                                   default_max_tokens=args.default_max_tokens,
                                   max_frame_bytes=args.max_frame_bytes,
                                   instructions=args.instructions,
-                                  on_disconnect=args.on_disconnect),
+                                  on_disconnect=args.on_disconnect,
+                                  abandon_grace_s=args.abandon_grace),
             server=ServerConfig(
                 host=args.host, port=args.port, secret=args.secret,
                 log_backend="redis" if args.redis_url else args.log_backend,

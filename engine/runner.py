@@ -154,6 +154,12 @@ class EngineRunner:
         with self._cond:
             self._listeners.append(fn)
 
+    def remove_step_listener(self, fn: StepListener) -> None:
+        """Stop calling ``fn`` (added by :meth:`add_step_listener`); no-op if absent."""
+        with self._cond:
+            if fn in self._listeners:
+                self._listeners.remove(fn)
+
     def add_step_stats_listener(self, fn: StepStatsListener) -> None:
         """Call ``fn(step_stats)`` on the engine thread after every step.
 

@@ -20,6 +20,10 @@ class SessionConfig:
             client disconnects, unless the client chose: ``"continue"`` (it
             runs to the end into the log, for a resume) or ``"cancel"``
             (aborted, its KV blocks freed).
+        abandon_grace_s: a response still generating that no connection
+            delivers (its own connection closed, nobody resumed it on this
+            node) this many seconds is aborted with ``finish_reason``
+            ``"cancelled"`` (0: never; it runs to the end into the log).
     """
 
     max_tokens: int = 1024
@@ -28,6 +32,7 @@ class SessionConfig:
     instructions: str | None = None
     max_input_items: int = 256
     on_disconnect: str = "continue"
+    abandon_grace_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -38,6 +43,8 @@ class SessionConfig:
             raise ValueError(f"max_frame_bytes={self.max_frame_bytes} must be >= 1024")
         if self.max_input_items < 1:
             raise ValueError(f"max_input_items={self.max_input_items} must be >= 1")
+        if self.abandon_grace_s < 0:
+            raise ValueError(f"abandon_grace_s={self.abandon_grace_s} must be >= 0")
         if self.on_disconnect not in ("continue", "cancel"):
             raise ValueError(f"on_disconnect={self.on_disconnect!r} must be 'continue' "
                              "or 'cancel'")

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Callable
 
 from engine.request import FinishReason
 from protocol import events as pe
 from session.delivery import Delivery, SendEvent, done_event
+from session.errors import StreamNotFound, TokenLogError
+from session.saved import SavedSession, SessionSaver, snapshot
 from session.service import Owner, Service
 from session.session import (
     Abort,
@@ -23,6 +26,7 @@ from session.session import (
     Delivered,
     Disconnected,
     GenerationFinished,
+    Message,
     Send,
     Session,
     StartDelivery,
@@ -30,7 +34,15 @@ from session.session import (
     StopDelivery,
     Submit,
 )
-from session.tokens import check_resume_token, make_session_token
+from session.token_log import StreamEnd
+from session.tokens import (
+    check_resume_token,
+    check_session_token,
+    make_resume_token,
+    make_session_token,
+)
+
+logger = logging.getLogger(__name__)
 
 
 class Connection:
@@ -52,6 +64,9 @@ class Connection:
         self._clock = clock or service.clock
         self._deliveries: dict[str, tuple[Delivery, asyncio.Task[None]]] = {}
         self._owned: set[str] = set()
+        self._saver = SessionSaver(service.log, lambda: snapshot(self.session, principal))
+        self._restore_watch: asyncio.Task[None] | None = None  # a resumed session's active
+        service.sessions[self.session.session_id] = self
 
     def created_event(self) -> pe.SessionCreated:
         """The ``session.created`` that opens the connection."""
@@ -82,15 +97,17 @@ class Connection:
             self._abort(Abort(stream_id=followed, reason=FinishReason.INTERRUPTED,
                               requested_at=now))
         elif isinstance(event, pe.SessionResume):
-            await self._send(pe.ErrorEvent(code=pe.ErrorCode.NOT_FOUND, retryable=False,
-                                           message="no such session",
-                                           event_id=event.event_id))
+            await self._resume_session(event)
         else:
+            if isinstance(event, pe.ResponseCreate):
+                await self._settle_restored()
             now = self._clock() if received_at is None else received_at
             actions = self.session.handle(event, now)
             if isinstance(event, pe.ResponseCreate):
                 self._report_rejections(actions)
             await self._run(actions)
+            if isinstance(event, (pe.ResponseCancel, pe.SessionUpdate)):
+                self._saver.request()  # a cut turn, new settings
 
     def _followed_stream(self, response_id: str) -> str | None:
         """The stream of ``response_id`` if this connection delivers it only
@@ -110,16 +127,25 @@ class Connection:
                                                response_id=action.event.response_id)
 
     async def close(self) -> None:
-        """The connection is gone: stop deliveries; apply the disconnect policy."""
-        for _, task in self._deliveries.values():
+        """The connection is gone: stop deliveries; apply the disconnect policy;
+        save the conversation (its retention starts now) unless a newer
+        connection on this node took it over."""
+        tasks = [task for _, task in self._deliveries.values()]
+        if self._restore_watch is not None:
+            tasks.append(self._restore_watch)
+        for task in tasks:
             task.cancel()
-        for _, task in list(self._deliveries.values()):
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        last = snapshot(self.session, self.principal)  # the active response included
         if self.session.state is not State.CLOSED:
             await self._run(self.session.handle(Disconnected(), self._clock()))
         for stream_id in self._owned:
             self.service.release(stream_id)
+        if self.service.sessions.get(self.session.session_id) is self:
+            del self.service.sessions[self.session.session_id]
+            await self._saver.close(last)
 
     # ---- actions ---------------------------------------------------------------
 
@@ -143,10 +169,12 @@ class Connection:
         result = await self.service.submit(action, owner, self._clock())
         self._owned.add(action.stream_id)
         await self._run(self.session.handle(result, self._clock()))
+        self._saver.request()  # the new turns and the active response
 
     def _on_finish(self, event: GenerationFinished) -> None:
         if self.session.state is not State.CLOSED:
             self.session.handle(event, self._clock())
+            self._saver.request()
 
     def _abort(self, action: Abort) -> None:
         self.service.abort(action.stream_id, action.reason, action.requested_at)
@@ -178,7 +206,13 @@ class Connection:
                             observer=self.service.observer)
         task = asyncio.create_task(delivery.run(), name=f"deliver-{stream_id}")
         self._deliveries[stream_id] = (delivery, task)
-        task.add_done_callback(lambda _: self._deliveries.pop(stream_id, None))
+        self.service.reader_started(stream_id)
+
+        def ended(_: object) -> None:
+            self._deliveries.pop(stream_id, None)
+            self.service.reader_ended(stream_id)
+
+        task.add_done_callback(ended)
 
     # ---- stream.resume -----------------------------------------------------------
 
@@ -213,3 +247,109 @@ class Connection:
     def _error(code: pe.ErrorCode, message: str, event: object) -> pe.ErrorEvent:
         return pe.ErrorEvent(code=code, message=message, retryable=code.retryable,
                              event_id=getattr(event, "event_id", None))
+
+    # ---- session.resume ----------------------------------------------------------
+
+    async def _resume_session(self, event: pe.SessionResume) -> None:
+        """Re-attach a saved conversation to this connection (PROTOCOL.md)."""
+        if not check_session_token(self.service.secret, event.session_id, self.principal,
+                                   event.session_token):
+            await self._send(self._error(pe.ErrorCode.FORBIDDEN, "wrong session token", event))
+            return
+        if self.session.turns or self.session.state is not State.IDLE \
+                or self._restore_watch is not None:
+            await self._send(self._error(pe.ErrorCode.CONFLICT, "session.resume must come "
+                                         "before this connection's first response", event))
+            return
+        try:
+            saved = await self._load_session(event.session_id)
+            if saved is None:
+                await self._send(self._error(pe.ErrorCode.NOT_FOUND, "session not found", event))
+                return
+            active = await self._restore(saved)
+        except TokenLogError:
+            await self._send(self._error(pe.ErrorCode.INTERNAL_ERROR,
+                                         "token log unavailable", event))
+            return
+        await self._send(pe.SessionResumed(session_id=saved.session_id,
+                                           turns=len(self.session.turns), active=active))
+
+    async def _load_session(self, session_id: str) -> SavedSession | None:
+        """The saved session of this principal, or None (unknown, expired, unreadable)."""
+        data = await self.service.log.load_session(session_id)
+        if data is None:
+            return None
+        try:
+            saved = SavedSession.from_bytes(data)
+        except ValueError:
+            logger.warning("saved session %s is unreadable", session_id)
+            return None
+        return saved if saved.principal == self.principal else None
+
+    async def _restore(self, saved: SavedSession) -> pe.ActiveStream | None:
+        """Make ``saved`` this connection's session; return its active stream.
+
+        A response that was active when the state was saved: if its stream
+        has ended, its whole text (from the log) becomes the assistant turn;
+        if it still generates, the session waits for it (a watcher reads the
+        log to its end); if the stream expired, what was delivered stays.
+        """
+        session = Session(self.service.config, session_id=saved.session_id)
+        turns = list(saved.turns)
+        active = saved.active
+        info = None if active is None else await self.service.log.info(active.stream_id)
+        if active is not None and (info is None or info.status == "complete"):
+            text = active.delivered if info is None else \
+                (await self._stream_text(active.stream_id))[0]
+            turns.append(Message(role="assistant", content=text))
+        live = active if info is not None and info.status == "live" else None
+        session.restore(settings=saved.settings, turns=turns, active=None if live is None
+                        else (live.response_id, live.stream_id, live.delivered))
+        self.service.sessions.pop(self.session.session_id, None)
+        self.session = session
+        self.service.sessions[session.session_id] = self
+        if live is not None:
+            self._restore_watch = asyncio.create_task(self._watch_restored(live.stream_id),
+                                                      name=f"restored-{live.stream_id}")
+        self._saver.request()  # restarts the retention; the turn of an ended stream
+        if active is None or info is None:
+            return None
+        return pe.ActiveStream(response_id=active.response_id, stream_id=active.stream_id,
+                               resume_token=make_resume_token(self.service.secret,
+                                                              active.stream_id, self.principal),
+                               end=info.end)
+
+    async def _stream_text(self, stream_id: str) -> tuple[str, StreamEnd]:
+        """A stream's whole text and its end, read from the log (waits for a live one).
+
+        Raises StreamNotFound, TokenLogUnavailable.
+        """
+        parts: list[str] = []
+        async for item in self.service.log.read(stream_id, 0):
+            if isinstance(item, StreamEnd):
+                return "".join(parts), item
+            parts.append(item.text)
+        raise StreamNotFound(stream_id, "ended without its end")
+
+    async def _watch_restored(self, stream_id: str) -> None:
+        """Give the resumed session its active response's turn when the stream ends."""
+        try:
+            text, end = await self._stream_text(stream_id)
+            reason = FinishReason(end.finish_reason)
+        except TokenLogError:  # keep what this connection delivered of it
+            active = self.session.active_response
+            text, reason = ("" if active is None else active[2]), FinishReason.ERROR
+        if self.session.state is not State.CLOSED:
+            self.session.handle(GenerationFinished(stream_id=stream_id, text=text,
+                                                   finish_reason=reason), self._clock())
+            self._saver.request()
+
+    async def _settle_restored(self) -> None:
+        """Before a ``response.create``: if the resumed session's active stream
+        has ended, wait until its turn is in the conversation."""
+        watch, active = self._restore_watch, self.session.active_response
+        if watch is None or watch.done() or active is None:
+            return
+        info = await self.service.log.info(active[1])
+        if info is None or info.status == "complete":
+            await asyncio.shield(watch)

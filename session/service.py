@@ -49,6 +49,8 @@ class _LiveStream:
     abort_requested_at: float | None = None
     principal: str = ""
     started: bool = False  # its first token (or its end) came: it left the queue
+    released: bool = False  # the connection that created it closed
+    abandoned: asyncio.TimerHandle | None = None  # aborts it if nobody reads it in time
     continuation: Any = None  # a session.takeover.Continuation: a stream taken over
 
 
@@ -103,6 +105,9 @@ class Service:
         self.interrupt_latencies_s: deque[float] = deque(maxlen=4096)
         self.num_interrupts = 0
         self._live: dict[str, _LiveStream] = {}
+        self._readers: dict[str, int] = {}  # stream id -> deliveries of it on this node
+        # session id -> the connection on this node that holds it (the last to attach)
+        self.sessions: dict[str, Any] = {}
         self._steps: asyncio.Queue[tuple[float, list[RequestOutput]]] = asyncio.Queue()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._writer: asyncio.Task[None] | None = None
@@ -121,7 +126,11 @@ class Service:
             await self.cluster.start(self)
 
     async def stop(self) -> None:
-        """Stop the log writer (after the runner was shut down)."""
+        """Stop the log writer (after the runner was shut down, or, for a
+        runner shared with another service, detach from it)."""
+        remove = getattr(self.runner, "remove_step_listener", None)
+        if remove is not None:
+            remove(self._on_engine_step)
         if self.cluster is not None:
             await self.cluster.stop()
         if self._writer is not None:
@@ -252,10 +261,48 @@ class Service:
         self.recent_requests.append(request)
 
     def release(self, stream_id: str) -> None:
-        """Its connection is gone: generation goes on, nobody is told of the end."""
+        """Its connection is gone: generation goes on, nobody is told of the end;
+        if nobody reads it within ``config.abandon_grace_s``, it is aborted."""
         live = self._live.get(stream_id)
         if live is not None:
             live.on_finish = None
+            live.released = True
+            if not self._readers.get(stream_id):
+                self._watch_abandoned(stream_id, live)
+
+    def reader_started(self, stream_id: str) -> None:
+        """A connection here started delivering ``stream_id``."""
+        self._readers[stream_id] = self._readers.get(stream_id, 0) + 1
+        live = self._live.get(stream_id)
+        if live is not None and live.abandoned is not None:
+            live.abandoned.cancel()
+            live.abandoned = None
+
+    def reader_ended(self, stream_id: str) -> None:
+        """A delivery of ``stream_id`` here ended (sent its end, or its socket closed)."""
+        num_readers = self._readers.pop(stream_id, 1) - 1
+        if num_readers > 0:
+            self._readers[stream_id] = num_readers
+            return
+        live = self._live.get(stream_id)
+        if live is not None and live.released:
+            self._watch_abandoned(stream_id, live)
+
+    def _watch_abandoned(self, stream_id: str, live: _LiveStream) -> None:
+        grace_s = self.config.abandon_grace_s
+        if grace_s <= 0 or self._loop is None or live.abandoned is not None:
+            return
+        live.abandoned = self._loop.call_later(grace_s, self._abort_abandoned, stream_id)
+
+    def _abort_abandoned(self, stream_id: str) -> None:
+        """Grace time is over and nobody reads the stream: free its blocks."""
+        live = self._live.get(stream_id)
+        if live is None or self._readers.get(stream_id):
+            return
+        live.abandoned = None
+        logger.info("stream %s abandoned for %.1f s: cancelled", stream_id,
+                    self.config.abandon_grace_s)
+        self.runner.abort(stream_id, FinishReason.CANCELLED)
 
     # ---- engine steps -> token log ---------------------------------------------
 
@@ -331,6 +378,8 @@ class Service:
             if not out.finished or out.request_id not in self._live:
                 continue
             live = self._live.pop(out.request_id)
+            if live.abandoned is not None:
+                live.abandoned.cancel()
             if self.cluster is not None:
                 self.cluster.ended(out.request_id)
             self.admission.ended(live.principal)

@@ -159,6 +159,34 @@ class Session:
         """Stream of the active response, if any."""
         return None if self._active is None else self._active.stream_id
 
+    @property
+    def active_response(self) -> tuple[str, str, str] | None:
+        """``(response_id, stream_id, delivered text)`` of the active response."""
+        active = self._active
+        return None if active is None else (active.response_id, active.stream_id,
+                                            active.delivered)
+
+    def restore(self, *, settings: ConversationSettings, turns: list[Message],
+                active: tuple[str, str, str] | None) -> None:
+        """Take over the conversation of an earlier connection (``session.resume``).
+
+        ``active`` is ``(response_id, stream_id, delivered text)`` of a response
+        still generating: the session waits in GENERATING for its
+        :class:`GenerationFinished`. Only a fresh session may be restored.
+
+        Raises:
+            IllegalTransition: the session already has turns or a response.
+        """
+        if self.state is not State.IDLE or self.turns or self._responses:
+            raise IllegalTransition(self.state, "restore")
+        self.settings = settings
+        self.turns = list(turns)
+        if active is not None:
+            response_id, stream_id, delivered = active
+            self._active = _Response(response_id=response_id, stream_id=stream_id,
+                                     delivered=delivered)
+            self.state = State.GENERATING
+
     def messages(self) -> tuple[Message, ...]:
         """The prompt's items: instructions (as a system turn) then the turns."""
         system = self.settings.instructions

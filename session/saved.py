@@ -1,0 +1,138 @@
+"""A session's conversation kept in the token log, for ``session.resume``.
+
+What is kept (:class:`SavedSession`, JSON through
+:meth:`~session.token_log.TokenLog.save_session`): the principal, the
+settings, the turns, and the active response (the one still generating, or
+not fully delivered, when the state was saved) with the text delivered of it.
+The resume token of the active stream is not kept: it is derived again from
+the stream id and the principal. The log keeps a saved state for its
+retention time after the last save; a connection saves on every turn change
+and when it closes, so a session lives for the retention time after its last
+connection closed.
+
+:class:`SessionSaver` writes the latest state at most once at a time: turn
+changes that come while a save is in flight are folded into one more save.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from session.actions import Message
+from session.errors import TokenLogError
+from session.session import ConversationSettings, Session
+from session.token_log import TokenLog
+
+logger = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SavedActive:
+    """The response a saved session had in flight."""
+
+    response_id: str
+    stream_id: str
+    delivered: str  # text of it written to the old connection's socket
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SavedSession:
+    """One session's conversation as the token log keeps it."""
+
+    session_id: str
+    principal: str
+    settings: ConversationSettings
+    turns: tuple[Message, ...]
+    active: SavedActive | None
+
+    def to_bytes(self) -> bytes:
+        """Compact UTF-8 JSON (turns as ``[role, content]`` pairs)."""
+        s = self.settings
+        body: dict[str, Any] = {
+            "v": FORMAT_VERSION, "session_id": self.session_id, "principal": self.principal,
+            "settings": {"instructions": s.instructions, "defaults": s.defaults,
+                         "on_disconnect": s.on_disconnect,
+                         "include_token_ids": s.include_token_ids},
+            "turns": [[t.role, t.content] for t in self.turns],
+            "active": None if self.active is None else [
+                self.active.response_id, self.active.stream_id, self.active.delivered]}
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> SavedSession:
+        """Parse :meth:`to_bytes`' output.
+
+        Raises:
+            ValueError: not a saved session of this format.
+        """
+        try:
+            body = json.loads(data)
+            if body["v"] != FORMAT_VERSION:
+                raise ValueError(f"saved session format {body['v']!r} is not {FORMAT_VERSION}")
+            active = body["active"]
+            return cls(session_id=body["session_id"], principal=body["principal"],
+                       settings=ConversationSettings(**body["settings"]),
+                       turns=tuple(Message(role=r, content=c) for r, c in body["turns"]),
+                       active=None if active is None else SavedActive(
+                           response_id=active[0], stream_id=active[1], delivered=active[2]))
+        except (KeyError, TypeError, IndexError, json.JSONDecodeError) as exc:
+            raise ValueError(f"not a saved session: {exc}") from exc
+
+
+def snapshot(session: Session, principal: str) -> SavedSession:
+    """The state of ``session`` now, to save."""
+    active = session.active_response
+    return SavedSession(
+        session_id=session.session_id, principal=principal, settings=session.settings,
+        turns=tuple(session.turns),
+        active=None if active is None else SavedActive(
+            response_id=active[0], stream_id=active[1], delivered=active[2]))
+
+
+class SessionSaver:
+    """Saves the latest state of one connection's session, one save at a time.
+
+    Args:
+        log: where sessions are kept.
+        state: returns the state to save now (called when a save starts).
+    """
+
+    def __init__(self, log: TokenLog, state: Callable[[], SavedSession]) -> None:
+        self._log = log
+        self._state = state
+        self._dirty = False
+        self._task: asyncio.Task[None] | None = None
+
+    def request(self) -> None:
+        """Save soon (the state as it is when the save starts)."""
+        self._dirty = True
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name="save-session")
+
+    async def flush(self) -> None:
+        """Wait until every requested save was written (or failed and was logged)."""
+        while self._task is not None and not self._task.done():
+            await asyncio.shield(self._task)
+
+    async def close(self, last: SavedSession) -> None:
+        """Wait for the saves in flight, then save ``last`` (the connection's end)."""
+        await self.flush()
+        self._state = lambda: last
+        self._dirty = True
+        await self._run()
+
+    async def _run(self) -> None:
+        while self._dirty:
+            self._dirty = False
+            saved = self._state()
+            try:
+                await self._log.save_session(saved.session_id, saved.to_bytes())
+            except TokenLogError:  # the session is only less resumable; the log says why
+                logger.warning("saving session %s failed", saved.session_id)
