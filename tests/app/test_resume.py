@@ -12,11 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.app.conftest import LiveServer
+from app.embedded import EmbeddedServer
+from app.settings import ServerConfig, Settings
+from session.actions import Message
+from session.chat import render_prompt
+from session.config import SessionConfig
+from session.tokens import make_session_token
+from tests.app.conftest import MAX_FRAME_BYTES, LiveServer
 from tests.app.resume_helpers import Conn, Received, assert_tiles
 
 pytestmark = pytest.mark.slow
@@ -148,3 +156,186 @@ async def test_resume_torture(live_server: LiveServer) -> None:
     assert (_prefix(reference, earlier) + again.text).encode() == reference.text.encode()
     assert live_server.stats().num_generated_tokens == tokens_after_live, \
         "a replay must not generate"
+
+
+# ---- session.resume -------------------------------------------------------------
+
+TURNS = ("My name is Alice. Say hello to me.", "Now count from one to twenty in words.",
+         "What is my name?")
+
+
+def _twin(live_server: LiveServer, *, node_id: str, redis_url: str | None = None,
+          abandon_grace_s: float = 30.0) -> EmbeddedServer:
+    """Another server in this process on ``live_server``'s engine runner."""
+    server = EmbeddedServer(Settings(
+        session=SessionConfig(max_tokens=64, default_max_tokens=32,
+                              max_frame_bytes=MAX_FRAME_BYTES, abandon_grace_s=abandon_grace_s),
+        server=ServerConfig(port=0, debug_endpoints=True, log_level="warning",
+                            redis_url=redis_url, log_backend="redis" if redis_url else "memory",
+                            node_id=node_id, secret="test-resume-secret")),
+        runner=live_server.state.runner)
+    server.start()
+    return server
+
+
+async def _second_turn_dropped(url: str) -> tuple[Conn, Received, dict[str, Any], Received]:
+    """Turn one in full, turn two dropped after two deltas: (the dropped
+    connection, turn one, turn two's response.created, what came of it)."""
+    conn = await Conn.open(url)
+    await conn.create(TURNS[0], temperature=0.0, max_tokens=12)
+    first = await conn.read(Received())
+    created = await conn.create(TURNS[1], temperature=0.0, max_tokens=40)
+    before = await conn.read(Received(), max_deltas=2)
+    conn.drop()
+    assert before.done is None
+    return conn, first, created, before
+
+
+async def _resume_second_turn(url: str, dropped: Conn, created: dict[str, Any],
+                              before: Received) -> str:
+    """On a new connection: session.resume, stream.resume from the last end,
+    then turn three. Returns turn two's whole text."""
+    conn = await Conn.open(url)
+    await conn.send(type="session.resume", session_id=dropped.created["session_id"],
+                    session_token=dropped.created["session_token"])
+    resumed = await conn.expect("session.resumed")
+    active = resumed["active"]
+    assert resumed["session_id"] == dropped.created["session_id"]
+    assert resumed["turns"] in (3, 4)  # turn two's answer counts once it has ended
+    assert active["stream_id"] == created["stream_id"]
+    assert active["response_id"] == created["response_id"] and active["end"] >= before.end
+    await conn.resume(active["stream_id"], active["resume_token"], before.end)
+    after = await conn.read(Received())
+    assert after.done is not None
+    assert_tiles(before.deltas + after.deltas, 0, after.done["end"])
+    await conn.create(TURNS[2], temperature=0.0, max_tokens=4)
+    await conn.read(Received())
+    await conn.close()
+    return before.text + after.text
+
+
+def _assert_third_prompt(tokenizer: Any, prompt_ids: tuple[int, ...], first: str,
+                         second: str) -> None:
+    """Turn three's prompt is the whole conversation, each turn exactly once."""
+    expected = render_prompt(tokenizer, (
+        Message(role="user", content=TURNS[0]), Message(role="assistant", content=first),
+        Message(role="user", content=TURNS[1]), Message(role="assistant", content=second),
+        Message(role="user", content=TURNS[2])))
+    assert tuple(prompt_ids) == expected
+    text = tokenizer.decode(prompt_ids)
+    assert text.count(first) == 1 and text.count(second) == 1
+
+
+async def test_drop_in_second_turn_then_session_resume(live_server: LiveServer) -> None:
+    dropped, first, created, before = await _second_turn_dropped(live_server.ws_url)
+    second = await _resume_second_turn(live_server.ws_url, dropped, created, before)
+    _assert_third_prompt(live_server.tokenizer, live_server.recent_requests()[-1].prompt_token_ids,
+                         first.text, second)
+
+
+async def test_session_resume_refusals(live_server: LiveServer) -> None:
+    conn = await Conn.open(live_server.ws_url)
+    session_id = conn.created["session_id"]
+    await conn.send(type="session.resume", session_id=session_id, session_token="x" * 43)
+    assert (await conn.expect("error"))["code"] == "forbidden"
+    secret = live_server.state.service.secret  # type: ignore[union-attr]
+    unknown = "no-such-session"
+    await conn.send(type="session.resume", session_id=unknown,
+                    session_token=make_session_token(secret, unknown, "anonymous"))
+    assert (await conn.expect("error"))["code"] == "not_found"
+    await conn.create("Hi", max_tokens=2)
+    await conn.read(Received())
+    await conn.send(type="session.resume", session_id=session_id,
+                    session_token=conn.created["session_token"])
+    assert (await conn.expect("error"))["code"] == "conflict"
+    await conn.close()
+
+
+@pytest.fixture(scope="module")
+def redis_nodes(live_server: LiveServer, redis_server: str) -> Iterator[tuple[EmbeddedServer,
+                                                                              EmbeddedServer]]:
+    """Two nodes on one redis-server, both on live_server's engine runner."""
+    first = _twin(live_server, node_id="resume-a", redis_url=redis_server)
+    try:
+        second = _twin(live_server, node_id="resume-b", redis_url=redis_server)
+        try:
+            yield first, second
+        finally:
+            second.stop()
+    finally:
+        first.stop()
+
+
+@pytest.mark.redis
+async def test_session_resume_on_another_node_over_redis(
+        live_server: LiveServer, redis_nodes: tuple[EmbeddedServer, EmbeddedServer]) -> None:
+    node_a, node_b = redis_nodes
+    dropped, first, created, before = await _second_turn_dropped(node_a.ws_url)
+    second = await _resume_second_turn(node_b.ws_url, dropped, created, before)
+    assert node_b.state.service is not None
+    prompt_ids = node_b.state.service.recent_requests[-1].prompt_token_ids
+    _assert_third_prompt(live_server.tokenizer, prompt_ids, first.text, second)
+
+
+# ---- what a slow or vanished client holds ------------------------------------------
+
+async def test_slow_reader_holds_no_kv_blocks(live_server: LiveServer) -> None:
+    """One delta a second: the blocks are free once generation ended, while the
+    client is still reading."""
+    idle = await live_server.wait_idle()
+    assert idle.num_free_blocks == idle.num_total_blocks
+    conn = await Conn.open(live_server.ws_url)
+    await conn.create(PROMPT, temperature=0.0, max_tokens=16)
+    received = Received()
+    deadline = time.monotonic() + 60
+    while True:
+        await conn.read(received, max_deltas=1)
+        stats = live_server.stats()
+        if stats.num_running == 0 and stats.num_waiting == 0:
+            break
+        assert time.monotonic() < deadline
+        await asyncio.sleep(1.0)
+    assert stats.num_free_blocks == stats.num_total_blocks
+    assert received.done is None and (received.end or 0) < 16, "still reading"
+    await conn.read(received)
+    await conn.close()
+    assert received.done is not None and received.done["end"] == 16
+    assert_tiles(received.deltas, 0, 16)
+
+
+@pytest.fixture(scope="module")
+def short_grace(live_server: LiveServer) -> Iterator[EmbeddedServer]:
+    """A server on live_server's runner that cancels streams abandoned 0.5 s."""
+    server = _twin(live_server, node_id="grace", abandon_grace_s=0.5)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+async def test_abandoned_stream_is_cancelled_after_the_grace_time(
+        live_server: LiveServer, short_grace: EmbeddedServer) -> None:
+    url = short_grace.ws_url
+    # Resumed within the grace time: it runs to the end.
+    first = await Conn.open(url)
+    second = await Conn.open(url)  # open before the drop: the resume comes at once
+    created = await first.create(PROMPT, temperature=0.0, max_tokens=N)
+    before = await first.read(Received(), max_deltas=1)
+    first.drop()
+    await second.resume(created["stream_id"], created["resume_token"], before.end or 0)
+    kept = await second.read(Received())
+    await second.close()
+    assert kept.done is not None and kept.done["finish_reason"] == "length"
+    # Nobody resumes it: cancelled, its blocks freed before the answer's end.
+    third = await Conn.open(url)
+    created = await third.create(PROMPT, temperature=0.0, max_tokens=N)
+    await third.read(Received(), max_deltas=1)
+    third.drop()
+    stats = await live_server.wait_idle()
+    assert stats.num_free_blocks == stats.num_total_blocks
+    late = await Conn.open(url)
+    await late.resume(created["stream_id"], created["resume_token"], 0)
+    ended = await late.read(Received())
+    await late.close()
+    assert ended.done is not None and ended.done["finish_reason"] == "cancelled"
+    assert ended.done["end"] < N
