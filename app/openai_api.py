@@ -323,6 +323,8 @@ async def stream_events(request: Request) -> Response:
         raise ApiError(f"position {from_offset} is past the stream's end {info.end}",
                        param="Last-Event-ID" if "last-event-id" in request.headers
                        else "from", code="offset_out_of_range")
+    if info.status == "live":
+        await service.follow(stream_id)  # continued here if its node died
     events = sse_events(service.log, stream_id, _completion_of(info, service),
                         from_offset=from_offset, role=role)
     return EventStreamResponse(events, on_disconnect=lambda: None,
