@@ -1,0 +1,73 @@
+"""Saved sessions: the format, the saver, and restoring a Session from one."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.request import FinishReason
+from protocol import events as pe
+from session.actions import GenerationFinished, Message
+from session.config import SessionConfig
+from session.saved import SavedActive, SavedSession, SessionSaver, snapshot
+from session.session import ConversationSettings, IllegalTransition, Session, State
+from session.token_log import MemoryTokenLog
+
+SETTINGS = ConversationSettings(instructions="Be brief ✓", defaults={"max_tokens": 8,
+                                                                       "stop": ["\n"]},
+                                on_disconnect="cancel", include_token_ids=True)
+
+
+def saved(active: SavedActive | None = None, turns: int = 2) -> SavedSession:
+    items = tuple(Message(role=("user", "assistant")[i % 2], content=f"{i} ありがとう 🙂")
+                  for i in range(turns))
+    return SavedSession(session_id="s1", principal="alice", settings=SETTINGS, turns=items,
+                        active=active)
+
+
+@pytest.mark.parametrize("active", [None, SavedActive(response_id="r", stream_id="st",
+                                                      delivered="half 🙂")])
+def test_round_trip(active: SavedActive | None) -> None:
+    original = saved(active)
+    assert SavedSession.from_bytes(original.to_bytes()) == original
+
+
+@pytest.mark.parametrize("data", [b"", b"[]", b'{"v": 1}', b'{"v": 99}', b"\xff"])
+def test_garbage_is_a_value_error(data: bytes) -> None:
+    with pytest.raises(ValueError):
+        SavedSession.from_bytes(data)
+
+
+async def test_saver_writes_the_latest_state_and_the_last_one_at_close() -> None:
+    log = MemoryTokenLog()
+    states = [saved(turns=n) for n in range(1, 6)]
+    current = iter(states)
+    saver = SessionSaver(log, lambda: next(current))
+    for _ in range(4):  # requested while the first is in flight: folded into one more
+        saver.request()
+    await saver.flush()
+    loaded = await log.load_session("s1")
+    assert loaded is not None and SavedSession.from_bytes(loaded) in states[:2]
+    await saver.close(states[-1])
+    assert await log.load_session("s1") == states[-1].to_bytes()
+
+
+def test_restore_waits_for_the_active_response_then_keeps_its_turn() -> None:
+    session = Session(SessionConfig(), session_id="s1")
+    state = saved(turns=3)
+    session.restore(settings=state.settings, turns=list(state.turns),
+                    active=("r", "st", "half"))
+    assert session.state is State.GENERATING and session.active_stream_id == "st"
+    assert snapshot(session, "alice").active == SavedActive(response_id="r", stream_id="st",
+                                                            delivered="half")
+    session.handle(GenerationFinished(stream_id="st", text="whole",
+                                      finish_reason=FinishReason.STOP), now=0.0)
+    assert session.state is State.IDLE
+    assert session.turns[-1] == Message(role="assistant", content="whole")
+    assert session.messages()[0] == Message(role="system", content="Be brief ✓")
+
+
+def test_only_a_fresh_session_is_restored() -> None:
+    session = Session(SessionConfig())
+    session.handle(pe.ResponseCreate(input=(pe.InputItem(role="user", content="hi"),)), now=0.0)
+    with pytest.raises(IllegalTransition):
+        session.restore(settings=SETTINGS, turns=[], active=None)
