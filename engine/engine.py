@@ -219,10 +219,11 @@ class LLMEngine:
         """Run one step; return one output per request that advanced or ended.
 
         Aborts queued before the step end first (blocks freed before the
-        scheduler plans). A step whose plan is empty runs no model.
+        scheduler plans). A step whose plan is empty runs no model. The
+        step's record (:class:`StepStats`) also counts the ends of aborts
+        drained by :meth:`drain_aborts` since the last step.
         """
         start = time.perf_counter()
-        self._record = _StepRecord()
         outputs = self._drain_aborts()
         plan = self.scheduler.schedule()
         self._note_first_scheduled(plan)
@@ -237,7 +238,14 @@ class LLMEngine:
             self.time_by_phase["postprocess"] += time.perf_counter() - t_model
         self._last_step_s = time.perf_counter() - start
         self.last_step = self._step_stats(plan)
+        self._record = _StepRecord()
         return outputs
+
+    def drain_aborts(self) -> list[RequestOutput]:
+        """End the queued aborts now (their blocks are free on return) and
+        return their final outputs; ``step`` does it first thing anyway, so a
+        caller that wants the ends out before the next forward pass calls this."""
+        return self._drain_aborts()
 
     def _note_first_scheduled(self, plan: SchedulerOutput) -> None:
         """Queue time ends when a request is scheduled for the first time."""

@@ -3,7 +3,9 @@
 Callers on any thread (the asyncio event loop above all) ``submit`` and
 ``abort``; the engine thread drains both queues at the start of every step,
 runs the step, and hands the whole step's outputs to each step listener at
-once (one hand-off per step) and to per-request async iterators. When idle
+once (one hand-off per step) and to per-request async iterators. The ends of
+the aborted requests go out in a hand-off of their own, before the step's
+forward pass, so a ``response.done`` does not wait for it. When idle
 the thread sleeps on a condition variable (no polling). Every submitted
 request ends with exactly one finished output: on shutdown the live ones end
 ``CANCELLED``; if the engine thread crashes they end ``ERROR`` and later
@@ -238,6 +240,10 @@ class EngineRunner:
             self.engine.add_request(request)
         for request_id, reason in aborts:
             self.engine.abort_request(request_id, reason)
+        if aborts:  # their ends go out before the forward pass: response.done a step sooner
+            ended = self.engine.drain_aborts()
+            self._stats = self.engine.stats()  # the freed blocks, seen with the ends
+            self._dispatch(ended)
         outputs = self.engine.step()
         last = self.engine.last_step
         self._stats = last.engine if last is not None else self.engine.stats()

@@ -310,12 +310,16 @@ class Service:
         """Step listener, on the engine thread: one hand-off to the loop per step.
 
         The step's start time travels along: the engine frees the blocks of
-        aborted requests first thing in a step (``LLMEngine.step`` drains its
-        aborts before scheduling), so interrupt latency is measured to it, not
-        to when the busy event loop got round to the outputs.
+        aborted requests first thing in a step (the runner drains the aborts
+        and hands their ends over before the forward pass), so interrupt
+        latency is measured to it, not to when the busy event loop got round
+        to the outputs.
         """
         assert self._loop is not None
-        step_start = time.monotonic() - self.runner.stats().last_step_s
+        # Ends alone (no token) come from the runner's abort drain, sent before
+        # the step's forward pass: their blocks were freed just now.
+        ends_only = all(not out.new_token_ids for out in outputs)
+        step_start = time.monotonic() - (0.0 if ends_only else self.runner.stats().last_step_s)
         self._loop.call_soon_threadsafe(self._steps.put_nowait, (step_start, outputs))
 
     async def _write_steps(self) -> None:
