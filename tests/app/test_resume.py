@@ -51,24 +51,17 @@ async def _reference(live_server: LiveServer) -> tuple[dict[str, Any], Received]
     return created, received
 
 
-def _cut_points(reference: Received, rng: random.Random) -> list[int]:
+def _cut_points(reference: Received, tokenizer: Any, rng: random.Random) -> list[int]:
     """Offsets a replay round starts from: the edge cases, then random boundaries."""
     boundaries = [0] + [d["end"] for d in reference.deltas]  # offsets a client can hold
     ids = [t for d in reference.deltas for t in d["token_ids"]]
     mid_char = [b for b in boundaries if 0 < b <= len(ids)
-                and "\ufffd" in _decode_one(ids[b - 1])]
+                and "\ufffd" in tokenizer.decode([ids[b - 1]])]
     assert len(mid_char) >= 3, "the answer should hold multi-token characters"
     edges = [0, N - 1, N, *rng.sample(mid_char, 3)]
     assert N - 1 in boundaries, "a delta should end right before the last token"
     rest = NUM_ROUNDS - NUM_LIVE_ROUNDS - len(edges)
     return edges + [rng.choice(boundaries) for _ in range(rest)]
-
-
-_TOKENIZER: Any = None
-
-
-def _decode_one(token_id: int) -> str:
-    return str(_TOKENIZER.decode([token_id]))
 
 
 def _prefix(reference: Received, offset: int) -> str:
@@ -100,10 +93,10 @@ async def _replay_round(url: str, created: dict[str, Any], reference: Received,
     return cut
 
 
-async def _live_round(live_server: LiveServer, target: int) -> tuple[int, Received]:
+async def _live_round(live_server: LiveServer, target: int) -> tuple[int, str, Received]:
     """A new greedy response of its own, dropped once ``target`` tokens came
-    (while it generates), resumed on a new connection. Returns the cut offset
-    and everything received on both connections."""
+    (while it generates), resumed on a new connection. Returns the cut offset,
+    the stream's status at the resume, and all received on both connections."""
     first = await Conn.open(live_server.ws_url)
     created = await first.create(PROMPT, temperature=0.0, max_tokens=N)
     before = Received()
@@ -112,19 +105,18 @@ async def _live_round(live_server: LiveServer, target: int) -> tuple[int, Receiv
     first.drop()
     cut = before.end or 0
     second = await Conn.open(live_server.ws_url)
-    await second.resume(created["stream_id"], created["resume_token"], cut)
+    resumed = await second.resume(created["stream_id"], created["resume_token"], cut)
     after = await second.read(Received())
     await second.close()
     assert_tiles(before.deltas, 0, cut)
     assert_tiles(after.deltas, cut, N)
-    return cut, Received(deltas=before.deltas + after.deltas, done=after.done)
+    return cut, resumed["status"], Received(deltas=before.deltas + after.deltas,
+                                            done=after.done)
 
 
 async def test_resume_torture(live_server: LiveServer) -> None:
     """50 cuts of one greedy answer: joined text byte-exact, offsets tile, no
     token generated twice."""
-    global _TOKENIZER
-    _TOKENIZER = live_server.tokenizer
     rng = random.Random(20261129)
     await live_server.wait_idle()
     tokens_at_start = live_server.stats().num_generated_tokens
@@ -136,13 +128,14 @@ async def test_resume_torture(live_server: LiveServer) -> None:
         _reference(live_server), *(_live_round(live_server, t) for t in targets))
     assert any(ord(c) > 127 for c in reference.text)
     cuts = []
-    for cut, received in live:
+    for cut, _, received in live:
         assert received.text.encode() == reference.text.encode(), cut
         cuts.append(cut)
+    assert sum(status == "live" for _, status, _ in live) >= NUM_LIVE_ROUNDS // 2
     await live_server.wait_idle()
     tokens_after_live = live_server.stats().num_generated_tokens
     assert tokens_after_live - tokens_at_start == (1 + NUM_LIVE_ROUNDS) * N
-    for start in _cut_points(reference, rng):
+    for start in _cut_points(reference, live_server.tokenizer, rng):
         cuts.append(await _replay_round(live_server.ws_url, created, reference, start,
                                         num_before_drop=rng.choice((0, 0, 1, 2))))
     assert len(cuts) == NUM_ROUNDS and {0, N - 1, N} <= set(cuts)
