@@ -5,7 +5,7 @@ and its :class:`~session.redis_log.RedisTokenLog` (same Redis, same key
 prefix). The service calls it at five points:
 
 - ``claim`` when it creates a stream: the generation record
-  (session/takeover.py) is stored and the lease taken, in one pipeline,
+  (session/takeover.py) is stored and the lease taken, in one round trip,
   before the stream exists;
 - ``fence`` before each step's log write: only streams whose lease is
   locally valid are written (session/lease.py);
@@ -132,9 +132,8 @@ class Cluster:
         """
         record = GenerationRecord(prompt_token_ids=prompt_token_ids, params=params)
         try:
-            await self.redis.set(gen_key(self._prefix, stream_id), record.encode(),
-                                 px=self._record_ttl_ms)
-            taken = await self.leases.acquire(stream_id)
+            taken = await self.leases.acquire(stream_id, set_also=(
+                gen_key(self._prefix, stream_id), record.encode(), self._record_ttl_ms))
         except _REDIS_ERRORS as exc:
             raise TokenLogUnavailable(f"cannot claim stream {stream_id}: {exc!r}",
                                       (stream_id,)) from exc

@@ -128,11 +128,22 @@ class Leases:
         until = self._valid_until.get(stream_id)
         return until is not None and self._clock() < until
 
-    async def acquire(self, stream_id: str) -> bool:
-        """Take the lease if nobody holds it (``SET NX PX``); True if taken."""
+    async def acquire(self, stream_id: str, *,
+                      set_also: tuple[str, bytes, int] | None = None) -> bool:
+        """Take the lease if nobody holds it (``SET NX PX``); True if taken.
+
+        ``set_also``: ``(key, value, px_ms)`` written in the same pipeline
+        first, taken or not (a new stream's generation record: one round
+        trip for both).
+        """
         started = self._clock()
-        taken = await self.redis.set(self.key(stream_id), self.node_id, nx=True,
-                                     px=int(self.config.ttl_s * 1000))
+        async with self.redis.pipeline(transaction=False) as pipe:
+            if set_also is not None:
+                key, value, px_ms = set_also
+                pipe.set(key, value, px=px_ms)
+            pipe.set(self.key(stream_id), self.node_id, nx=True,
+                     px=int(self.config.ttl_s * 1000))
+            taken = (await pipe.execute())[-1]
         if taken:
             self._valid_until[stream_id] = started + VALID_FRACTION * self.config.ttl_s
         return bool(taken)

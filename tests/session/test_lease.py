@@ -122,3 +122,10 @@ async def test_a_cancel_reaches_the_owner_node_through_its_channel(
 async def _calls(redis: Redis, command: str) -> int:
     stats = await redis.info("commandstats")
     return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+async def test_a_new_streams_record_is_written_with_its_lease(redis: Redis, prefix: str) -> None:
+    a = Leases(redis, "a", key_prefix=prefix, config=FAST)
+    assert await a.acquire("s", set_also=(f"{prefix}record", b"r", 60_000))
+    assert await redis.get(f"{prefix}record") == b"r" and await redis.pttl(f"{prefix}record") > 0
+    assert not await a.acquire("s", set_also=(f"{prefix}record", b"again", 60_000))
