@@ -1,0 +1,110 @@
+"""``session.resume`` and the abandon grace on Connection and Service, with a
+stand-in engine (the real model is exercised in tests/app/test_resume.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from engine.request import FinishReason, RequestOutput
+from protocol import events as pe
+from session.config import SessionConfig
+from session.connection import Connection
+from session.service import Service
+from session.session import Message, State
+from tests.session.test_service import CountingLog, ThreadedEngine
+
+
+def output(stream_id: str, start: int, text: str, *, finished: bool = False) -> RequestOutput:
+    return RequestOutput(request_id=stream_id, new_token_ids=(7,), text=text,
+                         num_prompt_tokens=3, num_output_tokens=start + 1, finished=finished,
+                         finish_reason=FinishReason.LENGTH if finished else None)
+
+
+class Client:
+    """A connection and the events it was sent."""
+
+    def __init__(self, service: Service) -> None:
+        self.events: list[Any] = []
+        self.conn = Connection(service, self._send)
+        self.created = self.conn.created_event()
+
+    async def _send(self, event: object) -> None:
+        self.events.append(event)
+
+    async def wait_for(self, kind: type, count: int = 1) -> list[Any]:
+        for _ in range(500):
+            found = [e for e in self.events if isinstance(e, kind)]
+            if len(found) >= count:
+                return found
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"no {kind.__name__} in {self.events}")
+
+
+def create(text: str) -> pe.ResponseCreate:
+    return pe.ResponseCreate(input=(pe.InputItem(role="user", content=text),))
+
+
+async def started(grace_s: float = 30.0) -> tuple[ThreadedEngine, Service]:
+    engine = ThreadedEngine()
+    service = Service(engine, CountingLog(), SessionConfig(abandon_grace_s=grace_s),
+                      secret=b"k")
+    await service.start()
+    return engine, service
+
+
+async def test_a_resumed_session_gets_the_turn_that_finished_after_the_drop() -> None:
+    engine, service = await started()
+    first = Client(service)
+    await first.conn.handle(create("hi"))
+    stream_id = (await first.wait_for(pe.ResponseCreated))[0].stream_id
+    engine.run_steps([[output(stream_id, 0, "Hel")]])
+    await first.wait_for(pe.ResponseDelta)
+    await first.conn.close()
+    second = Client(service)
+    await second.conn.handle(pe.SessionResume(session_id=first.created.session_id,
+                                              session_token=first.created.session_token))
+    resumed = (await second.wait_for(pe.SessionResumed))[0]
+    assert resumed.turns == 1 and resumed.active.stream_id == stream_id
+    assert resumed.active.end == 1 and second.conn.session.state is State.GENERATING
+    engine.run_steps([[output(stream_id, 1, "lo", finished=True)]])
+    while (await service.log.info(stream_id)).status == "live":  # type: ignore[union-attr]
+        await asyncio.sleep(0.01)  # as a client learns it: the end is in the log
+    await second.conn.handle(create("again"))  # waits for the turn of the ended stream
+    assert second.conn.session.turns[:3] == [Message(role="user", content="hi"),
+                                             Message(role="assistant", content="Hello"),
+                                             Message(role="user", content="again")]
+    await second.conn.close()
+    await service.stop()
+
+
+async def test_wrong_principal_and_token_are_refused() -> None:
+    _, service = await started()
+    first = Client(service)
+    await first.conn.handle(create("hi"))
+    await first.conn.close()
+    other = Client(service)
+    other.conn.principal = "mallory"
+    await other.conn.handle(pe.SessionResume(session_id=first.created.session_id,
+                                             session_token=first.created.session_token))
+    assert (await other.wait_for(pe.ErrorEvent))[0].code is pe.ErrorCode.FORBIDDEN
+    await service.stop()
+
+
+async def test_an_abandoned_stream_is_cancelled_unless_someone_reads_it() -> None:
+    engine, service = await started(grace_s=0.1)
+    read, left = Client(service), Client(service)
+    for client in (read, left):
+        await client.conn.handle(create("hi"))
+    read_id, left_id = [(await c.wait_for(pe.ResponseCreated))[0].stream_id
+                        for c in (read, left)]
+    created = [e for e in read.events if isinstance(e, pe.ResponseCreated)][0]
+    for client in (read, left):
+        await client.conn.close()
+    follower = Client(service)
+    await follower.conn.handle(pe.StreamResume(stream_id=read_id, from_=0,
+                                               resume_token=created.resume_token))
+    await asyncio.sleep(0.3)
+    assert engine.aborted == [(left_id, FinishReason.CANCELLED)]
+    await follower.conn.close()
+    await service.stop()
