@@ -30,8 +30,8 @@ at connect); the latency and ``retry_after_ms`` of rejections; and goodput:
 completed requests per second whose TTFT <= ``--slo-ttft`` and whose own
 p95 ITL <= ``--slo-itl``. Default SLO on the 2-core CPU box: TTFT 2 s, ITL
 250 ms. With ``--rates a,b,c`` it sweeps and plots latency against offered
-load (``--plot``, PNG) with the knee marked: the highest offered rate whose
-goodput is at least 90% of its offered rate.
+load (``--plot``, PNG) with the knee marked: the offered rate where goodput
+peaks (more offered load brings no more requests within the SLO).
 
 Usage::
 
@@ -79,6 +79,7 @@ class LoadConfig:
     slow_readers: int = 0
     slow_max_tokens: int = 64
     slow_head_start_s: float = 0.0
+    slow_requests_each: int = 0  # 0: ask again until the run ends
     interrupt_rate: float = 0.0
     disconnect_rate: float = 0.0
     drain_s: float = 60.0
@@ -279,8 +280,11 @@ async def one_request(cfg: LoadConfig, rng: random.Random, sample: Sample,
 
 async def slow_reader(cfg: LoadConfig, rng: random.Random, until: float,
                       samples: list[Sample]) -> None:
-    """Ask for long answers one after another, reading a delta per second, until ``until``."""
-    while time.perf_counter() < until:
+    """Ask for long answers one after another, reading a delta per second, until
+    ``until`` (or ``cfg.slow_requests_each`` times)."""
+    num_asked = 0
+    while time.perf_counter() < until and num_asked != cfg.slow_requests_each:
+        num_asked += 1
         sample = Sample(kind="slow")
         samples.append(sample)
         await one_request(cfg, rng, sample, cfg.slow_max_tokens)
@@ -351,10 +355,13 @@ def _latencies(samples: Sequence[Sample], prefix: str) -> dict[str, Any]:
             f"{prefix}e2e_s": percentiles([s.e2e for s in samples if s.e2e is not None])}
 
 
-def knee(reports: Sequence[dict[str, Any]], fraction: float = 0.9) -> float | None:
-    """The highest offered rate whose goodput is >= ``fraction`` of it (None if none)."""
-    ok = [r["offered_rate"] for r in reports if r["goodput"] >= fraction * r["offered_rate"]]
-    return max(ok) if ok else None
+def knee(reports: Sequence[dict[str, Any]]) -> float | None:
+    """The offered rate where goodput peaks (the lowest such rate): past it, more
+    offered load brings no more requests served within the SLO. None if no goodput."""
+    best = max((r["goodput"] for r in reports), default=0.0)
+    if best <= 0:
+        return None
+    return min(r["offered_rate"] for r in reports if r["goodput"] >= best)
 
 
 def plot(reports: Sequence[dict[str, Any]], path: Path, title: str) -> None:

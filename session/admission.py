@@ -16,9 +16,10 @@ reaches the engine. In the order checked:
    the expected wait is the number waiting divided by the rate at which
    requests left the queue over the last ``window_s`` seconds (Little's law,
    W = L / lambda: underloaded, few wait and the rate is the arrival rate;
-   saturated, the rate is the engine's capacity); a request that would wait
-   longer than ``max_queue_time_s`` is refused now rather than timed out
-   later. With too few recent starts to estimate, only the bound of 3. applies.
+   saturated, the rate is the engine's capacity). "Waiting" ends with the
+   first token, so this estimates the time to first token; a request that
+   would wait longer than ``max_queue_time_s`` is refused now rather than
+   timed out later. With too few recent starts to estimate, only the bound of 3. applies.
 
 Every refusal carries ``retry_after_ms``: when the bucket refills, or when
 the queue is expected to be short enough again. Sans-I/O: time is an argument.
