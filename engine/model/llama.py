@@ -20,6 +20,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from engine.attention import AttentionMetadata
 from engine.kernels import Ops
+from engine.kernels.paged_attention import paged_attention_decode_gathered_ref
 from engine.kernels.rotary import build_cos_sin_cache
 from engine.model.linear import Linear
 
@@ -157,7 +158,7 @@ class LlamaModel:
         residual = None
         for layer, kv in zip(self.layers, kv_caches):
             h, residual = self.ops.rms_norm(x, layer.input_norm, self.shape.rms_norm_eps, residual)
-            h = self._attention(h, layer, positions, meta, kv[0], kv[1])
+            h = self._attention(h, layer, positions, meta, kv)
             h, residual = self.ops.rms_norm(h, layer.post_norm, self.shape.rms_norm_eps, residual)
             x = layer.down(self.ops.silu_and_mul(layer.gate_up(h)))
         return self.ops.rms_norm(x, self.norm, self.shape.rms_norm_eps, residual)[0]
@@ -172,9 +173,9 @@ class LlamaModel:
         layer: LayerWeights,
         positions: torch.Tensor,
         meta: AttentionMetadata,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
+        kv: torch.Tensor,
     ) -> torch.Tensor:
+        # kv: [2 (k, v), num_blocks, block_size, Hk, D], this layer's cache
         s = self.shape
         num_tokens = h.shape[0]
         qkv = layer.qkv(h)
@@ -186,29 +187,32 @@ class LlamaModel:
             self.cos_sin_cache,
         )
         v = v.view(num_tokens, s.num_kv_heads, s.head_dim)
-        self.ops.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
-        out = self._paged_attention(q, meta, k_cache, v_cache)
+        self.ops.write_kv_cache(k, v, kv[0], kv[1], meta.slot_mapping)
+        out = self._paged_attention(q, meta, kv)
         return layer.o_proj(out.view(num_tokens, -1))
 
-    def _paged_attention(
-        self, q: torch.Tensor, meta: AttentionMetadata, k_cache: torch.Tensor, v_cache: torch.Tensor
-    ) -> torch.Tensor:
+    def _paged_attention(self, q: torch.Tensor, meta: AttentionMetadata, kv: torch.Tensor) -> torch.Tensor:
         # q: [T, Hq, D]; decode rows [:B] take the batched path, the rest the varlen path
         num_decode = meta.num_decode_tokens
         if meta.num_prefill_seqs == 0:
-            return self.ops.paged_attention_decode(
-                q, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, self.scale
-            )
+            return self._decode_attention(q, meta, kv)
         prefill = self.ops.paged_attention_prefill(
-            q[num_decode:], k_cache, v_cache, meta.prefill_block_tables,
+            q[num_decode:], kv[0], kv[1], meta.prefill_block_tables,
             meta.prefill_query_start_loc, meta.prefill_seq_lens, self.scale,
         )
         if num_decode == 0:
             return prefill
-        decode = self.ops.paged_attention_decode(
-            q[:num_decode], k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, self.scale
+        return torch.cat((self._decode_attention(q[:num_decode], meta, kv), prefill))
+
+    def _decode_attention(self, q: torch.Tensor, meta: AttentionMetadata, kv: torch.Tensor) -> torch.Tensor:
+        if meta.decode_block_ids is None:
+            return self.ops.paged_attention_decode(
+                q, kv[0], kv[1], meta.decode_block_tables, meta.decode_seq_lens, self.scale
+            )
+        # the CPU path: block ids and mask were built once for this step, not per layer
+        return paged_attention_decode_gathered_ref(
+            q, kv, meta.decode_block_ids, meta.decode_max_seq_len, meta.decode_attn_mask, self.scale
         )
-        return torch.cat((decode, prefill))
 
 
 def _rope_inv_freq(config: PretrainedConfig) -> tuple[torch.Tensor, float]:
