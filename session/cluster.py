@@ -2,7 +2,7 @@
 
 One :class:`Cluster` per node, beside its :class:`~session.service.Service`
 and its :class:`~session.redis_log.RedisTokenLog` (same Redis, same key
-prefix). The service calls it at five points:
+prefix). The service calls it at these points:
 
 - ``claim`` when it creates a stream: the generation record
   (session/takeover.py) is stored and the lease taken, in one round trip,
@@ -18,7 +18,10 @@ prefix). The service calls it at five points:
 
 One task ticks every ``renew_every_s``: it renews every lease in one
 pipeline (reading the cancel flags on the way), releases ended streams'
-leases, and checks the leases of the streams watched here.
+leases, checks the leases of the streams watched here, and exchanges
+readers: a node delivering a stream generated elsewhere refreshes the
+stream's ``readers`` key, so the generating node's abandon grace
+(``--abandon-grace``) does not cut a stream whose client moved to another node.
 """
 
 from __future__ import annotations
@@ -53,6 +56,11 @@ _REDIS_ERRORS = (RedisError, OSError)
 ORPHAN_GRACE_S = 30.0  # a claim not followed by generation this long was abandoned
 
 
+def readers_key(prefix: str, stream_id: str) -> str:
+    """Set while a node other than the generating one delivers the stream."""
+    return f"{prefix}{{{stream_id}}}:readers"
+
+
 class Cluster:
     """This node's part of a multi-node deployment (see the module doc).
 
@@ -79,6 +87,8 @@ class Cluster:
         self._service: Any = None
         self._ended: list[str] = []
         self._claimed_at: dict[str, float] = {}  # claimed here, not yet ended
+        self._reading: dict[str, int] = {}  # stream id -> deliveries of it here
+        self._read_elsewhere: set[str] = set()  # streams of ours other nodes read
         self._watched: set[str] = set()
         self._taking: dict[str, asyncio.Task[str]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -173,6 +183,20 @@ class Cluster:
         """A cancel for a stream this node does not generate: forward it."""
         self._spawn(self._forward(stream_id, reason), f"forward-{stream_id}")
 
+    def reader_started(self, stream_id: str) -> None:
+        """A connection here delivers ``stream_id`` (maybe generated elsewhere)."""
+        self._reading[stream_id] = self._reading.get(stream_id, 0) + 1
+
+    def reader_ended(self, stream_id: str) -> None:
+        left = self._reading.pop(stream_id, 1) - 1
+        if left > 0:
+            self._reading[stream_id] = left
+
+    def read_elsewhere(self, stream_id: str) -> bool:
+        """At the last tick, a client on another node was reading this stream
+        generated here (its abandon grace must not cut it)."""
+        return stream_id in self._read_elsewhere
+
     async def follow(self, stream_id: str) -> None:
         """A client here reads ``stream_id``: watch it, take it over if its node died."""
         self._watched.add(stream_id)
@@ -224,6 +248,24 @@ class Cluster:
         if ended:
             await self.leases.release(ended, also_delete=[gen_key(self._prefix, s) for s in ended])
         await self._check_watched()
+        await self._exchange_readers(service)
+
+    async def _exchange_readers(self, service: Any) -> None:
+        """One pipeline: say which streams generated elsewhere are read here
+        (a key that lives three ticks), and learn which of ours are read elsewhere."""
+        remote = [s for s in self._reading if not service.is_generating(s)]
+        held = self.leases.held
+        if not remote and not held:
+            self._read_elsewhere = set()
+            return
+        px = int(3000 * self.leases.config.renew_every_s)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for sid in remote:
+                pipe.set(readers_key(self._prefix, sid), self.node_id, px=px)
+            for sid in held:
+                pipe.exists(readers_key(self._prefix, sid))
+            results = await pipe.execute()
+        self._read_elsewhere = {sid for sid, n in zip(held, results[len(remote):]) if n}
 
     def _orphans(self, service: Any) -> list[str]:
         """Held leases of streams that never started generating here (their

@@ -273,6 +273,8 @@ class Service:
     def reader_started(self, stream_id: str) -> None:
         """A connection here started delivering ``stream_id``."""
         self._readers[stream_id] = self._readers.get(stream_id, 0) + 1
+        if self.cluster is not None:  # the node generating it learns it is read
+            self.cluster.reader_started(stream_id)
         live = self._live.get(stream_id)
         if live is not None and live.abandoned is not None:
             live.abandoned.cancel()
@@ -280,6 +282,8 @@ class Service:
 
     def reader_ended(self, stream_id: str) -> None:
         """A delivery of ``stream_id`` here ended (sent its end, or its socket closed)."""
+        if self.cluster is not None:
+            self.cluster.reader_ended(stream_id)
         num_readers = self._readers.pop(stream_id, 1) - 1
         if num_readers > 0:
             self._readers[stream_id] = num_readers
@@ -300,6 +304,9 @@ class Service:
         if live is None or self._readers.get(stream_id):
             return
         live.abandoned = None
+        if self.cluster is not None and self.cluster.read_elsewhere(stream_id):
+            self._watch_abandoned(stream_id, live)  # a client reads it on another node
+            return
         logger.info("stream %s abandoned for %.1f s: cancelled", stream_id,
                     self.config.abandon_grace_s)
         self.runner.abort(stream_id, FinishReason.CANCELLED)

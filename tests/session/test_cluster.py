@@ -158,3 +158,21 @@ async def last_event(log: RedisTokenLog, sid: str) -> LogEntry | StreamEnd | Non
             async for item in items:
                 pass
     return item
+
+
+async def test_the_generating_node_knows_while_another_node_delivers_its_stream(
+        deployment: Callable[[str], Any]) -> None:
+    owner, _ = await deployment("owner")
+    reader, _ = await deployment("reader")
+    await owner.claim("s4", PROMPT, SamplingParams(max_tokens=5))
+    reader.reader_started("s4")
+    await wait_until(lambda: owner.read_elsewhere("s4"))
+    reader.reader_ended("s4")
+    await wait_until(lambda: not owner.read_elsewhere("s4"))  # its key lives three ticks
+
+
+async def wait_until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)
