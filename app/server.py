@@ -251,6 +251,8 @@ async def realtime(ws: WebSocket) -> None:
     await ws.accept(subprotocol=subprotocol)
     if state.service is None or state.service.saturated():
         reason = "model loading" if state.service is None else "overloaded"
+        if state.service is not None:
+            state.observer.rejected("overloaded", response_id=None)  # refused at connect
         await ws.close(CloseCode.TRY_AGAIN_LATER, reason=reason)
         return
     server = state.settings.server

@@ -207,6 +207,7 @@ async def test_cap_on_responses_generating_per_key(guarded: EmbeddedServer) -> N
 async def test_full_queue_answers_overloaded_and_1013_at_connect(
         guarded: EmbeddedServer) -> None:
     admission = guarded.state.service.admission  # type: ignore[union-attr]
+    rejected_before = _overloaded_count(guarded)
     async with RealtimeClient(guarded.ws_url, headers=bearer("k-busy")) as client:
         saved = admission.num_waiting
         admission.num_waiting = admission.config.max_waiting  # as if 64 requests waited
@@ -229,6 +230,15 @@ async def test_full_queue_answers_overloaded_and_1013_at_connect(
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
     assert answer.status_code == 503 and answer.json()["error"]["code"] == "overloaded"
     assert int(answer.headers["Retry-After"]) >= 1
+    assert _overloaded_count(guarded) == rejected_before + 3  # counted in /metrics
+
+
+def _overloaded_count(server: EmbeddedServer) -> float:
+    text = httpx.get(server.http_url + "/metrics").text
+    match = re.search(r'^bargein_admission_rejections_total\{reason="overloaded"\} (\S+)$',
+                      text, re.MULTILINE)
+    assert match is not None
+    return float(match.group(1))
 
 
 # ---- liveness --------------------------------------------------------------------
