@@ -13,6 +13,7 @@ import asyncio
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from app.settings import Settings, SettingsError, add_serve_arguments, settings_from_args
 
@@ -26,8 +27,10 @@ def _build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="serve the model on /v1/realtime")
     add_serve_arguments(serve)
     chat = commands.add_parser("chat", help="chat with a running server")
-    chat.add_argument("--url", default="ws://127.0.0.1:8000/v1/realtime",
-                      help="the server's realtime endpoint")
+    chat.add_argument("--url", default=os.environ.get("BARGEIN_URL",
+                                                      "ws://127.0.0.1:8000/v1/realtime"),
+                      help="the server's realtime endpoint (env BARGEIN_URL; "
+                           "default %(default)s)")
     chat.add_argument("--instructions", default=None, help="system prompt")
     chat.add_argument("--max-tokens", type=int, default=256, help="per answer")
     chat.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
@@ -39,76 +42,136 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
     if args.command == "chat":
-        return asyncio.run(_chat(args))
+        try:
+            return asyncio.run(_chat(args))
+        except KeyboardInterrupt:  # Ctrl-C: leave quietly, no traceback
+            print(file=sys.stderr)
+            return 130
     try:
         settings = settings_from_args(args)
         check_model(settings)
     except (SettingsError, FileNotFoundError) as exc:
         parser.exit(2, f"bargein serve: error: {exc}\n")
-    serve(settings)
-    return 0
+    return serve(settings)
 
 
 def check_model(settings: Settings) -> None:
-    """Raise ``FileNotFoundError`` naming the missing model, before loading."""
-    path = settings.engine.model.path
-    if path is None:
+    """Refuse, before anything loads, a model or device that cannot serve.
+
+    Raises:
+        FileNotFoundError: the model path (or the bundled model) is missing.
+        SettingsError: the path is not a model (a ``.gguf`` file, a
+            ``.safetensors`` file or a folder with ``config.json``), or the
+            device or backend is not available on this machine.
+    """
+    model = settings.engine.model
+    if model.path is None:
         from engine.model.loader import default_model_path
 
         default_model_path()  # raises with the pip command that installs it
-    elif not os.path.exists(os.path.expanduser(path)):
-        raise FileNotFoundError(f"model path {path!r} does not exist")
+    else:
+        path = os.path.expanduser(model.path)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"--model {model.path!r} does not exist")
+        is_folder_model = os.path.isfile(os.path.join(path, "config.json"))
+        if not (is_folder_model or path.endswith((".gguf", ".safetensors"))):
+            raise SettingsError(f"--model {model.path!r} is not a model: give a .gguf file, "
+                                "a .safetensors file or a folder with config.json")
+    _check_device(model.device, model.backend)
 
 
-def serve(settings: Settings) -> None:
-    """Run the server until interrupted (Ctrl-C); the model loads after startup."""
+def _check_device(device: str, backend: str) -> None:
+    """Raise ``SettingsError`` for a device or kernel backend this machine lacks."""
+    import torch
+
+    has_cuda = torch.cuda.is_available()
+    if device == "cuda" and not has_cuda:
+        raise SettingsError("--device cuda: no CUDA device is available here (use cpu or auto)")
+    # Triton kernels run on the CPU only under the interpreter (tests).
+    if backend == "triton" and not (has_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+        raise SettingsError("--backend triton needs a CUDA device (use torch or auto)")
+
+
+def serve(settings: Settings) -> int:
+    """Run the server until interrupted (Ctrl-C); the model loads after startup.
+
+    Returns:
+        0 after a clean shutdown; 1 when the model failed to load (the server
+        stops rather than staying up unready forever).
+    """
     import uvicorn
     from tqdm import tqdm
 
     from app.logging import configure_logging
-    from app.server import create_app
+    from app.server import LOAD_FAILED, create_app
 
-    server = settings.server
-    configure_logging(fmt=server.log_format, level=server.log_level,
-                      log_prompts=server.log_prompts)
+    config = settings.server
+    configure_logging(fmt=config.log_format, level=config.log_level,
+                      log_prompts=config.log_prompts)
     bar = tqdm(total=len(LOAD_STAGES), desc="loading model", unit="step",
                file=sys.stderr, leave=True)
+    failed = False
 
     def progress(stage: str) -> None:
+        nonlocal failed
+        if stage == LOAD_FAILED:
+            bar.close()
+            failed = True
+            print("bargein serve: error: the model failed to load (see the log above)",
+                  file=sys.stderr)
+            server.should_exit = True
+            return
         bar.set_postfix_str(stage)
         bar.update(1)
         if stage == LOAD_STAGES[-1]:
             bar.close()
+            print(f"bargein serve: ready on http://{config.host}:{config.port}/",
+                  file=sys.stderr)
 
     app = create_app(settings, progress=progress)
     # websockets' sans-I/O implementation: the legacy one is deprecated.
-    uvicorn.run(app, host=settings.server.host, port=settings.server.port,
-                log_level=settings.server.log_level, ws="websockets-sansio",
-                ws_max_size=settings.session.max_frame_bytes,
-                ws_ping_interval=settings.server.ws_ping_interval_s or None,
-                ws_ping_timeout=settings.server.ws_ping_timeout_s or None,
-                log_config=None)  # keep the structured logging set up above
+    server = uvicorn.Server(uvicorn.Config(
+        app, host=config.host, port=config.port, log_level=config.log_level,
+        ws="websockets-sansio", ws_max_size=settings.session.max_frame_bytes,
+        ws_ping_interval=config.ws_ping_interval_s or None,
+        ws_ping_timeout=config.ws_ping_timeout_s or None,
+        log_config=None))  # keep the structured logging set up above
+    server.run()
+    return 1 if failed else 0
 
 
 async def _chat(args: argparse.Namespace) -> int:
-    from app.client import RealtimeClient, ServerError
+    from app.client import RealtimeClient
 
-    async with RealtimeClient(args.url) as client:
-        if args.instructions:
-            await client.update(instructions=args.instructions)
-        print(f"connected to {client.session.get('model')}; empty line or Ctrl-D quits",
-              file=sys.stderr)
-        while True:
-            try:
-                line = await asyncio.to_thread(input, "> ")
-            except EOFError:
-                return 0
-            if not line.strip():
-                return 0
-            try:
-                async for delta in client.respond(line, max_tokens=args.max_tokens,
-                                                  temperature=args.temperature):
-                    print(delta, end="", flush=True)
-            except ServerError as exc:
-                print(f"[{exc}]", file=sys.stderr)
-            print()
+    try:
+        async with RealtimeClient(args.url) as client:
+            if args.instructions:
+                await client.update(instructions=args.instructions)
+            print(f"connected to {client.session.get('model')}; an empty line, Ctrl-D or "
+                  "Ctrl-C quits", file=sys.stderr)
+            while True:
+                try:
+                    line = await asyncio.to_thread(input, "> ")
+                except EOFError:
+                    print(file=sys.stderr)
+                    return 0
+                if not line.strip():
+                    return 0
+                await _answer(client, line, args)
+    except OSError as exc:
+        print(f"bargein chat: cannot reach {args.url} ({exc.strerror or exc}); is `bargein serve` "
+              "running? (--url or BARGEIN_URL)", file=sys.stderr)
+        return 1
+
+
+async def _answer(client: Any, line: str, args: argparse.Namespace) -> None:
+    """Stream one answer to stdout."""
+    from app.client import ServerError
+
+    try:
+        async for delta in client.respond(line, max_tokens=args.max_tokens,
+                                          temperature=args.temperature):
+            print(delta, end="", flush=True)
+    except ServerError as exc:
+        print(f"[{exc}]", file=sys.stderr)
+    print()

@@ -46,6 +46,7 @@ logger = logging.getLogger("bargein")
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 Progress = Callable[[str], None]
+LOAD_FAILED = "failed"  # the progress stage reported when loading fails
 
 
 def close_code_for(exc: BaseException) -> int:
@@ -109,6 +110,7 @@ async def _load(state: AppState, progress: Progress) -> None:
         logger.exception("loading the model failed")
         state.load_error = f"{type(exc).__name__}: {exc}"
         state.loaded.set()
+        progress(LOAD_FAILED)
         return
     state.runner = runner
     state.metrics.attach_runner(runner)
@@ -141,7 +143,8 @@ def make_cluster(settings: Settings) -> Any:
 def create_app(settings: Settings, *, progress: Progress = lambda stage: None,
                runner: Any = None) -> Starlette:
     """The ASGI app for ``settings``; ``progress(stage)`` reports each loading
-    stage when it is done (see ``app.cli.LOAD_STAGES``); ``runner``: serve
+    stage when it is done (see ``app.cli.LOAD_STAGES``), or ``LOAD_FAILED``
+    (the reason is in ``/readyz`` and the log); ``runner``: serve
     this started engine runner instead of loading the model (never shut down here)."""
     metrics = create_metrics(settings.server.metrics_multiproc_dir)
     state = AppState(settings=settings, metrics=metrics, shared_runner=runner,

@@ -120,10 +120,15 @@ def _env_default(env: Mapping[str, str], flag: str, default: Any) -> Any:
 
 def _add(parser: argparse.ArgumentParser, env: Mapping[str, str], flag: str,
          default: Any, kind: type, help_text: str) -> None:
-    """Add one flag whose default comes from the environment."""
+    """Add one flag whose default comes from the environment.
+
+    A boolean flag works as a switch (``--log-prompts``) and also takes a
+    value (``--log-prompts false``), like its environment variable.
+    """
+    switch: dict[str, Any] = {"nargs": "?", "const": True} if kind is _bool else {}
     parser.add_argument(flag, type=kind, default=_env_default(env, flag, default),
                         help=f"{help_text} (env {ENV_PREFIX}"
-                             f"{flag.lstrip('-').replace('-', '_').upper()})")
+                             f"{flag.lstrip('-').replace('-', '_').upper()})", **switch)
 
 
 def _bool(text: str | bool) -> bool:

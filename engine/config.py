@@ -8,10 +8,14 @@ live in separate objects, never written back here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 DType = Literal["float32", "bfloat16", "float16"]
+Device = Literal["auto", "cpu", "cuda"]
 Backend = Literal["auto", "torch", "triton"]
+DTYPES: tuple[str, ...] = get_args(DType)
+DEVICES: tuple[str, ...] = get_args(Device)
+BACKENDS: tuple[str, ...] = get_args(Backend)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -31,9 +35,15 @@ class ModelConfig:
 
     path: str | None = None
     dtype: DType = "float32"
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: Device = "auto"
     backend: Backend = "auto"
     cache_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("dtype", DTYPES), ("device", DEVICES), ("backend", BACKENDS)):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"{name}={value!r} must be one of {', '.join(allowed)}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

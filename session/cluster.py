@@ -27,7 +27,6 @@ stream's ``readers`` key, so the generating node's abandon grace
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Any
 
@@ -48,9 +47,12 @@ from session.takeover import (
     gen_key,
     read_prefix,
 )
+
 from session.token_log import StreamEnd, StreamInfo, StreamWrite
 
 log = logging.getLogger(__name__)
+
+STOP_TIMEOUT_S = 5.0  # most seconds stop() waits for its tasks to end
 
 _REDIS_ERRORS = (RedisError, OSError)
 ORPHAN_GRACE_S = 30.0  # a claim not followed by generation this long was abandoned
@@ -121,14 +123,15 @@ class Cluster:
     async def stop(self) -> None:
         """Stop ticking and listening (leases are left to expire: another node
         takes the streams over if this one does not come back)."""
-        for task in (self._ticker, *self._tasks, *self._taking.values()):
-            if task is not None:
-                task.cancel()
-        for task in (self._ticker, *self._tasks, *self._taking.values()):
-            if task is not None:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+        tasks = [t for t in (self._ticker, *self._tasks, *self._taking.values())
+                 if t is not None]
+        for task in tasks:
+            task.cancel()
         await self.forwarder.stop()
+        # A task inside a redis-py call can miss its cancellation (CPython
+        # gh-86296 on 3.11): bound the wait, so shutdown never hangs on one.
+        if tasks:
+            await asyncio.wait(tasks, timeout=STOP_TIMEOUT_S)
         await self.redis.aclose()
 
     # ---- hooks of the service --------------------------------------------------

@@ -60,8 +60,27 @@ def test_serve_refuses_a_bad_flag_and_a_missing_model_clearly() -> None:
     assert bad_flag.returncode == 2 and "--max-tokens" in bad_flag.stderr
     missing = run_cli("serve", "--model", "/no/such/model.gguf")
     assert missing.returncode == 2
-    assert "model path '/no/such/model.gguf' does not exist" in missing.stderr
+    assert "--model '/no/such/model.gguf' does not exist" in missing.stderr
     assert "Traceback" not in missing.stderr + bad_flag.stderr
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--device", "tpu"], "device='tpu' must be one of auto, cpu, cuda"),
+    (["--dtype", "float13"], "dtype='float13' must be one of"),
+    (["--model", "README.md"], "is not a model"),
+    (["--model", "/tmp"], "is not a model"),
+])
+def test_serve_refuses_what_cannot_serve_before_starting(argv: list[str], message: str) -> None:
+    out = run_cli("serve", "--port", "1", *argv)
+    assert out.returncode == 2, out.stderr
+    assert message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_chat_says_when_the_server_is_not_there() -> None:
+    out = run_cli("chat", "--url", "ws://127.0.0.1:9/v1/realtime")
+    assert out.returncode == 1
+    assert "cannot reach ws://127.0.0.1:9/v1/realtime" in out.stderr
+    assert "Traceback" not in out.stderr
 
 
 def test_client_imports_without_torch_or_the_engine() -> None:
@@ -81,3 +100,4 @@ def test_chat_command_talks_to_a_live_server(live_server: LiveServer) -> None:
         timeout=120, check=False)
     assert chat.returncode == 0, chat.stderr
     assert "Paris" in chat.stdout
+
