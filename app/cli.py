@@ -15,7 +15,13 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from app.settings import Settings, SettingsError, add_serve_arguments, settings_from_args
+from app.settings import (
+    Settings,
+    SettingsError,
+    add_serve_arguments,
+    default_chat_url,
+    settings_from_args,
+)
 
 LOAD_STAGES = ("weights and KV cache", "engine thread", "ready")
 
@@ -27,8 +33,7 @@ def _build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="serve the model on /v1/realtime")
     add_serve_arguments(serve)
     chat = commands.add_parser("chat", help="chat with a running server")
-    chat.add_argument("--url", default=os.environ.get("BARGEIN_URL",
-                                                      "ws://127.0.0.1:8000/v1/realtime"),
+    chat.add_argument("--url", default=default_chat_url(),
                       help="the server's realtime endpoint (env BARGEIN_URL; "
                            "default %(default)s)")
     chat.add_argument("--instructions", default=None, help="system prompt")

@@ -20,6 +20,12 @@ from session.admission import AdmissionConfig
 from session.config import SessionConfig
 
 ENV_PREFIX = "BARGEIN_"
+
+
+def default_chat_url(env: Mapping[str, str] | None = None) -> str:
+    """The endpoint ``bargein chat`` talks to: ``BARGEIN_URL``, else the local server."""
+    env = os.environ if env is None else env
+    return env.get(ENV_PREFIX + "URL", "ws://127.0.0.1:8000/v1/realtime")
 LogBackend = Literal["memory", "redis"]
 
 
