@@ -24,13 +24,6 @@ class AttentionMetadata:
         prefill_query_start_loc: ``[S + 1]`` int32 cumulative chunk lengths,
             from 0 at the first prefill token.
         prefill_seq_lens: ``[S]`` int32 tokens in the cache after this step.
-        decode_block_ids: ``[B, max_blocks]`` int64 copy of
-            ``decode_block_tables``, or None; built once per step for the
-            torch (CPU) path so its 30 layers skip the conversion.
-        decode_max_seq_len: ``max(decode_seq_lens)`` with ``decode_block_ids``.
-        decode_attn_mask: ``[B, 1, 1, max(decode_seq_lens)]`` additive float
-            mask (0 or -inf past each length), or None when every decode
-            sequence has the same length (nothing to mask) or off the CPU path.
     """
 
     slot_mapping: torch.Tensor
@@ -40,9 +33,6 @@ class AttentionMetadata:
     prefill_block_tables: torch.Tensor
     prefill_query_start_loc: torch.Tensor
     prefill_seq_lens: torch.Tensor
-    decode_block_ids: torch.Tensor | None = None
-    decode_max_seq_len: int = 0
-    decode_attn_mask: torch.Tensor | None = None
 
     @property
     def num_prefill_seqs(self) -> int:

@@ -76,9 +76,6 @@ class ModelRunner:
         if backend == "auto":
             backend = "triton" if self.device.type == "cuda" else "torch"
         dtype = _DTYPES[model_config.dtype]
-        self._dtype = dtype
-        # the torch path gets per-step decode gather ids and mask in the metadata
-        self._cpu_decode = backend == "torch"
         loaded = load_model(model_config)
         self.tokenizer = load_tokenizer(model_config)
         self.model_name = loaded.name
@@ -137,33 +134,17 @@ class ModelRunner:
         dec, pre = slice(0, num_decode), slice(num_decode, None)
         query_start = [0, *itertools.accumulate(len(s.token_ids) for s in seqs[pre])]
         dev, i32 = self.device, torch.int32
-        decode_tables = _padded(tables[dec], widths[dec])
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
             num_decode_tokens=num_decode,
-            decode_block_tables=torch.tensor(decode_tables, dtype=i32, device=dev),
+            decode_block_tables=torch.tensor(_padded(tables[dec], widths[dec]), dtype=i32, device=dev),
             decode_seq_lens=torch.tensor(seq_lens[dec], dtype=i32, device=dev),
             prefill_block_tables=torch.tensor(_padded(tables[pre], widths[pre]), dtype=i32, device=dev),
             prefill_query_start_loc=torch.tensor(query_start, dtype=i32, device=dev),
             prefill_seq_lens=torch.tensor(seq_lens[pre], dtype=i32, device=dev),
-            **(self._cpu_decode_fields(decode_tables, seq_lens[dec]) if self._cpu_decode and num_decode else {}),
         )
         input_ids = torch.tensor(list(itertools.chain.from_iterable(s.token_ids for s in seqs)), device=dev)
         return input_ids, torch.tensor(positions, device=dev), meta
-
-    def _cpu_decode_fields(self, tables: list[list[int]], seq_lens: list[int]) -> dict[str, object]:
-        """Decode gather ids, longest length and additive mask, once per step for all layers."""
-        max_len = max(seq_lens)
-        mask = None
-        if min(seq_lens) != max_len:  # equal lengths need no mask (SDPA's cheaper path)
-            past_end = torch.arange(max_len, device=self.device)[None, :] >= torch.tensor(seq_lens, device=self.device)[:, None]
-            mask = torch.zeros(len(seq_lens), 1, 1, max_len, dtype=self._dtype, device=self.device)
-            mask.masked_fill_(past_end.view(mask.shape), float("-inf"))
-        return {
-            "decode_block_ids": torch.tensor(tables, dtype=torch.int64, device=self.device),
-            "decode_max_seq_len": max_len,
-            "decode_attn_mask": mask,
-        }
 
 
 def _eos_token_ids(config, folder: str, tokenizer) -> frozenset[int]:

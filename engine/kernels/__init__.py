@@ -15,7 +15,8 @@ from typing import Any, Literal
 
 from engine.kernels.activation import silu_and_mul_ref
 from engine.kernels.kv_cache_write import write_kv_cache_ref
-from engine.kernels.paged_attention import paged_attention_decode_ref, paged_attention_prefill_ref
+from engine.kernels.cpu_attention import paged_attention_decode_cpu
+from engine.kernels.paged_attention import paged_attention_prefill_ref
 from engine.kernels.rms_norm import rms_norm_ref
 from engine.kernels.rotary import rotary_embedding_ref
 
@@ -47,7 +48,7 @@ TORCH_OPS = Ops(
     rotary_embedding=rotary_embedding_ref,
     silu_and_mul=silu_and_mul_ref,
     write_kv_cache=write_kv_cache_ref,
-    paged_attention_decode=paged_attention_decode_ref,
+    paged_attention_decode=paged_attention_decode_cpu,  # the torch reference off float32
     paged_attention_prefill=paged_attention_prefill_ref,
 )
 

@@ -67,44 +67,6 @@ def paged_attention_decode_ref(
     return out.squeeze(2)
 
 
-def paged_attention_decode_gathered_ref(
-    q: torch.Tensor,
-    kv_cache: torch.Tensor,
-    block_ids: torch.Tensor,
-    max_seq_len: int,
-    attn_mask: torch.Tensor | None,
-    scale: float,
-) -> torch.Tensor:
-    """The CPU path of decode attention, with the per-step work done by the caller.
-
-    Same result as ``paged_attention_decode_ref``, but K and V are gathered
-    by one ``index_select`` from the layer's ``[2, ...]`` cache, and the int64
-    block ids and the additive length mask come precomputed (built once per
-    step in ``AttentionMetadata``, not once per layer).
-
-    Args:
-        q: ``[B, Hq, D]``, the query of each sequence's newest token.
-        kv_cache: ``[2 (k, v), num_blocks, block_size, Hk, D]``, contiguous.
-        block_ids: ``[B, n]`` int64, ``n * block_size >= max_seq_len``.
-        max_seq_len: the longest sequence (cache positions read).
-        attn_mask: ``[B, 1, 1, max_seq_len]`` additive mask in ``q.dtype``
-            (``-inf`` past each sequence's length), or None if all are
-            ``max_seq_len`` long.
-        scale: softmax scale.
-
-    Returns:
-        ``[B, Hq, D]`` in ``q.dtype``. No input is mutated.
-    """
-    num_seqs, num_blocks = block_ids.shape
-    rows = torch.index_select(kv_cache.flatten(2), 1, block_ids.flatten())  # [2, B * n, block_size * Hk * D]
-    kv = rows.view(2, num_seqs, num_blocks * kv_cache.shape[2], *kv_cache.shape[3:])[:, :, :max_seq_len]
-    k, v = kv.transpose(2, 3).unbind(0)  # [B, Hk, L, D]
-    out = F.scaled_dot_product_attention(
-        q.unsqueeze(2), k, v, attn_mask=attn_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1],
-    )
-    return out.squeeze(2)
-
-
 def _prefill_one(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
 ) -> torch.Tensor:

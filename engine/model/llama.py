@@ -20,7 +20,6 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from engine.attention import AttentionMetadata
 from engine.kernels import Ops
-from engine.kernels.paged_attention import paged_attention_decode_gathered_ref
 from engine.kernels.rotary import build_cos_sin_cache
 from engine.model.linear import Linear
 
@@ -205,13 +204,8 @@ class LlamaModel:
         return torch.cat((self._decode_attention(q[:num_decode], meta, kv), prefill))
 
     def _decode_attention(self, q: torch.Tensor, meta: AttentionMetadata, kv: torch.Tensor) -> torch.Tensor:
-        if meta.decode_block_ids is None:
-            return self.ops.paged_attention_decode(
-                q, kv[0], kv[1], meta.decode_block_tables, meta.decode_seq_lens, self.scale
-            )
-        # the CPU path: block ids and mask were built once for this step, not per layer
-        return paged_attention_decode_gathered_ref(
-            q, kv, meta.decode_block_ids, meta.decode_max_seq_len, meta.decode_attn_mask, self.scale
+        return self.ops.paged_attention_decode(
+            q, kv[0], kv[1], meta.decode_block_tables, meta.decode_seq_lens, self.scale
         )
 
 

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from engine.kernels import get_ops
-from engine.kernels.paged_attention import paged_attention_decode_gathered_ref
 
 OPS = get_ops("torch")
 
@@ -57,27 +56,6 @@ def test_decode_matches_dense(hq: int, hk: int, block_size: int) -> None:
         want = _dense_attention(q[i : i + 1], ks[i], vs[i], n - 1, 0.3)
         torch.testing.assert_close(out[i : i + 1], want, atol=1e-5, rtol=1e-5)
     assert all(torch.equal(a, b) for a, b in zip(before, (q, k_cache, table)))
-
-
-@pytest.mark.parametrize("lens", [[1, 17, 16, 33, 2], [20, 20, 20]])
-@pytest.mark.parametrize("block_size", [1, 16, 5])
-def test_decode_gathered_matches_decode_ref(lens: list[int], block_size: int) -> None:
-    """The CPU path's variant (K and V in one gather, mask built by the caller) equals the reference."""
-    ks = [torch.randn(n, 3, 8) for n in lens]
-    vs = [torch.randn(n, 3, 8) for n in lens]
-    k_cache, table = _paged(ks, block_size, 128, 1)
-    v_cache, _ = _paged(vs, block_size, 128, 1)
-    q = torch.randn(len(lens), 9, 8)
-    seq_lens = torch.tensor(lens, dtype=torch.int32)
-    max_len = max(lens)
-    mask = torch.zeros(len(lens), 1, 1, max_len).masked_fill_(
-        (torch.arange(max_len)[None, :] >= seq_lens[:, None]).view(len(lens), 1, 1, -1), -math.inf
-    )
-    out = paged_attention_decode_gathered_ref(
-        q, torch.stack((k_cache, v_cache)), table.long(), max_len, mask if min(lens) < max_len else None, 0.3
-    )
-    want = OPS.paged_attention_decode(q, k_cache, v_cache, table, seq_lens, 0.3)
-    torch.testing.assert_close(out, want, atol=1e-6, rtol=1e-5)
 
 
 @pytest.mark.parametrize("block_size", [16, 3])
