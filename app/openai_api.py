@@ -62,11 +62,12 @@ from app.openai_schema import (
 )
 from engine.request import FinishReason
 from protocol import events as pe
+from session.actions import Expired
 from session.errors import OffsetOutOfRange, StreamNotFound, TokenLogUnavailable
 from session.service import Owner, Service
 from session.session import Submit, SubmitFailed
 from session.sse import event_id, format_event, parse_event_id
-from session.token_log import LogEntry, StreamEnd, StreamInfo, TokenLog
+from session.token_log import LogEntry, StreamEnd, StreamInfo
 
 DONE = format_event("[DONE]")
 CANCEL_WAIT_S = 10.0  # a cancel answers once the engine confirmed (one step), or after this
@@ -151,10 +152,10 @@ async def chat_completions(request: Request) -> Response:
             service.abort(stream_id, FinishReason.CANCELLED, service.clock())
 
     if chat.stream:
-        events = sse_events(service.log, stream_id, completion, from_offset=0, role=True)
+        events = sse_events(service, stream_id, completion, from_offset=0, role=True)
         return EventStreamResponse(events, on_disconnect=on_disconnect,
                                    headers={"X-Bargein-Stream-Id": stream_id})
-    collect = _collect(service.log, stream_id, completion)
+    collect = _collect(service, stream_id, completion)
     body_or_gone = await unless_disconnected(request.receive, collect)
     if body_or_gone is None:
         on_disconnect()
@@ -183,22 +184,34 @@ async def _submit(service: Service, chat: ChatRequest, principal: str
         if result.code is pe.ErrorCode.PROMPT_TOO_LONG:
             raise ApiError(result.message, param="messages", code="context_length_exceeded")
         if result.retry_after_ms is not None:
-            limited = result.code is pe.ErrorCode.RATE_LIMITED
-            raise ApiError(result.message, status=429 if limited else 503,
-                           code=result.code.value,
-                           type_="rate_limit_error" if limited else "server_error",
-                           headers={"Retry-After": str(-(-result.retry_after_ms // 1000)),
-                                    "X-Bargein-Retry-After-Ms": str(result.retry_after_ms)})
+            raise _retry_later(result.code, result.message, result.retry_after_ms)
         raise ApiError(result.message, status=503, code=result.code.value,
                        type_="server_error")
     return completion, stream_id
 
 
-async def _collect(log: TokenLog, stream_id: str, completion: Completion) -> dict[str, Any]:
+def _retry_later(code: pe.ErrorCode, message: str, retry_after_ms: int) -> ApiError:
+    """``rate_limited`` (429) or ``overloaded`` (503), with ``Retry-After``."""
+    limited = code is pe.ErrorCode.RATE_LIMITED
+    return ApiError(message, status=429 if limited else 503, code=code.value,
+                    type_="rate_limit_error" if limited else "server_error",
+                    headers={"Retry-After": str(-(-retry_after_ms // 1000)),
+                             "X-Bargein-Retry-After-Ms": str(retry_after_ms)})
+
+
+def _dropped(expired: Expired) -> ApiError:
+    """The answer for a request dropped from the queue at its deadline."""
+    return _retry_later(pe.ErrorCode.OVERLOADED, expired.message, expired.retry_after_ms)
+
+
+async def _collect(service: Service, stream_id: str, completion: Completion) -> dict[str, Any]:
     """The ``chat.completion`` body of a stream, once it ended.
 
-    Raises ApiError (500) when generation failed or the log could not be read.
+    Raises ApiError: 500 when generation failed or the log could not be read,
+    503 with ``Retry-After`` when the request was dropped from the queue at
+    its deadline (``overloaded``).
     """
+    log = service.log
     parts: list[str] = []
     try:
         async with contextlib.aclosing(log.read(stream_id, 0)) as items:
@@ -208,6 +221,8 @@ async def _collect(log: TokenLog, stream_id: str, completion: Completion) -> dic
                 elif item.finish_reason == FinishReason.ERROR.value:
                     raise ApiError("generation failed", status=500, code="internal_error",
                                    type_="server_error")
+                elif (expired := service.expired(stream_id)) is not None:
+                    raise _dropped(expired)
                 else:
                     return completion_body(completion, "".join(parts), item)
     except (StreamNotFound, TokenLogUnavailable) as exc:
@@ -218,15 +233,17 @@ async def _collect(log: TokenLog, stream_id: str, completion: Completion) -> dic
 
 # ---- SSE ---------------------------------------------------------------------------
 
-async def sse_events(log: TokenLog, stream_id: str, completion: Completion, *,
+async def sse_events(service: Service, stream_id: str, completion: Completion, *,
                      from_offset: int, role: bool) -> AsyncGenerator[bytes, None]:
     """The SSE events of a stream from ``from_offset``: chunks, then ``[DONE]``.
 
     ``role``: start with the chunk that announces the assistant role (id
     ``<stream_id>:0``), as OpenAI streams do; a resume from an id has had it.
-    A stream that cannot be read (expired meanwhile, log down) ends with an
-    OpenAI error event instead of ``[DONE]``.
+    A stream that cannot be read (expired meanwhile, log down), or whose
+    request was dropped from the queue at its deadline (``overloaded``), ends
+    with an OpenAI error event instead of ``[DONE]``.
     """
+    log = service.log
     if role:
         first = chunk_body(completion, {"role": "assistant", "content": ""})
         yield format_event(dumps(first), event_id=event_id(stream_id, 0))
@@ -238,6 +255,9 @@ async def sse_events(log: TokenLog, stream_id: str, completion: Completion, *,
                         chunk = chunk_body(completion, {"content": item.text})
                         yield format_event(dumps(chunk),
                                            event_id=event_id(stream_id, item.end))
+                elif (expired := service.expired(stream_id)) is not None:
+                    yield format_event(dumps(_dropped(expired).body()))
+                    return
                 else:
                     for body in _closing(completion, item):
                         yield format_event(dumps(body))
@@ -325,7 +345,7 @@ async def stream_events(request: Request) -> Response:
                        else "from", code="offset_out_of_range")
     if info.status == "live":
         await service.follow(stream_id)  # continued here if its node died
-    events = sse_events(service.log, stream_id, _completion_of(info, service),
+    events = sse_events(service, stream_id, _completion_of(info, service),
                         from_offset=from_offset, role=role)
     return EventStreamResponse(events, on_disconnect=lambda: None,
                                headers={"X-Bargein-Stream-Id": stream_id})

@@ -54,11 +54,25 @@ class Delivered:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GenerationFinished:
-    """The engine finished a request (any reason) and ``text`` is all of it."""
+    """The engine finished a request (any reason) and ``text`` is all of it.
+
+    ``expired``: set when the server cancelled the request because it waited
+    in the queue past its deadline without a first token (``overloaded``,
+    with when to retry); the response never started.
+    """
 
     stream_id: str
     text: str
     finish_reason: FinishReason
+    expired: Expired | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Expired:
+    """Why a queued request was dropped: the ``error`` event's message and retry hint."""
+
+    message: str
+    retry_after_ms: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

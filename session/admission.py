@@ -13,13 +13,21 @@ reaches the engine. In the order checked:
    produced their first token yet (waiting in the engine, in prefill, or
    being submitted) may not exceed ``max_waiting``;
 4. a queue-time deadline, enforced *up front by estimate* (``overloaded``):
-   the expected wait is the number waiting divided by the rate at which
-   requests left the queue over the last ``window_s`` seconds (Little's law,
-   W = L / lambda: underloaded, few wait and the rate is the arrival rate;
-   saturated, the rate is the engine's capacity). "Waiting" ends with the
-   first token, so this estimates the time to first token; a request that
-   would wait longer than ``max_queue_time_s`` is refused now rather than
-   timed out later. With too few recent starts to estimate, only the bound of 3. applies.
+   the queue is first in, first out, so a new request gets its first token
+   after the ``L`` requests waiting ahead of it and itself have left the
+   queue; at the rate ``mu`` at which requests left it over the last
+   ``window_s`` seconds, that takes ``(L + 1) / mu`` (underloaded, few wait
+   and ``mu`` is the arrival rate; saturated, ``mu`` is the engine's
+   capacity). "Waiting" ends with the first token, so this estimates the time
+   to first token; a request that would wait longer than
+   ``max_queue_time_s`` is refused now rather than timed out later. With too
+   few recent starts to estimate, only the bound of 3. applies.
+
+The estimate is a mean; the service enforces the same deadline on each
+admitted request too (``Service``: a request with no first token after
+``max_queue_time_s`` is dropped from the queue with ``overloaded``), so the
+admitted never wait past it. Such drops are not departures: they do not
+raise ``mu``.
 
 Every refusal carries ``retry_after_ms``: when the bucket refills, or when
 the queue is expected to be short enough again. Sans-I/O: time is an argument.
@@ -159,10 +167,20 @@ class Admission:
         bucket.level -= num_tokens
         return None
 
-    def started(self, now: float) -> None:
-        """An admitted request left the queue (first token, or ended first)."""
+    def started(self, now: float, *, served: bool = True) -> None:
+        """An admitted request left the queue: its first token came, or it
+        ended first (``served=False``: it was dropped at its deadline, which
+        says nothing of the rate at which the engine takes requests)."""
         self.num_waiting = max(0, self.num_waiting - 1)
-        self._starts.append(now)
+        if served:
+            self._starts.append(now)
+
+    def drain_retry_ms(self, now: float) -> int:
+        """``retry_after_ms`` for a request dropped from the queue: the time the
+        requests waiting now need to leave it, at the recent departure rate."""
+        self.expected_wait_s(now)  # prunes the departures window
+        rate = self._departure_rate(now)
+        return _retry_ms(self.num_waiting / rate if rate else 1.0)
 
     def ended(self, principal: str) -> None:
         """An admitted request's generation ended."""
@@ -182,7 +200,7 @@ class Admission:
         if len(self._starts) < MIN_STARTS_TO_ESTIMATE:
             return None
         span = max(now - self._starts[0], 1e-3)
-        return self.num_waiting / (len(self._starts) / span)
+        return (self.num_waiting + 1) / (len(self._starts) / span)
 
     def _departure_rate(self, now: float) -> float | None:
         """Requests per second that left the queue lately (after ``expected_wait_s``

@@ -203,7 +203,7 @@ class Connection:
         delivery = Delivery(self.service.log, response_id=response_id, stream_id=stream_id,
                             from_offset=from_offset, send=self._send, on_delivered=delivered,
                             include_token_ids=self.session.settings.include_token_ids,
-                            observer=self.service.observer)
+                            observer=self.service.observer, expired=self.service.expired)
         task = asyncio.create_task(delivery.run(), name=f"deliver-{stream_id}")
         self._deliveries[stream_id] = (delivery, task)
         self.service.reader_started(stream_id)

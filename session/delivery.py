@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
 from protocol import events as pe
+from session.actions import Expired
 from session.errors import StreamNotFound, TokenLogUnavailable
 from session.observer import NullObserver, SessionObserver
 from session.token_log import LogEntry, StreamEnd, TokenLog
@@ -46,13 +48,17 @@ class Delivery:
         on_delivered: called with each delta's text after it was sent.
         include_token_ids: put ``token_ids`` in the deltas.
         observer: told when delivery starts and ends and of each delta's size.
+        expired: why the stream's request was dropped from the queue at its
+            deadline, or None; asked at the stream's end, so such a stream's
+            ``response.done`` is preceded by ``error`` ``overloaded``.
     """
 
     def __init__(self, log: TokenLog, *, response_id: str, stream_id: str,
                  from_offset: int, send: SendEvent,
                  on_delivered: Callable[[str], None] = lambda text: None,
                  include_token_ids: bool = False,
-                 observer: SessionObserver | None = None) -> None:
+                 observer: SessionObserver | None = None,
+                 expired: Callable[[str], Expired | None] = lambda stream_id: None) -> None:
         self.log = log
         self.response_id = response_id
         self.stream_id = stream_id
@@ -63,6 +69,7 @@ class Delivery:
         self._include_token_ids = include_token_ids
         self._observer: SessionObserver = observer or NullObserver()
         self._muted = False
+        self._expired = expired
         self._queue: asyncio.Queue[LogEntry | StreamEnd | BaseException] = asyncio.Queue(
             maxsize=READ_AHEAD)
 
@@ -113,6 +120,10 @@ class Delivery:
                     raise item
                 if isinstance(item, StreamEnd):
                     self.finish = item
+        expired = self._expired(self.stream_id)
+        if expired is not None:
+            error = self._error(pe.ErrorCode.OVERLOADED, expired.message, True)
+            await self._send(replace(error, retry_after_ms=expired.retry_after_ms))
         await self._send(done_event(self.response_id, self.stream_id, self.finish))
 
     async def _send_delta(self, entries: list[LogEntry]) -> None:

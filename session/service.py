@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +30,7 @@ from session.chat import render_prompt
 from session.config import SessionConfig
 from session.errors import TokenLogUnavailable
 from session.observer import NullObserver, SessionObserver
+from session.actions import Expired
 from session.session import GenerationFinished, Submit, Submitted, SubmitFailed
 from session.token_log import LogEntry, StreamEnd, StreamInfo, StreamWrite, TokenLog
 from session.tokens import make_resume_token
@@ -37,6 +38,8 @@ from session.tokens import make_resume_token
 logger = logging.getLogger(__name__)
 
 OnFinish = Callable[[GenerationFinished], None]
+# streams dropped at their queue deadline that the HTTP API can still ask about
+_REMEMBERED_EXPIRIES = 1024
 
 
 @dataclass(slots=True, kw_only=True)
@@ -51,6 +54,8 @@ class _LiveStream:
     started: bool = False  # its first token (or its end) came: it left the queue
     released: bool = False  # the connection that created it closed
     abandoned: asyncio.TimerHandle | None = None  # aborts it if nobody reads it in time
+    deadline: asyncio.TimerHandle | None = None  # drops it if it is still queued then
+    expired: Expired | None = None  # it was dropped from the queue at its deadline
     continuation: Any = None  # a session.takeover.Continuation: a stream taken over
 
 
@@ -105,6 +110,7 @@ class Service:
         self.interrupt_latencies_s: deque[float] = deque(maxlen=4096)
         self.num_interrupts = 0
         self._live: dict[str, _LiveStream] = {}
+        self._expired: OrderedDict[str, Expired] = OrderedDict()  # newest last
         self._readers: dict[str, int] = {}  # stream id -> deliveries of it on this node
         # session id -> the connection on this node that holds it (the last to attach)
         self.sessions: dict[str, Any] = {}
@@ -201,9 +207,12 @@ class Service:
             return SubmitFailed(response_id=action.response_id,
                                 code=pe.ErrorCode.INTERNAL_ERROR,
                                 message="the engine is not running")
-        self._live[action.stream_id] = _LiveStream(response_id=action.response_id,
-                                                   on_finish=owner.on_finish,
-                                                   principal=owner.principal)
+        live = self._live[action.stream_id] = _LiveStream(response_id=action.response_id,
+                                                          on_finish=owner.on_finish,
+                                                          principal=owner.principal)
+        queue_time_s = self.admission.config.max_queue_time_s
+        if queue_time_s and self._loop is not None:
+            live.deadline = self._loop.call_later(queue_time_s, self._expire, action.stream_id)
         self.recent_requests.append(request)
         self.observer.submitted(response_id=action.response_id, stream_id=action.stream_id,
                                 session_id=owner.session_id, num_prompt_tokens=len(ids),
@@ -259,6 +268,35 @@ class Service:
         self._live[request.request_id] = _LiveStream(response_id=response_id, on_finish=None,
                                                      started=True, continuation=continuation)
         self.recent_requests.append(request)
+
+    def _expire(self, stream_id: str) -> None:
+        """The queue-time deadline passed with no first token: drop the request.
+
+        The up-front estimate is a mean, so some admitted requests would wait
+        past it; they are cancelled here instead (nothing was generated, so
+        nothing is lost) and their client is told ``overloaded`` with when to
+        retry, as if refused at submit.
+        """
+        live = self._live.get(stream_id)
+        if live is None or live.started:
+            return
+        live.deadline = None
+        queue_time_s = self.admission.config.max_queue_time_s
+        live.expired = Expired(
+            message=f"the server is overloaded: no first token within {queue_time_s:g} s; "
+                    "retry later",
+            retry_after_ms=self.admission.drain_retry_ms(self.clock()))
+        self._expired[stream_id] = live.expired
+        while len(self._expired) > _REMEMBERED_EXPIRIES:
+            self._expired.popitem(last=False)
+        logger.info("stream %s still queued after %.1f s: dropped", stream_id, queue_time_s)
+        self.observer.rejected(pe.ErrorCode.OVERLOADED.value, response_id=live.response_id)
+        self.runner.abort(stream_id, FinishReason.CANCELLED)
+
+    def expired(self, stream_id: str) -> Expired | None:
+        """Why ``stream_id``, submitted here, was dropped from the queue (None:
+        it was not); the HTTP API asks when it reads the stream's end."""
+        return self._expired.get(stream_id)
 
     def release(self, stream_id: str) -> None:
         """Its connection is gone: generation goes on, nobody is told of the end;
@@ -362,7 +400,10 @@ class Service:
             return None  # not a stream of this service
         if not live.started and (out.new_token_ids or out.finished):
             live.started = True
-            self.admission.started(self.clock())
+            if live.deadline is not None:
+                live.deadline.cancel()
+                live.deadline = None
+            self.admission.started(self.clock(), served=live.expired is None)
         start = out.num_output_tokens - len(out.new_token_ids)
         entry = None
         if out.new_token_ids:
@@ -391,6 +432,8 @@ class Service:
             live = self._live.pop(out.request_id)
             if live.abandoned is not None:
                 live.abandoned.cancel()
+            if live.deadline is not None:
+                live.deadline.cancel()
             if self.cluster is not None:
                 self.cluster.ended(out.request_id)
             self.admission.ended(live.principal)
@@ -408,7 +451,8 @@ class Service:
                                    interrupt_to_free_s=latency)
             if live.on_finish is not None:
                 event = GenerationFinished(stream_id=out.request_id, text=text,
-                                           finish_reason=out.finish_reason)
+                                           finish_reason=out.finish_reason,
+                                           expired=live.expired)
                 try:
                     live.on_finish(event)
                 except Exception:  # one broken session must not stop every stream

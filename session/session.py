@@ -84,6 +84,7 @@ class _Response:
     delivered: str = ""  # text written to the socket so far
     event_id: str | None = None  # of its response.create, echoed by a submit error
     turn_index: int | None = None  # its assistant turn, once it has one
+    num_input_turns: int = 0  # conversation items its response.create appended
 
 
 @dataclass(slots=True, kw_only=True)
@@ -129,7 +130,6 @@ class Session:
         self.turns: list[Message] = []
         self._new_id = new_id
         self._active: _Response | None = None
-        self._pending_turns = 0  # input items of the SUBMITTING response
         self._responses: OrderedDict[str, _Response] = OrderedDict()
 
     # ---- entry point -------------------------------------------------------
@@ -234,9 +234,8 @@ class Session:
         stream_id = self._new_id()
         response_id = event.response_id or f"resp_{stream_id}"
         self.turns += items
-        self._pending_turns = len(items)
         self._active = _Response(response_id=response_id, stream_id=stream_id,
-                                 event_id=event.event_id)
+                                 event_id=event.event_id, num_input_turns=len(items))
         self.state = State.SUBMITTING
         return actions + [Submit(response_id=response_id, stream_id=stream_id,
                                  messages=self.messages(), params=params)]
@@ -319,7 +318,7 @@ class Session:
 
     def _on_submit_failed(self, event: SubmitFailed, now: float) -> list[Action]:
         active = self._require_submitting(event)
-        del self.turns[len(self.turns) - self._pending_turns:]
+        del self.turns[len(self.turns) - active.num_input_turns:]
         self._active = None
         self.state = State.IDLE
         error = _error(event.code, event.message, active, event.response_id)
@@ -344,6 +343,15 @@ class Session:
             return []  # already cut by a cancel, or a stream of an earlier connection
         if self.state is not State.GENERATING:
             raise IllegalTransition(self.state, event)
+        if event.expired is not None:
+            # Dropped from the queue before its first token: as if refused at
+            # submit, its input leaves the conversation so a retry resends it.
+            # The client hears of it from the stream's delivery (``error``
+            # ``overloaded``, then ``response.done``), in that order.
+            del self.turns[len(self.turns) - active.num_input_turns:]
+            self._active = None
+            self.state = State.IDLE
+            return []
         self._finish_active(event.text)
         return []
 

@@ -17,6 +17,7 @@ import re
 import socket
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -35,7 +36,7 @@ from tests.app.rawws import masked_text, raw_upgrade
 pytestmark = pytest.mark.slow
 
 KEYS = ("k-alice", "k-bob", "k-sub", "k-origin", "k-rate", "k-http", "k-cap", "k-busy",
-        "k-gone", "k-logs", "k-slow")
+        "k-gone", "k-logs", "k-slow", "k-late", "k-late-http")
 SLOW_CLIENT_S = 0.5
 GOOD_ORIGIN = "http://chat.example"
 PING_INTERVAL_S = 4.0
@@ -230,6 +231,48 @@ async def test_full_queue_answers_overloaded_and_1013_at_connect(
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
     assert answer.status_code == 503 and answer.json()["error"]["code"] == "overloaded"
     assert int(answer.headers["Retry-After"]) >= 1
+    assert _overloaded_count(guarded) == rejected_before + 3  # counted in /metrics
+
+
+async def test_request_still_queued_at_its_deadline_is_dropped_with_overloaded(
+        guarded: EmbeddedServer) -> None:
+    """The up-front estimate is a mean; the deadline holds for each request."""
+    service = guarded.state.service  # type: ignore[union-attr]
+    admission = service.admission
+    rejected_before = _overloaded_count(guarded)
+    saved = admission.config
+    # A deadline no prefill can meet (1 ms), and no departure history, so the
+    # up-front estimate admits and only the deadline can refuse.
+    admission.config = replace(saved, max_queue_time_s=0.001, window_s=0.001)
+    try:
+        async with RealtimeClient(guarded.ws_url, headers=bearer("k-late")) as client:
+            with pytest.raises(ServerError) as dropped:
+                await client.chat("Name a plum variety.", max_tokens=4)
+            async with httpx.AsyncClient(base_url=guarded.http_url,  # a burst of 2 per key
+                                         headers=bearer("k-late-http")) as http:
+                answer = await http.post("/v1/chat/completions", json={
+                    "model": "m", "messages": [{"role": "user", "content": "Hi"}],
+                    "max_tokens": 4})
+                streamed = await http.post("/v1/chat/completions", json={
+                    "model": "m", "messages": [{"role": "user", "content": "Hi"}],
+                    "max_tokens": 4, "stream": True})
+            admission.config = saved
+            # nothing of the dropped request stayed in the conversation: the
+            # retry's prompt holds the question once
+            assert await client.chat("Name a plum variety.", max_tokens=2, **GREEDY)
+    finally:
+        admission.config = saved
+    event = dropped.value.event
+    assert event["code"] == "overloaded" and "no first token within" in event["message"]
+    assert event["retry_after_ms"] >= 100 and event["retryable"] is True
+    assert answer.status_code == 503 and answer.json()["error"]["code"] == "overloaded"
+    assert int(answer.headers["Retry-After"]) >= 1
+    assert streamed.status_code == 200
+    assert '"code":"overloaded"' in streamed.text.replace(" ", "")
+    assert "[DONE]" not in streamed.text
+    prompt = service.runner.tokenizer.decode(service.recent_requests[-1].prompt_token_ids)
+    assert prompt.count("Name a plum variety.") == 1
+    assert admission.num_waiting == 0  # the dropped ones left the queue
     assert _overloaded_count(guarded) == rejected_before + 3  # counted in /metrics
 
 

@@ -62,15 +62,34 @@ def test_queue_time_deadline_refuses_up_front_by_estimate() -> None:
     for i in range(4):  # four requests left the queue in 4 s: 1 per second
         assert admission.check_request("a", float(i)) is None
         admission.started(float(i + 1))
-    assert admission.expected_wait_s(5.0) == 0.0  # nobody waits: no wait
-    for _ in range(3):
+    # nobody waits: a new request leaves the queue with the next departure, in 1 s
+    assert admission.expected_wait_s(5.0) == pytest.approx(1.0)
+    for _ in range(2):
         assert admission.check_request("a", 5.0) is None
+    # 2 waiting ahead at 1/s: the third departure, 3 s away, is the new one's
     assert admission.expected_wait_s(5.0) == pytest.approx(3 / (4 / 4.0))
-    refusal = admission.check_request("a", 5.0)  # 3 waiting at 1/s: 3 s > 2 s
+    refusal = admission.check_request("a", 5.0)  # 3 s > 2 s
     assert refusal is not None and refusal.code is pe.ErrorCode.OVERLOADED
     assert refusal.retry_after_ms == 1000
     # The history ages out of the window: no estimate, no refusal by time.
     assert admission.check_request("a", 60.0) is None
+
+
+def test_dropped_requests_leave_the_queue_without_raising_the_rate() -> None:
+    admission = Admission(AdmissionConfig(max_waiting=0, max_queue_time_s=5.0, window_s=10.0))
+    for i in range(4):  # 1 per second left the queue
+        assert admission.check_request("a", float(i)) is None
+        admission.started(float(i + 1))
+    for _ in range(3):
+        assert admission.check_request("a", 4.0) is None
+    assert admission.num_waiting == 3
+    # One of them passed its deadline and was dropped: it leaves the queue ...
+    admission.started(4.5, served=False)
+    assert admission.num_waiting == 2
+    # ... but is no departure: the rate is still 4 in 3.5 s (since the first), not 5
+    assert admission.expected_wait_s(4.5) == pytest.approx(3 / (4 / 3.5))
+    # the dropped request is told when the two still waiting will have left
+    assert admission.drain_retry_ms(4.5) == 1750
 
 
 def test_bucket_wait() -> None:

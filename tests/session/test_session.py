@@ -8,6 +8,7 @@ import pytest
 
 from engine.request import FinishReason
 from protocol import events as pe
+from session.actions import Expired
 from session.config import SessionConfig
 from session.session import (
     Abort,
@@ -175,6 +176,23 @@ def test_submit_failure_reports_and_rolls_back_the_input() -> None:
         (pe.ErrorCode.PROMPT_TOO_LONG, "r9", "e9")]
     assert s.state is State.IDLE and s.turns == []
     assert isinstance(submit, Submit)
+
+
+def test_dropped_at_the_queue_deadline_rolls_back_the_input() -> None:
+    s = make_session()
+    first = start_response(s, "one", response_id="r1")
+    s.handle(GenerationFinished(stream_id=first.stream_id, text="an answer",
+                                finish_reason=FinishReason.STOP), 1.5)
+    second = start_response(s, "two", response_id="r2", now=2.0)
+    actions = s.handle(GenerationFinished(
+        stream_id=second.stream_id, text="", finish_reason=FinishReason.CANCELLED,
+        expired=Expired(message="no first token within 2 s", retry_after_ms=700)), 4.0)
+    assert actions == []  # the stream's delivery tells the client (error, then done)
+    # the earlier exchange stays; the dropped request's input is gone, so a
+    # retry sends it again without a duplicate
+    assert s.state is State.IDLE
+    assert s.turns == [Message(role="user", content="one"),
+                       Message(role="assistant", content="an answer")]
 
 
 @pytest.mark.parametrize("event", [
