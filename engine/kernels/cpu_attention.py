@@ -6,9 +6,10 @@ SDPA reads it again: at 32 sequences of ~100 tokens that copy was 15% of a
 decode step and SDPA another 15% (torch.profiler, docs/perf/engine-cpu.md).
 This kernel reads K and V once, straight from the blocks named by the block
 table, the way the Triton kernel does on the GPU (Kwon et al. 2023, vLLM
-PagedAttention): one task per (sequence, KV head) computes the scores of the
-``Hq / Hk`` query heads that share that KV head, a softmax over them
-(max-subtracted, in float32), and the weighted sum of V. numba compiles it
+PagedAttention): one task per sequence walks its cached tokens, block by
+block, and computes every query head's scores against the K row of its KV
+head (``h // (Hq / Hk)``), a softmax over them (max-subtracted, in float32),
+and the weighted sum of V. numba compiles it
 once per machine (cached on disk) and runs the tasks on its thread pool.
 
 Only float32 runs here (numba has no bfloat16); other dtypes, and tensors
@@ -35,34 +36,37 @@ def _decode_kernel(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
     num_seqs, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
-    for task in numba.prange(num_seqs * num_kv_heads):
-        seq, kv_head = task // num_kv_heads, task % num_kv_heads
+    scale32 = np.float32(scale)
+    # One task per sequence: each cached token's K (then V) row holds all KV
+    # heads side by side, so a task reads whole contiguous rows.
+    for seq in numba.prange(num_seqs):
         length = seq_lens[seq]
-        first = kv_head * group
-        scores = np.empty((group, length), dtype=np.float32)
+        scores = np.empty((num_heads, length), dtype=np.float32)
         for pos in range(length):
             block, offset = block_tables[seq, pos // block_size], pos % block_size
-            for g in range(group):
+            for head in range(num_heads):
+                kv_head = head // group
                 dot = np.float32(0.0)
                 for d in range(head_dim):
-                    dot += q[seq, first + g, d] * k_cache[block, offset, kv_head, d]
-                scores[g, pos] = dot * scale
-        for g in range(group):
-            top = scores[g].max()
+                    dot += q[seq, head, d] * k_cache[block, offset, kv_head, d]
+                scores[head, pos] = dot * scale32
+        for head in range(num_heads):
+            top = scores[head].max()
             total = np.float32(0.0)
             for pos in range(length):
-                weight = np.exp(scores[g, pos] - top)
-                scores[g, pos] = weight
+                weight = np.exp(scores[head, pos] - top)
+                scores[head, pos] = weight
                 total += weight
-            scores[g] /= total
-        acc = np.zeros((group, head_dim), dtype=np.float32)
+            scores[head] /= total
+        acc = np.zeros((num_heads, head_dim), dtype=np.float32)
         for pos in range(length):
             block, offset = block_tables[seq, pos // block_size], pos % block_size
-            for g in range(group):
-                weight = scores[g, pos]
+            for head in range(num_heads):
+                weight = scores[head, pos]
+                kv_head = head // group
                 for d in range(head_dim):
-                    acc[g, d] += weight * v_cache[block, offset, kv_head, d]
-        out[seq, first:first + group] = acc
+                    acc[head, d] += weight * v_cache[block, offset, kv_head, d]
+        out[seq] = acc
 
 
 def paged_attention_decode_cpu(
