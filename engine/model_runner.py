@@ -95,6 +95,12 @@ class ModelRunner:
             shape.num_layers, 2, self.num_blocks, self.block_size, shape.num_kv_heads, shape.head_dim,
             dtype=dtype, device=self.device,
         )
+        # One decode step before the first request: the kernels compile (numba
+        # on the CPU, from its disk cache after the first start; Triton on a
+        # GPU) and oneDNN builds its primitives now, not in the first TTFT.
+        # Block 0 is free: whatever this writes there is overwritten before a
+        # sequence that owns it reads it.
+        self.execute([SeqInput(token_ids=[0], start_pos=0, block_table=[0], sample=True)])
 
     @torch.inference_mode()
     def execute(self, seqs: Sequence[SeqInput]) -> torch.Tensor:
