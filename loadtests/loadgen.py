@@ -26,7 +26,9 @@ Reported (JSON, ``--out``), per offered rate: TTFT (``response.create``
 sent -> first delta; the connect is included), inter-token latency (the gap
 between deltas divided by the tokens the later one carries, one sample per
 token), end-to-end latency, at p50/p95/p99; errors by code (and close codes
-at connect); the latency and ``retry_after_ms`` of rejections; and goodput:
+at connect; ``<code>_in_queue`` for a request admitted, then dropped from
+the queue at its deadline); the latency and ``retry_after_ms`` of
+rejections (refusals at submit or connect, not drops); and goodput:
 completed requests per second whose TTFT <= ``--slo-ttft`` and whose own
 p95 ITL <= ``--slo-itl``. Default SLO on the 2-core CPU box: TTFT 2 s, ITL
 250 ms. With ``--rates a,b,c`` it sweeps and plots latency against offered
@@ -225,9 +227,12 @@ class Client:
                 self.sample.finish_reason = event["finish_reason"]
                 return
             elif kind == "error":
+                self.sample.retry_after_ms = event.get("retry_after_ms")
+                if self.stream:  # admitted, then dropped from the queue at its deadline
+                    self.sample.error = f"{event['code']}_in_queue"
+                    return
                 self.sample.error = event["code"]
                 self.sample.reject_latency = now - sent_at
-                self.sample.retry_after_ms = event.get("retry_after_ms")
                 return
 
     def _draw(self, probability: float) -> int | None:
@@ -328,6 +333,7 @@ def summarize(cfg: LoadConfig, samples: Sequence[Sample], slo_ttft: float,
     good = [s for s in done if s.ttft is not None and s.ttft <= slo_ttft
             and (percentiles(s.itl)["p95"] or 0.0) <= slo_itl]
     rejected = [s for s in normal if s.reject_latency is not None]
+    dropped = [s for s in normal if s.error is not None and s.error.endswith("_in_queue")]
     report = {"offered_rate": cfg.rate, "duration_s": cfg.duration_s,
               "num_requests": len(normal), "num_completed": len(done),
               "completed_rate": len(done) / cfg.duration_s,
@@ -335,11 +341,12 @@ def summarize(cfg: LoadConfig, samples: Sequence[Sample], slo_ttft: float,
               "slo": {"ttft_s": slo_ttft, "itl_p95_s": slo_itl},
               "finish_reasons": dict(Counter(s.finish_reason for s in done)),
               "errors": dict(Counter(s.error for s in normal if s.error)),
-              "resumed": sum(s.resumed for s in normal)}
+              "resumed": sum(s.resumed for s in normal),
+              "dropped_in_queue": len(dropped)}
     report |= _latencies(normal, "")
     report["rejection_latency_s"] = percentiles([s.reject_latency for s in rejected
                                                  if s.reject_latency is not None])
-    report["retry_after_ms"] = sorted({s.retry_after_ms for s in rejected
+    report["retry_after_ms"] = sorted({s.retry_after_ms for s in [*rejected, *dropped]
                                        if s.retry_after_ms is not None})
     slow = [s for s in samples if s.kind == "slow"]
     if slow:

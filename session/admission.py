@@ -13,21 +13,24 @@ reaches the engine. In the order checked:
    produced their first token yet (waiting in the engine, in prefill, or
    being submitted) may not exceed ``max_waiting``;
 4. a queue-time deadline, enforced *up front by estimate* (``overloaded``):
-   the queue is first in, first out, so a new request gets its first token
-   after the ``L`` requests waiting ahead of it and itself have left the
-   queue; at the rate ``mu`` at which requests left it over the last
-   ``window_s`` seconds, that takes ``(L + 1) / mu`` (underloaded, few wait
-   and ``mu`` is the arrival rate; saturated, ``mu`` is the engine's
-   capacity). "Waiting" ends with the first token, so this estimates the time
-   to first token; a request that would wait longer than
-   ``max_queue_time_s`` is refused now rather than timed out later. With too
-   few recent starts to estimate, only the bound of 3. applies.
+   the queue is first in, first out, so a new request leaves it (gets its
+   first token) one departure after the ``L`` requests waiting ahead of it
+   have left: after ``L + 1`` times the engine's *service gap*, the time
+   between two departures while the queue was never empty. A gap counts only if the
+   request that left was already admitted when the one before it left, so
+   idle time between arrivals never counts: the estimate measures what the
+   engine can do, not how fast requests happen to arrive (with the
+   departure rate, an underloaded server would estimate the arrival gap and
+   refuse requests it could serve at once). The mean of the gaps of the last
+   ``window_s`` seconds is used; a request whose estimate is over
+   ``max_queue_time_s`` is refused now rather than timed out later. With
+   fewer than ``MIN_GAPS_TO_ESTIMATE`` recent gaps (the queue has not been
+   busy lately), only the bound of 3. applies.
 
 The estimate is a mean; the service enforces the same deadline on each
 admitted request too (``Service``: a request with no first token after
 ``max_queue_time_s`` is dropped from the queue with ``overloaded``), so the
-admitted never wait past it. Such drops are not departures: they do not
-raise ``mu``.
+admitted never wait past it. Such drops are not departures.
 
 Every refusal carries ``retry_after_ms``: when the bucket refills, or when
 the queue is expected to be short enough again. Sans-I/O: time is an argument.
@@ -43,7 +46,7 @@ from protocol import events as pe
 
 MIN_RETRY_MS = 100
 MAX_RETRY_MS = 30_000
-MIN_STARTS_TO_ESTIMATE = 4
+MIN_GAPS_TO_ESTIMATE = 4
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -133,7 +136,9 @@ class Admission:
     def __init__(self, config: AdmissionConfig) -> None:
         self.config = config
         self.num_waiting = 0
-        self._starts: deque[float] = deque()
+        # (when, seconds) of the recent service gaps, oldest first
+        self._gaps: deque[tuple[float, float]] = deque()
+        self._last_departure: float | None = None
         self._principals: dict[str, _Principal] = {}
 
     def saturated(self) -> bool:
@@ -167,20 +172,23 @@ class Admission:
         bucket.level -= num_tokens
         return None
 
-    def started(self, now: float, *, served: bool = True) -> None:
-        """An admitted request left the queue: its first token came, or it
-        ended first (``served=False``: it was dropped at its deadline, which
-        says nothing of the rate at which the engine takes requests)."""
+    def started(self, now: float, *, admitted_at: float, served: bool = True) -> None:
+        """An admitted request (admitted at ``admitted_at``) left the queue: its
+        first token came, or it ended first (``served=False``: it was dropped
+        at its deadline, which says nothing of how fast the engine serves)."""
         self.num_waiting = max(0, self.num_waiting - 1)
-        if served:
-            self._starts.append(now)
+        if not served:
+            return
+        last = self._last_departure
+        if last is not None and admitted_at <= last:  # it waited through the whole gap
+            self._gaps.append((now, now - last))
+        self._last_departure = now
 
     def drain_retry_ms(self, now: float) -> int:
         """``retry_after_ms`` for a request dropped from the queue: the time the
-        requests waiting now need to leave it, at the recent departure rate."""
-        self.expected_wait_s(now)  # prunes the departures window
-        rate = self._departure_rate(now)
-        return _retry_ms(self.num_waiting / rate if rate else 1.0)
+        requests waiting now need to leave it, at the recent service gap."""
+        gap = self._service_gap(now)
+        return _retry_ms(self.num_waiting * gap if gap is not None else 1.0)
 
     def ended(self, principal: str) -> None:
         """An admitted request's generation ended."""
@@ -194,20 +202,19 @@ class Admission:
         self.ended(principal)
 
     def expected_wait_s(self, now: float) -> float | None:
-        """Expected queue wait of a new request, or None without enough history."""
-        while self._starts and self._starts[0] < now - self.config.window_s:
-            self._starts.popleft()
-        if len(self._starts) < MIN_STARTS_TO_ESTIMATE:
-            return None
-        span = max(now - self._starts[0], 1e-3)
-        return (self.num_waiting + 1) / (len(self._starts) / span)
+        """Expected queue wait of a new request (``L + 1`` service gaps), or
+        None without enough recent gaps."""
+        gap = self._service_gap(now)
+        return None if gap is None else (self.num_waiting + 1) * gap
 
-    def _departure_rate(self, now: float) -> float | None:
-        """Requests per second that left the queue lately (after ``expected_wait_s``
-        pruned the window), or None without enough history."""
-        if len(self._starts) < MIN_STARTS_TO_ESTIMATE:
+    def _service_gap(self, now: float) -> float | None:
+        """Mean seconds between departures of a busy queue over the last
+        ``window_s`` seconds, or None with fewer than MIN_GAPS_TO_ESTIMATE."""
+        while self._gaps and self._gaps[0][0] < now - self.config.window_s:
+            self._gaps.popleft()
+        if len(self._gaps) < MIN_GAPS_TO_ESTIMATE:
             return None
-        return len(self._starts) / max(now - self._starts[0], 1e-3)
+        return sum(gap for _, gap in self._gaps) / len(self._gaps)
 
     # ---- the checks ------------------------------------------------------------
 
@@ -239,12 +246,12 @@ class Admission:
 
     def _overloaded(self, now: float) -> Refusal | None:
         cfg = self.config
+        gap = self._service_gap(now)
         wait = self.expected_wait_s(now)
-        rate = self._departure_rate(now)
         if cfg.max_waiting and self.num_waiting >= cfg.max_waiting:
             excess = self.num_waiting - cfg.max_waiting + 1
             return Refusal(code=pe.ErrorCode.OVERLOADED,
-                           retry_after_ms=_retry_ms(excess / rate if rate else 1.0),
+                           retry_after_ms=_retry_ms(excess * gap if gap is not None else 1.0),
                            message=f"the server is overloaded: {self.num_waiting} requests "
                                    "are waiting; retry later")
         if cfg.max_queue_time_s and wait is not None and wait > cfg.max_queue_time_s:

@@ -51,6 +51,7 @@ class _LiveStream:
     texts: list[str] = field(default_factory=list)
     abort_requested_at: float | None = None
     principal: str = ""
+    admitted_at: float = 0.0  # service clock when admission let it in
     started: bool = False  # its first token (or its end) came: it left the queue
     released: bool = False  # the connection that created it closed
     abandoned: asyncio.TimerHandle | None = None  # aborts it if nobody reads it in time
@@ -162,11 +163,12 @@ class Service:
         ``await``: the caller hands ``Submitted`` to its session before any
         engine output of this request can reach the loop.
         """
-        refusal = self.admission.check_request(owner.principal, self.clock())
+        admitted_at = self.clock()
+        refusal = self.admission.check_request(owner.principal, admitted_at)
         if refusal is not None:
             return self._refused(action, refusal)
         try:
-            result = await self._submit_admitted(action, owner, now)
+            result = await self._submit_admitted(action, owner, now, admitted_at)
         except BaseException:
             self.admission.cancelled(owner.principal)
             raise
@@ -179,8 +181,8 @@ class Service:
         return SubmitFailed(response_id=action.response_id, code=refusal.code,
                             message=refusal.message, retry_after_ms=refusal.retry_after_ms)
 
-    async def _submit_admitted(self, action: Submit, owner: Owner, now: float
-                               ) -> Submitted | SubmitFailed:
+    async def _submit_admitted(self, action: Submit, owner: Owner, now: float,
+                               admitted_at: float) -> Submitted | SubmitFailed:
         ids = await asyncio.to_thread(render_prompt, self.runner.tokenizer, action.messages)
         if len(ids) >= self.max_model_len:
             return self._too_long(action, len(ids))
@@ -209,7 +211,8 @@ class Service:
                                 message="the engine is not running")
         live = self._live[action.stream_id] = _LiveStream(response_id=action.response_id,
                                                           on_finish=owner.on_finish,
-                                                          principal=owner.principal)
+                                                          principal=owner.principal,
+                                                          admitted_at=admitted_at)
         queue_time_s = self.admission.config.max_queue_time_s
         if queue_time_s and self._loop is not None:
             live.deadline = self._loop.call_later(queue_time_s, self._expire, action.stream_id)
@@ -403,7 +406,8 @@ class Service:
             if live.deadline is not None:
                 live.deadline.cancel()
                 live.deadline = None
-            self.admission.started(self.clock(), served=live.expired is None)
+            self.admission.started(self.clock(), admitted_at=live.admitted_at,
+                                   served=live.expired is None)
         start = out.num_output_tokens - len(out.new_token_ids)
         entry = None
         if out.new_token_ids:

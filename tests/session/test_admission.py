@@ -37,7 +37,7 @@ def test_cap_on_active_responses_per_principal() -> None:
     refusal = admission.check_request("alice", 0.0)
     assert refusal is not None and refusal.code is pe.ErrorCode.RATE_LIMITED
     assert "at once" in refusal.message and refusal.retry_after_ms > 0
-    admission.started(0.1)
+    admission.started(0.1, admitted_at=0.0)
     admission.ended("alice")
     assert admission.check_request("alice", 0.2) is None
 
@@ -59,37 +59,49 @@ def test_bounded_waiting_queue_and_saturation() -> None:
 def test_queue_time_deadline_refuses_up_front_by_estimate() -> None:
     admission = Admission(AdmissionConfig(max_waiting=0, max_queue_time_s=2.0, window_s=10.0))
     assert admission.expected_wait_s(0.0) is None  # nothing learnt yet: admit
-    for i in range(4):  # four requests left the queue in 4 s: 1 per second
-        assert admission.check_request("a", float(i)) is None
-        admission.started(float(i + 1))
-    # nobody waits: a new request leaves the queue with the next departure, in 1 s
-    assert admission.expected_wait_s(5.0) == pytest.approx(1.0)
-    for _ in range(2):
-        assert admission.check_request("a", 5.0) is None
-    # 2 waiting ahead at 1/s: the third departure, 3 s away, is the new one's
-    assert admission.expected_wait_s(5.0) == pytest.approx(3 / (4 / 4.0))
-    refusal = admission.check_request("a", 5.0)  # 3 s > 2 s
+    for _ in range(6):  # a burst: six admitted at once
+        assert admission.check_request("a", 0.0) is None
+    for t in range(1, 6):  # the engine serves one a second: gaps of 1 s
+        admission.started(float(t), admitted_at=0.0)
+    # one still waits: a new one leaves after it, two gaps from now
+    assert admission.expected_wait_s(5.0) == pytest.approx(2.0)
+    assert admission.check_request("a", 5.0) is None  # 2 s, not over 2 s
+    refusal = admission.check_request("a", 5.0)  # 2 ahead: 3 s
     assert refusal is not None and refusal.code is pe.ErrorCode.OVERLOADED
     assert refusal.retry_after_ms == 1000
-    # The history ages out of the window: no estimate, no refusal by time.
+    # The gaps age out of the window: no estimate, no refusal by time.
     assert admission.check_request("a", 60.0) is None
 
 
-def test_dropped_requests_leave_the_queue_without_raising_the_rate() -> None:
+def test_an_underloaded_server_learns_no_wait_from_the_arrival_gaps() -> None:
+    """One request every 2 s, each served before the next arrives: the queue
+    was never busy, so nothing estimates a wait (the arrival gap is not the
+    engine's speed) and every request is admitted, however many waited once."""
+    admission = Admission(AdmissionConfig(max_waiting=0, max_queue_time_s=0.5, window_s=30.0))
+    for i in range(10):
+        now = 2.0 * i
+        assert admission.check_request("a", now) is None
+        admission.started(now + 0.3, admitted_at=now)
+    assert admission.expected_wait_s(20.0) is None
+    assert admission.check_request("a", 20.0) is None
+    assert admission.check_request("a", 20.0) is None  # one waits ahead: still no estimate
+
+
+def test_dropped_requests_leave_the_queue_without_counting_as_served() -> None:
     admission = Admission(AdmissionConfig(max_waiting=0, max_queue_time_s=5.0, window_s=10.0))
-    for i in range(4):  # 1 per second left the queue
-        assert admission.check_request("a", float(i)) is None
-        admission.started(float(i + 1))
-    for _ in range(3):
-        assert admission.check_request("a", 4.0) is None
+    for _ in range(8):
+        assert admission.check_request("a", 0.0) is None
+    for t in range(1, 6):  # gaps of 1 s
+        admission.started(float(t), admitted_at=0.0)
     assert admission.num_waiting == 3
     # One of them passed its deadline and was dropped: it leaves the queue ...
-    admission.started(4.5, served=False)
+    admission.started(5.5, admitted_at=0.0, served=False)
     assert admission.num_waiting == 2
-    # ... but is no departure: the rate is still 4 in 3.5 s (since the first), not 5
-    assert admission.expected_wait_s(4.5) == pytest.approx(3 / (4 / 3.5))
-    # the dropped request is told when the two still waiting will have left
-    assert admission.drain_retry_ms(4.5) == 1750
+    # ... but is no departure: the next served one measures its gap from t=5
+    admission.started(7.0, admitted_at=0.0)
+    assert admission.expected_wait_s(7.0) == pytest.approx((1 + 1) * (1 + 1 + 1 + 1 + 2) / 5)
+    # a dropped request is told when those still waiting will have left
+    assert admission.drain_retry_ms(7.0) == 1200
 
 
 def test_bucket_wait() -> None:
