@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import pytest
 
+from app.cli import main
 from app.settings import SettingsError, parse_serve_args
 from tests.app.conftest import LiveServer
 
@@ -74,6 +76,19 @@ def test_serve_refuses_what_cannot_serve_before_starting(argv: list[str], messag
     out = run_cli("serve", "--port", "1", *argv)
     assert out.returncode == 2, out.stderr
     assert message in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(("given", "expected"), [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_serve_lets_openmp_threads_sleep_unless_told_otherwise(
+        monkeypatch: pytest.MonkeyPatch, given: str | None, expected: str) -> None:
+    if given is None:
+        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    else:
+        monkeypatch.setenv("OMP_WAIT_POLICY", given)
+    with pytest.raises(SystemExit) as refused:  # stops at the model check, before serving
+        main(["serve", "--model", "/no/such/model.gguf"])
+    assert refused.value.code == 2
+    assert os.environ["OMP_WAIT_POLICY"] == expected
 
 
 def test_chat_says_when_the_server_is_not_there() -> None:
