@@ -25,12 +25,12 @@ from typing import Any
 from engine.errors import EngineStoppedError, PromptTooLongError
 from engine.request import EngineRequest, FinishReason, RequestOutput
 from protocol import events as pe
+from session.actions import Expired
 from session.admission import Admission, AdmissionConfig, Refusal
 from session.chat import render_prompt
 from session.config import SessionConfig
 from session.errors import TokenLogUnavailable
 from session.observer import NullObserver, SessionObserver
-from session.actions import Expired
 from session.session import GenerationFinished, Submit, Submitted, SubmitFailed
 from session.token_log import LogEntry, StreamEnd, StreamInfo, StreamWrite, TokenLog
 from session.tokens import make_resume_token
