@@ -77,19 +77,12 @@ def paged_attention_decode_cpu(
     seq_lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """Decode attention, one query token per sequence, read from the blocks.
+    """Decode attention read straight from the blocks.
 
-    Args:
-        q: ``[B, Hq, D]``, the query of each sequence's newest token.
-        k_cache, v_cache: ``[num_blocks, block_size, Hk, D]``, contiguous.
-        block_tables: ``[B, max_blocks]`` int32; entries past a sequence's
-            last block are not read.
-        seq_lens: ``[B]`` int32, tokens in the cache (including the new one), >= 1.
-        scale: softmax scale, usually ``D ** -0.5``.
-
-    Returns:
-        ``[B, Hq, D]`` in ``q.dtype``. No input is mutated. Float32 CPU
-        tensors run the numba kernel; anything else the torch reference.
+    Arguments, shapes and result as :func:`paged_attention_decode_ref` (the
+    oracle it is tested against); block-table entries past a sequence's last
+    block are not read. Float32 CPU tensors run the numba kernel; anything
+    else takes the reference.
     """
     if q.dtype != torch.float32 or q.device.type != "cpu" or k_cache.dtype != torch.float32:
         return paged_attention_decode_ref(q, k_cache, v_cache, block_tables, seq_lens, scale)
