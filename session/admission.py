@@ -204,7 +204,10 @@ class Admission:
     def expected_wait_s(self, now: float) -> float | None:
         """Expected queue wait of a new request (``L + 1`` service gaps), or
         None without enough recent gaps."""
-        gap = self._service_gap(now)
+        return self._wait_for(self._service_gap(now))
+
+    def _wait_for(self, gap: float | None) -> float | None:
+        """``L + 1`` service gaps (None without a gap)."""
         return None if gap is None else (self.num_waiting + 1) * gap
 
     def _service_gap(self, now: float) -> float | None:
@@ -247,7 +250,7 @@ class Admission:
     def _overloaded(self, now: float) -> Refusal | None:
         cfg = self.config
         gap = self._service_gap(now)
-        wait = self.expected_wait_s(now)
+        wait = self._wait_for(gap)
         if cfg.max_waiting and self.num_waiting >= cfg.max_waiting:
             excess = self.num_waiting - cfg.max_waiting + 1
             return Refusal(code=pe.ErrorCode.OVERLOADED,
