@@ -135,6 +135,12 @@ def make_prompt(rng: random.Random, num_words: int) -> str:
     return f"{rng.choice(QUESTIONS)} {words}."
 
 
+def make_story_prompt(rng: random.Random) -> str:
+    """A slow reader's prompt: the bundled model answers it at full length
+    (``finish_reason`` ``length``), where a question often ends in 30 tokens."""
+    return f"Write a long, detailed story about {' '.join(rng.sample(WORDS, 6))}."
+
+
 def percentiles(values: Sequence[float]) -> dict[str, float | None]:
     """p50/p95/p99 (nearest rank) of ``values`` in seconds, or None when empty."""
     if not values:
@@ -161,11 +167,16 @@ class Client:
 
     async def open(self) -> None:
         headers = {"Authorization": f"Bearer {self.cfg.api_key}"} if self.cfg.api_key else {}
-        # A slow reader's client library buffers one frame: TCP backpressure
-        # reaches the server, as with a real client that reads slowly.
+        # A slow reader is a voice client: its WebSocket reads the socket as
+        # frames come (so it answers the server's pings, as a browser does) and
+        # the application takes one delta a second. Unbounded, the library's
+        # queue never stops reading the socket: a bounded one would, and the
+        # pings would wait behind minutes of deltas until the server's
+        # liveness timeout closed the connection. (A client slow at the TCP
+        # level is the never-reading client of tests/app/test_backpressure.py.)
         self.ws = await connect(self.cfg.url, subprotocols=[SUBPROTOCOL],  # type: ignore[list-item]
                                 additional_headers=headers, open_timeout=30,
-                                max_queue=1 if self.sample.kind == "slow" else 64)
+                                max_queue=None if self.sample.kind == "slow" else 64)
         first = json.loads(await self.ws.recv())
         assert first["type"] == "session.created", first
 
@@ -268,12 +279,12 @@ class Client:
             await self.ws.close()
 
 
-async def one_request(cfg: LoadConfig, rng: random.Random, sample: Sample,
+async def one_request(cfg: LoadConfig, rng: random.Random, sample: Sample, prompt: str,
                       max_tokens: int) -> None:
     """Run one request into ``sample``; never raises (errors are recorded)."""
     client = Client(cfg, rng, sample)
     try:
-        await client.run(make_prompt(rng, lognormal_int(rng, cfg.prompt_words)), max_tokens)
+        await client.run(prompt, max_tokens)
     except (OSError, ConnectionClosed, TimeoutError) as exc:
         sample.error = sample.error or type(exc).__name__
     finally:
@@ -292,7 +303,7 @@ async def slow_reader(cfg: LoadConfig, rng: random.Random, until: float,
         num_asked += 1
         sample = Sample(kind="slow")
         samples.append(sample)
-        await one_request(cfg, rng, sample, cfg.slow_max_tokens)
+        await one_request(cfg, rng, sample, make_story_prompt(rng), cfg.slow_max_tokens)
 
 
 async def run_load(cfg: LoadConfig, samples: list[Sample] | None = None) -> list[Sample]:
@@ -313,8 +324,10 @@ async def run_load(cfg: LoadConfig, samples: list[Sample] | None = None) -> list
         sample = Sample()
         samples.append(sample)
         max_tokens = lognormal_int(rng, cfg.max_tokens, sigma=0.3)
-        tasks.append(asyncio.create_task(one_request(cfg, random.Random(rng.random()),
-                                                     sample, max_tokens)))
+        request_rng = random.Random(rng.random())
+        prompt = make_prompt(request_rng, lognormal_int(request_rng, cfg.prompt_words))
+        tasks.append(asyncio.create_task(one_request(cfg, request_rng, sample, prompt,
+                                                     max_tokens)))
         next_at += rng.expovariate(cfg.rate)
     _, pending = await asyncio.wait(tasks, timeout=cfg.drain_s) if tasks else (set(), set())
     for task in pending:

@@ -3,10 +3,11 @@
 One ``bargein serve`` (bundled model, subprocess) gets the same open-loop
 load three times (same seed: the same arrival times, prompts and lengths),
 with 0, 1 and 10 extra slow readers (:mod:`loadtests.loadgen`'s
-``--slow-readers``: each asks for a long answer and reads one delta per
-second, its client library buffering a single frame, so TCP backpressure
-reaches the server), started ``--head-start`` seconds before the measured
-arrivals. Reported for the other clients: TTFT and ITL p50/p95
+``--slow-readers``: each asks once for a long story and reads it one delta
+per second, as a voice client speaking the answer does: its WebSocket reads
+frames, and answers pings, as they come), started ``--head-start`` seconds
+before the measured arrivals, with answers long enough to last the whole
+window. Reported for the other clients: TTFT and ITL p50/p95
 and the change against the run without slow readers. For the slow readers:
 the engine's counters, polled every 0.5 s from ``/debug/engine``: whether
 the KV pool was entirely free (nothing running or waiting) at moments when
@@ -15,7 +16,7 @@ slow readers still reading beyond the sequences in the engine (running plus
 waiting): a lower bound on slow readers whose blocks were already freed,
 i.e. freed when generation ended, not when the client had read it.
 
-Usage: ``python loadtests/slow_reader.py [--rate 0.5] [--duration 30]``
+Usage: ``python loadtests/slow_reader.py [--rate 0.5] [--duration 300]``
 writes ``docs/perf/slow-reader.md`` and ``docs/perf/slow-reader.json``.
 """
 
@@ -158,8 +159,11 @@ def markdown(runs: Sequence[dict[str, Any]], args: argparse.Namespace,
              f"Same open-loop load in each run (seed {args.seed}): Poisson arrivals at "
              f"{args.rate:g} requests/s for {args.duration:g} s, median "
              f"{args.prompt_words} prompt words and {args.max_tokens} max_tokens; each slow "
-             f"reader asks once for {args.slow_max_tokens} tokens and reads the answer one "
-             f"delta per second; the slow readers start {args.head_start:g} s before the "
+             f"reader asks once for a story of {args.slow_max_tokens} tokens and reads it one "
+             "delta per second, as a voice client speaking the answer does (its WebSocket "
+             "reads frames, and answers pings, as they come; clients slow at the TCP level "
+             "are tests/app/test_backpressure.py's: memory flat, 4008 past their bound);"
+             f" the slow readers start {args.head_start:g} s before the "
              "measured arrivals, in every run (0 included): long enough for the engine to "
              "generate their answers, which they are still reading, slowly, while the "
              "measured arrivals come. So the runs compare the others' latency with and "
@@ -194,29 +198,34 @@ def markdown(runs: Sequence[dict[str, Any]], args: argparse.Namespace,
               "the other clients' included) at the same poll.", "",
               "| slow readers | slow requests | slow readers reading (max) | of them with "
               "blocks already freed (lower bound, max) | polls idle while slow readers read | "
-              "pool all free in those | free blocks at end |",
-              "|" + " --- |" * 7]
+              "pool all free in those | free blocks at end | slow readers' errors |",
+              "|" + " --- |" * 8]
     for run in (r for r in runs if r["num_slow"]):
         b = run["blocks"]
         lines.append(f"| {run['num_slow']} | {run['slow_readers']['num_requests']} | "
                      f"{b['max_slow_reading']} | {b['max_freed_while_read']} | "
                      f"{b['polls_idle_while_slow_readers_read']} | {b['all_free_in_those_polls']} "
-                     f"| {b['free_at_end']} / {b['total']} |")
+                     f"| {b['free_at_end']} / {b['total']} | "
+                     f"{run['slow_readers']['errors'] or '-'} |")
     return "\n".join(lines) + "\n"
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rate", type=float, default=0.5)
-    p.add_argument("--duration", type=float, default=60.0)
+    p.add_argument("--duration", type=float, default=300.0,
+                   help="seconds of measured arrivals: 150 requests a run at 0.5/s, so one "
+                        "request moves a p95 by little")
     p.add_argument("--drain", type=float, default=60.0)
     p.add_argument("--prompt-words", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=32)
-    p.add_argument("--slow-max-tokens", type=int, default=64)
+    # ~1 s a token: the readers read from about head-start before the window
+    # to its end
+    p.add_argument("--slow-max-tokens", type=int, default=380)
     p.add_argument("--slo-ttft", type=float, default=2.0)
     p.add_argument("--slo-itl", type=float, default=0.25)
     p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--head-start", type=float, default=25.0,
+    p.add_argument("--head-start", type=float, default=60.0,
                    help="seconds the slow readers start before the measured arrivals")
     p.add_argument("--counts", type=lambda v: [int(n) for n in v.split(",")], default=SLOW_COUNTS,
                    help="slow-reader counts to compare, 0 first (the baseline)")
@@ -227,7 +236,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 async def experiment(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The three runs on one server."""
     runs = []
-    with served(["--max-tokens", "256"]) as url:
+    with served(["--max-tokens", "512"]) as url:
         for n in run_order(args.counts):
             run = await one_run(url, args, n)
             runs.append(run | {"num_slow": n, "load_after": load_average().split()[0]})
