@@ -123,11 +123,15 @@ class AuthMiddleware:
     Args:
         app: the wrapped ASGI app.
         config: keys and origins.
+        on_refused: told the reason of each refusal (``origin_not_allowed``,
+            ``missing_api_key``, ``invalid_api_key``), for the metrics.
     """
 
-    def __init__(self, app: ASGIApp, config: AuthConfig) -> None:
+    def __init__(self, app: ASGIApp, config: AuthConfig,
+                 on_refused: Callable[[str], None] = lambda reason: None) -> None:
         self.app = app
         self.config = config
+        self.on_refused = on_refused
         uvicorn_error = logging.getLogger("uvicorn.error")
         if not any(isinstance(f, _DenialLineFilter) for f in uvicorn_error.filters):
             uvicorn_error.addFilter(_DenialLineFilter())
@@ -141,6 +145,7 @@ class AuthMiddleware:
         if scope["path"].startswith(PROTECTED_PREFIXES):
             refusal = self._refusal(scope, key)
             if refusal is not None:
+                self.on_refused(refusal[1])
                 await _deny(scope, receive, send, *refusal)
                 return
         await self.app(scope, receive, send)

@@ -3,16 +3,20 @@
 ``serve`` checks its flags and the model path before anything heavy, so a bad
 flag or a missing model ends with one clear line and exit status 2; then it
 loads the model (with a progress bar) while uvicorn already answers
-``/healthz``. ``chat`` is a command-line chat on :mod:`app.client` (no torch).
+``/healthz``. ``chat`` is a command-line chat on :mod:`app.client` (no torch);
+Ctrl-C while an answer streams barges in (the conversation keeps what was
+printed), Ctrl-C at the prompt quits.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from app.settings import (
@@ -153,16 +157,18 @@ def serve(settings: Settings) -> int:
 
 async def _chat(args: argparse.Namespace) -> int:
     from app.client import RealtimeClient
+    from app.console import ConsoleLines
 
     try:
         async with RealtimeClient(args.url) as client:
             if args.instructions:
                 await client.update(instructions=args.instructions)
-            print(f"connected to {client.session.get('model')}; an empty line, Ctrl-D or "
-                  "Ctrl-C quits", file=sys.stderr)
+            print(f"connected to {client.session.get('model')}; Ctrl-C interrupts an answer; "
+                  "an empty line, Ctrl-D or Ctrl-C at the prompt quits", file=sys.stderr)
+            lines = ConsoleLines()
             while True:
                 try:
-                    line = await asyncio.to_thread(input, "> ")
+                    line = await lines.readline("> ")
                 except EOFError:
                     print(file=sys.stderr)
                     return 0
@@ -176,13 +182,68 @@ async def _chat(args: argparse.Namespace) -> int:
 
 
 async def _answer(client: Any, line: str, args: argparse.Namespace) -> None:
-    """Stream one answer to stdout."""
+    """Stream one answer to stdout; Ctrl-C (SIGINT) meanwhile barges in.
+
+    Printing stops at once, also before the first token: the client sends
+    ``response.cancel`` with ``heard_chars`` = the code points printed, so the
+    conversation keeps exactly what the user saw. A second Ctrl-C, while the
+    server confirms, quits as at the prompt.
+    """
     from app.client import ServerError
 
+    interrupted = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    at_prompt = signal.getsignal(signal.SIGINT)  # asyncio.run's: Ctrl-C there quits
+
+    def barge_in() -> None:
+        interrupted.set()
+        _restore_sigint(loop, at_prompt)
+
+    with contextlib.suppress(NotImplementedError):  # no loop signal handlers on Windows
+        loop.add_signal_handler(signal.SIGINT, barge_in)
+    printed = 0
     try:
-        async for delta in client.respond(line, max_tokens=args.max_tokens,
-                                          temperature=args.temperature):
-            print(delta, end="", flush=True)
+        async with contextlib.aclosing(client.respond(
+                line, max_tokens=args.max_tokens, temperature=args.temperature)) as deltas:
+            async for delta in _until(deltas, interrupted):
+                print(delta, end="", flush=True)
+                printed += len(delta)
+        if interrupted.is_set() and client.current.done is None:
+            await client.cancel(heard_chars=printed)
+            print(" [interrupted]", end="", file=sys.stderr, flush=True)
     except ServerError as exc:
         print(f"[{exc}]", file=sys.stderr)
+    finally:
+        _restore_sigint(loop, at_prompt)
     print()
+
+
+def _restore_sigint(loop: asyncio.AbstractEventLoop, handler: Any) -> None:
+    with contextlib.suppress(NotImplementedError):
+        if loop.remove_signal_handler(signal.SIGINT):
+            signal.signal(signal.SIGINT, handler)
+
+
+async def _until(items: AsyncIterator[str], stop: asyncio.Event) -> AsyncIterator[str]:
+    """``items`` until they end or ``stop`` is set, whichever comes first (the
+    pending ``__anext__`` is cancelled: the client's receive is safe to cancel)."""
+    stopped = asyncio.create_task(stop.wait())
+    try:
+        while True:
+            item = asyncio.create_task(_next(items))
+            await asyncio.wait({item, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            if not item.done():
+                item.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await item
+                return
+            value = item.result()
+            if value is None:
+                return
+            yield value
+    finally:
+        stopped.cancel()
+
+
+async def _next(items: AsyncIterator[str]) -> str | None:
+    return await anext(items, None)

@@ -148,12 +148,15 @@ class RealtimeClient:
             event["input"] = [{"role": role, "content": text}]
         await self.send(event)
         self.current = response = Response()
+        await self._created(response)
+        async for delta in self._follow(response):
+            yield delta
+
+    async def _created(self, response: Response) -> None:
         created = await self._expect("response.created")
         response.response_id = created["response_id"]
         response.stream_id = created["stream_id"]
         response.resume_token = created["resume_token"]
-        async for delta in self._follow(response):
-            yield delta
 
     async def _follow(self, response: Response) -> AsyncIterator[str]:
         while response.done is None:
@@ -204,10 +207,13 @@ class RealtimeClient:
         """Interrupt the current response; returns its ``response.done``.
 
         Deltas still in flight before the ``response.done`` are added to
-        ``self.current.text``.
+        ``self.current.text``. Called before ``response.created`` came (a
+        :meth:`respond` stopped early), it waits for it first.
         """
         response = self.current
         assert response is not None, "no response to cancel"
+        if not response.response_id:
+            await self._created(response)
         event: dict[str, Any] = {"type": "response.cancel",
                                  "response_id": response.response_id}
         if heard_chars is not None:

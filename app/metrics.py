@@ -147,6 +147,14 @@ class Metrics:
             "bargein_protocol_errors",
             "Client frames refused by the decoder (malformed, unknown type, a field out "
             "of range), by error code.", ["code"], registry=r)
+        self.http_errors = Counter(
+            "bargein_http_errors",
+            "HTTP API requests answered with an OpenAI error body, by status and error "
+            "code (validation, not found, overload...).", ["status", "code"], registry=r)
+        self.auth_refusals = Counter(
+            "bargein_auth_refusals",
+            "HTTP requests and WebSocket upgrades refused by the API key or Origin check, "
+            "by reason.", ["reason"], registry=r)
         self.preemptions = Counter("bargein_preemptions",
                                    "Sequences preempted to free KV blocks (recomputed later).",
                                    registry=r)

@@ -109,6 +109,14 @@ class Observer:
         ``invalid_parameter`` found by the decoder) and got an ``error``."""
         self.metrics.protocol_errors.labels(code=code).inc()
 
+    def http_error(self, status: int, code: str | None) -> None:
+        """An HTTP API request got an error answer (``ApiError``)."""
+        self.metrics.http_errors.labels(status=str(status), code=code or "none").inc()
+
+    def auth_refused(self, reason: str) -> None:
+        """A request or upgrade was refused (401/403): missing or invalid key, Origin."""
+        self.metrics.auth_refusals.labels(reason=reason).inc()
+
     def closed(self) -> None:
         """A realtime connection ended (whoever closed it)."""
         self.metrics.sessions_connected.dec()

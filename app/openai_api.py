@@ -62,12 +62,13 @@ from app.openai_schema import (
 )
 from engine.request import FinishReason
 from protocol import events as pe
-from session.actions import Expired
+from session.delivery import relayed_code
 from session.errors import OffsetOutOfRange, StreamNotFound, TokenLogUnavailable
+from session.observer import SessionObserver
 from session.service import Owner, Service
 from session.session import Submit, SubmitFailed
 from session.sse import event_id, format_event, parse_event_id
-from session.token_log import LogEntry, StreamEnd, StreamInfo
+from session.token_log import EndError, LogEntry, StreamEnd, StreamInfo, TokenLog
 
 DONE = format_event("[DONE]")
 CANCEL_WAIT_S = 10.0  # a cancel answers once the engine confirmed (one step), or after this
@@ -112,6 +113,7 @@ def _answering(endpoint: Endpoint) -> Endpoint:
         try:
             return await endpoint(request)
         except ApiError as exc:
+            request.app.state.bargein.observer.http_error(exc.status, exc.code)
             return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
     return answer
@@ -152,10 +154,11 @@ async def chat_completions(request: Request) -> Response:
             service.abort(stream_id, FinishReason.CANCELLED, service.clock())
 
     if chat.stream:
-        events = sse_events(service, stream_id, completion, from_offset=0, role=True)
+        events = sse_events(service.log, stream_id, completion, from_offset=0, role=True,
+                            observer=service.observer)
         return EventStreamResponse(events, on_disconnect=on_disconnect,
                                    headers={"X-Bargein-Stream-Id": stream_id})
-    collect = _collect(service, stream_id, completion)
+    collect = _collect(service.log, stream_id, completion)
     body_or_gone = await unless_disconnected(request.receive, collect)
     if body_or_gone is None:
         on_disconnect()
@@ -199,19 +202,19 @@ def _retry_later(code: pe.ErrorCode, message: str, retry_after_ms: int) -> ApiEr
                              "X-Bargein-Retry-After-Ms": str(retry_after_ms)})
 
 
-def _dropped(expired: Expired) -> ApiError:
-    """The answer for a request dropped from the queue at its deadline."""
-    return _retry_later(pe.ErrorCode.OVERLOADED, expired.message, expired.retry_after_ms)
+def _end_error(error: EndError) -> ApiError:
+    """The answer for a stream whose end carries an error (a request dropped
+    from the queue at its deadline: ``overloaded``)."""
+    return _retry_later(relayed_code(error), error.message, error.retry_after_ms)
 
 
-async def _collect(service: Service, stream_id: str, completion: Completion) -> dict[str, Any]:
+async def _collect(log: TokenLog, stream_id: str, completion: Completion) -> dict[str, Any]:
     """The ``chat.completion`` body of a stream, once it ended.
 
     Raises ApiError: 500 when generation failed or the log could not be read,
     503 with ``Retry-After`` when the request was dropped from the queue at
     its deadline (``overloaded``).
     """
-    log = service.log
     parts: list[str] = []
     try:
         async with contextlib.aclosing(log.read(stream_id, 0)) as items:
@@ -221,8 +224,8 @@ async def _collect(service: Service, stream_id: str, completion: Completion) -> 
                 elif item.finish_reason == FinishReason.ERROR.value:
                     raise ApiError("generation failed", status=500, code="internal_error",
                                    type_="server_error")
-                elif (expired := service.expired(stream_id)) is not None:
-                    raise _dropped(expired)
+                elif item.error is not None:
+                    raise _end_error(item.error)
                 else:
                     return completion_body(completion, "".join(parts), item)
     except (StreamNotFound, TokenLogUnavailable) as exc:
@@ -233,17 +236,31 @@ async def _collect(service: Service, stream_id: str, completion: Completion) -> 
 
 # ---- SSE ---------------------------------------------------------------------------
 
-async def sse_events(service: Service, stream_id: str, completion: Completion, *,
-                     from_offset: int, role: bool) -> AsyncGenerator[bytes, None]:
+async def sse_events(log: TokenLog, stream_id: str, completion: Completion, *,
+                     from_offset: int, role: bool,
+                     observer: SessionObserver) -> AsyncGenerator[bytes, None]:
     """The SSE events of a stream from ``from_offset``: chunks, then ``[DONE]``.
 
     ``role``: start with the chunk that announces the assistant role (id
     ``<stream_id>:0``), as OpenAI streams do; a resume from an id has had it.
     A stream that cannot be read (expired meanwhile, log down), or whose
     request was dropped from the queue at its deadline (``overloaded``), ends
-    with an OpenAI error event instead of ``[DONE]``.
+    with an OpenAI error event instead of ``[DONE]``. ``observer`` counts it
+    among the streams being delivered while it runs, as a WebSocket delivery.
     """
-    log = service.log
+    observer.delivery_started()
+    try:
+        async with contextlib.aclosing(_sse_events(log, stream_id, completion,
+                                                   from_offset=from_offset,
+                                                   role=role)) as events:
+            async for event in events:
+                yield event
+    finally:
+        observer.delivery_ended()
+
+
+async def _sse_events(log: TokenLog, stream_id: str, completion: Completion, *,
+                      from_offset: int, role: bool) -> AsyncGenerator[bytes, None]:
     if role:
         first = chunk_body(completion, {"role": "assistant", "content": ""})
         yield format_event(dumps(first), event_id=event_id(stream_id, 0))
@@ -255,8 +272,8 @@ async def sse_events(service: Service, stream_id: str, completion: Completion, *
                         chunk = chunk_body(completion, {"content": item.text})
                         yield format_event(dumps(chunk),
                                            event_id=event_id(stream_id, item.end))
-                elif (expired := service.expired(stream_id)) is not None:
-                    yield format_event(dumps(_dropped(expired).body()))
+                elif item.error is not None:
+                    yield format_event(dumps(_end_error(item.error).body()))
                     return
                 else:
                     for body in _closing(completion, item):
@@ -345,8 +362,8 @@ async def stream_events(request: Request) -> Response:
                        else "from", code="offset_out_of_range")
     if info.status == "live":
         await service.follow(stream_id)  # continued here if its node died
-    events = sse_events(service, stream_id, _completion_of(info, service),
-                        from_offset=from_offset, role=role)
+    events = sse_events(service.log, stream_id, _completion_of(info, service),
+                        from_offset=from_offset, role=role, observer=service.observer)
     return EventStreamResponse(events, on_disconnect=lambda: None,
                                headers={"X-Bargein-Stream-Id": stream_id})
 

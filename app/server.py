@@ -171,7 +171,8 @@ def create_app(settings: Settings, *, progress: Progress = lambda stage: None,
     auth = AuthConfig(key_digests=load_api_keys(settings.server.api_keys),
                       allowed_origins=frozenset(settings.server.allowed_origins))
     app = Starlette(routes=routes, lifespan=lifespan,
-                    middleware=[Middleware(AuthMiddleware, config=auth)])
+                    middleware=[Middleware(AuthMiddleware, config=auth,
+                                           on_refused=state.observer.auth_refused)])
     app.state.bargein = state
     return app
 

@@ -53,26 +53,33 @@ class Delivered:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ResumedFrom:
+    """The client resumed the stream (``stream.resume``) from an offset, so it
+    holds the stream's text before that offset: ``text``, and nothing more.
+
+    It replaces what the session counted as delivered, which after a
+    ``session.resume`` is the saved (possibly stale) count of an earlier
+    connection: a resume from before its end would count the replayed text
+    twice, one from past it would miss what the earlier connection sent.
+    """
+
+    stream_id: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GenerationFinished:
     """The engine finished a request (any reason) and ``text`` is all of it.
 
-    ``expired``: set when the server cancelled the request because it waited
-    in the queue past its deadline without a first token (``overloaded``,
-    with when to retry); the response never started.
+    ``expired``: the server cancelled the request because it waited in the
+    queue past its deadline without a first token; the response never
+    started (the client hears ``overloaded`` from the stream's end).
     """
 
     stream_id: str
     text: str
     finish_reason: FinishReason
-    expired: Expired | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Expired:
-    """Why a queued request was dropped: the ``error`` event's message and retry hint."""
-
-    message: str
-    retry_after_ms: int
+    expired: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

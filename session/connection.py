@@ -27,6 +27,7 @@ from session.session import (
     Disconnected,
     GenerationFinished,
     Message,
+    ResumedFrom,
     Send,
     Session,
     StartDelivery,
@@ -203,7 +204,7 @@ class Connection:
         delivery = Delivery(self.service.log, response_id=response_id, stream_id=stream_id,
                             from_offset=from_offset, send=self._send, on_delivered=delivered,
                             include_token_ids=self.session.settings.include_token_ids,
-                            observer=self.service.observer, expired=self.service.expired)
+                            observer=self.service.observer)
         task = asyncio.create_task(delivery.run(), name=f"deliver-{stream_id}")
         self._deliveries[stream_id] = (delivery, task)
         self.service.reader_started(stream_id)
@@ -236,12 +237,39 @@ class Connection:
             return
         if info.status == "live":
             await self.service.follow(event.stream_id)  # its node may have died
+        if self.session.knows_stream(event.stream_id):
+            # the heard-text cut of a barge-in counts from what the client holds
+            try:
+                held = await self._text_before(event.stream_id, min(event.from_, info.end))
+            except TokenLogError:  # the delivery below reports the log's state
+                logger.warning("stream %s: text before %d unreadable; the delivered "
+                               "count stays", event.stream_id, event.from_)
+            else:
+                if self.session.state is not State.CLOSED:
+                    self.session.handle(ResumedFrom(stream_id=event.stream_id, text=held),
+                                        self._clock())
         await self._send(pe.StreamResumed(stream_id=event.stream_id,
                                           response_id=info.response_id,
                                           from_=event.from_, status=info.status))
         self.service.observer.resumed(stream_id=event.stream_id, from_offset=event.from_,
                                       num_replayed=max(0, info.end - event.from_))
         self._start_delivery(info.response_id, event.stream_id, event.from_)
+
+    async def _text_before(self, stream_id: str, offset: int) -> str:
+        """The text of the stream's log entries that end at or before ``offset``:
+        what a client resuming from ``offset`` holds (a resume replays the entry
+        that holds ``offset`` whole). ``offset`` must be at most the logged end,
+        so the read never waits for generation. Raises TokenLogError."""
+        parts: list[str] = []
+        if offset > 0:
+            async with contextlib.aclosing(self.service.log.read(stream_id, 0)) as items:
+                async for item in items:
+                    if isinstance(item, StreamEnd) or item.end > offset:
+                        break
+                    parts.append(item.text)
+                    if item.end == offset:
+                        break
+        return "".join(parts)
 
     @staticmethod
     def _error(code: pe.ErrorCode, message: str, event: object) -> pe.ErrorEvent:
@@ -290,21 +318,28 @@ class Connection:
         """Make ``saved`` this connection's session; return its active stream.
 
         A response that was active when the state was saved: if its stream
-        has ended, its whole text (from the log) becomes the assistant turn;
-        if it still generates, the session waits for it (a watcher reads the
-        log to its end); if the stream expired, what was delivered stays.
+        has ended, its whole text (from the log) becomes the assistant turn,
+        unless it was dropped at its queue deadline (its input leaves the
+        conversation, as on the connection that made it); if it still
+        generates, the session waits for it (a watcher reads the log to its
+        end); if the stream expired, what was delivered stays.
         """
         session = Session(self.service.config, session_id=saved.session_id)
         turns = list(saved.turns)
         active = saved.active
         info = None if active is None else await self.service.log.info(active.stream_id)
-        if active is not None and (info is None or info.status == "complete"):
-            text = active.delivered if info is None else \
-                (await self._stream_text(active.stream_id))[0]
-            turns.append(Message(role="assistant", content=text))
+        if active is not None and info is None:
+            turns.append(Message(role="assistant", content=active.delivered))
+        elif active is not None and info is not None and info.finish is not None:
+            if info.finish.error is None:
+                text = (await self._stream_text(active.stream_id))[0]
+                turns.append(Message(role="assistant", content=text))
+            else:
+                del turns[len(turns) - active.num_input_turns:]
         live = active if info is not None and info.status == "live" else None
         session.restore(settings=saved.settings, turns=turns, active=None if live is None
-                        else (live.response_id, live.stream_id, live.delivered))
+                        else (live.response_id, live.stream_id, live.delivered,
+                              live.num_input_turns))
         self.service.sessions.pop(self.session.session_id, None)
         self.session = session
         self.service.sessions[session.session_id] = self
@@ -333,15 +368,17 @@ class Connection:
 
     async def _watch_restored(self, stream_id: str) -> None:
         """Give the resumed session its active response's turn when the stream ends."""
+        expired = False
         try:
             text, end = await self._stream_text(stream_id)
-            reason = FinishReason(end.finish_reason)
+            reason, expired = FinishReason(end.finish_reason), end.error is not None
         except TokenLogError:  # keep what this connection delivered of it
             active = self.session.active_response
             text, reason = ("" if active is None else active[2]), FinishReason.ERROR
         if self.session.state is not State.CLOSED:
             self.session.handle(GenerationFinished(stream_id=stream_id, text=text,
-                                                   finish_reason=reason), self._clock())
+                                                   finish_reason=reason, expired=expired),
+                                self._clock())
             self._saver.request()
 
     async def _settle_restored(self) -> None:

@@ -16,15 +16,23 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from protocol import events as pe
-from session.actions import Expired
 from session.errors import StreamNotFound, TokenLogUnavailable
 from session.observer import NullObserver, SessionObserver
-from session.token_log import LogEntry, StreamEnd, TokenLog
+from session.token_log import EndError, LogEntry, StreamEnd, TokenLog
 
 SendEvent = Callable[[object], Awaitable[None]]
 # Log entries read ahead of the socket; past it the reader waits, so a lagging
 # client costs no memory beyond the log itself (whatever the log backend).
 READ_AHEAD = 64
+
+
+def relayed_code(error: EndError) -> pe.ErrorCode:
+    """The protocol code of an error read from the log; ``internal_error`` for a
+    code this node does not know (written by a newer node in a rolling deploy)."""
+    try:
+        return pe.ErrorCode(error.code)
+    except ValueError:
+        return pe.ErrorCode.INTERNAL_ERROR
 
 
 def done_event(response_id: str, stream_id: str, end: StreamEnd) -> pe.ResponseDone:
@@ -48,17 +56,16 @@ class Delivery:
         on_delivered: called with each delta's text after it was sent.
         include_token_ids: put ``token_ids`` in the deltas.
         observer: told when delivery starts and ends and of each delta's size.
-        expired: why the stream's request was dropped from the queue at its
-            deadline, or None; asked at the stream's end, so such a stream's
-            ``response.done`` is preceded by ``error`` ``overloaded``.
+
+    A stream whose end carries an error (a request dropped from the queue at
+    its deadline) gets that ``error`` event, then its ``response.done``.
     """
 
     def __init__(self, log: TokenLog, *, response_id: str, stream_id: str,
                  from_offset: int, send: SendEvent,
                  on_delivered: Callable[[str], None] = lambda text: None,
                  include_token_ids: bool = False,
-                 observer: SessionObserver | None = None,
-                 expired: Callable[[str], Expired | None] = lambda stream_id: None) -> None:
+                 observer: SessionObserver | None = None) -> None:
         self.log = log
         self.response_id = response_id
         self.stream_id = stream_id
@@ -69,7 +76,6 @@ class Delivery:
         self._include_token_ids = include_token_ids
         self._observer: SessionObserver = observer or NullObserver()
         self._muted = False
-        self._expired = expired
         self._queue: asyncio.Queue[LogEntry | StreamEnd | BaseException] = asyncio.Queue(
             maxsize=READ_AHEAD)
 
@@ -120,10 +126,10 @@ class Delivery:
                     raise item
                 if isinstance(item, StreamEnd):
                     self.finish = item
-        expired = self._expired(self.stream_id)
-        if expired is not None:
-            error = self._error(pe.ErrorCode.OVERLOADED, expired.message, True)
-            await self._send(replace(error, retry_after_ms=expired.retry_after_ms))
+        if (end_error := self.finish.error) is not None:
+            code = relayed_code(end_error)
+            error = self._error(code, end_error.message, code.retryable)
+            await self._send(replace(error, retry_after_ms=end_error.retry_after_ms))
         await self._send(done_event(self.response_id, self.stream_id, self.finish))
 
     async def _send_delta(self, entries: list[LogEntry]) -> None:

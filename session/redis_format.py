@@ -8,13 +8,15 @@ one Redis Cluster hash slot):
   uint32 count, the token ids as uint32, then the text in UTF-8 (one field,
   because per-argument packing and parsing dominate the cost of a step and of
   a replay). The finish has id ``<end>-1`` and fields ``f`` (finish reason),
-  ``p``/``c``/``k`` (prompt, completion, cached tokens). So "entries with
+  ``p``/``c``/``k`` (prompt, completion, cached tokens), and for a finish
+  with an error to relay, ``e``/``m``/``r`` (its code, message and
+  retry_after_ms). So "entries with
   end > offset" is ``XRANGE (<offset>-0 +``, a reader's position is its last
   id, and a retried ``XADD`` of an entry that already landed fails ("equal or
   smaller id") instead of duplicating it.
 - ``<prefix>{<stream_id>}:meta``: a hash of response_id, principal,
-  session_id, owner_node, status, and at the finish end, finish_reason and
-  usage.
+  session_id, owner_node, status, and at the finish end, finish_reason,
+  usage and the error's error_code, error_message and retry_after_ms.
 - Both keys expire ``live_ttl_s`` after creation (a dead writer never leaves
   keys forever) and ``retention_s`` after the finish. The length of a stream
   is bounded by admission (max_tokens), never trimmed.
@@ -32,7 +34,7 @@ from redis.exceptions import ResponseError
 
 from session.errors import OffsetOutOfRange, StreamNotFound
 from session.redis_tail import StreamId, parse_id
-from session.token_log import LogEntry, StreamEnd, StreamInfo, StreamWrite
+from session.token_log import EndError, LogEntry, StreamEnd, StreamInfo, StreamWrite
 
 _HEAD = struct.Struct("<II")  # start, number of token ids of a packed entry
 
@@ -87,8 +89,12 @@ def decode(stream_id: str, entry_id: StreamId, fields: Mapping[bytes, bytes], po
     """A log entry as read back; raises StreamNotFound if it leaves a gap after ``pos``."""
     end, seq = entry_id
     if seq == 1:
+        error = None
+        if b"e" in fields:
+            error = EndError(code=fields[b"e"].decode(), message=fields[b"m"].decode(),
+                             retry_after_ms=int(fields[b"r"]))
         return StreamEnd(end=end, finish_reason=fields[b"f"].decode(), prompt_tokens=int(fields[b"p"]),
-                         completion_tokens=int(fields[b"c"]), cached_tokens=int(fields[b"k"]))
+                         completion_tokens=int(fields[b"c"]), cached_tokens=int(fields[b"k"]), error=error)
     data = fields[b"d"]
     start, count = _HEAD.unpack_from(data)
     if start > pos:
@@ -137,12 +143,19 @@ def step_commands(
                 owners.append(None)
             end = write.entry.end
         if (finish := write.finish) is not None:
+            entry_error: tuple[str | int, ...] = ()
+            meta_error: tuple[str | int, ...] = ()
+            if (error := finish.error) is not None:
+                entry_error = ("e", error.code, "m", error.message, "r", error.retry_after_ms)
+                meta_error = ("error_code", error.code, "error_message", error.message,
+                              "retry_after_ms", error.retry_after_ms)
             commands += [
                 resp(*_xadd(log_key, end), f"{end}-1", "f", finish.finish_reason, "p", finish.prompt_tokens,
-                     "c", finish.completion_tokens, "k", finish.cached_tokens),
+                     "c", finish.completion_tokens, "k", finish.cached_tokens, *entry_error),
                 resp("HSET", meta_key, "status", "complete", "end", end,
                      "finish_reason", finish.finish_reason, "prompt_tokens", finish.prompt_tokens,
-                     "completion_tokens", finish.completion_tokens, "cached_tokens", finish.cached_tokens),
+                     "completion_tokens", finish.completion_tokens, "cached_tokens", finish.cached_tokens,
+                     *meta_error),
                 resp("PEXPIRE", log_key, retention_ms), resp("PEXPIRE", meta_key, retention_ms)]
             owners += [sid, None, None, None]  # HSET's count is 0 on a retry: not a check
         step_ends[sid] = end
@@ -162,10 +175,14 @@ def info_from_meta(stream_id: str, meta: Mapping[bytes, bytes], newest: Sequence
     finish = None
     if text.get("status") == "complete":
         end = int(text["end"])
+        error = None
+        if "error_code" in text:
+            error = EndError(code=text["error_code"], message=text["error_message"],
+                             retry_after_ms=int(text["retry_after_ms"]))
         finish = StreamEnd(end=end, finish_reason=text["finish_reason"],
                            prompt_tokens=int(text["prompt_tokens"]),
                            completion_tokens=int(text["completion_tokens"]),
-                           cached_tokens=int(text["cached_tokens"]))
+                           cached_tokens=int(text["cached_tokens"]), error=error)
     else:
         end = parse_id(newest[0][0])[0] if newest else 0
     return StreamInfo(stream_id=stream_id, response_id=text["response_id"], principal=text["principal"],

@@ -40,6 +40,9 @@ class SavedActive:
     response_id: str
     stream_id: str
     delivered: str  # text of it written to the old connection's socket
+    # the last turns, its input: they leave the conversation if it is dropped at its
+    # queue deadline (0 in saves from before this field: the input stays)
+    num_input_turns: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,7 +65,8 @@ class SavedSession:
                          "include_token_ids": s.include_token_ids},
             "turns": [[t.role, t.content] for t in self.turns],
             "active": None if self.active is None else [
-                self.active.response_id, self.active.stream_id, self.active.delivered]}
+                self.active.response_id, self.active.stream_id, self.active.delivered,
+                self.active.num_input_turns]}
         return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
 
     @classmethod
@@ -81,7 +85,8 @@ class SavedSession:
                        settings=ConversationSettings(**body["settings"]),
                        turns=tuple(Message(role=r, content=c) for r, c in body["turns"]),
                        active=None if active is None else SavedActive(
-                           response_id=active[0], stream_id=active[1], delivered=active[2]))
+                           response_id=active[0], stream_id=active[1], delivered=active[2],
+                           num_input_turns=active[3] if len(active) > 3 else 0))
         except (KeyError, TypeError, IndexError, json.JSONDecodeError) as exc:
             raise ValueError(f"not a saved session: {exc}") from exc
 
@@ -93,7 +98,8 @@ def snapshot(session: Session, principal: str) -> SavedSession:
         session_id=session.session_id, principal=principal, settings=session.settings,
         turns=tuple(session.turns),
         active=None if active is None else SavedActive(
-            response_id=active[0], stream_id=active[1], delivered=active[2]))
+            response_id=active[0], stream_id=active[1], delivered=active[2],
+            num_input_turns=active[3]))
 
 
 class SessionSaver:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,21 +25,18 @@ from typing import Any
 from engine.errors import EngineStoppedError, PromptTooLongError
 from engine.request import EngineRequest, FinishReason, RequestOutput
 from protocol import events as pe
-from session.actions import Expired
 from session.admission import Admission, AdmissionConfig, Refusal
 from session.chat import render_prompt
 from session.config import SessionConfig
 from session.errors import TokenLogUnavailable
 from session.observer import NullObserver, SessionObserver
 from session.session import GenerationFinished, Submit, Submitted, SubmitFailed
-from session.token_log import LogEntry, StreamEnd, StreamInfo, StreamWrite, TokenLog
+from session.token_log import EndError, LogEntry, StreamEnd, StreamInfo, StreamWrite, TokenLog
 from session.tokens import make_resume_token
 
 logger = logging.getLogger(__name__)
 
 OnFinish = Callable[[GenerationFinished], None]
-# streams dropped at their queue deadline that the HTTP API can still ask about
-_REMEMBERED_EXPIRIES = 1024
 
 
 @dataclass(slots=True, kw_only=True)
@@ -56,7 +53,7 @@ class _LiveStream:
     released: bool = False  # the connection that created it closed
     abandoned: asyncio.TimerHandle | None = None  # aborts it if nobody reads it in time
     deadline: asyncio.TimerHandle | None = None  # drops it if it is still queued then
-    expired: Expired | None = None  # it was dropped from the queue at its deadline
+    expired: EndError | None = None  # it was dropped from the queue at its deadline
     continuation: Any = None  # a session.takeover.Continuation: a stream taken over
 
 
@@ -111,7 +108,6 @@ class Service:
         self.interrupt_latencies_s: deque[float] = deque(maxlen=4096)
         self.num_interrupts = 0
         self._live: dict[str, _LiveStream] = {}
-        self._expired: OrderedDict[str, Expired] = OrderedDict()  # newest last
         self._readers: dict[str, int] = {}  # stream id -> deliveries of it on this node
         # session id -> the connection on this node that holds it (the last to attach)
         self.sessions: dict[str, Any] = {}
@@ -277,29 +273,23 @@ class Service:
 
         The up-front estimate is a mean, so some admitted requests would wait
         past it; they are cancelled here instead (nothing was generated, so
-        nothing is lost) and their client is told ``overloaded`` with when to
-        retry, as if refused at submit.
+        nothing is lost) and every reader of the stream, on any node, is told
+        ``overloaded`` with when to retry (the error rides in the log's
+        ``StreamEnd``), as if refused at submit.
         """
         live = self._live.get(stream_id)
-        if live is None or live.started:
-            return
+        if live is None or live.started or live.abort_requested_at is not None:
+            return  # it started, or it is already being cancelled for another reason
         live.deadline = None
         queue_time_s = self.admission.config.max_queue_time_s
-        live.expired = Expired(
+        live.expired = EndError(
+            code=pe.ErrorCode.OVERLOADED.value,
             message=f"the server is overloaded: no first token within {queue_time_s:g} s; "
                     "retry later",
             retry_after_ms=self.admission.drain_retry_ms(self.clock()))
-        self._expired[stream_id] = live.expired
-        while len(self._expired) > _REMEMBERED_EXPIRIES:
-            self._expired.popitem(last=False)
         logger.info("stream %s still queued after %.1f s: dropped", stream_id, queue_time_s)
         self.observer.rejected(pe.ErrorCode.OVERLOADED.value, response_id=live.response_id)
         self.runner.abort(stream_id, FinishReason.CANCELLED)
-
-    def expired(self, stream_id: str) -> Expired | None:
-        """Why ``stream_id``, submitted here, was dropped from the queue (None:
-        it was not); the HTTP API asks when it reads the stream's end."""
-        return self._expired.get(stream_id)
 
     def release(self, stream_id: str) -> None:
         """Its connection is gone: generation goes on, nobody is told of the end;
@@ -424,10 +414,18 @@ class Service:
                                finish_reason=out.finish_reason.value,
                                prompt_tokens=out.num_prompt_tokens,
                                completion_tokens=out.num_output_tokens,
-                               cached_tokens=out.num_cached_tokens)
+                               cached_tokens=out.num_cached_tokens,
+                               error=self._dropped(live, out))
         if entry is None and finish is None:
             return None
         return StreamWrite(stream_id=out.request_id, entry=entry, finish=finish)
+
+    @staticmethod
+    def _dropped(live: _LiveStream, out: RequestOutput) -> EndError | None:
+        """The error of a stream dropped at its queue deadline, unless the step
+        that was already running when the deadline passed gave it tokens: then
+        it started, and ends as cancelled with what it has (no overload)."""
+        return live.expired if out.num_output_tokens == 0 else None
 
     def _notify_finished(self, outputs: Sequence[RequestOutput], freed_at: float) -> None:
         for out in outputs:
@@ -456,7 +454,7 @@ class Service:
             if live.on_finish is not None:
                 event = GenerationFinished(stream_id=out.request_id, text=text,
                                            finish_reason=out.finish_reason,
-                                           expired=live.expired)
+                                           expired=self._dropped(live, out) is not None)
                 try:
                     live.on_finish(event)
                 except Exception:  # one broken session must not stop every stream

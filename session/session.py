@@ -41,6 +41,7 @@ from session.actions import (
     Disconnected,
     GenerationFinished,
     Message,
+    ResumedFrom,
     Send,
     StartDelivery,
     StopDelivery,
@@ -151,7 +152,8 @@ class Session:
         return {pe.Ping: self._on_ping, pe.SessionUpdate: self._on_update,
                 pe.ResponseCreate: self._on_create, pe.ResponseCancel: self._on_cancel,
                 Submitted: self._on_submitted, SubmitFailed: self._on_submit_failed,
-                Delivered: self._on_delivered, GenerationFinished: self._on_finished,
+                Delivered: self._on_delivered, ResumedFrom: self._on_resumed_from,
+                GenerationFinished: self._on_finished,
                 Disconnected: self._on_disconnected}
 
     @property
@@ -159,20 +161,26 @@ class Session:
         """Stream of the active response, if any."""
         return None if self._active is None else self._active.stream_id
 
+    def knows_stream(self, stream_id: str) -> bool:
+        """Whether ``stream_id`` is the active response's or a remembered one's."""
+        return self._find(stream_id) is not None
+
     @property
-    def active_response(self) -> tuple[str, str, str] | None:
-        """``(response_id, stream_id, delivered text)`` of the active response."""
+    def active_response(self) -> tuple[str, str, str, int] | None:
+        """``(response_id, stream_id, delivered text, number of input turns)`` of
+        the active response (the input turns: what its ``response.create``
+        appended, the last of ``turns``)."""
         active = self._active
         return None if active is None else (active.response_id, active.stream_id,
-                                            active.delivered)
+                                            active.delivered, active.num_input_turns)
 
     def restore(self, *, settings: ConversationSettings, turns: list[Message],
-                active: tuple[str, str, str] | None) -> None:
+                active: tuple[str, str, str, int] | None) -> None:
         """Take over the conversation of an earlier connection (``session.resume``).
 
-        ``active`` is ``(response_id, stream_id, delivered text)`` of a response
-        still generating: the session waits in GENERATING for its
-        :class:`GenerationFinished`. Only a fresh session may be restored.
+        ``active`` is :attr:`active_response` of a response still generating:
+        the session waits in GENERATING for its :class:`GenerationFinished`.
+        Only a fresh session may be restored.
 
         Raises:
             IllegalTransition: the session already has turns or a response.
@@ -182,9 +190,9 @@ class Session:
         self.settings = settings
         self.turns = list(turns)
         if active is not None:
-            response_id, stream_id, delivered = active
+            response_id, stream_id, delivered, num_input_turns = active
             self._active = _Response(response_id=response_id, stream_id=stream_id,
-                                     delivered=delivered)
+                                     delivered=delivered, num_input_turns=num_input_turns)
             self.state = State.GENERATING
 
     def messages(self) -> tuple[Message, ...]:
@@ -337,13 +345,19 @@ class Session:
             response.delivered += event.text
         return []
 
+    def _on_resumed_from(self, event: ResumedFrom, now: float) -> list[Action]:
+        response = self._find(event.stream_id)
+        if response is not None:
+            response.delivered = event.text
+        return []
+
     def _on_finished(self, event: GenerationFinished, now: float) -> list[Action]:
         active = self._active
         if active is None or active.stream_id != event.stream_id:
             return []  # already cut by a cancel, or a stream of an earlier connection
         if self.state is not State.GENERATING:
             raise IllegalTransition(self.state, event)
-        if event.expired is not None:
+        if event.expired:
             # Dropped from the queue before its first token: as if refused at
             # submit, its input leaves the conversation so a retry resends it.
             # The client hears of it from the stream's delivery (``error``

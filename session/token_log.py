@@ -66,14 +66,30 @@ class LogEntry:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class EndError:
+    """A retryable error that every reader of a stream relays before its end.
+
+    Today one case: a request dropped from the queue at its deadline
+    (``code`` ``overloaded``). It lives in the log, not in the node that
+    generated, so a client resuming the stream on any node hears it too.
+    """
+
+    code: str  # a PROTOCOL.md error code
+    message: str
+    retry_after_ms: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StreamEnd:
-    """The last event of a stream: total tokens, why it ended, and usage."""
+    """The last event of a stream: total tokens, why it ended, usage, and the
+    error to relay first, if any."""
 
     end: int
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    error: EndError | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -115,4 +116,45 @@ def test_chat_command_talks_to_a_live_server(live_server: LiveServer) -> None:
         timeout=120, check=False)
     assert chat.returncode == 0, chat.stderr
     assert "Paris" in chat.stdout
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_chat_barges_in_and_the_conversation_keeps_what_was_printed(
+        live_server: LiveServer) -> None:
+    interrupted_before = live_server.stats().num_finished_by_reason.get("interrupted", 0)
+    with subprocess.Popen(
+            [sys.executable, "-m", "app", "chat", "--url", live_server.ws_url,
+             "--max-tokens", "64"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as chat:
+        assert chat.stdin is not None and chat.stdout is not None
+        chat.stdin.write(b"Count from one to one hundred, in words.\n")
+        chat.stdin.flush()
+        printed = b""
+        while len(printed) < len(b"> ") + 8:  # the prompt, then the answer has started
+            chunk = os.read(chat.stdout.fileno(), 1 << 16)
+            assert chunk, "chat ended before answering"
+            printed += chunk
+        chat.send_signal(signal.SIGINT)
+        out, err = chat.communicate(b"Say hi.\n\n", timeout=120)
+    assert chat.returncode == 0, err
+    assert b"[interrupted]" in err and b"Traceback" not in err
+    assert live_server.stats().num_finished_by_reason.get("interrupted", 0) == \
+        interrupted_before + 1
+    # The second question's prompt holds the first answer as printed, cut there.
+    prompt = live_server.tokenizer.decode(live_server.recent_requests()[-1].prompt_token_ids)
+    assert "Say hi." in prompt
+    kept = prompt.split("<|im_start|>assistant\n")[1].split("<|im_end|>")[0]
+    assert kept and (printed + out).decode().startswith(f"> {kept}\n> ")
+
+
+@pytest.mark.slow
+def test_ctrl_c_at_the_prompt_quits_at_once(live_server: LiveServer) -> None:
+    with subprocess.Popen([sys.executable, "-m", "app", "chat", "--url", live_server.ws_url],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE) as chat:
+        assert chat.stderr is not None
+        assert chat.stderr.readline().startswith(b"connected to")  # now at the prompt
+        chat.send_signal(signal.SIGINT)
+        # with stdin still open: nothing typed, no Enter needed
+        assert chat.wait(timeout=10) == 130
 

@@ -69,8 +69,23 @@ def bearer(key: str) -> dict[str, str]:
 
 # ---- API keys ------------------------------------------------------------------
 
+def _series(server: EmbeddedServer, series: str) -> float:
+    """The value of one series (name and labels as exposed) in /metrics; 0 if absent."""
+    for line in httpx.get(server.http_url + "/metrics").text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name == series:
+            return float(value)
+    return 0.0
+
+
+def _refusals(server: EmbeddedServer, reason: str) -> float:
+    return _series(server, f'bargein_auth_refusals_total{{reason="{reason}"}}')
+
+
 async def test_missing_or_wrong_key_is_refused_with_401_before_the_upgrade(
         guarded: EmbeddedServer) -> None:
+    missing, invalid = _refusals(guarded, "missing_api_key"), _refusals(guarded,
+                                                                         "invalid_api_key")
     for headers in ({}, bearer("not-a-key")):
         with pytest.raises(InvalidStatus) as refused:
             await connect(guarded.ws_url, additional_headers=headers)
@@ -82,6 +97,9 @@ async def test_missing_or_wrong_key_is_refused_with_401_before_the_upgrade(
         assert (await http.get("/v1/models", headers=bearer("nope"))).status_code == 401
         assert (await http.get("/v1/models", headers=bearer("k-alice"))).status_code == 200
         assert (await http.get("/healthz")).status_code == 200  # probes need no key
+    # counted, WebSocket and HTTP alike (/metrics itself needs no key)
+    assert _refusals(guarded, "missing_api_key") == missing + 2
+    assert _refusals(guarded, "invalid_api_key") == invalid + 2
 
 
 async def test_good_key_in_header_or_subprotocol_opens_a_session(
@@ -144,10 +162,12 @@ async def test_another_key_cannot_resume_or_cancel_a_stream(guarded: EmbeddedSer
 # ---- origin --------------------------------------------------------------------
 
 async def test_origin_outside_the_allow_list_gets_403(guarded: EmbeddedServer) -> None:
+    before = _refusals(guarded, "origin_not_allowed")
     with pytest.raises(InvalidStatus) as refused:
         await connect(guarded.ws_url, origin="http://evil.example",  # type: ignore[arg-type]
                       additional_headers=bearer("k-origin"))
     assert refused.value.response.status_code == 403
+    assert _refusals(guarded, "origin_not_allowed") == before + 1
     async with connect(guarded.ws_url, origin=GOOD_ORIGIN,  # type: ignore[arg-type]
                        additional_headers=bearer("k-origin")) as ws:
         assert '"session.created"' in str(await ws.recv())
@@ -248,6 +268,8 @@ async def test_request_still_queued_at_its_deadline_is_dropped_with_overloaded(
         async with RealtimeClient(guarded.ws_url, headers=bearer("k-late")) as client:
             with pytest.raises(ServerError) as dropped:
                 await client.chat("Name a plum variety.", max_tokens=4)
+            assert client.current is not None
+            stream_id, token = client.current.stream_id, client.current.resume_token
             async with httpx.AsyncClient(base_url=guarded.http_url,  # a burst of 2 per key
                                          headers=bearer("k-late-http")) as http:
                 answer = await http.post("/v1/chat/completions", json={
@@ -260,11 +282,21 @@ async def test_request_still_queued_at_its_deadline_is_dropped_with_overloaded(
             # nothing of the dropped request stayed in the conversation: the
             # retry's prompt holds the question once
             assert await client.chat("Name a plum variety.", max_tokens=2, **GREEDY)
+        # A later reader of the dropped stream (a resume, here or on any other
+        # node) hears why from the log, not from this node's memory.
+        async with RealtimeClient(guarded.ws_url, headers=bearer("k-late")) as again:
+            await again.send({"type": "stream.resume", "stream_id": stream_id,
+                              "resume_token": token, "from": 0})
+            assert (await again._expect("stream.resumed"))["stream_id"] == stream_id
+            with pytest.raises(ServerError) as resumed:
+                await again._expect("response.done")
+            assert (await again._expect("response.done"))["finish_reason"] == "cancelled"
     finally:
         admission.config = saved
     event = dropped.value.event
     assert event["code"] == "overloaded" and "no first token within" in event["message"]
     assert event["retry_after_ms"] >= 100 and event["retryable"] is True
+    assert resumed.value.event == event
     assert answer.status_code == 503 and answer.json()["error"]["code"] == "overloaded"
     assert int(answer.headers["Retry-After"]) >= 1
     assert streamed.status_code == 200

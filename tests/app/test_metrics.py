@@ -41,7 +41,8 @@ EXPECTED_FAMILIES = {
     "bargein_kv_blocks_total", "bargein_sessions_connected", "bargein_streams_delivering",
     "bargein_event_loop_lag_seconds", "bargein_requests_finished", "bargein_disconnects",
     "bargein_stream_resumes", "bargein_replayed_tokens", "bargein_admission_rejections",
-    "bargein_protocol_errors", "bargein_preemptions", "bargein_prompt_tokens",
+    "bargein_protocol_errors", "bargein_http_errors", "bargein_auth_refusals",
+    "bargein_preemptions", "bargein_prompt_tokens",
     "bargein_generated_tokens",
 }
 
@@ -241,6 +242,33 @@ async def test_refused_requests_count_as_rejections_by_reason(
     assert after.moved(before, "bargein_protocol_errors_total", code="invalid_parameter") == 1
     assert num_finished(after, before) == {"stop": 0, "length": 0, "interrupted": 1,
                                            "cancelled": 0, "error": 0}
+
+
+async def test_http_errors_and_sse_streams_are_counted(live_server: LiveServer) -> None:
+    await live_server.wait_idle()
+    before = await scrape(live_server)
+    hi = [{"role": "user", "content": "Hi."}]
+    async with httpx.AsyncClient(base_url=live_server.http_url, timeout=60) as http:
+        bad = await http.post("/v1/chat/completions",
+                              json={"model": "m", "messages": hi, "temperature": 9})
+        missing = await http.get("/v1/streams/no-such-stream/events")
+        async with http.stream("POST", "/v1/chat/completions", json={
+                "model": "m", "messages": hi, "max_tokens": 16, "stream": True,
+                **GREEDY}) as streamed:
+            lines = streamed.aiter_lines()
+            assert (await anext(lines)).startswith("id:")  # the role chunk
+            during = await scrape(live_server)
+            rest = [line async for line in lines]
+    assert (bad.status_code, missing.status_code, streamed.status_code) == (400, 404, 200)
+    assert "data: [DONE]" in rest
+    delivering = "bargein_streams_delivering"
+    assert during.get(delivering) == before.get(delivering) + 1
+    after = await scrape_when(live_server,
+                              lambda s: s.get(delivering) == before.get(delivering))
+    errors = "bargein_http_errors_total"
+    assert after.moved(before, errors, status="400", code=bad.json()["error"]["code"]) == 1
+    assert after.moved(before, errors, status="404",
+                       code=missing.json()["error"]["code"]) == 1
 
 
 WORKER = """

@@ -23,6 +23,7 @@ from app.settings import ServerConfig, Settings
 from session.actions import Message
 from session.chat import render_prompt
 from session.config import SessionConfig
+from session.saved import SavedSession
 from session.tokens import make_session_token
 from tests.app.conftest import MAX_FRAME_BYTES, LiveServer
 from tests.app.resume_helpers import Conn, Received, assert_tiles
@@ -224,6 +225,52 @@ async def test_drop_in_second_turn_then_session_resume(live_server: LiveServer) 
     second = await _resume_second_turn(live_server.ws_url, dropped, created, before)
     _assert_third_prompt(live_server.tokenizer, live_server.recent_requests()[-1].prompt_token_ids,
                          first.text, second)
+
+
+async def _saved_delivered(service: Any, session_id: str) -> str | None:
+    """The delivered text of the saved session's active response, if any."""
+    data = await service.log.load_session(session_id)
+    active = None if data is None else SavedSession.from_bytes(data).active
+    return None if active is None else active.delivered
+
+
+async def test_barge_in_after_a_resume_from_before_the_delivered_end(
+        live_server: LiveServer) -> None:
+    """The kept turn is what the client holds. Resumed from 0, the replay
+    repeats what the dropped connection had delivered; it is not counted twice."""
+    question = "Count from one to one hundred, in words."
+    dropped = await Conn.open(live_server.ws_url)
+    created = await dropped.create(question, temperature=0.0, max_tokens=64)
+    before = await dropped.read(Received(), max_deltas=2)
+    dropped.drop()
+    # once the server noticed the drop, the saved session counts those deltas
+    service = live_server.state.service  # type: ignore[union-attr]
+    deadline = time.monotonic() + 10
+    while (await _saved_delivered(service, dropped.created["session_id"])) != before.text:
+        assert time.monotonic() < deadline, "the dropped connection's state was not saved"
+        await asyncio.sleep(0.02)
+    conn = await Conn.open(live_server.ws_url)
+    await conn.send(type="session.resume", session_id=dropped.created["session_id"],
+                    session_token=dropped.created["session_token"])
+    active = (await conn.expect("session.resumed"))["active"]
+    assert active is not None and active["stream_id"] == created["stream_id"]
+    resumed = await conn.resume(active["stream_id"], active["resume_token"], 0)
+    assert resumed["status"] == "live"  # the barge-in below cuts a live answer
+    held = Received()
+    while len(held.text) <= len(before.text):  # the replay, then past what was saved
+        await conn.read(held, max_deltas=1)
+    heard = held.text
+    assert heard.startswith(before.text) and held.done is None
+    await conn.send(type="response.cancel", response_id=created["response_id"],
+                    heard_chars=len(heard))
+    await conn.read(Received())  # to response.done
+    await conn.create("Say hi.", temperature=0.0, max_tokens=2)
+    await conn.read(Received())
+    await conn.close()
+    expected = render_prompt(live_server.tokenizer, (
+        Message(role="user", content=question), Message(role="assistant", content=heard),
+        Message(role="user", content="Say hi.")))
+    assert tuple(live_server.recent_requests()[-1].prompt_token_ids) == expected
 
 
 async def test_session_resume_refusals(live_server: LiveServer) -> None:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from protocol import events as pe
 from session.delivery import Delivery
-from session.token_log import LogEntry, MemoryTokenLog, StreamEnd, StreamInfo, StreamWrite
+from session.token_log import EndError, LogEntry, MemoryTokenLog, StreamEnd, StreamInfo, StreamWrite
 
 WORDS = ["Paris", " is", " the", " capital", " of", " France", "."]
 
@@ -98,6 +100,25 @@ async def test_muted_delivery_sends_only_the_done() -> None:
     await log.write_step(finish(1))
     await asyncio.wait_for(task, 5)
     assert [type(e) for e in socket.events] == [pe.ResponseDone]
+
+
+@pytest.mark.parametrize(("code", "sent"), [("overloaded", pe.ErrorCode.OVERLOADED),
+                                            ("from_a_newer_node", pe.ErrorCode.INTERNAL_ERROR)])
+async def test_an_error_in_the_end_goes_out_before_the_done(code: str,
+                                                            sent: pe.ErrorCode) -> None:
+    log = MemoryTokenLog()
+    await new_stream(log)
+    dropped = StreamEnd(end=0, finish_reason="cancelled", prompt_tokens=9, completion_tokens=0,
+                        cached_tokens=0, error=EndError(code=code, message="no first token",
+                                                        retry_after_ms=1200))
+    await log.write_step([StreamWrite(stream_id="s1", entry=None, finish=dropped)])
+    socket = SlowSocket()
+    socket.gate.set()
+    await Delivery(log, response_id="r1", stream_id="s1", from_offset=0, send=socket.send).run()
+    error, done = socket.events
+    assert error == pe.ErrorEvent(code=sent, message="no first token", retryable=True,
+                                  response_id="r1", retry_after_ms=1200)
+    assert isinstance(done, pe.ResponseDone) and done.finish_reason == "cancelled"
 
 
 async def test_unknown_stream_is_answered_with_not_found() -> None:

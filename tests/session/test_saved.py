@@ -25,10 +25,17 @@ def saved(active: SavedActive | None = None, turns: int = 2) -> SavedSession:
 
 
 @pytest.mark.parametrize("active", [None, SavedActive(response_id="r", stream_id="st",
-                                                      delivered="half 🙂")])
+                                                      delivered="half 🙂", num_input_turns=2)])
 def test_round_trip(active: SavedActive | None) -> None:
     original = saved(active)
     assert SavedSession.from_bytes(original.to_bytes()) == original
+
+
+def test_a_save_from_before_the_input_count_still_loads() -> None:
+    data = saved(SavedActive(response_id="r", stream_id="st", delivered="x",
+                             num_input_turns=1)).to_bytes().replace(b',"x",1]', b',"x"]')
+    active = SavedSession.from_bytes(data).active
+    assert active == SavedActive(response_id="r", stream_id="st", delivered="x")
 
 
 @pytest.mark.parametrize("data", [b"", b"[]", b'{"v": 1}', b'{"v": 99}', b"\xff"])
@@ -55,15 +62,25 @@ def test_restore_waits_for_the_active_response_then_keeps_its_turn() -> None:
     session = Session(SessionConfig(), session_id="s1")
     state = saved(turns=3)
     session.restore(settings=state.settings, turns=list(state.turns),
-                    active=("r", "st", "half"))
+                    active=("r", "st", "half", 1))
     assert session.state is State.GENERATING and session.active_stream_id == "st"
     assert snapshot(session, "alice").active == SavedActive(response_id="r", stream_id="st",
-                                                            delivered="half")
+                                                            delivered="half", num_input_turns=1)
     session.handle(GenerationFinished(stream_id="st", text="whole",
                                       finish_reason=FinishReason.STOP), now=0.0)
     assert session.state is State.IDLE
     assert session.turns[-1] == Message(role="assistant", content="whole")
     assert session.messages()[0] == Message(role="system", content="Be brief ✓")
+
+
+def test_a_restored_response_dropped_at_its_deadline_takes_its_input_away() -> None:
+    session = Session(SessionConfig(), session_id="s1")
+    state = saved(turns=3)  # user, assistant, user: the last is the dropped one's input
+    session.restore(settings=state.settings, turns=list(state.turns),
+                    active=("r", "st", "", 1))
+    session.handle(GenerationFinished(stream_id="st", text="", expired=True,
+                                      finish_reason=FinishReason.CANCELLED), now=0.0)
+    assert session.state is State.IDLE and session.turns == list(state.turns[:2])
 
 
 def test_only_a_fresh_session_is_restored() -> None:

@@ -8,7 +8,6 @@ import pytest
 
 from engine.request import FinishReason
 from protocol import events as pe
-from session.actions import Expired
 from session.config import SessionConfig
 from session.session import (
     Abort,
@@ -17,6 +16,7 @@ from session.session import (
     GenerationFinished,
     IllegalTransition,
     Message,
+    ResumedFrom,
     Send,
     Session,
     StartDelivery,
@@ -136,6 +136,22 @@ def test_cancel_cuts_the_turn_at_heard_chars_clamped_to_delivered(
     assert s.turns[-1] == Message(role="assistant", content=kept)
 
 
+@pytest.mark.parametrize(("held", "replayed"), [
+    ("", "Paris is the capital"),  # from 0: the replay is not counted twice
+    ("Paris is", " the capital"),
+    ("Paris is the capital of", " France"),  # past the stale count: no gap
+])
+def test_a_resume_resets_what_was_delivered_to_what_the_client_holds(
+        held: str, replayed: str) -> None:
+    s = make_session()
+    first = start_response(s, "Capital of France?", response_id="r1")
+    s.handle(Delivered(stream_id=first.stream_id, text="Paris is"), 2.0)  # a stale count
+    s.handle(ResumedFrom(stream_id=first.stream_id, text=held), 3.0)
+    s.handle(Delivered(stream_id=first.stream_id, text=replayed), 3.1)
+    s.handle(pe.ResponseCancel(response_id="r1"), 3.5)
+    assert s.turns[-1] == Message(role="assistant", content=held + replayed)
+
+
 def test_cancel_of_an_unknown_response_is_not_found() -> None:
     s = make_session()
     actions = s.handle(pe.ResponseCancel(response_id="nope", event_id="e1"), 0.0)
@@ -186,7 +202,7 @@ def test_dropped_at_the_queue_deadline_rolls_back_the_input() -> None:
     second = start_response(s, "two", response_id="r2", now=2.0)
     actions = s.handle(GenerationFinished(
         stream_id=second.stream_id, text="", finish_reason=FinishReason.CANCELLED,
-        expired=Expired(message="no first token within 2 s", retry_after_ms=700)), 4.0)
+        expired=True), 4.0)
     assert actions == []  # the stream's delivery tells the client (error, then done)
     # the earlier exchange stays; the dropped request's input is gone, so a
     # retry sends it again without a duplicate

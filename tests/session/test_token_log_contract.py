@@ -6,12 +6,21 @@ import asyncio
 import itertools
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
+from dataclasses import replace
 
 import pytest
 
 from session.errors import OffsetOutOfRange, StreamEnded, StreamExists, StreamNotFound
 from session.redis_log import RedisLogConfig, RedisTokenLog
-from session.token_log import LogEntry, MemoryTokenLog, StreamEnd, StreamInfo, StreamWrite, TokenLog
+from session.token_log import (
+    EndError,
+    LogEntry,
+    MemoryTokenLog,
+    StreamEnd,
+    StreamInfo,
+    StreamWrite,
+    TokenLog,
+)
 from tests.session.log_helpers import (
     FakeClock,
     chunks,
@@ -165,6 +174,29 @@ async def test_zero_token_stream_yields_only_end(log: TokenLog) -> None:
     await log.create_stream(live_info("s0"))
     await log.write_step([write("s0", f=finish(0, "interrupted"))])
     assert await collect(log.read("s0", 0)) == [finish(0, "interrupted")]
+
+
+async def test_an_end_error_reaches_every_reader(log: TokenLog) -> None:
+    # A request dropped from the queue at its deadline: a reader on any node
+    # (a replay, a late info) must relay the same overloaded error.
+    await log.create_stream(live_info("s0"))
+    error = EndError(code="overloaded", message="no first token within 1.5 s",
+                     retry_after_ms=2400)
+    end = replace(finish(0, "cancelled"), error=error)
+    await log.write_step([write("s0", f=end)])
+    assert await collect(log.read("s0", 0)) == [end]
+    info = await log.info("s0")
+    assert info is not None and info.finish == end
+    # after tokens too (a finish written in the step of its last entry)
+    await log.create_stream(live_info("s1"))
+    late = replace(finish(2, "cancelled"), error=error)
+    await log.write_step([write("s1", entry(0, 2), late)])
+    assert await collect(log.read("s1", 1)) == [entry(0, 2), late]
+    # an ordinary finish has none
+    await log.create_stream(live_info("s2"))
+    await log.write_step([write("s2", entry(0, 2), finish(2))])
+    info = await log.info("s2")
+    assert info is not None and info.finish is not None and info.finish.error is None
 
 
 async def test_live_follow_gets_each_step_as_written(log: TokenLog) -> None:
