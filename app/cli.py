@@ -40,6 +40,8 @@ def _build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--url", default=default_chat_url(),
                       help="the server's realtime endpoint (env BARGEIN_URL; "
                            "default %(default)s)")
+    chat.add_argument("--api-key", default=os.environ.get("BARGEIN_API_KEY"),
+                      help="key for a server run with --api-keys (env BARGEIN_API_KEY)")
     chat.add_argument("--instructions", default=None, help="system prompt")
     chat.add_argument("--max-tokens", type=int, default=256, help="per answer")
     chat.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
@@ -125,6 +127,8 @@ def serve(settings: Settings) -> int:
                       log_prompts=config.log_prompts)
     bar = tqdm(total=len(LOAD_STAGES), desc="loading model", unit="step",
                file=sys.stderr, leave=True)
+    # the stage under way (the first start of a machine converts the GGUF: ~1 min)
+    bar.set_postfix_str(LOAD_STAGES[0])
     failed = False
 
     def progress(stage: str) -> None:
@@ -136,12 +140,14 @@ def serve(settings: Settings) -> int:
                   file=sys.stderr)
             server.should_exit = True
             return
-        bar.set_postfix_str(stage)
         bar.update(1)
         if stage == LOAD_STAGES[-1]:
             bar.close()
-            print(f"bargein serve: ready on http://{config.host}:{config.port}/",
-                  file=sys.stderr)
+            # /readyz also needs the token log (Redis) reachable: it says when
+            print(f"bargein serve: model loaded; serving on http://{config.host}:{config.port}/ "
+                  "(GET /readyz says whether requests can be taken)", file=sys.stderr)
+            return
+        bar.set_postfix_str(LOAD_STAGES[LOAD_STAGES.index(stage) + 1])
 
     app = create_app(settings, progress=progress)
     # websockets' sans-I/O implementation: the legacy one is deprecated.
@@ -156,11 +162,14 @@ def serve(settings: Settings) -> int:
 
 
 async def _chat(args: argparse.Namespace) -> int:
+    from websockets.exceptions import InvalidStatus
+
     from app.client import RealtimeClient
     from app.console import ConsoleLines
 
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     try:
-        async with RealtimeClient(args.url) as client:
+        async with RealtimeClient(args.url, headers=headers) as client:
             if args.instructions:
                 await client.update(instructions=args.instructions)
             print(f"connected to {client.session.get('model')}; Ctrl-C interrupts an answer; "
@@ -178,6 +187,12 @@ async def _chat(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"bargein chat: cannot reach {args.url} ({exc.strerror or exc}); is `bargein serve` "
               "running? (--url or BARGEIN_URL)", file=sys.stderr)
+        return 1
+    except InvalidStatus as exc:  # refused at the upgrade: a key, the origin
+        status = exc.response.status_code
+        hint = " (--api-key or BARGEIN_API_KEY)" if status == 401 else ""
+        print(f"bargein chat: {args.url} refused the connection: HTTP {status}{hint}",
+              file=sys.stderr)
         return 1
 
 

@@ -141,7 +141,8 @@ class Metrics:
             "resume arrived).", registry=r)
         self.admission_rejections = Counter(
             "bargein_admission_rejections",
-            "Requests refused before reaching the engine, by reason (the error code).",
+            "Requests refused before reaching the engine, or dropped from its queue at "
+            "their deadline (overloaded), by reason (the error code).",
             ["reason"], registry=r)
         self.protocol_errors = Counter(
             "bargein_protocol_errors",

@@ -231,9 +231,10 @@ def _add_limit_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]
     _add(parser, env, "--max-waiting", a.max_waiting, int,
          "requests admitted without a first token yet; past it: overloaded (0: no bound)")
     _add(parser, env, "--max-queue-time", a.max_queue_time_s, float,
-         "seconds a request may wait for its first token: refused up front when the "
-         "expected wait is longer, dropped from the queue (overloaded, nothing generated) "
-         "when it passes (0: no bound)")
+         "seconds a request may wait in the queue for the engine to schedule it: refused "
+         "up front when the expected wait is longer, dropped from the queue (overloaded, "
+         "nothing generated) when it passes; a prefill under way is never dropped (0: no "
+         "bound)")
     _add(parser, env, "--max-responses-per-key", a.max_active_per_principal, int,
          "responses one API key has generating at once (0: no cap)")
     _add(parser, env, "--rate-limit-requests", a.rate_limit_requests, float,

@@ -137,7 +137,8 @@ class LLMEngine:
         self.sampler = Sampler()
         self._detoks: dict[str, IncrementalDetokenizer] = {}
         self._generators: dict[str, torch.Generator | None] = {}
-        self._pending_aborts: list[tuple[str, FinishReason]] = []
+        # (request id, reason, only if never scheduled yet)
+        self._pending_aborts: list[tuple[str, FinishReason, bool]] = []
         self._num_generated_tokens = 0
         self._num_prompt_tokens = 0
         self._num_steps = 0
@@ -197,10 +198,16 @@ class LLMEngine:
         self.scheduler.add(request)
 
     def abort_request(
-        self, request_id: str, reason: FinishReason = FinishReason.INTERRUPTED
+        self, request_id: str, reason: FinishReason = FinishReason.INTERRUPTED, *,
+        only_if_waiting: bool = False,
     ) -> None:
-        """End a request at the start of the next step (no-op if not live)."""
-        self._pending_aborts.append((request_id, reason))
+        """End a request at the start of the next step (no-op if not live).
+
+        ``only_if_waiting``: only if it has never been scheduled (a queue
+        deadline: a request whose prefill has begun holds KV blocks and
+        computed work, and goes on).
+        """
+        self._pending_aborts.append((request_id, reason, only_if_waiting))
 
     def has_unfinished_requests(self) -> bool:
         """Whether a step has work (live sequences or pending aborts)."""
@@ -331,7 +338,11 @@ class LLMEngine:
         """End the aborted requests that are live; ignore the others."""
         outputs: list[RequestOutput] = []
         pending, self._pending_aborts = self._pending_aborts, []
-        for request_id, reason in pending:
+        for request_id, reason, only_if_waiting in pending:
+            if only_if_waiting:
+                queued = self.scheduler.get(request_id)
+                if queued is None or queued.first_scheduled_time is not None:
+                    continue
             seq = self.scheduler.abort(request_id, reason)
             if seq is not None:
                 outputs.append(self._make_output(seq, (), self._close(seq)))

@@ -59,7 +59,7 @@ class EngineRunner:
         self._cond = threading.Condition()
         self._state = _State.NEW
         self._submits: list[EngineRequest] = []
-        self._aborts: list[tuple[str, FinishReason]] = []
+        self._aborts: list[tuple[str, FinishReason, bool]] = []  # (id, reason, only if waiting)
         self._live: dict[str, _Live] = {}
         self._sinks: dict[str, Callable[[RequestOutput], None]] = {}
         self._listeners: list[StepListener] = []
@@ -140,11 +140,16 @@ class EngineRunner:
             self._submits.append(request)
             self._cond.notify_all()
 
-    def abort(self, request_id: str, reason: FinishReason = FinishReason.INTERRUPTED) -> None:
-        """End a request at the start of the next step; no-op if not live."""
+    def abort(self, request_id: str, reason: FinishReason = FinishReason.INTERRUPTED, *,
+              only_if_waiting: bool = False) -> None:
+        """End a request at the start of the next step; no-op if not live.
+
+        ``only_if_waiting``: only if the engine has not scheduled it yet
+        (:meth:`LLMEngine.abort_request`).
+        """
         with self._cond:
             if request_id in self._live and self._state in (_State.NEW, _State.RUNNING):
-                self._aborts.append((request_id, reason))
+                self._aborts.append((request_id, reason, only_if_waiting))
                 self._cond.notify_all()
 
     def add_step_listener(self, fn: StepListener) -> None:
@@ -238,8 +243,8 @@ class EngineRunner:
             aborts, self._aborts = self._aborts, []
         for request in submits:
             self.engine.add_request(request)
-        for request_id, reason in aborts:
-            self.engine.abort_request(request_id, reason)
+        for request_id, reason, only_if_waiting in aborts:
+            self.engine.abort_request(request_id, reason, only_if_waiting=only_if_waiting)
         if aborts:  # their ends go out before the forward pass: response.done a step sooner
             ended = self.engine.drain_aborts()
             self._stats = self.engine.stats()  # the freed blocks, seen with the ends
@@ -261,8 +266,8 @@ class EngineRunner:
             aborts, self._aborts = self._aborts, []
         for request in submits:
             self.engine.add_request(request)
-        for request_id, reason in aborts:
-            self.engine.abort_request(request_id, reason)
+        for request_id, reason, only_if_waiting in aborts:
+            self.engine.abort_request(request_id, reason, only_if_waiting=only_if_waiting)
         outputs = self.engine.finish_all(FinishReason.CANCELLED)
         self._stats = self.engine.stats()
         return outputs

@@ -228,9 +228,10 @@ def _report(args: argparse.Namespace, append: Append, replayed: dict[str, float]
         "# Token log benchmark",
         "",
         f"`python loadtests/log_bench.py --streams {args.streams} --steps {args.steps} --runs {args.runs}`, "
-        f"{time.strftime('%Y-%m-%d')}, {platform.machine()} {os.cpu_count()} CPUs (shared with other work: "
-        f"compare within this run), Python {platform.python_version()}, redis-server {redis_version} on "
-        "loopback, no persistence. Medians over runs.",
+        f"{time.strftime('%Y-%m-%d')}, {platform.machine()} {os.cpu_count()} CPUs (load average "
+        f"{os.getloadavg()[0]:.1f} at the end: compare within this run), Python "
+        f"{platform.python_version()}, redis-server {redis_version} on loopback, no persistence. "
+        "Medians over runs.",
         "",
         f"## Append: {args.streams} concurrent streams, one token per stream per step",
         "",

@@ -58,7 +58,7 @@ def markdown(reports: Sequence[dict[str, Any]], args: argparse.Namespace,
              "requests keep their ITL; the rest wait in the engine's queue, bounded by "
              "`--max-waiting` and refused up front when the expected wait passes "
              "`--max-queue-time` (`overloaded`), or at connect with close 1013 when the queue "
-             "is full; an admitted request still without a first token at `--max-queue-time` "
+             "is full; an admitted request the engine has not scheduled by `--max-queue-time` "
              "is dropped from the queue with `overloaded` (column *dropped*). TTFT and ITL "
              "columns are the admitted requests'. Rejection latency: `response.create` sent -> "
              "`error` received, or, for 1013, connect started -> close received (TCP and "

@@ -72,7 +72,7 @@ class GenerationFinished:
     """The engine finished a request (any reason) and ``text`` is all of it.
 
     ``expired``: the server cancelled the request because it waited in the
-    queue past its deadline without a first token; the response never
+    queue past its deadline without being scheduled; the response never
     started (the client hears ``overloaded`` from the stream's end).
     """
 

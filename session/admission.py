@@ -28,9 +28,10 @@ reaches the engine. In the order checked:
    busy lately), only the bound of 3. applies.
 
 The estimate is a mean; the service enforces the same deadline on each
-admitted request too (``Service``: a request with no first token after
-``max_queue_time_s`` is dropped from the queue with ``overloaded``), so the
-admitted never wait past it. Such drops are not departures.
+admitted request too (``Service``: a request the engine has not scheduled
+after ``max_queue_time_s`` is dropped from the queue with ``overloaded``; one
+whose prefill has begun goes on), so the admitted never wait in the queue
+past it. Such drops are not departures.
 
 Every refusal carries ``retry_after_ms``: when the bucket refills, or when
 the queue is expected to be short enough again. Sans-I/O: time is an argument.

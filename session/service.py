@@ -186,12 +186,19 @@ class Service:
             owner.principal, len(ids) + action.params.max_tokens, self.clock())
         if refusal is not None:
             return self._refused(action, refusal)
-        if self.cluster is not None:  # its record and lease exist before the stream
-            await self.cluster.claim(action.stream_id, ids, action.params)
-        await self.log.create_stream(StreamInfo(
-            stream_id=action.stream_id, response_id=action.response_id,
-            principal=owner.principal, session_id=owner.session_id,
-            owner_node=self.node_id, status="live", end=0, finish=None))
+        try:
+            if self.cluster is not None:  # its record and lease exist before the stream
+                await self.cluster.claim(action.stream_id, ids, action.params)
+            await self.log.create_stream(StreamInfo(
+                stream_id=action.stream_id, response_id=action.response_id,
+                principal=owner.principal, session_id=owner.session_id,
+                owner_node=self.node_id, status="live", end=0, finish=None))
+        except TokenLogUnavailable:  # nothing was generated: the client may retry
+            logger.warning("stream %s not created: the token log is unavailable",
+                           action.stream_id, exc_info=True)
+            return SubmitFailed(response_id=action.response_id,
+                                code=pe.ErrorCode.INTERNAL_ERROR,
+                                message="the token log is unavailable; retry later")
         request = EngineRequest(request_id=action.stream_id, prompt_token_ids=ids,
                                 params=action.params, arrival_time=now)
         try:
@@ -269,13 +276,17 @@ class Service:
         self.recent_requests.append(request)
 
     def _expire(self, stream_id: str) -> None:
-        """The queue-time deadline passed with no first token: drop the request.
+        """The queue-time deadline passed with no first token: drop the request
+        if the engine has not scheduled it yet.
 
         The up-front estimate is a mean, so some admitted requests would wait
-        past it; they are cancelled here instead (nothing was generated, so
-        nothing is lost) and every reader of the stream, on any node, is told
-        ``overloaded`` with when to retry (the error rides in the log's
-        ``StreamEnd``), as if refused at submit.
+        past it; they are cancelled instead (nothing was generated, no KV block
+        held, so nothing is lost) and every reader of the stream, on any node,
+        is told ``overloaded`` with when to retry (the error rides in the
+        log's ``StreamEnd``), as if refused at submit. The engine decides on
+        its thread, at its next step: a request whose prefill has begun (a
+        long prompt) goes on, so the deadline bounds the wait in the queue,
+        not the prefill.
         """
         live = self._live.get(stream_id)
         if live is None or live.started or live.abort_requested_at is not None:
@@ -284,12 +295,10 @@ class Service:
         queue_time_s = self.admission.config.max_queue_time_s
         live.expired = EndError(
             code=pe.ErrorCode.OVERLOADED.value,
-            message=f"the server is overloaded: no first token within {queue_time_s:g} s; "
+            message=f"the server is overloaded: still queued after {queue_time_s:g} s; "
                     "retry later",
             retry_after_ms=self.admission.drain_retry_ms(self.clock()))
-        logger.info("stream %s still queued after %.1f s: dropped", stream_id, queue_time_s)
-        self.observer.rejected(pe.ErrorCode.OVERLOADED.value, response_id=live.response_id)
-        self.runner.abort(stream_id, FinishReason.CANCELLED)
+        self.runner.abort(stream_id, FinishReason.CANCELLED, only_if_waiting=True)
 
     def release(self, stream_id: str) -> None:
         """Its connection is gone: generation goes on, nobody is told of the end;
@@ -396,6 +405,8 @@ class Service:
             if live.deadline is not None:
                 live.deadline.cancel()
                 live.deadline = None
+            if out.new_token_ids:
+                live.expired = None  # scheduled before its deadline: the drop did not apply
             self.admission.started(self.clock(), admitted_at=live.admitted_at,
                                    served=live.expired is None)
         start = out.num_output_tokens - len(out.new_token_ids)
@@ -422,10 +433,12 @@ class Service:
 
     @staticmethod
     def _dropped(live: _LiveStream, out: RequestOutput) -> EndError | None:
-        """The error of a stream dropped at its queue deadline, unless the step
-        that was already running when the deadline passed gave it tokens: then
-        it started, and ends as cancelled with what it has (no overload)."""
-        return live.expired if out.num_output_tokens == 0 else None
+        """The error of a stream the engine dropped at its queue deadline; None
+        for any other end (it was scheduled and got tokens, or a cancel or
+        an engine error ended it)."""
+        if live.abort_requested_at is None and out.finish_reason is FinishReason.CANCELLED:
+            return live.expired
+        return None
 
     def _notify_finished(self, outputs: Sequence[RequestOutput], freed_at: float) -> None:
         for out in outputs:
@@ -451,10 +464,14 @@ class Service:
                                    finish_reason=out.finish_reason.value,
                                    num_output_tokens=out.num_output_tokens, text=text,
                                    interrupt_to_free_s=latency)
+            dropped = self._dropped(live, out) is not None
+            if dropped:
+                logger.info("stream %s still queued at its deadline: dropped", out.request_id)
+                self.observer.rejected(pe.ErrorCode.OVERLOADED.value,
+                                       response_id=live.response_id)
             if live.on_finish is not None:
                 event = GenerationFinished(stream_id=out.request_id, text=text,
-                                           finish_reason=out.finish_reason,
-                                           expired=self._dropped(live, out) is not None)
+                                           finish_reason=out.finish_reason, expired=dropped)
                 try:
                     live.on_finish(event)
                 except Exception:  # one broken session must not stop every stream

@@ -13,8 +13,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import re
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -36,7 +39,8 @@ from tests.app.rawws import masked_text, raw_upgrade
 pytestmark = pytest.mark.slow
 
 KEYS = ("k-alice", "k-bob", "k-sub", "k-origin", "k-rate", "k-http", "k-cap", "k-busy",
-        "k-gone", "k-logs", "k-slow", "k-late", "k-late-http")
+        "k-gone", "k-logs", "k-slow", "k-late", "k-late-http", "k-late-busy",
+        "k-chat")
 SLOW_CLIENT_S = 0.5
 GOOD_ORIGIN = "http://chat.example"
 PING_INTERVAL_S = 4.0
@@ -100,6 +104,19 @@ async def test_missing_or_wrong_key_is_refused_with_401_before_the_upgrade(
     # counted, WebSocket and HTTP alike (/metrics itself needs no key)
     assert _refusals(guarded, "missing_api_key") == missing + 2
     assert _refusals(guarded, "invalid_api_key") == invalid + 2
+
+
+def test_chat_command_takes_a_key_and_says_when_it_is_missing(guarded: EmbeddedServer) -> None:
+    chat = [sys.executable, "-m", "app", "chat", "--url", guarded.ws_url, "--max-tokens", "2"]
+    env = {k: v for k, v in os.environ.items() if k != "BARGEIN_API_KEY"}
+    refused = subprocess.run(chat, input="Hi\n\n", capture_output=True, text=True,
+                             timeout=60, env=env)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert "HTTP 401" in refused.stderr and "--api-key" in refused.stderr
+    keyed = subprocess.run(chat, input="Hi\n\n", capture_output=True, text=True,
+                           timeout=60, env=env | {"BARGEIN_API_KEY": "k-chat"})
+    assert keyed.returncode == 0, keyed.stderr
+    assert keyed.stderr.startswith("connected to")
 
 
 async def test_good_key_in_header_or_subprotocol_opens_a_session(
@@ -261,8 +278,21 @@ async def test_request_still_queued_at_its_deadline_is_dropped_with_overloaded(
     admission = service.admission
     rejected_before = _overloaded_count(guarded)
     saved = admission.config
-    # A deadline no prefill can meet (1 ms), and no departure history, so the
-    # up-front estimate admits and only the deadline can refuse.
+    # A deadline of 1 ms, and no departure history, so the up-front estimate
+    # admits and only the deadline can refuse. A long answer keeps the engine
+    # stepping, so each request waits in the queue for the step in flight:
+    # longer than 1 ms, and never scheduled before its deadline.
+    busy = RealtimeClient(guarded.ws_url, headers=bearer("k-late-busy"))
+    await busy.connect()
+    generating = asyncio.Event()
+
+    async def long_answer() -> None:
+        async for _ in busy.respond("Write a long, detailed story about a river and a stone.",
+                                    max_tokens=64, **GREEDY):
+            generating.set()
+
+    background = asyncio.create_task(long_answer())
+    await asyncio.wait_for(generating.wait(), 60)  # submitted before the 1 ms deadline
     admission.config = replace(saved, max_queue_time_s=0.001, window_s=0.001)
     try:
         async with RealtimeClient(guarded.ws_url, headers=bearer("k-late")) as client:
@@ -293,8 +323,10 @@ async def test_request_still_queued_at_its_deadline_is_dropped_with_overloaded(
             assert (await again._expect("response.done"))["finish_reason"] == "cancelled"
     finally:
         admission.config = saved
+        await background
+        await busy.close()
     event = dropped.value.event
-    assert event["code"] == "overloaded" and "no first token within" in event["message"]
+    assert event["code"] == "overloaded" and "still queued after" in event["message"]
     assert event["retry_after_ms"] >= 100 and event["retryable"] is True
     assert resumed.value.event == event
     assert answer.status_code == 503 and answer.json()["error"]["code"] == "overloaded"

@@ -157,3 +157,20 @@ def test_abort_is_drained_at_the_next_step_with_its_reason(steps_before: int) ->
     assert engine.stats().num_free_blocks == 20 and not engine.has_unfinished_requests()
     engine.abort_request("a")
     assert engine.step() == []
+
+
+def test_an_abort_only_if_waiting_spares_a_request_whose_prefill_began() -> None:
+    # a queue deadline: the request still queued is dropped, the one in prefill goes on
+    engine = LLMEngine(FakeRunner(num_blocks=20), CONFIG)
+    engine.add_request(EngineRequest(request_id="started", prompt_token_ids=(1,) * 20,
+                                     params=greedy(2, ignore_eos=True)))
+    engine.step()  # its first prefill chunk: scheduled, no token yet
+    engine.add_request(EngineRequest(request_id="queued", prompt_token_ids=(1,) * 4,
+                                     params=greedy(2, ignore_eos=True)))
+    for request_id in ("started", "queued", "nobody"):
+        engine.abort_request(request_id, FinishReason.CANCELLED, only_if_waiting=True)
+    ended = engine.drain_aborts()
+    assert [(o.request_id, o.finish_reason, o.num_output_tokens) for o in ended] == [
+        ("queued", FinishReason.CANCELLED, 0)]
+    outputs = run_all(engine, {})
+    assert outputs["started"][-1].finish_reason is FinishReason.LENGTH

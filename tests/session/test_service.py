@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.request import EngineRequest, FinishReason, RequestOutput, SamplingParams
+from protocol import events as pe
 from session.config import SessionConfig
+from session.errors import TokenLogUnavailable
 from session.service import Owner, Service
-from session.session import GenerationFinished, Message, Submit, Submitted
-from session.token_log import LogEntry, MemoryTokenLog, StreamEnd, StreamWrite
+from session.session import GenerationFinished, Message, Submit, Submitted, SubmitFailed
+from session.token_log import LogEntry, MemoryTokenLog, StreamEnd, StreamInfo, StreamWrite
 
 
 class ChatTemplate:
@@ -49,7 +51,8 @@ class ThreadedEngine:
     def submit(self, request: EngineRequest) -> None:
         self.requests.append(request)
 
-    def abort(self, request_id: str, reason: FinishReason) -> None:
+    def abort(self, request_id: str, reason: FinishReason, *,
+              only_if_waiting: bool = False) -> None:
         self.aborted.append((request_id, reason))
 
     def stats(self) -> Stats:
@@ -127,3 +130,22 @@ async def test_abort_reaches_the_engine_and_its_latency_is_recorded() -> None:
     await service.stop()
     assert len(service.interrupt_latencies_s) == 1
     assert (await log.info("s")).finish.finish_reason == "interrupted"  # type: ignore[union-attr]
+
+
+class DownLog(MemoryTokenLog):
+    async def create_stream(self, info: StreamInfo) -> None:
+        raise TokenLogUnavailable("redis: connection refused")
+
+
+async def test_a_log_that_cannot_create_the_stream_refuses_the_request_retryably() -> None:
+    engine = ThreadedEngine()
+    service = Service(engine, DownLog(), SessionConfig(), secret=b"k")
+    await service.start()
+    submit = Submit(response_id="r", stream_id="s", messages=(Message(role="user", content="hi"),),
+                    params=SamplingParams(max_tokens=4))
+    result = await service.submit(submit, Owner(principal="p", session_id="sess"), 0.0)
+    await service.stop()
+    assert isinstance(result, SubmitFailed)
+    assert result.code is pe.ErrorCode.INTERNAL_ERROR and result.code.retryable
+    assert engine.requests == []  # nothing reached the engine
+
