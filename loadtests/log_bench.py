@@ -276,7 +276,7 @@ def _notes(args: argparse.Namespace, append: Append, replayed: dict[str, float])
         f"{seq_cpu / pipe_cpu:.1f}x ({conc_cpu / pipe_cpu:.1f}x) less client CPU per token: a "
         f"{args.streams}-stream step costs {args.streams * pipe_cpu / 1000:.2f} ms of event-loop CPU, "
         "against an engine step of tens of ms on this machine. Wall-clock rates here are bounded by "
-        "the CPU share this process got on a loaded machine; the CPU column is the steadier comparison.",
+        "the CPU share this process gets; the CPU column is the steadier comparison.",
         f"- A client resuming a finished {args.replay_tokens:,}-token answer from another node waits "
         f"{replayed['redis'] * 1000:.0f} ms for the whole replay.",
         "- Readers on the writing node never read Redis once caught up: their latency is the step's one "
