@@ -20,7 +20,10 @@ Two jobs, one object per sequence:
 Concatenating every delta of ``add`` and ``flush`` gives exactly
 ``tokenizer.decode(output_ids, skip_special_tokens=True)`` cut before the
 stop string that completes first (as if the text arrived one character at a
-time, so the cut does not depend on how tokens were grouped into steps).
+time, so the cut does not depend on how tokens were grouped into steps), less
+the U+FFFD that ends it when the sequence stopped inside a character
+(``max_tokens``, a stop token or an interrupt between the bytes of one
+character): those bytes are dropped, never shown as a replacement character.
 """
 
 from __future__ import annotations
@@ -106,9 +109,10 @@ class IncrementalDetokenizer:
     def flush(self) -> str:
         """Release held-back text at the end of the sequence.
 
-        Tokens that still end inside a UTF-8 character are decoded as they are
-        (with U+FFFD, as ``tokenizer.decode`` would); held text that is not a
-        stop string is released. Idempotent: a second call returns ``""``.
+        Bytes of a UTF-8 character the sequence did not finish are dropped
+        (``tokenizer.decode`` would end the text with U+FFFD); held text that
+        is not a stop string is released. Idempotent: a second call returns
+        ``""``.
 
         Returns:
             The last text delta of the sequence.
@@ -118,7 +122,9 @@ class IncrementalDetokenizer:
         self._flushed = True
         if self._stopped:
             return ""
-        self._held += self._decode_new(final=True)
+        # Only the newly decoded tail can end in U+FFFD: text decoded before
+        # never did (_decode_new waits while it does).
+        self._held += self._decode_new(final=True).rstrip(_REPLACEMENT_CHAR)
         return self._release(final=True)
 
     def _decode_new(self, *, final: bool) -> str:

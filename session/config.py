@@ -24,6 +24,11 @@ class SessionConfig:
             delivers (its own connection closed, nobody resumed it on this
             node) this many seconds is aborted with ``finish_reason``
             ``"cancelled"`` (0: never; it runs to the end into the log).
+        drain_timeout_s: how long a new response's ``response.created`` waits
+            for the deliveries of the connection's earlier responses to send
+            their ``response.done`` (events of one response never follow the
+            next one's ``response.created``); past it they are stopped and
+            can be resumed.
     """
 
     max_tokens: int = 1024
@@ -33,6 +38,7 @@ class SessionConfig:
     max_input_items: int = 256
     on_disconnect: str = "continue"
     abandon_grace_s: float = 30.0
+    drain_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -45,6 +51,8 @@ class SessionConfig:
             raise ValueError(f"max_input_items={self.max_input_items} must be >= 1")
         if self.abandon_grace_s < 0:
             raise ValueError(f"abandon_grace_s={self.abandon_grace_s} must be >= 0")
+        if self.drain_timeout_s <= 0:
+            raise ValueError(f"drain_timeout_s={self.drain_timeout_s} must be > 0")
         if self.on_disconnect not in ("continue", "cancel"):
             raise ValueError(f"on_disconnect={self.on_disconnect!r} must be 'continue' "
                              "or 'cancel'")

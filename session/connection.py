@@ -153,6 +153,8 @@ class Connection:
     async def _run(self, actions: list[Action]) -> None:
         for action in actions:
             if isinstance(action, Send):
+                if isinstance(action.event, pe.ResponseCreated):
+                    await self._drain_earlier(action.event.stream_id)
                 await self._send(action.event)
             elif isinstance(action, Submit):
                 await self._submit(action)
@@ -178,16 +180,13 @@ class Connection:
             self._saver.request()
 
     def _abort(self, action: Abort) -> None:
+        # Its delivery goes on: it sends what the log holds (nothing is logged
+        # after the cancel), then response.done.
         self.service.abort(action.stream_id, action.reason, action.requested_at)
-        running = self._deliveries.get(action.stream_id)
-        if running is not None:
-            running[0].mute()  # the user stopped listening: only response.done follows
 
     async def _stop_delivery(self, action: StopDelivery) -> None:
-        running = self._deliveries.get(action.stream_id)
-        if running is not None:
-            running[0].mute()
-            return
+        if action.stream_id in self._deliveries:
+            return  # its delivery sends the rest of the log, then response.done
         info = await self.service.log.info(action.stream_id)
         if info is None or info.finish is None:
             await self._send(pe.ErrorEvent(code=pe.ErrorCode.NOT_FOUND, retryable=False,
@@ -195,6 +194,28 @@ class Connection:
                                            response_id=action.response_id))
             return
         await self._send(done_event(action.response_id, action.stream_id, info.finish))
+
+    async def _drain_earlier(self, stream_id: str) -> None:
+        """Wait until the deliveries of this session's earlier responses sent
+        their ``response.done`` (``interrupt_active``: the interrupted one ends
+        at the engine's next step), so no event of theirs follows the
+        ``response.created`` of ``stream_id``. The engine already generates
+        ``stream_id``: only its announcement waits. After
+        ``config.drain_timeout_s`` the laggards are stopped instead (a log
+        that never ends them); their client can still ``stream.resume`` them.
+        """
+        earlier = [task for sid, (_, task) in self._deliveries.items()
+                   if sid != stream_id and (sid in self._owned or self.session.knows_stream(sid))]
+        if not earlier:
+            return
+        _, pending = await asyncio.wait(earlier, timeout=self.service.config.drain_timeout_s)
+        for task in pending:
+            logger.warning("delivery %s did not end before the next response; stopped",
+                           task.get_name())
+            task.cancel()
+        for task in pending:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     def _start_delivery(self, response_id: str, stream_id: str, from_offset: int) -> None:
         def delivered(text: str) -> None:

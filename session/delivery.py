@@ -57,8 +57,12 @@ class Delivery:
         include_token_ids: put ``token_ids`` in the deltas.
         observer: told when delivery starts and ends and of each delta's size.
 
-    A stream whose end carries an error (a request dropped from the queue at
-    its deadline) gets that ``error`` event, then its ``response.done``.
+    Every entry of the log is sent before ``response.done``, also after a
+    cancel: the service logs nothing once a cancel is accepted, so the
+    deltas a client got, the ``end`` of ``response.done`` and a replay of
+    the stream are the same tokens. A stream whose end carries an error (a
+    request dropped from the queue at its deadline) gets that ``error``
+    event, then its ``response.done``.
     """
 
     def __init__(self, log: TokenLog, *, response_id: str, stream_id: str,
@@ -75,14 +79,8 @@ class Delivery:
         self._on_delivered = on_delivered
         self._include_token_ids = include_token_ids
         self._observer: SessionObserver = observer or NullObserver()
-        self._muted = False
         self._queue: asyncio.Queue[LogEntry | StreamEnd | BaseException] = asyncio.Queue(
             maxsize=READ_AHEAD)
-
-    def mute(self) -> None:
-        """Send no more deltas; still send ``response.done`` when the stream ends
-        (barge-in: the user stopped listening)."""
-        self._muted = True
 
     async def run(self) -> None:
         """Deliver until the stream's end has been sent.
@@ -119,7 +117,7 @@ class Delivery:
             while not self._queue.empty():  # what queued while the socket was busy
                 batch.append(self._queue.get_nowait())
             entries = [i for i in batch if isinstance(i, LogEntry)]
-            if entries and not self._muted:
+            if entries:
                 await self._send_delta(entries)
             for item in batch:
                 if isinstance(item, BaseException):

@@ -2,7 +2,8 @@
 
 The oracle is ``tokenizer.decode(all output ids, skip_special_tokens=True)``:
 whatever the chunking, the concatenated deltas must equal it (cut before the
-stop string that completes first when stop strings are given).
+stop string that completes first when stop strings are given), less the
+U+FFFD that ends it when the ids stop inside a character.
 """
 
 from __future__ import annotations
@@ -102,7 +103,25 @@ def test_random_token_ids(tokenizer: Tokenizer, prompt_ids: list[int], data: st.
     ids = data.draw(st.lists(st.integers(0, len(tokenizer) - 1), max_size=30))
     sizes = data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=5))
     deltas = _feed(IncrementalDetokenizer(tokenizer, prompt_ids), ids, sizes)
-    assert "".join(deltas) == tokenizer.decode(ids, skip_special_tokens=True)
+    assert "".join(deltas) == tokenizer.decode(ids, skip_special_tokens=True).rstrip("\ufffd")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("text", TEXTS[1:3])
+def test_a_sequence_cut_inside_a_character_drops_its_bytes(
+        tokenizer: Tokenizer, prompt_ids: list[int], text: str) -> None:
+    # max_tokens, a stop token or an interrupt can end the output between the
+    # byte tokens of one character: no delta, and so no stream text, may end
+    # in U+FFFD; the text is everything up to the last whole character.
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    cuts = [k for k in range(1, len(ids))
+            if tokenizer.decode(ids[:k], skip_special_tokens=True).endswith("\ufffd")]
+    assert cuts, "the text must hold characters split over several tokens"
+    for k in cuts:
+        deltas = _feed(IncrementalDetokenizer(tokenizer, prompt_ids), ids[:k], [1])
+        assert all("\ufffd" not in d for d in deltas)
+        whole = tokenizer.decode(ids[:k], skip_special_tokens=True).rstrip("\ufffd")
+        assert "".join(deltas) == whole and text.startswith(whole)
 
 
 def _pieces(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int]) -> list[str]:

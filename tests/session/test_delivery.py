@@ -87,21 +87,6 @@ async def test_delivery_from_an_offset_sends_only_the_rest() -> None:
     assert isinstance(socket.events[-1], pe.ResponseDone)
 
 
-async def test_muted_delivery_sends_only_the_done() -> None:
-    log = MemoryTokenLog()
-    await new_stream(log)
-    socket = SlowSocket()
-    socket.gate.set()
-    delivery = Delivery(log, response_id="r1", stream_id="s1", from_offset=0,
-                        send=socket.send)
-    delivery.mute()  # barge-in: the user stopped listening
-    task = asyncio.create_task(delivery.run())
-    await log.write_step(step(0))
-    await log.write_step(finish(1))
-    await asyncio.wait_for(task, 5)
-    assert [type(e) for e in socket.events] == [pe.ResponseDone]
-
-
 @pytest.mark.parametrize(("code", "sent"), [("overloaded", pe.ErrorCode.OVERLOADED),
                                             ("from_a_newer_node", pe.ErrorCode.INTERNAL_ERROR)])
 async def test_an_error_in_the_end_goes_out_before_the_done(code: str,

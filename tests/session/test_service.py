@@ -149,3 +149,34 @@ async def test_a_log_that_cannot_create_the_stream_refuses_the_request_retryably
     assert result.code is pe.ErrorCode.INTERNAL_ERROR and result.code.retryable
     assert engine.requests == []  # nothing reached the engine
 
+
+
+async def test_nothing_is_logged_once_a_cancel_is_accepted() -> None:
+    # The step in flight when the cancel arrived still samples a token (and
+    # may even finish with "length"): it was sampled after the user spoke, so
+    # it is not logged, and the end says where the logged tokens stop.
+    engine, log = ThreadedEngine(), CountingLog()
+    service = Service(engine, log, SessionConfig(), secret=b"k")
+    await service.start()
+    finished: list[GenerationFinished] = []
+    submit = Submit(response_id="r", stream_id="s", params=SamplingParams(max_tokens=3),
+                    messages=(Message(role="user", content="hi"),))
+    await service.submit(submit, Owner(principal="p", session_id="sess",
+                                       on_finish=finished.append), 0.0)
+    engine.run_steps([[out("s", 0, "Hel")], [out("s", 1, "lo")]])
+    while len(log.writes) < 2:
+        await asyncio.sleep(0.01)
+    service.abort("s", FinishReason.INTERRUPTED, requested_at=service.clock())
+    in_flight = RequestOutput(request_id="s", new_token_ids=(102,), text=" you",
+                              num_prompt_tokens=3, num_output_tokens=3, finished=True,
+                              finish_reason=FinishReason.LENGTH)
+    engine.run_steps([[in_flight]])
+    while not finished:
+        await asyncio.sleep(0.01)
+    await service.stop()
+    items = [item async for item in log.read("s", 0)]
+    assert [i.end for i in items if isinstance(i, LogEntry)] == [1, 2]
+    end = items[-1]
+    assert isinstance(end, StreamEnd)
+    assert (end.end, end.completion_tokens, end.finish_reason) == (2, 2, "interrupted")
+    assert finished[0].text == "Hello"  # the turn, like the stream, stops before " you"
