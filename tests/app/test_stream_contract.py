@@ -87,3 +87,32 @@ async def test_random_interleavings_agree_in_every_round(live_server: LiveServer
     assert tally.finish_reasons["interrupted"] > 0
     stats = await live_server.wait_idle()
     assert stats.num_free_blocks == start.num_free_blocks
+
+
+async def test_a_stream_cut_inside_a_character_ends_with_the_last_whole_one(
+        live_server: LiveServer) -> None:
+    # The model answers this with emoji of several byte-level tokens each; a
+    # max_tokens that ends between two of them must not end the text with
+    # U+FFFD. The cut token still counts in offsets and usage.
+    async def answer(max_tokens: int) -> Received:
+        conn = await Conn.open(live_server.ws_url)
+        try:
+            await conn.send(type="session.update", session={"include_token_ids": True})
+            await conn.expect("session.updated")
+            await conn.create("Reply with three emoji.", max_tokens=max_tokens, temperature=0)
+            return await conn.read(Received())
+        finally:
+            await conn.close()
+
+    full = await answer(24)
+    ids = [t for d in full.deltas for t in d["token_ids"]]
+    decode = live_server.tokenizer.decode
+    cut = next(k for k in range(1, len(ids))
+               if decode(ids[:k], skip_special_tokens=True).endswith("\ufffd"))
+    short = await answer(cut)
+    assert short.done is not None
+    assert (short.done["end"], short.done["finish_reason"]) == (cut, "length")
+    assert short.done["usage"]["completion_tokens"] == cut
+    assert "\ufffd" not in short.text
+    assert short.text == decode(ids[:cut], skip_special_tokens=True).rstrip("\ufffd")
+    assert full.text.startswith(short.text)
