@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 
 from session.errors import (
@@ -54,6 +55,8 @@ from session.token_log import (
 T = TypeVar("T")
 
 _REMEMBERED = 65_536  # ended (broken) stream ids kept to refuse late writes
+_DROPPED = (RedisConnectionError, ConnectionError)  # a closed connection (not a hang): retry
+_PING_RETRY_S = 0.05
 
 
 def _remember(ids: dict[str, None], stream_id: str) -> None:
@@ -499,14 +502,26 @@ class RedisTokenLog:
         return state
 
     async def ping(self) -> bool:
-        """One PING within the socket timeout; never raises."""
-        try:
-            async with asyncio.timeout(self._cfg.socket_timeout_s):
-                ok = bool(await self._redis.ping())
-        except (*_TRANSIENT, ResponseError):
-            return False
-        self._degraded = self._degraded and not ok
-        return ok
+        """PING within the socket timeout, once more if the connection was dropped; never raises.
+
+        A connection Redis closed (``CLIENT KILL``, a restart) fails at once and
+        is replaced by the retry, so /readyz does not flap once per dead pooled
+        connection. A timeout (a hung Redis) is not retried: the probe stays bounded.
+        """
+        for attempt in range(2):
+            try:
+                async with asyncio.timeout(self._cfg.socket_timeout_s):
+                    ok = bool(await self._redis.ping())
+            except _DROPPED:
+                if attempt == 0:
+                    await asyncio.sleep(_PING_RETRY_S)
+                    continue
+                return False
+            except (*_TRANSIENT, ResponseError):
+                return False
+            self._degraded = self._degraded and not ok
+            return ok
+        return False
 
     async def close(self) -> None:
         self._closed = True
