@@ -62,9 +62,10 @@ from app.openai_schema import (
 )
 from engine.request import FinishReason
 from protocol import events as pe
-from session.delivery import relayed_code
-from session.errors import OffsetOutOfRange, StreamNotFound, TokenLogUnavailable
+from session.delivery import relayed_code, truncated_message
+from session.errors import OffsetOutOfRange, StreamNotFound, StreamTruncated, TokenLogUnavailable
 from session.observer import SessionObserver
+from session.read_probe import read_error_soon
 from session.service import Owner, Service
 from session.session import Submit, SubmitFailed
 from session.sse import event_id, format_event, parse_event_id
@@ -72,6 +73,9 @@ from session.token_log import EndError, LogEntry, StreamEnd, StreamInfo, TokenLo
 
 DONE = format_event("[DONE]")
 CANCEL_WAIT_S = 10.0  # a cancel answers once the engine confirmed (one step), or after this
+# A resume's status waits this long for its replay to start: a log that lost the offsets is a
+# 410 then; later (a slow Redis), the same error ends the stream as an error event.
+FIRST_EVENT_WAIT_S = 1.0
 
 
 def principal_of(headers: Mapping[str, str]) -> str:
@@ -289,6 +293,8 @@ def _read_error(exc: StreamNotFound | TokenLogUnavailable) -> ApiError:
     if isinstance(exc, OffsetOutOfRange):
         return ApiError(f"position {exc.from_offset} is past the stream's end {exc.end}",
                         code="offset_out_of_range")
+    if isinstance(exc, StreamTruncated):
+        return ApiError(truncated_message(exc), status=410, code="stream_truncated")
     if isinstance(exc, StreamNotFound):
         return ApiError("the stream expired", code="stream_not_found")
     return ApiError("the token log is unavailable; resume later", code="internal_error",
@@ -350,7 +356,9 @@ async def stream_events(request: Request) -> Response:
     """``GET /v1/streams/{stream_id}/events``: replay from a position, follow live.
 
     A position past the end of a finished stream is a 400; an unknown or
-    expired stream (nothing retained to replay) a 404, never a silent gap.
+    expired stream (nothing retained to replay) a 404; a stream whose log
+    lost tokens the client needs (trimmed, evicted) a 410
+    ``stream_truncated``: never a silent gap.
     """
     service = _service(request)
     stream_id = request.path_params["stream_id"]
@@ -362,6 +370,9 @@ async def stream_events(request: Request) -> Response:
                        else "from", code="offset_out_of_range")
     if info.status == "live":
         await service.follow(stream_id)  # continued here if its node died
+    lost = await read_error_soon(service.log, stream_id, from_offset, FIRST_EVENT_WAIT_S)
+    if isinstance(lost, StreamTruncated):
+        raise _read_error(lost)
     events = sse_events(service.log, stream_id, _completion_of(info, service),
                         from_offset=from_offset, role=role, observer=service.observer)
     return EventStreamResponse(events, on_disconnect=lambda: None,

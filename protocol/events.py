@@ -35,6 +35,7 @@ class ErrorCode(str, enum.Enum):
     PROMPT_TOO_LONG = "prompt_too_long"
     CONFLICT = "conflict"
     NOT_FOUND = "not_found"
+    STREAM_TRUNCATED = "stream_truncated"  # the log lost offsets a resume needs
     FORBIDDEN = "forbidden"
     RATE_LIMITED = "rate_limited"
     OVERLOADED = "overloaded"

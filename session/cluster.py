@@ -30,7 +30,6 @@ import asyncio
 import logging
 from typing import Any
 
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from engine.errors import EngineError
@@ -38,6 +37,7 @@ from engine.request import EngineRequest, FinishReason, SamplingParams
 from session.errors import TokenLogError, TokenLogUnavailable
 from session.forward import Forwarder
 from session.lease import LeaseConfig, Leases
+from session.redis_client import retrying_client
 from session.redis_format import Keys
 from session.takeover import (
     Continuation,
@@ -78,7 +78,8 @@ class Cluster:
     def __init__(self, url: str, node_id: str, *, key_prefix: str = "bargein:",
                  lease: LeaseConfig = LeaseConfig(), record_ttl_s: float = 3600.0) -> None:
         self.node_id = node_id
-        self.redis = Redis.from_url(url)
+        # Every command of this client is safe to send twice (session/redis_client.py).
+        self.redis = retrying_client(url)
         self.forwarder = Forwarder(self.redis, node_id, self._on_forwarded_abort,
                                    key_prefix=key_prefix)
         self.leases = Leases(self.redis, node_id, key_prefix=key_prefix, config=lease,

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from protocol import events as pe
-from session.errors import StreamNotFound, TokenLogUnavailable
+from session.errors import StreamNotFound, StreamTruncated, TokenLogUnavailable
 from session.observer import NullObserver, SessionObserver
 from session.token_log import EndError, LogEntry, StreamEnd, TokenLog
 
@@ -33,6 +33,12 @@ def relayed_code(error: EndError) -> pe.ErrorCode:
         return pe.ErrorCode(error.code)
     except ValueError:
         return pe.ErrorCode.INTERNAL_ERROR
+
+
+def truncated_message(exc: StreamTruncated) -> str:
+    """What a client is told when the log lost offsets it needs (no internals)."""
+    return (f"the stream's log lost its tokens from offset {exc.missing_from} (trimmed, "
+            "evicted or expired); they cannot be replayed")
 
 
 def done_event(response_id: str, stream_id: str, end: StreamEnd) -> pe.ResponseDone:
@@ -86,13 +92,18 @@ class Delivery:
         """Deliver until the stream's end has been sent.
 
         A stream that is unknown or expired is answered with ``error``
-        ``not_found``; a log that cannot be read, with a retryable
-        ``internal_error`` (the client may resume later).
+        ``not_found``; one whose log lost offsets this client still needs
+        (trimmed, evicted), with ``stream_truncated`` (not retryable); a log
+        that cannot be read, with a retryable ``internal_error`` (the client
+        may resume later).
         """
         reader = asyncio.create_task(self._read(), name=f"read-{self.stream_id}")
         self._observer.delivery_started()
         try:
             await self._deliver()
+        except StreamTruncated as exc:  # before StreamNotFound: a subclass of it
+            await self._send(self._error(pe.ErrorCode.STREAM_TRUNCATED, truncated_message(exc),
+                                         False))
         except StreamNotFound:
             await self._send(self._error(pe.ErrorCode.NOT_FOUND, "stream not found", False))
         except TokenLogUnavailable:

@@ -36,6 +36,28 @@ class OffsetOutOfRange(StreamNotFound):
         self.end = end
 
 
+class StreamTruncated(StreamNotFound):
+    """The stream is known but its log no longer holds offsets a reader needs.
+
+    Entries were lost while the stream's metadata remained: trimmed by an
+    operator (``XTRIM``), evicted under ``maxmemory``, or the entries key
+    expired or deleted. Maps to the protocol's ``stream_truncated`` (not
+    retryable: the tokens will not come back); a caller that only knows
+    :class:`StreamNotFound` still reports it as a refusal, never as a gap.
+
+    Attributes:
+        missing_from: the first offset the log should hold and does not.
+        missing_to: the first offset it holds again, or None when nothing
+            after ``missing_from`` is held.
+    """
+
+    def __init__(self, stream_id: str, missing_from: int, missing_to: int | None = None) -> None:
+        held = "nothing after it is" if missing_to is None else f"the log resumes at {missing_to}"
+        super().__init__(stream_id, f"log entries lost from offset {missing_from} ({held})")
+        self.missing_from = missing_from
+        self.missing_to = missing_to
+
+
 class StreamExists(TokenLogError):
     """``create_stream`` was called with a stream id that already exists."""
 

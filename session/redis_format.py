@@ -15,10 +15,13 @@ one Redis Cluster hash slot):
   id, and a retried ``XADD`` of an entry that already landed fails ("equal or
   smaller id") instead of duplicating it.
 - ``<prefix>{<stream_id>}:meta``: a hash of response_id, principal,
-  session_id, owner_node, status, and at the finish end, finish_reason,
-  usage and the error's error_code, error_message and retry_after_ms.
+  session_id, owner_node, status, ``logged`` (set with the first entry: from
+  then on a missing log key means lost entries, not a stream without tokens
+  yet), and at the finish end, finish_reason, usage and the error's
+  error_code, error_message and retry_after_ms.
 - Both keys expire ``live_ttl_s`` after creation (a dead writer never leaves
-  keys forever) and ``retention_s`` after the finish. The length of a stream
+  keys forever; the first entry restarts both clocks) and ``retention_s``
+  after the finish. The length of a stream
   is bounded by admission (max_tokens), never trimmed.
 - ``<prefix>session:{<session_id>}``: a session's opaque state (``SET PX``).
 - ``<prefix>node:{<node_id>}:wake``: a node's tailer wake-up stream.
@@ -32,8 +35,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from session.errors import OffsetOutOfRange, StreamNotFound
-from session.redis_tail import StreamId, parse_id
+from session.redis_tail import LOGGED, StreamId, parse_id
 from session.token_log import EndError, LogEntry, StreamEnd, StreamInfo, StreamWrite
 
 _HEAD = struct.Struct("<II")  # start, number of token ids of a packed entry
@@ -85,8 +87,8 @@ def resp(*args: bytes | str | int) -> bytes:
     return b"".join(parts)
 
 
-def decode(stream_id: str, entry_id: StreamId, fields: Mapping[bytes, bytes], pos: int) -> LogEntry | StreamEnd:
-    """A log entry as read back; raises StreamNotFound if it leaves a gap after ``pos``."""
+def decode(entry_id: StreamId, fields: Mapping[bytes, bytes]) -> LogEntry | StreamEnd:
+    """A log entry as read back (the reader's ReadCursor checks it leaves no gap)."""
     end, seq = entry_id
     if seq == 1:
         error = None
@@ -97,18 +99,9 @@ def decode(stream_id: str, entry_id: StreamId, fields: Mapping[bytes, bytes], po
                          completion_tokens=int(fields[b"c"]), cached_tokens=int(fields[b"k"]), error=error)
     data = fields[b"d"]
     start, count = _HEAD.unpack_from(data)
-    if start > pos:
-        raise StreamNotFound(stream_id, f"offsets [{pos}, {start}) are no longer held")
     ids = struct.unpack_from(f"<{count}I", data, _HEAD.size)
     text = data[_HEAD.size + 4 * count:].decode("utf-8")
     return LogEntry(start=start, end=end, text=text, token_ids=ids)
-
-
-def final(stream_id: str, finish: StreamEnd, from_offset: int) -> StreamEnd:
-    """The finish a reader yields; raises OffsetOutOfRange if it asked past the end."""
-    if from_offset > finish.end:
-        raise OffsetOutOfRange(stream_id, from_offset, finish.end)
-    return finish
 
 
 def already_added(result: object) -> bool:
@@ -139,8 +132,11 @@ def step_commands(
             commands.append(resp(*_xadd(log_key, end), f"{write.entry.end}-0", "d", encode_entry(write.entry)))
             owners.append(sid)
             if end == 0:
-                commands.append(resp("PEXPIRE", log_key, live_ttl_ms))
-                owners.append(None)
+                # After the log exists: a reader seeing the mark without the log knows it was
+                # lost (before the first token there is no log, and nothing to miss).
+                commands += [resp("PEXPIRE", log_key, live_ttl_ms),
+                             resp("HSET", meta_key, LOGGED, 1), resp("PEXPIRE", meta_key, live_ttl_ms)]
+                owners += [None, None, None]
             end = write.entry.end
         if (finish := write.finish) is not None:
             entry_error: tuple[str | int, ...] = ()

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 
 from session.errors import (
@@ -36,14 +37,31 @@ from session.errors import (
     StreamEnded,
     StreamExists,
     StreamNotFound,
+    StreamTruncated,
     TokenLogUnavailable,
 )
-from session.redis_format import CREATE_LUA, Keys, already_added, decode, final, info_from_meta, step_commands
-from session.redis_tail import _TRANSIENT, RawEntry, StreamId, StreamTailer, Subscription, parse_id
+from session.redis_format import (
+    CREATE_LUA,
+    Keys,
+    already_added,
+    decode,
+    info_from_meta,
+    step_commands,
+)
+from session.redis_tail import (
+    _TRANSIENT,
+    LOGGED,
+    RawEntry,
+    StreamId,
+    StreamTailer,
+    Subscription,
+    parse_id,
+)
 from session.token_log import (
     DEFAULT_LIVE_TTL_S,
     DEFAULT_RETENTION_S,
     LogEntry,
+    ReadCursor,
     StreamCursor,
     StreamEnd,
     StreamInfo,
@@ -54,6 +72,8 @@ from session.token_log import (
 T = TypeVar("T")
 
 _REMEMBERED = 65_536  # ended (broken) stream ids kept to refuse late writes
+_DROPPED = (RedisConnectionError, ConnectionError)  # a closed connection (not a hang): retry
+_PING_RETRY_S = 0.05
 
 
 def _remember(ids: dict[str, None], stream_id: str) -> None:
@@ -399,65 +419,76 @@ class RedisTokenLog:
 
     async def _read_local(self, local: _LocalStream, from_offset: int) -> AsyncIterator[LogEntry | StreamEnd]:
         """Follow a stream this node writes: from its tail, from Redis when behind it."""
-        sid, pos = local.info.stream_id, from_offset
+        sid = local.info.stream_id
+        cursor = ReadCursor(sid, from_offset)
         while True:
             changed = local.changed
-            if local.tail_start() > pos:
-                batch = await self._fetch(sid, (pos, 0))
+            if local.tail_start() > cursor.pos:
+                # Everything below the tail was written to Redis first: it must hold it.
+                batch = await self._fetch(sid, (cursor.pos, 0))
                 if not batch:
-                    raise StreamNotFound(sid, "log lost")
+                    raise StreamTruncated(sid, cursor.pos, local.tail_start())
                 for rid, fields in batch:
-                    event = decode(sid, rid, fields, pos)
+                    event = decode(rid, fields)
                     if isinstance(event, StreamEnd):
-                        yield final(sid, event, from_offset)
+                        yield cursor.finish(event)
                         return
-                    pos = event.end
-                    yield event
+                    if cursor.take(event):
+                        yield event
                 continue
-            fresh = local.entries_after(pos)
+            fresh = local.entries_after(cursor.pos)
             for entry in fresh:
-                pos = entry.end
-                yield entry
+                if cursor.take(entry):
+                    yield entry
             if fresh:
                 continue
             if local.finish is not None:
-                yield final(sid, local.finish, from_offset)
+                yield cursor.finish(local.finish)
                 return
             if local.error is not None:
                 raise local.error
             await changed.wait()
 
     async def _read_remote(self, stream_id: str, from_offset: int) -> AsyncIterator[LogEntry | StreamEnd]:
-        """Replay from Redis, then follow through the node's tailer."""
+        """Replay from Redis, then follow through the node's tailer.
+
+        Raises StreamNotFound (no metadata), OffsetOutOfRange, StreamTruncated
+        (the log lost entries the reader needs, or all of them), TokenLogUnavailable.
+        """
         meta, newest = await self._fetch_meta(stream_id)
-        if b"principal" not in meta:
+        info = info_from_meta(stream_id, meta, newest)
+        if info is None:
             raise StreamNotFound(stream_id)
-        complete = meta.get(b"status") == b"complete"
-        if complete and from_offset > int(meta[b"end"]):
-            raise OffsetOutOfRange(stream_id, from_offset, int(meta[b"end"]))
+        if info.finish is not None and from_offset > info.end:
+            raise OffsetOutOfRange(stream_id, from_offset, info.end)
+        if info.finish is None and not newest and LOGGED.encode() in meta:
+            raise StreamTruncated(stream_id, from_offset)  # tokens were logged; the log is gone
+        cursor = ReadCursor(stream_id, from_offset)
         # Past the live end, follow from the newest id: entries up to from_offset are
         # skipped, but a finish below from_offset must still be seen.
-        pos, last = from_offset, min((from_offset, 0), parse_id(newest[0][0]) if newest else (0, 0))
+        last = min((from_offset, 0), parse_id(newest[0][0]) if newest else (0, 0))
         while True:
             batch = await self._fetch(stream_id, last)
             for rid, fields in batch:
                 last = rid
-                event = decode(stream_id, rid, fields, pos)
+                event = decode(rid, fields)
                 if isinstance(event, StreamEnd):
-                    yield final(stream_id, event, from_offset)
+                    yield cursor.finish(event)
                     return
-                if event.end > pos:
-                    pos = event.end
+                if cursor.take(event):
                     yield event
             if len(batch) < self._cfg.replay_batch:
                 break
-        if complete:
-            raise StreamNotFound(stream_id, "expired while being read")
-        async with aclosing(self._follow(stream_id, from_offset, pos, last)) as events:
+        if info.finish is not None:
+            # The log lost its finish entry (or every entry): the metadata holds the end,
+            # and the entries read must reach it.
+            yield cursor.finish(info.finish)
+            return
+        async with aclosing(self._follow(stream_id, cursor, last)) as events:
             async for event in events:
                 yield event
 
-    async def _follow(self, stream_id: str, from_offset: int, pos: int,
+    async def _follow(self, stream_id: str, cursor: ReadCursor,
                       last: StreamId) -> AsyncIterator[LogEntry | StreamEnd]:
         sub = Subscription(stream_id=stream_id, log_key=self._keys.log(stream_id),
                            meta_key=self._keys.meta(stream_id), last_id=last)
@@ -468,12 +499,11 @@ class RedisTokenLog:
                 if isinstance(item, Exception):
                     raise item
                 for rid, fields in item:
-                    event = decode(stream_id, rid, fields, pos)
+                    event = decode(rid, fields)
                     if isinstance(event, StreamEnd):
-                        yield final(stream_id, event, from_offset)
+                        yield cursor.finish(event)
                         return
-                    if event.end > pos:  # entries up to a from_offset past the live end are skipped
-                        pos = event.end
+                    if cursor.take(event):  # entries up to a from_offset past the live end are skipped
                         yield event
         finally:
             self._tailer.unsubscribe(sub)
@@ -499,14 +529,26 @@ class RedisTokenLog:
         return state
 
     async def ping(self) -> bool:
-        """One PING within the socket timeout; never raises."""
-        try:
-            async with asyncio.timeout(self._cfg.socket_timeout_s):
-                ok = bool(await self._redis.ping())
-        except (*_TRANSIENT, ResponseError):
-            return False
-        self._degraded = self._degraded and not ok
-        return ok
+        """PING within the socket timeout, once more if the connection was dropped; never raises.
+
+        A connection Redis closed (``CLIENT KILL``, a restart) fails at once and
+        is replaced by the retry, so /readyz does not flap once per dead pooled
+        connection. A timeout (a hung Redis) is not retried: the probe stays bounded.
+        """
+        for attempt in range(2):
+            try:
+                async with asyncio.timeout(self._cfg.socket_timeout_s):
+                    ok = bool(await self._redis.ping())
+            except _DROPPED:
+                if attempt == 0:
+                    await asyncio.sleep(_PING_RETRY_S)
+                    continue
+                return False
+            except (*_TRANSIENT, ResponseError):
+                return False
+            self._degraded = self._degraded and not ok
+            return ok
+        return False
 
     async def close(self) -> None:
         self._closed = True

@@ -30,12 +30,16 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from session.errors import StreamNotFound, TokenLogUnavailable
+from session.errors import StreamNotFound, StreamTruncated, TokenLogUnavailable
 
 log = logging.getLogger(__name__)
 
 StreamId = tuple[int, int]  # (milliseconds part, sequence part) of a Redis stream entry id
 RawEntry = tuple[StreamId, dict[bytes, bytes]]
+
+# The metadata field set with a stream's first entry (the layout is in session/redis_format.py,
+# which imports this module): from then on the stream's log key must exist.
+LOGGED = "logged"
 
 _TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)
 
@@ -76,7 +80,8 @@ class StreamTailer:
         wake_key: this node's wake stream.
         block_ms: longest ``XREAD BLOCK``; after an empty one the tailer checks
             that every followed stream still exists (a writer that died leaves
-            keys that expire by their live TTL: readers then get StreamNotFound).
+            keys that expire by their live TTL: readers then get StreamNotFound;
+            a log lost while its metadata remains: StreamTruncated).
         timeout_s: how much longer than ``block_ms`` a reply may take before the
             server counts as hung (timed here: the client has no socket timeout).
         unavailable_after_s: how long Redis may stay unreachable before every
@@ -185,16 +190,23 @@ class StreamTailer:
                 sub.queue.put_nowait(fresh)
 
     async def _drop_missing(self, client: Redis) -> None:
-        """Tell subscribers of streams whose metadata is gone (expired) to stop."""
+        """Tell subscribers of streams whose metadata is gone (expired) to stop, and
+        those whose log is gone while the metadata says tokens were logged (lost)."""
         subs = [sub for key_subs in self._subs.values() for sub in key_subs]
         async with client.pipeline(transaction=False) as pipe:
             for sub in subs:
-                pipe.exists(sub.meta_key)
-            exists = await pipe.execute()
-        for sub, found in zip(subs, exists):
-            if not found:
-                self.unsubscribe(sub)
-                sub.queue.put_nowait(StreamNotFound(sub.stream_id, "expired while followed"))
+                pipe.hmget(sub.meta_key, ["principal", LOGGED])
+                pipe.exists(sub.log_key)
+            replies = await pipe.execute()
+        for sub, (principal, logged), log_exists in zip(subs, replies[::2], replies[1::2]):
+            if principal is None:
+                error: StreamNotFound = StreamNotFound(sub.stream_id, "expired while followed")
+            elif logged is not None and not log_exists:
+                error = StreamTruncated(sub.stream_id, sub.last_id[0])
+            else:
+                continue
+            self.unsubscribe(sub)
+            sub.queue.put_nowait(error)
 
     def _fail_all(self, error: Exception) -> None:
         for sub in [sub for key_subs in self._subs.values() for sub in key_subs]:

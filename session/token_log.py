@@ -21,6 +21,12 @@ Contract (both backends, one test suite: tests/session/test_token_log_contract.p
   waits; if the stream then ends below ``from_offset`` it raises
   :class:`~session.errors.OffsetOutOfRange` (a :class:`StreamNotFound`), as it
   does at once for a complete stream.
+- No silent gaps: a reader that finds offsets missing from the log (entries
+  trimmed, evicted or expired while the stream's metadata remains) raises
+  :class:`~session.errors.StreamTruncated` (a :class:`StreamNotFound`)
+  instead of skipping them: an entry that starts past the reader's position,
+  a finish that the entries do not reach, a log that lost every entry. Both
+  backends apply one :class:`ReadCursor`.
 - Retention: an ended stream (and a saved session) is kept ``retention_s``
   seconds after its end (after its last save), then it is gone:
   ``info`` returns ``None`` and ``read`` raises ``StreamNotFound``. A stream
@@ -44,6 +50,7 @@ from session.errors import (
     StreamEnded,
     StreamExists,
     StreamNotFound,
+    StreamTruncated,
     TokenLogUnavailable,
 )
 
@@ -209,6 +216,53 @@ class StreamCursor:
             self.ended = True
 
 
+class ReadCursor:
+    """Read-side continuity of one reader: the offsets it has covered, and no gap past them.
+
+    Every backend's reader passes each entry it found through :meth:`take`
+    and the finish through :meth:`finish`, so a log that lost entries is
+    refused the same way whatever lost them.
+    """
+
+    __slots__ = ("stream_id", "from_offset", "pos")
+
+    def __init__(self, stream_id: str, from_offset: int) -> None:
+        self.stream_id = stream_id
+        self.from_offset = from_offset
+        self.pos = from_offset  # offsets below it are the client's already, or yielded
+
+    def take(self, entry: LogEntry) -> bool:
+        """Whether to yield ``entry``: False for one wholly below the position
+        (already covered: a reader past the live end skips up to its offset).
+
+        Raises StreamTruncated when ``entry`` starts past the position: the
+        offsets between were lost.
+        """
+        if entry.end <= self.pos:
+            return False
+        if entry.start > self.pos:
+            raise StreamTruncated(self.stream_id, self.pos, entry.start)
+        self.pos = entry.end
+        return True
+
+    def finish(self, end: StreamEnd) -> StreamEnd:
+        """The finish to yield, once the entries before it were taken.
+
+        Raises OffsetOutOfRange when the reader asked past the stream's end,
+        StreamTruncated when the entries stop short of it.
+        """
+        if self.from_offset > end.end:
+            raise OffsetOutOfRange(self.stream_id, self.from_offset, end.end)
+        self.reached(end.end)
+        return end
+
+    def reached(self, end: int) -> None:
+        """Assert that the entries read so far reach ``end``, the offset the log
+        says the stream got to. Raises StreamTruncated if they stop short."""
+        if self.pos < end:
+            raise StreamTruncated(self.stream_id, self.pos)
+
+
 def check_writes(
     writes: Sequence[StreamWrite], cursor_of: Callable[[str], StreamCursor]
 ) -> None:
@@ -341,21 +395,23 @@ class MemoryTokenLog:
     async def _read(self, stream_id: str, from_offset: int) -> AsyncIterator[LogEntry | StreamEnd]:
         self._sweep()
         stream = self._stream(stream_id)
+        cursor = ReadCursor(stream_id, from_offset)
         i = bisect_right(stream.ends, from_offset)  # first entry with end > from_offset
         while True:
             changed = stream.changed
             while i < len(stream.entries):  # a write during a yield extends the list
                 i += 1
-                yield stream.entries[i - 1]
+                if cursor.take(stream.entries[i - 1]):
+                    yield stream.entries[i - 1]
             if stream.finish is not None:
-                if from_offset > stream.finish.end:
-                    raise OffsetOutOfRange(stream_id, from_offset, stream.finish.end)
-                yield stream.finish
+                yield cursor.finish(stream.finish)
                 return
             if stream.gone:
                 raise self._gone_error(stream_id)
+            if from_offset < stream.cursor.end:  # not past the live end: nothing may be missing
+                cursor.reached(stream.cursor.end)
             await changed.wait()
-            i = max(i, bisect_right(stream.ends, from_offset))
+            i = max(i, bisect_right(stream.ends, cursor.pos))
 
     def _gone_error(self, stream_id: str) -> Exception:
         if self._closed:

@@ -192,7 +192,8 @@ def test_null_optional_field_counts_as_absent() -> None:
 def test_error_code_default_retryable() -> None:
     retryable = {c.value for c in ev.ErrorCode if c.retryable}
     assert retryable == {"rate_limited", "overloaded", "internal_error"}
-    assert len(ev.ErrorCode) == 10
+    assert len(ev.ErrorCode) == 11
+    assert ev.ErrorCode("stream_truncated").retryable is False  # the lost tokens never come back
 
 
 def test_close_codes() -> None:

@@ -9,7 +9,9 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from redis.asyncio import Redis
 
+from session.cluster import Cluster
 from session.errors import TokenLogUnavailable
+from session.lease import LeaseConfig
 from session.redis_log import RedisLogConfig, RedisTokenLog
 from tests.redis_server import RedisServer, redis_server_binary
 from tests.session.log_helpers import chunks, collect, entry, finish, live_info, write
@@ -133,3 +135,40 @@ async def test_remote_reader_is_told_when_redis_stays_down(
     await asyncio.sleep(0.1)
     await writer.write_step([write("b", entry(0, 1), finish(1))])
     assert await asyncio.wait_for(tail, 5) == [entry(0, 1), finish(1)]
+
+
+async def kill_client_connections(server: RedisServer) -> None:
+    """``CLIENT KILL TYPE normal`` from a connection of its own: every pooled one dies."""
+    admin = Redis.from_url(server.url)
+    try:
+        assert await admin.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes") > 0
+    finally:
+        await admin.aclose()
+
+
+@pytest.mark.parametrize("fault", ["client_kill", "restart"])
+async def test_dead_pooled_connections_are_replaced_not_reported(
+    server: RedisServer, logs: list[RedisTokenLog], fault: str
+) -> None:
+    """After Redis drops every client connection, each client's next calls go
+    through on fresh connections (retried once), not one failure per dead one."""
+    log = logs[0]
+    cluster = Cluster(server.url, "node-c", lease=LeaseConfig(ttl_s=5.0, renew_every_s=1.0))
+    try:
+        # Four connections in each pool, all idle when Redis drops them.
+        await asyncio.gather(*(log.save_session(f"s{i}", b"x") for i in range(4)),
+                             *(cluster.leases.owner(f"warm{i}") for i in range(4)))
+        if fault == "client_kill":
+            await kill_client_connections(server)
+        else:
+            server.restart()  # same port, empty
+        for i in range(4):  # as many calls as dead connections: none may fail
+            assert await log.ping()
+            assert await cluster.leases.acquire(f"lease{i}")
+            assert await cluster.leases.owner(f"lease{i}") == "node-c"
+            assert await cluster.forwarder.cancel_reason(f"lease{i}") is None
+        await log.create_stream(live_info("after"))
+        await log.write_step([write("after", entry(0, 2), finish(2))])
+        assert await collect(logs[1].read("after", 0)) == [entry(0, 2), finish(2)]
+    finally:
+        await cluster.redis.aclose()

@@ -14,7 +14,7 @@ from redis.asyncio.connection import AbstractConnection
 from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from session.errors import TokenLogUnavailable
+from session.errors import StreamTruncated, TokenLogUnavailable
 from session.redis_log import RedisLogConfig, RedisTokenLog
 from session.token_log import LogEntry, StreamEnd
 from tests.session.log_helpers import chunks, collect, entry, finish, live_info, write
@@ -253,3 +253,38 @@ async def test_an_error_reply_reaches_readers_as_unavailable(make_log: MakeLog, 
         await asyncio.wait_for(other, 10)
     with pytest.raises(TokenLogUnavailable):
         await collect(reader.read("clash", 0))
+
+
+async def test_a_follower_is_told_when_the_log_vanishes_under_it(make_log: MakeLog, raw: Redis) -> None:
+    """The entries key deleted (evicted, expired, DEL) while the metadata stays and
+    nothing more is written: the follower at the live end gets StreamTruncated
+    from the tailer's check after an empty XREAD, instead of waiting for ever."""
+    writer, reader = make_log("node-a"), make_log("node-b", block_ms=200)
+    await writer.create_stream(live_info("gone"))
+    await writer.write_step([write("gone", entry(0, 3))])
+    follower = asyncio.create_task(collect(reader.read("gone", 3)))
+    for _ in range(100):  # until it waits on the tailer's XREAD
+        await asyncio.sleep(0.05)
+        if reader._tailer._subs:
+            break
+    assert not follower.done()
+    await raw.delete(reader._keys.log("gone"))
+    with pytest.raises(StreamTruncated):
+        await asyncio.wait_for(follower, 10)  # a hang guard, not a latency bound
+    with pytest.raises(StreamTruncated):  # and a new reader is refused at once
+        await asyncio.wait_for(collect(reader.read("gone", 3)), 10)
+
+
+async def test_an_ended_stream_whose_log_stops_short_of_its_end_is_truncated(
+        make_log: MakeLog, raw: Redis) -> None:
+    writer, reader = make_log("node-a"), make_log("node-b")
+    await writer.create_stream(live_info("short"))
+    for e in chunks([0, 2, 4, 6]):
+        await writer.write_step([write("short", e)])
+    await writer.write_step([write("short", f=finish(6))])
+    await raw.xdel(reader._keys.log("short"), "6-0", "6-1")  # the meta still says end 6
+    with pytest.raises(StreamTruncated) as raised:
+        await asyncio.wait_for(collect(reader.read("short", 0)), 10)
+    assert raised.value.missing_from == 4
+    # With nothing missing for it, a reader is served the end the metadata holds.
+    assert await collect(reader.read("short", 6)) == [finish(6)]

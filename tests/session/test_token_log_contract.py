@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from bisect import bisect_right
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import replace
 
 import pytest
 
-from session.errors import OffsetOutOfRange, StreamEnded, StreamExists, StreamNotFound
+from session.errors import (
+    OffsetOutOfRange,
+    StreamEnded,
+    StreamExists,
+    StreamNotFound,
+    StreamTruncated,
+)
 from session.redis_log import RedisLogConfig, RedisTokenLog
 from session.token_log import (
     EndError,
@@ -43,6 +50,14 @@ class Backend:
 
     async def elapse(self, seconds: float) -> None:
         self.clock.advance(seconds)
+
+    async def lose(self, log: TokenLog, stream_id: str, below: int | None) -> None:
+        """What an operator's trim or an eviction does: drop the stream's entries
+        ending at or before ``below`` (None: every entry), keeping its metadata."""
+        assert isinstance(log, MemoryTokenLog)
+        stream = log._streams[stream_id]
+        num_lost = len(stream.ends) if below is None else bisect_right(stream.ends, below)
+        del stream.entries[:num_lost], stream.ends[:num_lost]
 
 
 class TwoNodes:
@@ -98,6 +113,16 @@ class RedisBackend(Backend):
 
     async def elapse(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
+
+    async def lose(self, log: TokenLog, stream_id: str, below: int | None) -> None:
+        # XTRIM MINID keeps ids >= <below>-1: the finish at <below>-1, and every later entry.
+        writer = log.writer if isinstance(log, TwoNodes) else log
+        assert isinstance(writer, RedisTokenLog)
+        key = writer._keys.log(stream_id)
+        if below is None:
+            await writer._redis.delete(key)
+        else:
+            await writer._redis.xtrim(key, minid=f"{below}-1", approximate=False)
 
 
 BACKENDS: dict[str, Callable[[pytest.FixtureRequest], Backend]] = {
@@ -355,3 +380,52 @@ async def test_sessions_saved_loaded_and_expire(backend: Backend) -> None:
         assert await log.load_session("x") is None
     finally:
         await log.close()
+
+
+# ---- a log that lost entries (trimmed, evicted, expired) --------------------------
+
+HANG_GUARD_S = 10  # a lost log must be reported, never waited on: this only stops a hang
+
+
+async def read_error(log: TokenLog, sid: str, from_offset: int) -> BaseException:
+    """The error a read from ``from_offset`` ends with (none at all fails the test)."""
+    try:
+        events = await asyncio.wait_for(collect(log.read(sid, from_offset)), HANG_GUARD_S)
+    except StreamNotFound as exc:
+        return exc
+    raise AssertionError(f"read from {from_offset} gave {events} despite the lost entries")
+
+
+async def test_lost_head_of_an_ended_stream_is_truncated_never_skipped(
+        backend: Backend, log: TokenLog) -> None:
+    await write_stream(log, "s1", [0, 2, 4, 6, 8])
+    await backend.lose(log, "s1", 4)  # [0, 2) and [2, 4) are gone
+    for from_offset in (0, 2, 3):
+        error = await read_error(log, "s1", from_offset)
+        assert isinstance(error, StreamTruncated)
+        assert (error.missing_from, error.missing_to) == (from_offset, 4)
+    # A reader that needs nothing of what was lost is served.
+    assert await collect(log.read("s1", 4)) == [*chunks([4, 6, 8]), finish(8)]
+
+
+async def test_ended_stream_whose_entries_are_all_gone_is_truncated(
+        backend: Backend, log: TokenLog) -> None:
+    await write_stream(log, "s1", [0, 3, 5])
+    await backend.lose(log, "s1", None)  # the metadata still says it ended at 5
+    for from_offset in (0, 4):
+        error = await read_error(log, "s1", from_offset)
+        assert isinstance(error, StreamTruncated) and error.missing_from == from_offset
+    assert await collect(log.read("s1", 5)) == [finish(5)]  # nothing was needed
+
+
+async def test_live_stream_that_lost_entries_is_truncated_not_waited_on(
+        backend: Backend, log: TokenLog) -> None:
+    await log.create_stream(live_info("head"))
+    await log.create_stream(live_info("all"))
+    for e in chunks([0, 2, 4, 6]):
+        await log.write_step([write("head", e), write("all", e)])
+    await backend.lose(log, "head", 4)
+    await backend.lose(log, "all", None)  # the entries key is gone, the metadata says live
+    head = await read_error(log, "head", 0)
+    assert isinstance(head, StreamTruncated) and (head.missing_from, head.missing_to) == (0, 4)
+    assert isinstance(await read_error(log, "all", 0), StreamTruncated)

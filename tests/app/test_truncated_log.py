@@ -1,0 +1,106 @@
+"""Resuming a stream whose Redis log lost entries: an explicit refusal, never a gap.
+
+A server on the Redis backend (sharing ``live_server``'s engine runner: no
+second model load) answers a stream; then its log is trimmed the way an
+operator's ``XTRIM`` (or an eviction) would, keeping the stream's metadata.
+A ``stream.resume`` gets ``error`` ``stream_truncated``; an SSE resume gets
+HTTP 410 with an OpenAI-style error body.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+
+import httpx
+import pytest
+from redis.asyncio import Redis
+
+from app.embedded import EmbeddedServer
+from app.settings import ServerConfig, Settings
+from session.config import SessionConfig
+from session.redis_format import Keys
+from tests.app.conftest import MAX_FRAME_BYTES, LiveServer
+from tests.app.resume_helpers import Conn, Received
+
+pytestmark = [pytest.mark.slow, pytest.mark.redis]
+
+PROMPT = "Count from one to ten in words."
+NUM_TOKENS = 12
+AUTH = {"Authorization": "Bearer sk-test-trim"}
+
+
+@pytest.fixture(scope="module")
+def redis_node(live_server: LiveServer, redis_server: str) -> Iterator[EmbeddedServer]:
+    server = EmbeddedServer(Settings(
+        session=SessionConfig(max_tokens=64, default_max_tokens=32,
+                              max_frame_bytes=MAX_FRAME_BYTES),
+        server=ServerConfig(port=0, log_level="warning", redis_url=redis_server,
+                            log_backend="redis", node_id="trim-a")),
+        runner=live_server.state.runner)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+async def raw(redis_server: str) -> AsyncIterator[Redis]:
+    client = Redis.from_url(redis_server)
+    yield client
+    await client.aclose()
+
+
+async def trim_all_but_the_end(raw: Redis, stream_id: str) -> None:
+    """``XTRIM MAXLEN 1``: every token entry goes, the finish entry stays."""
+    key = Keys("bargein:").log(stream_id)  # the server's default key prefix
+    assert await raw.xtrim(key, maxlen=1, approximate=False) >= 1
+
+
+async def test_stream_resume_of_a_trimmed_log_is_refused(
+        redis_node: EmbeddedServer, raw: Redis) -> None:
+    first = await Conn.open(redis_node.ws_url)
+    created = await first.create(PROMPT, max_tokens=NUM_TOKENS, temperature=0)
+    received = await first.read(Received())
+    await first.close()
+    assert received.done is not None and received.done["end"] == NUM_TOKENS
+    await trim_all_but_the_end(raw, created["stream_id"])
+
+    second = await Conn.open(redis_node.ws_url)
+    try:
+        await second.resume(created["stream_id"], created["resume_token"], 2)
+        error = await second.recv()  # no delta first: the missing tokens are not skipped
+        assert error["type"] == "error", error
+        assert error["code"] == "stream_truncated" and error["retryable"] is False
+        assert error["response_id"] == created["response_id"] and error["message"]
+        # A client that holds every token up to the end still gets the end.
+        await second.resume(created["stream_id"], created["resume_token"], NUM_TOKENS)
+        done = await second.expect("response.done")
+        assert done["end"] == NUM_TOKENS
+    finally:
+        await second.close()
+
+
+async def test_sse_resume_of_a_trimmed_log_is_410_gone(
+        redis_node: EmbeddedServer, raw: Redis) -> None:
+    async with httpx.AsyncClient(base_url=redis_node.http_url, headers=AUTH,
+                                 timeout=60) as http:
+        body = {"model": "bargein", "messages": [{"role": "user", "content": PROMPT}],
+                "max_tokens": NUM_TOKENS, "temperature": 0, "stream": True}
+        response = await http.post("/v1/chat/completions", json=body)
+        assert response.status_code == 200
+        stream_id = response.headers["x-bargein-stream-id"]
+        await trim_all_but_the_end(raw, stream_id)
+        url = f"/v1/streams/{stream_id}/events"
+        gone = await http.get(url, headers={"Last-Event-ID": f"{stream_id}:1"})
+        assert gone.status_code == 410
+        error = gone.json()["error"]
+        assert error["code"] == "stream_truncated" and error["message"]
+        assert error["type"] == "invalid_request_error"
+        # From the end nothing is missing: the closing events and [DONE].
+        end = await http.get(url, headers={"Last-Event-ID": f"{stream_id}:{NUM_TOKENS}"})
+        assert end.status_code == 200
+        events = [line for line in end.text.splitlines() if line.startswith("data:")]
+        assert events[-1] == "data: [DONE]"
+        assert json.loads(events[0][5:])["choices"][0]["finish_reason"] == "length"  # max_tokens
