@@ -39,6 +39,7 @@ from protocol import CloseCode, Decoder, select_subprotocol
 from protocol.errors import FrameTooLarge, ProtocolError
 from session.admission import Admission
 from session.connection import Connection
+from session.errors import TokenLogUnavailable
 from session.service import Service
 from session.token_log import TokenLog, open_token_log
 
@@ -102,7 +103,53 @@ def load_runner(settings: Settings, progress: Progress) -> Any:
     return runner
 
 
+SECRET_WAIT_S = 60.0  # longest wait at startup for Redis to hand out the shared token key
+
+
+async def token_secret(settings: Settings, log: TokenLog) -> bytes:
+    """The key of resume and session tokens.
+
+    ``--secret`` wins. Without it, nodes on one Redis share a key kept there
+    (the first node creates it), so any node, and a node after a restart,
+    accepts the tokens any of them gave out; the memory log (one process)
+    draws a random key, valid until the process ends.
+
+    Raises TokenLogUnavailable when Redis does not answer within ``SECRET_WAIT_S``.
+    """
+    if settings.server.secret:
+        return settings.server.secret.encode()
+    candidate = secrets.token_bytes(32)
+    if settings.server.redis_url is None:
+        logger.info("no --secret: resume and session tokens use a random key of this "
+                    "process (they stop working when it restarts; pass --secret to keep them)")
+        return candidate
+    deadline = time.monotonic() + SECRET_WAIT_S
+    while True:
+        try:
+            shared: bytes = await log.shared_secret(candidate)  # type: ignore[attr-defined]
+            break
+        except TokenLogUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            logger.warning("no --secret and Redis does not answer yet: waiting for the "
+                           "shared token key")
+            await asyncio.sleep(1.0)  # a refused connection fails at once: no busy loop
+    logger.info("no --secret: resume and session tokens use the key shared by every node "
+                "on this Redis")
+    return shared
+
+
 async def _load(state: AppState, progress: Progress) -> None:
+    try:
+        assert state.log is not None
+        secret = await token_secret(state.settings, state.log)
+    except TokenLogUnavailable as exc:
+        logger.error("no --secret, and the shared token key could not be read from Redis: "
+                     "start Redis, or pass --secret")
+        state.load_error = f"token key unavailable: {exc}"
+        state.loaded.set()
+        progress(LOAD_FAILED)
+        return
     try:
         runner = state.shared_runner or await asyncio.to_thread(load_runner, state.settings,
                                                                 progress)
@@ -114,9 +161,8 @@ async def _load(state: AppState, progress: Progress) -> None:
         return
     state.runner = runner
     state.metrics.attach_runner(runner)
-    secret = state.settings.server.secret
     service = Service(runner, state.log, state.settings.session,  # type: ignore[arg-type]
-                      secret=secret.encode() if secret else secrets.token_bytes(32),
+                      secret=secret,
                       node_id=state.settings.server.node_name,
                       debug=state.settings.server.debug_endpoints,
                       observer=state.observer,

@@ -38,7 +38,9 @@ class ServerConfig:
         port: TCP port (0 picks a free one).
         log_backend: where token streams live: ``memory`` (embedded) or ``redis``.
         redis_url: Redis URL, required when ``log_backend == "redis"``.
-        secret: key for resume tokens; ``None`` draws a random one per process.
+        secret: key of resume and session tokens; ``None``: with a Redis log,
+            the key every node on that Redis shares (created there once), with
+            the memory log a random one per process (see ``app.server.token_secret``).
         debug_endpoints: serve ``GET /debug/engine`` (engine stats and recent
             prompts) for tests and operators; never enable on a public port.
         log_level: uvicorn and bargein log level.
@@ -160,7 +162,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser,
     _add(parser, env, "--log-backend", s.log_backend, str, "token log: memory or redis")
     _add(parser, env, "--redis-url", s.redis_url, str,
          "Redis URL (implies --log-backend redis)")
-    _add(parser, env, "--secret", s.secret, str, "resume-token key")
+    _add(parser, env, "--secret", s.secret, str,
+         "resume and session token key (default: with --redis-url, one shared by the "
+         "nodes through Redis; without, random per process)")
     _add(parser, env, "--max-tokens", e.max_tokens, int, "most tokens of one response")
     _add_session_and_log_arguments(parser, env)
     _add_limit_arguments(parser, env)

@@ -8,7 +8,10 @@ prefix). The service calls it at these points:
   (session/takeover.py) is stored and the lease taken, in one round trip,
   before the stream exists;
 - ``fence`` before each step's log write: only streams whose lease is
-  locally valid are written (session/lease.py);
+  locally valid are written (session/lease.py); the write itself is fenced
+  in Redis by the lease's epoch (the log's ``fence_with``), so a node that
+  stalled between this check and its write still cannot write a stream
+  another node took over;
 - ``ended`` when a stream's generation ended: its lease is released at the
   next tick;
 - ``abort_elsewhere`` for a cancel of a stream this node does not generate
@@ -82,8 +85,9 @@ class Cluster:
         self.redis = retrying_client(url)
         self.forwarder = Forwarder(self.redis, node_id, self._on_forwarded_abort,
                                    key_prefix=key_prefix)
+        # The epoch outlives every key of the stream (the record lives as long as they do).
         self.leases = Leases(self.redis, node_id, key_prefix=key_prefix, config=lease,
-                             flag_key=self.forwarder.flag_key)
+                             flag_key=self.forwarder.flag_key, epoch_ttl_s=2 * record_ttl_s)
         self._prefix = key_prefix
         self._keys = Keys(key_prefix)
         self._record_ttl_ms = int(record_ttl_s * 1000)
@@ -104,6 +108,7 @@ class Cluster:
     async def start(self, service: Any) -> None:
         """Attach to the service (its runner, log, tokenizer) and start ticking."""
         self._service = service
+        service.log.fence_with(self.leases.fence)  # every write checks the lease's epoch
         await self.forwarder.start()
         self._ticker = asyncio.create_task(self._tick_loop(), name="cluster-tick")
 
@@ -175,6 +180,11 @@ class Cluster:
             for sid in lost:
                 self._abandon(sid)
         return [w for w in writes if self.leases.holds(w.stream_id)]
+
+    def lost(self, stream_id: str) -> None:
+        """A write of ``stream_id`` was fenced off: another node took it over."""
+        log.warning("stream %s was taken over by another node: stopped generating it", stream_id)
+        self._abandon(stream_id)
 
     def ended(self, stream_id: str) -> None:
         """Generation of a stream this node wrote ended (its finish is logged)."""
@@ -249,8 +259,8 @@ class Cluster:
                 service.abort(sid, FinishReason.INTERRUPTED, service.clock())
         ended, self._ended = self._ended, []
         ended += self._orphans(service)
-        if ended:
-            await self.leases.release(ended, also_delete=[gen_key(self._prefix, s) for s in ended])
+        if ended:  # a record goes with its lease: never one another node took meanwhile
+            await self.leases.release(ended, with_lease=lambda s: [gen_key(self._prefix, s)])
         await self._check_watched()
         await self._exchange_readers(service)
 

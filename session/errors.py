@@ -87,3 +87,17 @@ class TokenLogUnavailable(TokenLogError):
     def __init__(self, message: str, stream_ids: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.stream_ids = stream_ids
+
+
+class StreamFenced(TokenLogUnavailable):
+    """Another node took these streams over (their lease has a newer epoch):
+    this node's writes to them were refused and nothing of them was written.
+
+    The caller stops generating them (frees their KV blocks); their readers
+    here get a retryable error and resume, on any node, the stream the new
+    owner writes. A subclass of :class:`TokenLogUnavailable`, so a caller
+    that only handles that still stops the streams.
+    """
+
+    def __init__(self, stream_ids: tuple[str, ...]) -> None:
+        super().__init__("another node continues these streams", stream_ids)

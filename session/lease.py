@@ -9,13 +9,24 @@ A node that died stops renewing, and ``ttl_s`` later the key is gone.
 Taking a lease is ``SET NX PX``: Redis runs it atomically, so of two nodes
 racing for the lease of a dead stream exactly one gets it.
 
-Fencing: a node only writes a stream while its lease is *locally* valid:
-``VALID_FRACTION * ttl_s`` after the start of the last renewal that
-succeeded. Redis set the key's expiry later than that start and a quarter of
-the TTL later still, so the local view runs out first, with room for a write
-already on its way: once another node could have taken the lease, the old
-owner has stopped writing. A node that finds its local view lapsed renews at
-once before it writes on (session/cluster.py ``fence``).
+Fencing epochs: every take of a lease (a new stream's claim, a takeover)
+increments the stream's epoch ``<prefix>{<stream_id>}:epoch`` in the same
+script that sets the lease, and the taker keeps the number. Every write of the
+stream is a script that first checks that the epoch is still the writer's
+(session/redis_format.py ``FENCED_STEP_LUA``), so a node that stalled past its
+lease (SIGSTOP, a long GC pause, a partition) while another node took the
+stream over can never append to it or end it when it wakes, however its
+checks and writes interleave: Redis runs each script atomically. Renewing
+and releasing check the epoch too, so a stalled node never takes back a
+lease another node held meanwhile (and released), nor deletes one it holds.
+
+Local validity on top: a node only writes a stream while its lease is
+*locally* valid: ``VALID_FRACTION * ttl_s`` after the start of the last
+renewal that succeeded. Redis set the key's expiry later than that start and
+a quarter of the TTL later still, so the local view runs out first: a node
+that finds its local view lapsed renews at once before it writes on
+(session/cluster.py ``fence``) and learns there that it lost the stream,
+without a refused write.
 """
 
 from __future__ import annotations
@@ -27,10 +38,21 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-# Renew a lease this node holds; take it back if it vanished (nobody else has it,
-# so the log is still ours alone). KEYS[1] lease, ARGV[1] node id, ARGV[2] ttl ms.
-# Returns 1 when the node holds the lease afterwards, 0 when another node has it.
+# Take a free lease and count a new epoch. KEYS[1] lease, KEYS[2] epoch; ARGV[1] node
+# id, ARGV[2] lease ttl ms, ARGV[3] epoch ttl ms. Returns the new epoch, 0 when held.
+ACQUIRE_LUA = """
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
+local epoch = redis.call('INCR', KEYS[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+return epoch
+"""
+
+# Renew a lease this node holds; take it back if it vanished while the epoch is still
+# ours (nobody took it since, so the log is still ours alone). KEYS[1] lease, KEYS[2]
+# epoch; ARGV[1] node id, ARGV[2] ttl ms, ARGV[3] our epoch. Returns 1 when the node
+# holds the lease afterwards, 0 when another node took it (maybe released since).
 RENEW_LUA = """
+if redis.call('GET', KEYS[2]) ~= ARGV[3] then return 0 end
 local owner = redis.call('GET', KEYS[1])
 if owner == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -43,10 +65,13 @@ end
 return 0
 """
 
-# Delete a lease only if this node holds it. KEYS[1] lease, ARGV[1] node id.
+# Delete a lease, and the stream keys KEYS[3..], only while the epoch is ours.
+# KEYS[1] lease, KEYS[2] epoch; ARGV[1] node id, ARGV[2] our epoch.
 RELEASE_LUA = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
+if redis.call('GET', KEYS[2]) ~= ARGV[2] then return 0 end
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+for i = 3, #KEYS do redis.call('DEL', KEYS[i]) end
+return 1
 """
 
 
@@ -79,12 +104,35 @@ class Renewal:
     flagged: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Fence:
+    """What a write of one stream checks in Redis before it lands.
+
+    Attributes:
+        lease_key: the stream's lease (held by ``node_id``, or expired).
+        epoch_key: the stream's fencing epoch.
+        node_id: the writing node.
+        epoch: the epoch the writer got when it took the lease.
+    """
+
+    lease_key: str
+    epoch_key: str
+    node_id: str
+    epoch: int
+
+
 VALID_FRACTION = 0.75  # of the TTL after a renewal's start that the holder trusts its lease
+NO_EPOCH = 0  # never an epoch Redis counted (INCR starts at 1): its checks always fail
 
 
 def lease_key(prefix: str, stream_id: str) -> str:
     """The lease key of a stream (same hash slot as its log and metadata)."""
     return f"{prefix}{{{stream_id}}}:lease"
+
+
+def epoch_key(prefix: str, stream_id: str) -> str:
+    """The fencing epoch of a stream: how many times its lease was taken."""
+    return f"{prefix}{{{stream_id}}}:epoch"
 
 
 class Leases:
@@ -98,22 +146,40 @@ class Leases:
         clock: monotonic seconds (local lease validity).
         flag_key: the key of a per-stream flag read in the renewal pipeline
             (the cancel flag of session/forward.py), or None.
+        epoch_ttl_s: how long a stream's epoch outlives its last take; at
+            least the life of the stream's keys, so that an epoch is never
+            counted again from 1 while a stalled holder of an old one lives.
     """
 
     def __init__(self, redis: Redis, node_id: str, *, key_prefix: str = "bargein:",
                  config: LeaseConfig = LeaseConfig(),
                  clock: Callable[[], float] = time.monotonic,
-                 flag_key: Callable[[str], str] | None = None) -> None:
+                 flag_key: Callable[[str], str] | None = None,
+                 epoch_ttl_s: float = 7200.0) -> None:
         self.redis = redis
         self.node_id = node_id
         self.config = config
         self._prefix = key_prefix
         self._clock = clock
         self._flag_key = flag_key
+        self._epoch_ttl_ms = int(epoch_ttl_s * 1000)
         self._valid_until: dict[str, float] = {}  # held leases: local expiry (monotonic s)
+        self._epochs: dict[str, int] = {}  # held leases: the epoch each take got
 
     def key(self, stream_id: str) -> str:
         return lease_key(self._prefix, stream_id)
+
+    def epoch_key(self, stream_id: str) -> str:
+        return epoch_key(self._prefix, stream_id)
+
+    def fence(self, stream_id: str) -> Fence | None:
+        """What a write of ``stream_id`` must check, or None when this node
+        does not hold its lease (such a write must not be made)."""
+        epoch = self._epochs.get(stream_id)
+        if epoch is None or stream_id not in self._valid_until:
+            return None
+        return Fence(lease_key=self.key(stream_id), epoch_key=self.epoch_key(stream_id),
+                     node_id=self.node_id, epoch=epoch)
 
     @property
     def held(self) -> list[str]:
@@ -130,23 +196,25 @@ class Leases:
 
     async def acquire(self, stream_id: str, *,
                       set_also: tuple[str, bytes, int] | None = None) -> bool:
-        """Take the lease if nobody holds it (``SET NX PX``); True if taken.
+        """Take the lease if nobody holds it (``SET NX PX``, and a new epoch,
+        in one script); True if taken.
 
         ``set_also``: ``(key, value, px_ms)`` written in the same pipeline
         first, taken or not (a new stream's generation record: one round
-        trip for both).
+        trip for both). Raises redis errors.
         """
         started = self._clock()
         async with self.redis.pipeline(transaction=False) as pipe:
             if set_also is not None:
                 key, value, px_ms = set_also
                 pipe.set(key, value, px=px_ms)
-            pipe.set(self.key(stream_id), self.node_id, nx=True,
-                     px=int(self.config.ttl_s * 1000))
-            taken = (await pipe.execute())[-1]
-        if taken:
+            pipe.eval(ACQUIRE_LUA, 2, self.key(stream_id), self.epoch_key(stream_id),
+                      self.node_id, int(self.config.ttl_s * 1000), self._epoch_ttl_ms)
+            epoch = int((await pipe.execute())[-1])
+        if epoch:
             self._valid_until[stream_id] = started + VALID_FRACTION * self.config.ttl_s
-        return bool(taken)
+            self._epochs[stream_id] = epoch
+        return bool(epoch)
 
     async def owner(self, stream_id: str) -> str | None:
         """The node holding the lease of ``stream_id`` now, or None."""
@@ -179,7 +247,8 @@ class Leases:
         ttl_ms = int(self.config.ttl_s * 1000)
         async with self.redis.pipeline(transaction=False) as pipe:
             for sid in sids:  # EVAL, not EVALSHA: no SCRIPT EXISTS round trip per tick
-                pipe.eval(RENEW_LUA, 1, self.key(sid), self.node_id, ttl_ms)
+                pipe.eval(RENEW_LUA, 2, self.key(sid), self.epoch_key(sid), self.node_id,
+                          ttl_ms, self._epochs.get(sid, NO_EPOCH))
                 if self._flag_key is not None:
                     pipe.exists(self._flag_key(sid))
             results: list[Any] = await pipe.execute()
@@ -189,7 +258,7 @@ class Leases:
             if sid not in self._valid_until:
                 continue  # released meanwhile
             if not ok:
-                del self._valid_until[sid]
+                self.forget(sid)
                 lost.append(sid)
                 continue
             self._valid_until[sid] = started + VALID_FRACTION * self.config.ttl_s
@@ -200,17 +269,28 @@ class Leases:
     def forget(self, stream_id: str) -> None:
         """Stop renewing a lease without deleting it (it expires on its own)."""
         self._valid_until.pop(stream_id, None)
+        self._epochs.pop(stream_id, None)
 
-    async def release(self, stream_ids: Sequence[str], *, also_delete: Sequence[str] = ()) -> None:
-        """Delete the leases of ended streams (only where this node holds them),
-        and the keys ``also_delete``, in one pipeline."""
+    async def release(self, stream_ids: Sequence[str], *, also_delete: Sequence[str] = (),
+                      with_lease: Callable[[str], Sequence[str]] | None = None) -> None:
+        """Delete the leases of ended streams, and the keys ``also_delete``, in
+        one pipeline.
+
+        A lease is deleted only while its epoch is still this node's (a
+        stalled node never deletes the lease of the node that took its
+        stream over), and so are the keys ``with_lease(stream_id)`` of that
+        stream (its generation record). Raises redis errors.
+        """
+        epochs = {sid: self._epochs.get(sid, NO_EPOCH) for sid in stream_ids}
         for sid in stream_ids:
-            self._valid_until.pop(sid, None)
+            self.forget(sid)
         if not stream_ids and not also_delete:
             return
         async with self.redis.pipeline(transaction=False) as pipe:
             for sid in stream_ids:
-                pipe.eval(RELEASE_LUA, 1, self.key(sid), self.node_id)
+                keys = [self.key(sid), self.epoch_key(sid),
+                        *(with_lease(sid) if with_lease is not None else ())]
+                pipe.eval(RELEASE_LUA, len(keys), *keys, self.node_id, epochs[sid])
             for key in also_delete:
                 pipe.delete(key)
             await pipe.execute()

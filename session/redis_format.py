@@ -25,16 +25,20 @@ one Redis Cluster hash slot):
   is bounded by admission (max_tokens), never trimmed.
 - ``<prefix>session:{<session_id>}``: a session's opaque state (``SET PX``).
 - ``<prefix>node:{<node_id>}:wake``: a node's tailer wake-up stream.
+- ``<prefix>token-secret``: the resume and session token key the nodes share
+  when none is configured (created once with ``SET NX``, no expiry).
 """
 
 from __future__ import annotations
 
+import hashlib
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from redis.exceptions import ResponseError
 
+from session.lease import Fence
 from session.redis_tail import LOGGED, StreamId, parse_id
 from session.token_log import EndError, LogEntry, StreamEnd, StreamInfo, StreamWrite
 
@@ -47,6 +51,62 @@ redis.call('HSET', KEYS[1], unpack(ARGV, 2))
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
 return 1
 """
+
+
+# One stream's writes of one step, fenced (session/lease.py): nothing is written unless the
+# stream's epoch is still the writer's and no other node holds its lease, all in one atomic
+# step. KEYS[1] lease, KEYS[2] epoch, KEYS[3] log, KEYS[4] meta. ARGV[1] node id, ARGV[2]
+# the writer's epoch, ARGV[3] the stream's end before the step, ARGV[4] live ttl ms,
+# ARGV[5] retention ms, ARGV[6] the number n of entries, then n pairs (entry id, packed
+# entry); then, for a finish: its id, the number m of its field arguments, those m, and
+# the metadata's field/value pairs up to the end. Returns WRITTEN, LOST (the stream's keys
+# vanished: nothing written) or FENCED (another node took the stream: nothing written).
+FENCED_STEP_LUA = """
+if redis.call('GET', KEYS[2]) ~= ARGV[2] then return -1 end
+local owner = redis.call('GET', KEYS[1])
+if owner and owner ~= ARGV[1] then return -1 end
+local made = ARGV[3] ~= '0'
+if not made and redis.call('EXISTS', KEYS[4]) == 0 then return 0 end
+local function xadd(id, ...)
+  local reply
+  if made then
+    reply = redis.pcall('XADD', KEYS[3], 'NOMKSTREAM', id, ...)
+  else
+    reply = redis.pcall('XADD', KEYS[3], id, ...)
+  end
+  if type(reply) == 'table' and reply.err then
+    -- a retried step whose first attempt landed: the explicit id makes it a no-op
+    if string.find(reply.err, 'equal or smaller', 1, true) then return true end
+    return reply
+  end
+  return reply ~= false
+end
+local i = 7
+for _ = 1, tonumber(ARGV[6]) do
+  local ok = xadd(ARGV[i], 'd', ARGV[i + 1])
+  if ok == false then return 0 elseif ok ~= true then return ok end
+  if not made then
+    redis.call('PEXPIRE', KEYS[3], ARGV[4])
+    -- the mark that tells a reader a missing log was lost (see step_commands)
+    redis.call('HSET', KEYS[4], 'LOGGED_FIELD', 1)
+    redis.call('PEXPIRE', KEYS[4], ARGV[4])
+    made = true
+  end
+  i = i + 2
+end
+if i <= #ARGV then
+  local m = tonumber(ARGV[i + 1])
+  local ok = xadd(ARGV[i], unpack(ARGV, i + 2, i + 1 + m))
+  if ok == false then return 0 elseif ok ~= true then return ok end
+  redis.call('HSET', KEYS[4], unpack(ARGV, i + 2 + m))
+  redis.call('PEXPIRE', KEYS[3], ARGV[5])
+  redis.call('PEXPIRE', KEYS[4], ARGV[5])
+end
+return 1
+"""
+FENCED_STEP_LUA = FENCED_STEP_LUA.replace("LOGGED_FIELD", LOGGED)
+FENCED_STEP_SHA = hashlib.sha1(FENCED_STEP_LUA.encode()).hexdigest()
+WRITTEN, LOST, FENCED = 1, 0, -1  # replies of FENCED_STEP_LUA
 
 
 class Keys:
@@ -66,6 +126,9 @@ class Keys:
 
     def wake(self, node_id: str) -> str:
         return f"{self.prefix}node:{{{node_id}}}:wake"
+
+    def token_secret(self) -> str:
+        return f"{self.prefix}token-secret"
 
 
 def encode_entry(entry: LogEntry) -> bytes:
@@ -139,23 +202,66 @@ def step_commands(
                 owners += [None, None, None]
             end = write.entry.end
         if (finish := write.finish) is not None:
-            entry_error: tuple[str | int, ...] = ()
-            meta_error: tuple[str | int, ...] = ()
-            if (error := finish.error) is not None:
-                entry_error = ("e", error.code, "m", error.message, "r", error.retry_after_ms)
-                meta_error = ("error_code", error.code, "error_message", error.message,
-                              "retry_after_ms", error.retry_after_ms)
+            entry_fields, meta_fields = finish_fields(finish)
             commands += [
-                resp(*_xadd(log_key, end), f"{end}-1", "f", finish.finish_reason, "p", finish.prompt_tokens,
-                     "c", finish.completion_tokens, "k", finish.cached_tokens, *entry_error),
-                resp("HSET", meta_key, "status", "complete", "end", end,
-                     "finish_reason", finish.finish_reason, "prompt_tokens", finish.prompt_tokens,
-                     "completion_tokens", finish.completion_tokens, "cached_tokens", finish.cached_tokens,
-                     *meta_error),
+                resp(*_xadd(log_key, end), f"{end}-1", *entry_fields),
+                resp("HSET", meta_key, *meta_fields),
                 resp("PEXPIRE", log_key, retention_ms), resp("PEXPIRE", meta_key, retention_ms)]
             owners += [sid, None, None, None]  # HSET's count is 0 on a retry: not a check
         step_ends[sid] = end
     return commands, owners
+
+
+def finish_fields(finish: StreamEnd) -> tuple[tuple[str | int, ...], tuple[str | int, ...]]:
+    """The field/value arguments of a finish: its log entry's, then the metadata's."""
+    entry: tuple[str | int, ...] = (
+        "f", finish.finish_reason, "p", finish.prompt_tokens, "c", finish.completion_tokens,
+        "k", finish.cached_tokens)
+    meta: tuple[str | int, ...] = (
+        "status", "complete", "end", finish.end, "finish_reason", finish.finish_reason,
+        "prompt_tokens", finish.prompt_tokens, "completion_tokens", finish.completion_tokens,
+        "cached_tokens", finish.cached_tokens)
+    if (error := finish.error) is not None:
+        entry += ("e", error.code, "m", error.message, "r", error.retry_after_ms)
+        meta += ("error_code", error.code, "error_message", error.message,
+                 "retry_after_ms", error.retry_after_ms)
+    return entry, meta
+
+
+def fenced_step_calls(
+    writes: Sequence[StreamWrite], ends: Mapping[str, int], keys: Keys,
+    fence_of: Callable[[str], Fence | None], *, retention_ms: int, live_ttl_ms: int
+) -> tuple[list[tuple[str, list[bytes | str | int]]], list[str]]:
+    """One ``FENCED_STEP_LUA`` call per stream of a step, in first-write order.
+
+    Returns the calls as ``(stream id, keys + args)`` and the streams that
+    have no fence (this node does not hold their lease: nothing may be
+    written). ``ends`` holds each stream's end before the step; the writes
+    were validated (a finish comes last in its stream).
+    """
+    by_stream: dict[str, list[StreamWrite]] = {}
+    for write in writes:
+        by_stream.setdefault(write.stream_id, []).append(write)
+    calls: list[tuple[str, list[bytes | str | int]]] = []
+    unfenced: list[str] = []
+    for sid, stream_writes in by_stream.items():
+        fence = fence_of(sid)
+        if fence is None:
+            unfenced.append(sid)
+            continue
+        args: list[bytes | str | int] = [
+            fence.lease_key, fence.epoch_key, keys.log(sid), keys.meta(sid), fence.node_id,
+            fence.epoch, ends[sid], live_ttl_ms, retention_ms]
+        entries = [w.entry for w in stream_writes if w.entry is not None]
+        args.append(len(entries))
+        for entry in entries:
+            args += [f"{entry.end}-0", encode_entry(entry)]
+        finish = stream_writes[-1].finish
+        if finish is not None:
+            entry_fields, meta_fields = finish_fields(finish)
+            args += [f"{finish.end}-1", len(entry_fields), *entry_fields, *meta_fields]
+        calls.append((sid, args))
+    return calls, unfenced
 
 
 def _xadd(log_key: str, end: int) -> tuple[str, ...]:

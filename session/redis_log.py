@@ -30,22 +30,30 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from session.errors import (
     OffsetOutOfRange,
     StreamEnded,
     StreamExists,
+    StreamFenced,
     StreamNotFound,
     StreamTruncated,
     TokenLogUnavailable,
 )
+from session.lease import Fence
 from session.redis_format import (
     CREATE_LUA,
+    FENCED,
+    FENCED_STEP_LUA,
+    FENCED_STEP_SHA,
+    WRITTEN,
     Keys,
     already_added,
     decode,
+    fenced_step_calls,
     info_from_meta,
+    resp,
     step_commands,
 )
 from session.redis_tail import (
@@ -189,6 +197,7 @@ class RedisTokenLog:
         self._broken: dict[str, None] = {}
         self._ended: dict[str, None] = {}
         self._write_lock = asyncio.Lock()
+        self._fence_of: Callable[[str], Fence | None] | None = None  # see fence_with
         self._degraded = False  # after an outage, fail fast (one attempt) until a call succeeds
         self._closed = False
 
@@ -265,6 +274,17 @@ class RedisTokenLog:
         local.cursor.end = info.end
         self._live[sid] = local
 
+    def fence_with(self, fence_of: Callable[[str], Fence | None]) -> None:
+        """Fence every write from now on (several nodes: session/cluster.py).
+
+        ``fence_of(stream_id)`` is the lease and epoch a write of that stream
+        must still hold in Redis (session/lease.py), None when this node holds
+        none: such writes are refused. Each stream's writes of a step then go
+        out as one script that checks the fence and writes, atomically (still
+        one round trip per step); a write refused there raises StreamFenced.
+        """
+        self._fence_of = fence_of
+
     def abandon_stream(self, stream_id: str) -> None:
         """Stop writing a stream another node may now continue: late writes
         are refused and local readers get a retryable TokenLogUnavailable
@@ -289,10 +309,62 @@ class RedisTokenLog:
             failed = tuple(dict.fromkeys(w.stream_id for w in writes if w.stream_id in self._broken))
             healthy = [w for w in writes if w.stream_id not in self._broken]
             check_writes(healthy, self._cursor)
-            if healthy:
+            fenced: tuple[str, ...] = ()
+            if healthy and self._fence_of is not None:
+                lost, fenced = await self._write_fenced(healthy, self._fence_of)
+                failed += lost
+            elif healthy:
                 failed += await self._write_healthy(healthy)
             if failed:
-                raise TokenLogUnavailable("these streams' log is incomplete after a redis failure", failed)
+                raise TokenLogUnavailable("these streams' log is incomplete after a redis failure",
+                                          failed + fenced)
+            if fenced:
+                raise StreamFenced(fenced)
+
+    async def _write_fenced(self, writes: Sequence[StreamWrite],
+                            fence_of: Callable[[str], Fence | None]
+                            ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Write validated writes through the fence; returns the streams lost
+        and those fenced off (both now broken here).
+
+        Lost streams' partial keys are deleted; a fenced stream's keys are
+        another node's now and stay untouched.
+        """
+        sids = tuple(dict.fromkeys(w.stream_id for w in writes))
+        calls, unfenced = fenced_step_calls(
+            writes, {sid: self._live[sid].cursor.end for sid in sids}, self._keys, fence_of,
+            retention_ms=int(self._cfg.retention_s * 1000), live_ttl_ms=int(self._cfg.live_ttl_s * 1000))
+        try:
+            results = await self._call("write_step", lambda r: self._run_fenced(r, calls), sids)
+        except TokenLogUnavailable as exc:
+            self._break(sids, exc)
+            return sids, ()
+        lost = tuple(sid for (sid, _), result in zip(calls, results)
+                     if result not in (WRITTEN, FENCED))  # LOST, or an error reply
+        fenced = tuple(unfenced) + tuple(sid for (sid, _), result in zip(calls, results)
+                                         if result == FENCED)
+        self._apply(writes, lost + fenced)
+        if fenced:
+            self._break(fenced, StreamFenced(fenced))
+        if lost:
+            self._break(lost, TokenLogUnavailable("redis lost these streams (restarted without data?)", lost))
+            await self._delete_partial(lost)
+        return lost, fenced
+
+    @classmethod
+    async def _run_fenced(cls, redis: Redis, calls: list[tuple[str, list[bytes | str | int]]]) -> list[Any]:
+        """Run the step's fenced scripts by SHA in one round trip; a Redis that
+        does not know the script yet (first use, restarted, flushed) gets the
+        refused calls again in full, in a second one (a refused EVALSHA ran nothing)."""
+        results = await cls._run_step(redis, [resp("EVALSHA", FENCED_STEP_SHA, 4, *args)
+                                              for _, args in calls])
+        retry = [i for i, result in enumerate(results) if isinstance(result, NoScriptError)]
+        if retry:
+            again = await cls._run_step(redis, [resp("EVAL", FENCED_STEP_LUA, 4, *calls[i][1])
+                                                for i in retry])
+            for i, result in zip(retry, again):
+                results[i] = result
+        return results
 
     async def _write_healthy(self, writes: Sequence[StreamWrite]) -> tuple[str, ...]:
         """Write validated writes; returns the streams that failed (now broken)."""
@@ -527,6 +599,24 @@ class RedisTokenLog:
     async def load_session(self, session_id: str) -> bytes | None:
         state: bytes | None = await self._call("load_session", lambda r: r.get(self._keys.session(session_id)))
         return state
+
+    async def shared_secret(self, candidate: bytes) -> bytes:
+        """The token key of every node on this Redis and key prefix.
+
+        The first node to ask stores ``candidate`` (``SET NX``, no expiry);
+        every later ask, on any node, after any restart, gets that one back.
+        Raises TokenLogUnavailable (retried for ``retry_for_s`` first).
+        """
+        key = self._keys.token_secret()
+
+        async def load(redis: Redis) -> bytes:
+            async with redis.pipeline(transaction=False) as pipe:
+                pipe.set(key, candidate, nx=True)
+                pipe.get(key)
+                stored: bytes = (await pipe.execute())[1]
+            return stored
+
+        return await self._call("shared_secret", load)
 
     async def ping(self) -> bool:
         """PING within the socket timeout, once more if the connection was dropped; never raises.

@@ -28,7 +28,7 @@ from protocol import events as pe
 from session.admission import Admission, AdmissionConfig, Refusal
 from session.chat import render_prompt
 from session.config import SessionConfig
-from session.errors import TokenLogUnavailable
+from session.errors import StreamFenced, TokenLogUnavailable
 from session.observer import NullObserver, SessionObserver
 from session.session import GenerationFinished, Submit, Submitted, SubmitFailed
 from session.token_log import EndError, LogEntry, StreamEnd, StreamInfo, StreamWrite, TokenLog
@@ -387,6 +387,9 @@ class Service:
                 started = time.perf_counter()
                 await self.log.write_step(writes)
                 self.observer.log_written(time.perf_counter() - started, len(writes))
+            except StreamFenced as exc:  # another node continues them: stop, free the KV
+                for stream_id in exc.stream_ids:
+                    self.cluster.lost(stream_id)
             except TokenLogUnavailable as exc:
                 logger.error("token log write failed for %s", exc.stream_ids)
                 for stream_id in exc.stream_ids:

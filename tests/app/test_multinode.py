@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,13 +65,18 @@ class Node:
         return body
 
 
-def start_node(name: str, redis_url: str, log_dir: str) -> Node:
-    port = free_port()
+def start_node(name: str, redis_url: str, log_dir: str, *, secret: str | None = SECRET,
+               port: int | None = None) -> Node:
+    """Start ``bargein serve`` as node ``name`` (``secret=None``: no ``--secret``,
+    the nodes share the key kept in Redis); its output goes to ``<log_dir>/<name>.log``
+    (appended to, so a restarted node keeps one log)."""
+    port = port or free_port()
     log_path = os.path.join(log_dir, f"{name}.log")
-    with open(log_path, "wb") as out:
+    key = [] if secret is None else ["--secret", secret]
+    with open(log_path, "ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "app", "serve", "--port", str(port), "--redis-url", redis_url,
-             "--node-id", name, "--secret", SECRET, "--debug-endpoints", "true",
+             "--node-id", name, *key, "--debug-endpoints", "true",
              "--lease-ttl", str(LEASE_TTL_S), "--max-model-len", "1024", "--max-tokens", "256",
              "--max-num-seqs", "8", "--log-level", "warning"],
             stdout=out, stderr=subprocess.STDOUT)
@@ -102,15 +107,23 @@ def nodes(redis_server: str) -> Iterator[dict[str, Node]]:
                 wait_ready(node)
             yield started
         finally:
-            for node in started.values():
-                if node.proc.poll() is None:
-                    node.proc.terminate()
-            for node in started.values():
-                try:
-                    node.proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    node.proc.kill()
-                    node.proc.wait()
+            stop_nodes(started.values())
+
+
+def stop_nodes(nodes: Iterable[Node]) -> None:
+    """SIGTERM every node still running (SIGCONT first: a paused one cannot
+    handle it), then wait; SIGKILL what does not exit in 20 s."""
+    nodes = list(nodes)
+    for node in nodes:
+        if node.proc.poll() is None:
+            node.proc.send_signal(signal.SIGCONT)
+            node.proc.terminate()
+    for node in nodes:
+        try:
+            node.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            node.proc.kill()
+            node.proc.wait()
 
 
 @dataclass(slots=True)

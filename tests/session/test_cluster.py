@@ -21,6 +21,7 @@ from engine.request import EngineRequest, FinishReason, SamplingParams
 from session.cluster import Cluster
 from session.lease import LeaseConfig
 from session.redis_log import RedisLogConfig, RedisTokenLog
+from session.errors import TokenLogUnavailable
 from session.token_log import LogEntry, StreamEnd, StreamInfo, StreamWrite
 
 pytestmark = pytest.mark.redis
@@ -178,3 +179,49 @@ async def wait_until(condition: Callable[[], bool], timeout_s: float = 5.0) -> N
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"
         await asyncio.sleep(0.05)
+
+
+async def raw_stream(cluster: Cluster, sid: str) -> tuple[list[Any], dict[bytes, bytes]]:
+    """The stream's log entries and metadata hash as Redis holds them."""
+    base = cluster.leases.key(sid).removesuffix(":lease")
+    return (await cluster.redis.xrange(f"{base}:log"),
+            await cluster.redis.hgetall(f"{base}:meta"))
+
+
+async def test_a_write_whose_lease_was_taken_after_the_fence_check_is_refused(
+        deployment: Callable[[str], Any]) -> None:
+    """The zombie's race: the fence passes, the node stalls, the lease expires and
+    another node takes the stream over, then the stalled write reaches Redis."""
+    a, on_a = await deployment("a")
+    await a.claim("s5", PROMPT, SamplingParams(max_tokens=10))
+    await on_a.log.create_stream(StreamInfo(
+        stream_id="s5", response_id="r5", principal="p", session_id="s",
+        owner_node="a", status="live", end=0, finish=None))
+    await on_a.log.write_step(await a.fence([StreamWrite(stream_id="s5", finish=None, entry=LogEntry(
+        start=0, end=3, text="bcd", token_ids=(1, 2, 3)))]))
+    late = [StreamWrite(stream_id="s5", entry=LogEntry(start=3, end=4, text="e", token_ids=(4,)),
+                        finish=StreamEnd(end=4, finish_reason="length", prompt_tokens=3,
+                                         completion_tokens=4, cached_tokens=0))]
+    assert await a.fence(late) == late  # a's lease is locally valid: the check passes
+    # ... and a stalls here: its lease expires in Redis and b takes the stream over.
+    await a.redis.delete(a.leases.key("s5"))
+    b, _ = await deployment("b")
+    assert await b.leases.acquire("s5")
+    before = await raw_stream(a, "s5")
+    with pytest.raises(TokenLogUnavailable):
+        await on_a.log.write_step(late)
+    assert await raw_stream(a, "s5") == before, "the stale write reached the stream"
+    assert await b.leases.owner("s5") == "b"
+
+
+async def test_fenced_writes_go_through_after_redis_forgot_the_script(
+        deployment: Callable[[str], Any]) -> None:
+    a, on_a = await deployment("a")
+    await a.claim("s6", PROMPT, SamplingParams(max_tokens=10))
+    await on_a.log.create_stream(StreamInfo(
+        stream_id="s6", response_id="r6", principal="p", session_id="s",
+        owner_node="a", status="live", end=0, finish=None))
+    await a.redis.script_flush()  # a restarted Redis knows no scripts
+    await on_a.log.write_step([StreamWrite(stream_id="s6", finish=None, entry=LogEntry(
+        start=0, end=2, text="bc", token_ids=(1, 2)))])
+    assert [rid for rid, _ in (await raw_stream(a, "s6"))[0]] == [b"2-0"]

@@ -129,3 +129,22 @@ async def test_a_new_streams_record_is_written_with_its_lease(redis: Redis, pref
     assert await a.acquire("s", set_also=(f"{prefix}record", b"r", 60_000))
     assert await redis.get(f"{prefix}record") == b"r" and await redis.pttl(f"{prefix}record") > 0
     assert not await a.acquire("s", set_also=(f"{prefix}record", b"again", 60_000))
+
+
+async def test_a_stalled_holder_never_takes_back_a_lease_another_node_held_meanwhile(
+        redis: Redis, prefix: str) -> None:
+    a = Leases(redis, "a", key_prefix=prefix, config=FAST)
+    b = Leases(redis, "b", key_prefix=prefix, config=FAST)
+    assert await a.acquire("s")
+    first = a.fence("s")
+    await redis.delete(a.key("s"))  # a stalls: its lease expires in Redis
+    assert await b.acquire("s")  # b takes the stream over (a newer epoch) ...
+    await b.release(["s"])  # ... ends it and lets the lease go
+    assert (await a.renew()).lost == ("s",), "a took back a lease b had held"
+    assert await a.owner("s") is None and a.fence("s") is None
+    assert await b.acquire("s")
+    second = b.fence("s")
+    assert first is not None and second is not None and second.epoch > first.epoch
+    a._valid_until["s"], a._epochs["s"] = 0.0, first.epoch  # a believes it still holds it
+    await a.release(["s"], with_lease=lambda sid: [f"{prefix}record"])
+    assert await a.owner("s") == "b", "a stale holder deleted the new holder's lease"

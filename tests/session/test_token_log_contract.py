@@ -10,6 +10,7 @@ from contextlib import aclosing
 from dataclasses import replace
 
 import pytest
+from redis import Redis as SyncRedis
 
 from session.errors import (
     OffsetOutOfRange,
@@ -18,6 +19,7 @@ from session.errors import (
     StreamNotFound,
     StreamTruncated,
 )
+from session.lease import Fence
 from session.redis_log import RedisLogConfig, RedisTokenLog
 from session.token_log import (
     EndError,
@@ -98,15 +100,21 @@ _prefixes = itertools.count()
 class RedisBackend(Backend):
     """Real redis-server; each log gets its own key prefix. ``two_nodes``: read from a second node."""
 
-    def __init__(self, url: str, *, two_nodes: bool) -> None:
+    def __init__(self, url: str, *, two_nodes: bool, fenced: bool = False) -> None:
         super().__init__()
-        self.url, self.two_nodes = url, two_nodes
+        self.url, self.two_nodes, self.fenced = url, two_nodes, fenced
 
     def open(self, retention_s: float) -> TokenLog:
         # A 2-entry fan-out tail makes local readers fall back to Redis replays too.
-        config = RedisLogConfig(retention_s=retention_s, key_prefix=f"contract{next(_prefixes)}:",
-                                fanout_entries=2)
+        prefix = f"contract{next(_prefixes)}:"
+        config = RedisLogConfig(retention_s=retention_s, key_prefix=prefix, fanout_entries=2)
         writer = RedisTokenLog(self.url, node_id="node-a", config=config)
+        if self.fenced:  # every write through the fencing script, under an epoch that holds
+            with SyncRedis.from_url(self.url) as redis:
+                redis.set(f"{prefix}epoch", 1)
+            fence = Fence(lease_key=f"{prefix}lease", epoch_key=f"{prefix}epoch",
+                          node_id="node-a", epoch=1)
+            writer.fence_with(lambda sid: fence)
         if not self.two_nodes:
             return writer
         return TwoNodes(writer, RedisTokenLog(self.url, node_id="node-b", config=config))
@@ -129,6 +137,8 @@ BACKENDS: dict[str, Callable[[pytest.FixtureRequest], Backend]] = {
     "memory": lambda request: Backend(),
     "redis": lambda request: RedisBackend(request.getfixturevalue("redis_server"), two_nodes=False),
     "redis-2nodes": lambda request: RedisBackend(request.getfixturevalue("redis_server"), two_nodes=True),
+    "redis-fenced": lambda request: RedisBackend(request.getfixturevalue("redis_server"),
+                                                 two_nodes=True, fenced=True),
 }
 
 
