@@ -33,6 +33,7 @@ from app.logging import set_ids
 from app.metrics import Metrics, create_metrics
 from app.observer import Observer
 from app.openai_api import openai_routes
+from app.openai_fallback import fallback_routes, internal_error
 from app.outgoing import Outgoing
 from app.settings import Settings
 from protocol import CloseCode, Decoder, select_subprotocol
@@ -165,12 +166,14 @@ def create_app(settings: Settings, *, progress: Progress = lambda stage: None,
               Route("/metrics", metrics_endpoint),
               WebSocketRoute("/v1/realtime", realtime)]
     routes += openai_routes()
+    routes += fallback_routes(routes)  # JSON 404/405 under /v1, never the static mount's
     if settings.server.debug_endpoints:
         routes.append(Route("/debug/engine", debug_engine))
     routes.append(Mount("/", StaticFiles(directory=STATIC_DIR, html=True), name="static"))
     auth = AuthConfig(key_digests=load_api_keys(settings.server.api_keys),
                       allowed_origins=frozenset(settings.server.allowed_origins))
     app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={Exception: internal_error},
                     middleware=[Middleware(AuthMiddleware, config=auth,
                                            on_refused=state.observer.auth_refused)])
     app.state.bargein = state
