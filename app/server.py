@@ -28,7 +28,7 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
-from app.auth import AuthConfig, AuthMiddleware, load_api_keys
+from app.auth import OPEN_PATHS, AuthConfig, AuthMiddleware, load_api_keys
 from app.logging import set_ids
 from app.metrics import Metrics, create_metrics
 from app.observer import Observer
@@ -170,8 +170,10 @@ def create_app(settings: Settings, *, progress: Progress = lambda stage: None,
     if settings.server.debug_endpoints:
         routes.append(Route("/debug/engine", debug_engine))
     routes.append(Mount("/", StaticFiles(directory=STATIC_DIR, html=True), name="static"))
+    public = frozenset({"/metrics"}) if settings.server.public_metrics else frozenset()
     auth = AuthConfig(key_digests=load_api_keys(settings.server.api_keys),
-                      allowed_origins=frozenset(settings.server.allowed_origins))
+                      allowed_origins=frozenset(settings.server.allowed_origins),
+                      open_paths=OPEN_PATHS | public)
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={Exception: internal_error},
                     middleware=[Middleware(AuthMiddleware, config=auth,
