@@ -48,6 +48,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from app.event_stream import EventStreamResponse, unless_disconnected
+from app.logging import client_logger
 from app.openai_schema import (
     ApiError,
     ChatRequest,
@@ -125,6 +126,7 @@ def _answering(endpoint: Endpoint) -> Endpoint:
             request.app.state.bargein.observer.http_error(exc.status, exc.code)
             return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
         except ClientDisconnect:  # it left while sending its body: nobody reads an answer
+            client_logger.debug("client left before sending its whole request body")
             return Response(status_code=499)
 
     return answer

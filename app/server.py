@@ -29,7 +29,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
 from app.auth import OPEN_PATHS, AuthConfig, AuthMiddleware, load_api_keys
-from app.logging import set_ids
+from app.logging import client_logger, quiet_client_faults, set_ids
 from app.metrics import Metrics, create_metrics
 from app.observer import Observer
 from app.openai_api import openai_routes
@@ -148,6 +148,7 @@ def create_app(settings: Settings, *, progress: Progress = lambda stage: None,
     (the reason is in ``/readyz`` and the log); ``runner``: serve
     this started engine runner instead of loading the model (never shut down here)."""
     metrics = create_metrics(settings.server.metrics_multiproc_dir)
+    quiet_client_faults()  # a hostile client cannot flood the log with tracebacks
     state = AppState(settings=settings, metrics=metrics, shared_runner=runner,
                      observer=Observer(metrics, log_prompts=settings.server.log_prompts))
 
@@ -275,7 +276,9 @@ async def realtime(ws: WebSocket) -> None:
     try:
         await writer.send(connection.created_event())
         decoder = Decoder(fmt=fmt, max_frame_bytes=state.settings.session.max_frame_bytes)
-        await _read_loop(ws, connection, writer, decoder, state.observer)
+        closed_with = await _read_loop(ws, connection, writer, decoder, state.observer)
+        if closed_with == CloseCode.INVALID_UTF8:  # uvicorn closed it; its line is dropped
+            client_logger.info("client sent invalid UTF-8 in a text frame: closed with 1007")
         if writer.too_slow.is_set():
             code = CloseCode.CLIENT_TOO_SLOW
             logger.info("client too slow: closing with 4008")
@@ -292,14 +295,17 @@ async def realtime(ws: WebSocket) -> None:
 
 
 async def _read_loop(ws: WebSocket, connection: Connection, writer: Outgoing,
-                     decoder: Decoder, observer: Observer) -> None:
+                     decoder: Decoder, observer: Observer) -> int | None:
     """Decode frames and hand them over, until the client goes away (or
-    stayed too slow, see :mod:`app.outgoing`)."""
+    stayed too slow, see :mod:`app.outgoing`); returns the close code of the
+    disconnect (None when the server stopped reading)."""
     while True:
         message = await _receive(ws, writer.too_slow)
         received_at = time.monotonic()
-        if message is None or message["type"] == "websocket.disconnect":
-            return
+        if message is None:
+            return None
+        if message["type"] == "websocket.disconnect":
+            return message.get("code")  # type: ignore[no-any-return]
         frame = message.get("text")
         if frame is None:
             frame = message.get("bytes") or b""
