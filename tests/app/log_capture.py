@@ -50,6 +50,6 @@ def server_log(*names: str, level: int = logging.DEBUG) -> Iterator[Records]:
     try:
         yield handler
     finally:
-        for lg, old in zip(loggers, saved):
+        for lg, old in zip(loggers, saved, strict=True):
             lg.removeHandler(handler)
             lg.setLevel(old)
