@@ -1,9 +1,16 @@
 """API keys and the browser ``Origin`` allow-list, checked before any route runs.
 
-:class:`AuthMiddleware` wraps the whole ASGI app. On the protected paths
-(``/v1/...`` and ``/debug/...``; the static page, ``/healthz``, ``/readyz``
-and ``/metrics`` stay open so that a browser can load the page and probes
-need no key):
+:class:`AuthMiddleware` wraps the whole ASGI app. The protected paths are
+everything under ``/v1``, ``/debug`` and ``/metrics``, judged on the path's
+canonical form (:func:`canonical_path`: case folded, repeated slashes
+collapsed, dot segments resolved; uvicorn has already decoded percent
+escapes), whatever the method (``HEAD`` and ``OPTIONS`` included), so that
+no spelling of a route reaches it without a key. Open: ``/healthz`` and
+``/readyz`` (probes send no key), the static browser page (it asks for the
+key itself), and ``/metrics`` only when ``--public-metrics`` says so
+(:attr:`AuthConfig.open_paths`; else Prometheus sends a key, with
+``authorization: {credentials_file: ...}`` in its scrape config). On the
+protected paths:
 
 - a request whose ``Origin`` header is not in ``--allowed-origins`` (when an
   allow-list is set) is refused with HTTP 403; clients that send no
@@ -12,6 +19,11 @@ need no key):
   ``Authorization: Bearer <key>`` header, or, on a WebSocket, the offered
   subprotocol ``bearer.<key>`` (browsers cannot set headers; the server never
   echoes it). Missing or wrong: HTTP 401 with ``WWW-Authenticate: Bearer``.
+  A key in the query string (``?api_key=``) is not one: query strings end
+  up in access logs and browser histories (the 401 says so).
+
+A refused request never reaches the app: no session, no admission slot, no
+rate-limit token is spent on it.
 
 A WebSocket is refused *before the upgrade*, with a real HTTP response, via
 the ASGI ``websocket.http.response`` extension (uvicorn supports it); a
@@ -45,7 +57,13 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 ANONYMOUS = "anonymous"
-PROTECTED_PREFIXES = ("/v1/", "/debug/")
+# Canonical forms (see canonical_path); "/v1" also covers "/v1foo": over-protecting
+# a static file name is harmless, letting a spelling of a route through is not.
+PROTECTED_PREFIXES = ("/v1", "/debug", "/metrics")
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+# Query parameters that look like a credential: refused with a hint, never used.
+_QUERY_KEY_NAMES = frozenset({"api_key", "api-key", "apikey", "key", "access_token",
+                              "token", "authorization"})
 # uvicorn (0.54, websockets-sansio) logs this at ERROR after a handshake answered
 # with an HTTP response, as a refusal here is: one line per refused client.
 _UVICORN_DENIAL_LINE = "ASGI callable returned without completing handshake."
@@ -100,6 +118,26 @@ class AuthConfig:
 
     key_digests: frozenset[str] = field(default_factory=frozenset, repr=False)
     allowed_origins: frozenset[str] = frozenset()
+    open_paths: frozenset[str] = OPEN_PATHS
+
+    def is_protected(self, path: str) -> bool:
+        """Whether a request for ``path`` (decoded) goes through the checks."""
+        canonical = canonical_path(path)
+        return canonical not in self.open_paths and canonical.startswith(PROTECTED_PREFIXES)
+
+
+def canonical_path(path: str) -> str:
+    """``path`` case folded, with repeated slashes collapsed, ``.`` and ``..``
+    segments resolved and no trailing slash: every spelling of one route
+    (``//V1/./models/``) has the same canonical form (``/v1/models``)."""
+    segments: list[str] = []
+    for segment in path.lower().split("/"):
+        if segment == "..":
+            if segments:
+                segments.pop()
+        elif segment not in ("", "."):
+            segments.append(segment)
+    return "/" + "/".join(segments)
 
 
 def _headers(scope: Scope) -> dict[str, str]:
@@ -142,7 +180,7 @@ class AuthMiddleware:
             return
         key = presented_key(scope)
         scope.setdefault("state", {})["principal"] = principal_for(key)
-        if scope["path"].startswith(PROTECTED_PREFIXES):
+        if self.config.is_protected(scope["path"]):
             refusal = self._refusal(scope, key)
             if refusal is not None:
                 self.on_refused(refusal[1])
@@ -161,8 +199,18 @@ class AuthMiddleware:
         if digests and (key is None or key_digest(key) not in digests):
             reason = "missing_api_key" if key is None else "invalid_api_key"
             logger.info("request refused", extra={"reason": reason})  # never the key itself
-            return 401, reason, "a valid API key is required (Authorization: Bearer <key>)"
+            message = "a valid API key is required (Authorization: Bearer <key>)"
+            if key is None and _key_in_query(scope):
+                message += "; a key in the query string is not accepted (it would be logged)"
+            return 401, reason, message
         return None
+
+
+def _key_in_query(scope: Scope) -> bool:
+    """Whether the query string has a parameter named like a credential."""
+    query = scope.get("query_string", b"").decode("latin-1")
+    names = {pair.partition("=")[0].lower() for pair in query.split("&")}
+    return not names.isdisjoint(_QUERY_KEY_NAMES)
 
 
 async def _deny(scope: Scope, receive: Receive, send: Send, status: int, code: str,

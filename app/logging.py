@@ -10,7 +10,15 @@ What must not leak never does: fields that carry conversation text
 (``prompt``, ``text``, ``messages``, ...) are replaced by ``"[redacted]"``
 unless ``--log-prompts`` (a debugging flag) is on, and fields that carry
 secrets (``api_key``, ``authorization``, tokens) always are, as is a
-``Bearer ...`` credential anywhere in a message.
+``Bearer ...`` credential or a ``?api_key=...`` query parameter anywhere in a
+message (uvicorn's access lines carry the query string).
+
+Faults of one client are not the operator's errors: a hostile client must
+not be able to flood the log with tracebacks. :func:`quiet_client_faults`
+turns uvicorn's lines about them (an invalid UTF-8 text frame: ERROR with a
+traceback; an unparsable HTTP request: WARNING) into one INFO line on the
+``bargein.client`` logger without a traceback, or drops them where the app
+logs the fault itself, once per connection, with the connection's ids.
 """
 
 from __future__ import annotations
@@ -40,6 +48,15 @@ CONTENT_FIELDS = frozenset({"prompt", "prompts", "text", "messages", "content", 
 SECRET_FIELDS = frozenset({"api_key", "authorization", "secret", "token", "resume_token",
                            "session_token", "password"})
 _BEARER = re.compile(r"(?i)\b(bearer[ .])\S+")
+_QUERY_SECRET = re.compile(r"(?i)([?&](?:api[_-]?key|key|access_token|token|authorization"
+                           r"|password|secret)=)[^&\s\"]*")
+# uvicorn.error's lines about one client's fault -> bargein's line (None: the app
+# logs that fault itself, see app.server.realtime).
+CLIENT_FAULT_LINES: dict[str, str | None] = {
+    "Invalid UTF-8 sequence received from client.": None,
+    "Invalid HTTP request received.": "client sent an invalid HTTP request",
+}
+client_logger = logging.getLogger("bargein.client")
 # Attributes every LogRecord has; anything else on a record came from ``extra``.
 # uvicorn's ``color_message`` repeats ``msg`` with terminal colours.
 _RECORD_ATTRS = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime",
@@ -126,8 +143,32 @@ class StructuredFormatter(logging.Formatter):
 
 
 def _scrub(text: str) -> str:
-    """Hide a bearer credential (header or ``bearer.<key>`` subprotocol)."""
-    return _BEARER.sub(lambda m: m.group(1) + REDACTED, text)
+    """Hide a bearer credential (header or ``bearer.<key>`` subprotocol) and a
+    credential in a query string."""
+    text = _BEARER.sub(lambda m: m.group(1) + REDACTED, text)
+    return _QUERY_SECRET.sub(lambda m: m.group(1) + REDACTED, text)
+
+
+class ClientFaultFilter(logging.Filter):
+    """On ``uvicorn.error``: one client's fault becomes an INFO line without a
+    traceback on ``bargein.client`` (or nothing: the app logs it), instead of
+    uvicorn's ERROR with a traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message not in CLIENT_FAULT_LINES:
+            return True
+        replacement = CLIENT_FAULT_LINES[message]
+        if replacement is not None:
+            client_logger.info(replacement)
+        return False
+
+
+def quiet_client_faults() -> None:
+    """Install :class:`ClientFaultFilter` on uvicorn's error logger (once)."""
+    uvicorn_error = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, ClientFaultFilter) for f in uvicorn_error.filters):
+        uvicorn_error.addFilter(ClientFaultFilter())
 
 
 def _logfmt_value(value: Any) -> str:

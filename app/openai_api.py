@@ -5,6 +5,8 @@ Routes (:func:`openai_routes`):
 - ``POST /v1/chat/completions``: OpenAI chat completions, streamed (SSE) or not.
   The request becomes one stream of the token log, exactly like a
   ``response.create``; a streamed answer is read back out of the log.
+- ``POST /v1/completions``: the legacy completions API on the same path, its
+  prompt generated from as is (no chat template); ``text_completion`` bodies.
 - ``GET /v1/models``: the one served model.
 - ``GET /v1/streams/{stream_id}/events``: replay a stream from the
   ``Last-Event-ID`` header (or ``?from=<offset>``), follow it live, end with
@@ -41,27 +43,34 @@ import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from app.event_stream import EventStreamResponse, unless_disconnected
+from app.logging import client_logger
 from app.openai_schema import (
     ApiError,
     ChatRequest,
     Completion,
+    CompletionRequest,
+    check_content_type,
     chunk_body,
     completion_body,
     decode_json,
     dumps,
     origin_session_id,
     parse_chat_request,
+    parse_completion_request,
     parse_origin,
+    text_chunk_body,
+    text_completion_body,
     usage_body,
     usage_chunk,
 )
 from engine.request import FinishReason
 from protocol import events as pe
+from session.config import SessionConfig
 from session.delivery import relayed_code, truncated_message
 from session.errors import OffsetOutOfRange, StreamNotFound, StreamTruncated, TokenLogUnavailable
 from session.observer import SessionObserver
@@ -100,6 +109,7 @@ def openai_routes() -> list[Route]:
         return JSONResponse({"object": "list", "data": [model]})
 
     return [Route("/v1/chat/completions", _answering(chat_completions), methods=["POST"]),
+            Route("/v1/completions", _answering(completions), methods=["POST"]),
             Route("/v1/models", _answering(list_models), methods=["GET"]),
             Route("/v1/streams/{stream_id}/events", _answering(stream_events),
                   methods=["GET"]),
@@ -119,6 +129,9 @@ def _answering(endpoint: Endpoint) -> Endpoint:
         except ApiError as exc:
             request.app.state.bargein.observer.http_error(exc.status, exc.code)
             return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+        except ClientDisconnect:  # it left while sending its body: nobody reads an answer
+            client_logger.debug("client left before sending its whole request body")
+            return Response(status_code=499)
 
     return answer
 
@@ -131,14 +144,32 @@ def _service(request: Request) -> Service:
     return service
 
 
+async def _read_json(request: Request, limit: int) -> Any:
+    """The JSON document of the request body.
+
+    Raises ApiError: 415 for a body declared as something else than JSON,
+    413 past ``limit`` bytes (before reading it, when ``Content-Length`` says
+    so), 400 for a body that is not JSON.
+    """
+    check_content_type(request.headers.get("content-type"))
+    declared = request.headers.get("content-length", "")
+    if declared.isdecimal() and int(declared) > limit:
+        raise _too_large(limit)
+    return decode_json(await _read_body(request, limit))
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(f"the request body is larger than {limit} bytes", status=413,
+                    code="request_too_large")
+
+
 async def _read_body(request: Request, limit: int) -> bytes:
     """The request body, refused with 413 past ``limit`` bytes."""
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise ApiError(f"the request body is larger than {limit} bytes", status=413,
-                           code="request_too_large")
+            raise _too_large(limit)
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -147,9 +178,23 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 async def chat_completions(request: Request) -> Response:
     """``POST /v1/chat/completions``: validate, submit, answer (JSON or SSE)."""
+    return await _complete(request, parse_chat_request)
+
+
+async def completions(request: Request) -> Response:
+    """``POST /v1/completions`` (legacy): the same, from a prompt without a template."""
+    return await _complete(request, parse_completion_request)
+
+
+AnyRequest = ChatRequest | CompletionRequest
+
+
+async def _complete(request: Request,
+                    parse: Callable[[Any, SessionConfig], AnyRequest]) -> Response:
+    """Validate with ``parse``, submit, answer (JSON or SSE)."""
     service = _service(request)
-    body = decode_json(await _read_body(request, service.config.max_frame_bytes))
-    chat = parse_chat_request(body, service.config)
+    body = await _read_json(request, service.config.max_frame_bytes)
+    chat = parse(body, service.config)
     completion, stream_id = await _submit(service, chat, principal_of(request.headers))
     policy = chat.on_disconnect or service.config.on_disconnect
 
@@ -170,7 +215,7 @@ async def chat_completions(request: Request) -> Response:
     return JSONResponse(body_or_gone, headers={"X-Bargein-Stream-Id": stream_id})
 
 
-async def _submit(service: Service, chat: ChatRequest, principal: str
+async def _submit(service: Service, chat: AnyRequest, principal: str
                   ) -> tuple[Completion, str]:
     """Create the stream and submit its request, as a ``response.create`` would.
 
@@ -179,17 +224,23 @@ async def _submit(service: Service, chat: ChatRequest, principal: str
     ``Retry-After``) or the engine is not running (503).
     """
     stream_id = uuid.uuid4().hex
-    completion = Completion(completion_id=f"chatcmpl-{stream_id}", created=int(time.time()),
+    if isinstance(chat, CompletionRequest):  # legacy: its prompt as is, "cmpl-" ids
+        legacy, prefix, messages, prompt = True, "cmpl", (), chat.prompt
+    else:
+        legacy, prefix, messages, prompt = False, "chatcmpl", chat.messages, None
+    completion = Completion(completion_id=f"{prefix}-{stream_id}", created=int(time.time()),
                             model=service.runner.model_name,
-                            include_usage=chat.include_usage)
+                            include_usage=chat.include_usage,
+                            kind="text" if legacy else "chat")
     action = Submit(response_id=completion.completion_id, stream_id=stream_id,
-                    messages=chat.messages, params=chat.params)
+                    messages=messages, params=chat.params, prompt=prompt)
     owner = Owner(principal=principal,
                   session_id=origin_session_id(completion.created, chat.include_usage))
     result = await service.submit(action, owner, service.clock())
     if isinstance(result, SubmitFailed):
         if result.code is pe.ErrorCode.PROMPT_TOO_LONG:
-            raise ApiError(result.message, param="messages", code="context_length_exceeded")
+            raise ApiError(result.message, param="prompt" if legacy else "messages",
+                           code="context_length_exceeded")
         if result.retry_after_ms is not None:
             raise _retry_later(result.code, result.message, result.retry_after_ms)
         raise ApiError(result.message, status=503, code=result.code.value,
@@ -231,11 +282,18 @@ async def _collect(log: TokenLog, stream_id: str, completion: Completion) -> dic
                 elif item.error is not None:
                     raise _end_error(item.error)
                 else:
-                    return completion_body(completion, "".join(parts), item)
+                    return _whole_body(completion, "".join(parts), item)
     except (StreamNotFound, TokenLogUnavailable) as exc:
         raise ApiError("the token log could not be read", status=500,
                        code="internal_error", type_="server_error") from exc
     raise AssertionError("a token log read ends with its StreamEnd")
+
+
+def _whole_body(completion: Completion, text: str, end: StreamEnd) -> dict[str, Any]:
+    """The non-streamed answer, in its kind's shape."""
+    if completion.kind == "text":
+        return text_completion_body(completion, text, end)
+    return completion_body(completion, text, end)
 
 
 # ---- SSE ---------------------------------------------------------------------------
@@ -265,7 +323,7 @@ async def sse_events(log: TokenLog, stream_id: str, completion: Completion, *,
 
 async def _sse_events(log: TokenLog, stream_id: str, completion: Completion, *,
                       from_offset: int, role: bool) -> AsyncGenerator[bytes, None]:
-    if role:
+    if role and completion.kind == "chat":  # legacy streams start with text
         first = chunk_body(completion, {"role": "assistant", "content": ""})
         yield format_event(dumps(first), event_id=event_id(stream_id, 0))
     try:
@@ -273,7 +331,7 @@ async def _sse_events(log: TokenLog, stream_id: str, completion: Completion, *,
             async for item in items:
                 if isinstance(item, LogEntry):
                     if item.text:
-                        chunk = chunk_body(completion, {"content": item.text})
+                        chunk = _content_chunk(completion, item.text)
                         yield format_event(dumps(chunk),
                                            event_id=event_id(stream_id, item.end))
                 elif item.error is not None:
@@ -301,9 +359,19 @@ def _read_error(exc: StreamNotFound | TokenLogUnavailable) -> ApiError:
                     status=503, type_="server_error")
 
 
+def _content_chunk(completion: Completion, text: str) -> dict[str, Any]:
+    """The chunk that carries ``text``, in its kind's shape."""
+    if completion.kind == "text":
+        return text_chunk_body(completion, text)
+    return chunk_body(completion, {"content": text})
+
+
 def _closing(completion: Completion, end: StreamEnd) -> list[dict[str, Any]]:
     """The chunk with the finish reason, then the usage chunk if asked for."""
-    bodies = [chunk_body(completion, {}, finish_reason=end.finish_reason)]
+    if completion.kind == "text":
+        bodies = [text_chunk_body(completion, "", finish_reason=end.finish_reason)]
+    else:
+        bodies = [chunk_body(completion, {}, finish_reason=end.finish_reason)]
     if completion.include_usage:
         bodies.append(usage_chunk(completion, end))
     return bodies
@@ -382,8 +450,10 @@ async def stream_events(request: Request) -> Response:
 def _completion_of(info: StreamInfo, service: Service) -> Completion:
     """The ids a stream's chunks carry, as when it was created (any node)."""
     created, include_usage = parse_origin(info.session_id) or (int(time.time()), False)
+    legacy = info.response_id.startswith("cmpl-")  # see _submit
     return Completion(completion_id=info.response_id, created=created,
-                      model=service.runner.model_name, include_usage=include_usage)
+                      model=service.runner.model_name, include_usage=include_usage,
+                      kind="text" if legacy else "chat")
 
 
 async def cancel_stream(request: Request) -> Response:

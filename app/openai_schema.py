@@ -1,4 +1,5 @@
-"""OpenAI chat-completions shapes: request validation and response bodies (pure).
+"""OpenAI chat-completions and (legacy) completions shapes: request validation
+and response bodies (pure).
 
 Requests are checked field by field against the OpenAI API reference
 (https://platform.openai.com/docs/api-reference/chat/create) for the fields
@@ -8,6 +9,11 @@ Fields OpenAI defines that would change the answer's meaning and that bargein
 does not implement (``n`` other than 1, tools, logprobs, JSON response
 formats, penalties, logit bias) are refused the same way instead of being
 ignored; fields unknown to both are ignored, as OpenAI does.
+
+The legacy ``POST /v1/completions`` (what ``vllm bench serve`` and lm-eval
+drive by default) takes one prompt string (or a list of one) and generates
+from it as is, without the chat template; ``echo``, ``logprobs``,
+``suffix``, ``best_of`` and ``n`` other than 1 are refused.
 
 ``finish_reason`` is ``stop`` or ``length`` as in OpenAI, or one of bargein's
 own: ``interrupted`` (``POST /v1/streams/{id}/cancel``, barge-in),
@@ -91,19 +97,60 @@ class ChatRequest:
     user: str | None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompletionRequest:
+    """A validated legacy ``POST /v1/completions``: ``prompt`` is generated from
+    as is (no chat template); the other fields as in :class:`ChatRequest`."""
+
+    prompt: str
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+    on_disconnect: OnDisconnect | None
+    user: str | None
+
+
+def check_content_type(value: str | None) -> None:
+    """Accept a body declared as JSON, or not declared at all (as FastAPI does).
+
+    ``application/json`` and ``application/<anything>+json`` pass, with any
+    parameters, in any case. Anything else is refused: ``text/plain``, form
+    and multipart bodies are what a web page can send to a local server
+    cross-origin without a CORS preflight.
+
+    Raises ApiError 415 ``unsupported_media_type``.
+    """
+    if value is None or not value.strip():
+        return
+    media_type = value.split(";", 1)[0].strip().lower()
+    main, _, sub = media_type.partition("/")
+    if main == "application" and (sub == "json" or sub.endswith("+json")):
+        return
+    raise ApiError(f"the request body must be JSON (Content-Type: application/json), not "
+                   f"{value[:80]!r}", status=415, code="unsupported_media_type")
+
+
 def decode_json(raw: bytes) -> Any:
     """The JSON document of a request body (NaN and Infinity refused).
 
-    Raises ApiError when the body is not UTF-8 JSON.
+    Raises ApiError when the body is not UTF-8 JSON, holds a number Python
+    will not parse (over 4,300 digits) or is nested deeper than the parser's
+    recursion limit (about a thousand levels).
     """
     def refuse(constant: str) -> None:
         raise ValueError(f"{constant} is not JSON")
 
     try:
         return json.loads(raw, parse_constant=refuse)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(f"the request body is not valid JSON: {exc}",
-                             code="invalid_json") from exc
+    except RecursionError as exc:  # a hostile body, not a bug: a 400, not a traceback
+        raise ApiError("the request body is not valid JSON: it is nested too deeply",
+                       code="invalid_json") from exc
+    except UnicodeDecodeError as exc:
+        raise ApiError("the request body is not valid JSON: it is not UTF-8 text",
+                       code="invalid_json") from exc
+    except ValueError as exc:
+        raise ApiError(f"the request body is not valid JSON: {str(exc)[:200]}",
+                       code="invalid_json") from exc
 
 
 def parse_chat_request(body: Any, config: SessionConfig) -> ChatRequest:
@@ -117,16 +164,69 @@ def parse_chat_request(body: Any, config: SessionConfig) -> ChatRequest:
         raise ApiError("the request body must be a JSON object", code="invalid_type")
     _optional(body, "model", str, "a string")
     _check_unsupported(body)
+    return ChatRequest(messages=_messages(body.get("messages"), config), **_common(body, config))
+
+
+def parse_completion_request(body: Any, config: SessionConfig) -> CompletionRequest:
+    """Validate a legacy completions request body against ``config``'s limits.
+
+    Raises:
+        ApiError: as :func:`parse_chat_request`; ``echo`` and ``logprobs``
+            (lm-eval's loglikelihood requests) are refused, not ignored.
+    """
+    if not isinstance(body, dict):
+        raise ApiError("the request body must be a JSON object", code="invalid_type")
+    _optional(body, "model", str, "a string")
+    _check_unsupported_legacy(body)
+    return CompletionRequest(prompt=_prompt(body.get("prompt")), **_common(body, config))
+
+
+def _common(body: Mapping[str, Any], config: SessionConfig) -> dict[str, Any]:
+    """The fields chat and legacy completions share: sampling, streaming, policy."""
     stream = _optional(body, "stream", bool, "a boolean") or False
     include_usage = _stream_options(body, stream)
     on_disconnect = _optional(body, "bargein_on_disconnect", str, "a string")
     if on_disconnect not in (None, "continue", "cancel"):
         raise ApiError("'bargein_on_disconnect' must be 'continue' or 'cancel'",
                              param="bargein_on_disconnect")
-    return ChatRequest(messages=_messages(body.get("messages"), config),
-                       params=_sampling(body, config), stream=stream,
-                       include_usage=include_usage, on_disconnect=on_disconnect,
-                       user=_optional(body, "user", str, "a string"))
+    return {"params": _sampling(body, config), "stream": stream,
+            "include_usage": include_usage, "on_disconnect": on_disconnect,
+            "user": _optional(body, "user", str, "a string")}
+
+
+def _prompt(value: Any) -> str:
+    """The one prompt of a legacy request: a non-empty string or a list of one."""
+    if value is None:
+        raise ApiError("'prompt' is required", param="prompt",
+                       code="missing_required_parameter")
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
+        value = value[0]
+    elif isinstance(value, list) and len(value) > 1:
+        raise ApiError("'prompt' holds one prompt here: bargein generates one choice per "
+                       "request (send several requests)", param="prompt",
+                       code="unsupported_value")
+    if not isinstance(value, str) or not value:
+        raise ApiError("'prompt' must be a non-empty string (token id arrays are not "
+                       "supported)", param="prompt", code="invalid_type")
+    return value
+
+
+def _check_unsupported_legacy(body: Mapping[str, Any]) -> None:
+    """Refuse legacy fields whose value asks for something bargein does not do."""
+    for name in ("n", "best_of"):
+        value = _optional(body, name, int, "an integer")
+        if value is not None and value != 1:
+            raise ApiError(f"'{name}' must be 1: bargein generates one choice per request, "
+                           f"got {value}", param=name, code="unsupported_value")
+    asks = {"echo": lambda v: v is not False, "logprobs": lambda v: True,
+            "suffix": lambda v: True, "logit_bias": lambda v: bool(v),
+            "presence_penalty": lambda v: v not in (0, 0.0),
+            "frequency_penalty": lambda v: v not in (0, 0.0)}
+    for name, asks_for in asks.items():
+        value = body.get(name)
+        if value is not None and asks_for(value):
+            raise ApiError(f"'{name}' is not supported by bargein", param=name,
+                           code="unsupported_parameter")
 
 
 def _optional(body: Mapping[str, Any], name: str, kind: type, what: str) -> Any:
@@ -151,16 +251,19 @@ def _number(body: Mapping[str, Any], name: str, low: float, high: float,
     value = _optional(body, name, (int, float), "a number")  # type: ignore[arg-type]
     if value is None:
         return None
-    if not math.isfinite(value) or value < low or value > high or (low_open and value == low):
+    # An int is compared as is: float() of a 400-digit int overflows, and the
+    # comparisons below are exact for ints of any size.
+    finite = isinstance(value, int) or math.isfinite(value)
+    if not finite or value < low or value > high or (low_open and value == low):
         interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
-        raise ApiError(f"'{name}' must be in {interval}, got {value}", param=name)
+        raise ApiError(f"'{name}' must be in {interval}, got {str(value)[:40]}", param=name)
     return float(value)
 
 
 def _integer(body: Mapping[str, Any], name: str, low: int, high: int) -> int | None:
     value = _optional(body, name, int, "an integer")
     if value is not None and not low <= value <= high:
-        raise ApiError(f"'{name}' must be in [{low}, {high}], got {value}",
+        raise ApiError(f"'{name}' must be in [{low}, {high}], got {str(value)[:40]}",
                              param=name)
     return value  # type: ignore[no-any-return]
 
@@ -248,9 +351,9 @@ def _message(item: Any, where: str) -> Message:
     if not isinstance(item, dict):
         raise ApiError(f"'{where}' must be an object", param=where, code="invalid_type")
     role = item.get("role")
-    if role not in ROLES:
+    if not isinstance(role, str) or role not in ROLES:  # a list would not even hash
         raise ApiError(f"'{where}.role' must be one of {', '.join(ROLES)}; "
-                             f"got {role!r}", param=f"{where}.role")
+                             f"got {repr(role)[:60]}", param=f"{where}.role")
     return Message(role=ROLES[role], content=_content(item.get("content"), f"{where}.content"))
 
 
@@ -277,6 +380,7 @@ class Completion:
     created: int  # Unix seconds
     model: str
     include_usage: bool = False
+    kind: Literal["chat", "text"] = "chat"  # text: a legacy completion
 
 
 def origin_session_id(created: int, include_usage: bool) -> str:
@@ -311,6 +415,25 @@ def completion_body(c: Completion, text: str, end: StreamEnd) -> dict[str, Any]:
             "usage": usage_body(end)}
 
 
+def text_completion_body(c: Completion, text: str, end: StreamEnd) -> dict[str, Any]:
+    """The ``text_completion`` object of a non-streamed legacy answer."""
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": end.finish_reason}
+    return {"id": c.completion_id, "object": "text_completion", "created": c.created,
+            "model": c.model, "system_fingerprint": None, "choices": [choice],
+            "usage": usage_body(end)}
+
+
+def text_chunk_body(c: Completion, text: str, finish_reason: str | None = None
+                    ) -> dict[str, Any]:
+    """One streamed ``text_completion`` chunk (legacy streams have no role chunk)."""
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    body = {"id": c.completion_id, "object": "text_completion", "created": c.created,
+            "model": c.model, "system_fingerprint": None, "choices": [choice]}
+    if c.include_usage:
+        body["usage"] = None
+    return body
+
+
 def chunk_body(c: Completion, delta: Mapping[str, str],
                finish_reason: str | None = None) -> dict[str, Any]:
     """One ``chat.completion.chunk`` with one choice (``usage`` null when it will come)."""
@@ -325,7 +448,8 @@ def chunk_body(c: Completion, delta: Mapping[str, str],
 
 def usage_chunk(c: Completion, end: StreamEnd) -> dict[str, Any]:
     """The last chunk with ``include_usage``: no choices, the usage."""
-    return {"id": c.completion_id, "object": "chat.completion.chunk", "created": c.created,
+    kind = "text_completion" if c.kind == "text" else "chat.completion.chunk"
+    return {"id": c.completion_id, "object": kind, "created": c.created,
             "model": c.model, "system_fingerprint": None, "choices": [],
             "usage": usage_body(end)}
 

@@ -28,11 +28,12 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
-from app.auth import AuthConfig, AuthMiddleware, load_api_keys
-from app.logging import set_ids
+from app.auth import OPEN_PATHS, AuthConfig, AuthMiddleware, load_api_keys
+from app.logging import client_logger, quiet_client_faults, set_ids
 from app.metrics import Metrics, create_metrics
 from app.observer import Observer
 from app.openai_api import openai_routes
+from app.openai_fallback import fallback_routes, internal_error
 from app.outgoing import Outgoing
 from app.settings import Settings
 from protocol import CloseCode, Decoder, select_subprotocol
@@ -193,6 +194,7 @@ def create_app(settings: Settings, *, progress: Progress = lambda stage: None,
     (the reason is in ``/readyz`` and the log); ``runner``: serve
     this started engine runner instead of loading the model (never shut down here)."""
     metrics = create_metrics(settings.server.metrics_multiproc_dir)
+    quiet_client_faults()  # a hostile client cannot flood the log with tracebacks
     state = AppState(settings=settings, metrics=metrics, shared_runner=runner,
                      observer=Observer(metrics, log_prompts=settings.server.log_prompts))
 
@@ -211,12 +213,16 @@ def create_app(settings: Settings, *, progress: Progress = lambda stage: None,
               Route("/metrics", metrics_endpoint),
               WebSocketRoute("/v1/realtime", realtime)]
     routes += openai_routes()
+    routes += fallback_routes(routes)  # JSON 404/405 under /v1, never the static mount's
     if settings.server.debug_endpoints:
         routes.append(Route("/debug/engine", debug_engine))
     routes.append(Mount("/", StaticFiles(directory=STATIC_DIR, html=True), name="static"))
+    public = frozenset({"/metrics"}) if settings.server.public_metrics else frozenset()
     auth = AuthConfig(key_digests=load_api_keys(settings.server.api_keys),
-                      allowed_origins=frozenset(settings.server.allowed_origins))
+                      allowed_origins=frozenset(settings.server.allowed_origins),
+                      open_paths=OPEN_PATHS | public)
     app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={Exception: internal_error},
                     middleware=[Middleware(AuthMiddleware, config=auth,
                                            on_refused=state.observer.auth_refused)])
     app.state.bargein = state
@@ -316,7 +322,9 @@ async def realtime(ws: WebSocket) -> None:
     try:
         await writer.send(connection.created_event())
         decoder = Decoder(fmt=fmt, max_frame_bytes=state.settings.session.max_frame_bytes)
-        await _read_loop(ws, connection, writer, decoder, state.observer)
+        closed_with = await _read_loop(ws, connection, writer, decoder, state.observer)
+        if closed_with == CloseCode.INVALID_UTF8:  # uvicorn closed it; its line is dropped
+            client_logger.info("client sent invalid UTF-8 in a text frame: closed with 1007")
         if writer.too_slow.is_set():
             code = CloseCode.CLIENT_TOO_SLOW
             logger.info("client too slow: closing with 4008")
@@ -333,14 +341,17 @@ async def realtime(ws: WebSocket) -> None:
 
 
 async def _read_loop(ws: WebSocket, connection: Connection, writer: Outgoing,
-                     decoder: Decoder, observer: Observer) -> None:
+                     decoder: Decoder, observer: Observer) -> int | None:
     """Decode frames and hand them over, until the client goes away (or
-    stayed too slow, see :mod:`app.outgoing`)."""
+    stayed too slow, see :mod:`app.outgoing`); returns the close code of the
+    disconnect (None when the server stopped reading)."""
     while True:
         message = await _receive(ws, writer.too_slow)
         received_at = time.monotonic()
-        if message is None or message["type"] == "websocket.disconnect":
-            return
+        if message is None:
+            return None
+        if message["type"] == "websocket.disconnect":
+            return message.get("code")  # type: ignore[no-any-return]
         frame = message.get("text")
         if frame is None:
             frame = message.get("bytes") or b""

@@ -52,6 +52,8 @@ class ServerConfig:
         api_keys: API keys: a file (one a line) or a comma list; ``None``: no
             key needed (see ``app/auth.py``). Never printed.
         allowed_origins: browser ``Origin`` values allowed; empty: any.
+        public_metrics: with ``api_keys``, serve ``/metrics`` without a key
+            (a scraper on a private network); off, it needs one like ``/v1``.
         ws_ping_interval_s: seconds between WebSocket pings (uvicorn's
             keepalive); ``ws_ping_timeout_s``: a pong later than this closes
             the connection (a vanished client), and the disconnect policy applies.
@@ -77,6 +79,7 @@ class ServerConfig:
     metrics_multiproc_dir: str | None = None
     api_keys: str | None = field(default=None, repr=False)
     allowed_origins: tuple[str, ...] = ()
+    public_metrics: bool = False
     ws_ping_interval_s: float = 20.0
     ws_ping_timeout_s: float = 20.0
     slow_client_timeout_s: float = 10.0
@@ -224,6 +227,8 @@ def _add_limit_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]
     _add(parser, env, "--api-keys", None, str,
          "API keys: a file (one key a line) or a comma list; unset: no key needed")
     _add(parser, env, "--allowed-origins", "", str, "browser Origins allowed (comma list)")
+    _add(parser, env, "--public-metrics", s.public_metrics, _bool,
+         "with --api-keys, serve /metrics without a key (default: it needs one)")
     _add(parser, env, "--ws-ping-interval", s.ws_ping_interval_s, float,
          "seconds between WebSocket pings (0: none)")
     _add(parser, env, "--ws-ping-timeout", s.ws_ping_timeout_s, float,
@@ -251,6 +256,7 @@ def _limits_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The ``ServerConfig`` fields of :func:`_add_limit_arguments`'s flags."""
     origins = tuple(o.strip() for o in (args.allowed_origins or "").split(",") if o.strip())
     return {"api_keys": args.api_keys, "allowed_origins": origins,
+            "public_metrics": args.public_metrics,
             "ws_ping_interval_s": args.ws_ping_interval,
             "ws_ping_timeout_s": args.ws_ping_timeout,
             "slow_client_timeout_s": args.slow_client_timeout,

@@ -98,7 +98,8 @@ class Send:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Submit:
-    """Render ``messages`` with the chat template and submit them as a request.
+    """Render ``messages`` with the chat template and submit them as a request;
+    with ``prompt`` (a legacy HTTP completion), submit that text as is instead.
 
     Answer with :class:`Submitted` or :class:`SubmitFailed`.
     """
@@ -107,6 +108,7 @@ class Submit:
     stream_id: str
     messages: tuple[Message, ...]
     params: SamplingParams
+    prompt: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -31,3 +31,23 @@ def render_prompt(tokenizer: ChatTokenizer, messages: Sequence[Message]) -> tupl
     ids = encoded["input_ids"] if isinstance(encoded, dict) or hasattr(
         encoded, "keys") else encoded
     return tuple(int(i) for i in ids)  # type: ignore[union-attr]
+
+
+class TextTokenizer(Protocol):
+    """The part of a transformers tokenizer a plain text prompt needs."""
+
+    def encode(self, text: str, **kwargs: object) -> list[int]: ...
+
+
+def render_text(tokenizer: TextTokenizer, text: str) -> tuple[int, ...]:
+    """Token ids of a plain text prompt, without the chat template (the
+    tokenizer's own special tokens added, as vLLM's completions do)."""
+    return tuple(int(i) for i in tokenizer.encode(text))
+
+
+def prompt_ids(tokenizer: object, messages: Sequence[Message], text: str | None
+               ) -> tuple[int, ...]:
+    """``text`` as is when given, else ``messages`` under the chat template."""
+    if text is not None:
+        return render_text(tokenizer, text)  # type: ignore[arg-type]
+    return render_prompt(tokenizer, messages)  # type: ignore[arg-type]

@@ -26,7 +26,7 @@ from engine.errors import EngineStoppedError, PromptTooLongError
 from engine.request import EngineRequest, FinishReason, RequestOutput
 from protocol import events as pe
 from session.admission import Admission, AdmissionConfig, Refusal
-from session.chat import render_prompt
+from session.chat import prompt_ids
 from session.config import SessionConfig
 from session.errors import StreamFenced, TokenLogUnavailable
 from session.observer import NullObserver, SessionObserver
@@ -181,7 +181,8 @@ class Service:
 
     async def _submit_admitted(self, action: Submit, owner: Owner, now: float,
                                admitted_at: float) -> Submitted | SubmitFailed:
-        ids = await asyncio.to_thread(render_prompt, self.runner.tokenizer, action.messages)
+        ids = await asyncio.to_thread(prompt_ids, self.runner.tokenizer, action.messages,
+                                      action.prompt)
         if len(ids) >= self.max_model_len:
             return self._too_long(action, len(ids))
         refusal = self.admission.charge_tokens(

@@ -75,7 +75,8 @@ def bearer(key: str) -> dict[str, str]:
 
 def _series(server: EmbeddedServer, series: str) -> float:
     """The value of one series (name and labels as exposed) in /metrics; 0 if absent."""
-    for line in httpx.get(server.http_url + "/metrics").text.splitlines():
+    metrics = httpx.get(server.http_url + "/metrics", headers=bearer("k-alice"))
+    for line in metrics.text.splitlines():
         name, _, value = line.rpartition(" ")
         if name == series:
             return float(value)
@@ -101,7 +102,7 @@ async def test_missing_or_wrong_key_is_refused_with_401_before_the_upgrade(
         assert (await http.get("/v1/models", headers=bearer("nope"))).status_code == 401
         assert (await http.get("/v1/models", headers=bearer("k-alice"))).status_code == 200
         assert (await http.get("/healthz")).status_code == 200  # probes need no key
-    # counted, WebSocket and HTTP alike (/metrics itself needs no key)
+    # counted, WebSocket and HTTP alike (/metrics needs a key too: no --public-metrics)
     assert _refusals(guarded, "missing_api_key") == missing + 2
     assert _refusals(guarded, "invalid_api_key") == invalid + 2
 
@@ -341,7 +342,7 @@ async def test_request_still_queued_at_its_deadline_is_dropped_with_overloaded(
 
 
 def _overloaded_count(server: EmbeddedServer) -> float:
-    text = httpx.get(server.http_url + "/metrics").text
+    text = httpx.get(server.http_url + "/metrics", headers=bearer("k-alice")).text
     match = re.search(r'^bargein_admission_rejections_total\{reason="overloaded"\} (\S+)$',
                       text, re.MULTILINE)
     assert match is not None
@@ -351,7 +352,7 @@ def _overloaded_count(server: EmbeddedServer) -> float:
 # ---- liveness --------------------------------------------------------------------
 
 def _connected(server: EmbeddedServer) -> float:
-    text = httpx.get(server.http_url + "/metrics").text
+    text = httpx.get(server.http_url + "/metrics", headers=bearer("k-alice")).text
     match = re.search(r"^bargein_sessions_connected (\S+)$", text, re.MULTILINE)
     assert match is not None
     return float(match.group(1))

@@ -1,20 +1,26 @@
 """Structured logs: one JSON object or logfmt line a record, ids on request lines,
-no conversation text unless asked, never a key."""
+no conversation text unless asked, never a key, and a client's faults as one
+quiet line per connection, never a traceback."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import logging
 import re
-from collections.abc import Iterator
+import socket
+from collections.abc import Callable, Iterator
 
 import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
 
 from app.client import RealtimeClient
 from app.logging import REDACTED, StructuredFormatter, bind, configure_logging, set_ids
 from tests.app.conftest import LiveServer
+from tests.app.log_capture import server_log
 
 
 def record(msg: str, *args: object, **extra: object) -> logging.LogRecord:
@@ -153,3 +159,61 @@ async def test_a_request_logs_its_ids_and_no_text(live_server: LiveServer,
                for f in lines)
     assert "Quintessa" not in text
     assert answer.strip() and answer.strip() not in text
+
+
+# ---- faults of one client: one quiet line, never a traceback ---------------------
+
+def test_a_key_in_a_query_string_is_scrubbed_from_access_lines() -> None:
+    rec = record('%s - "%s %s HTTP/%s" %d', "127.0.0.1:5", "GET",
+                 "/v1/models?x=1&api_key=sk-live-1&token=rt-2&Key=sk-live-3", "1.1", 401)
+    line = StructuredFormatter("logfmt").format(rec)
+    assert "sk-live" not in line and "rt-2" not in line
+    assert "x=1&api_key=[redacted]&token=[redacted]&Key=[redacted]" in line
+
+
+@pytest.mark.slow
+async def test_invalid_utf8_frames_log_one_info_line_per_connection_no_traceback(
+        live_server: LiveServer, request_log: io.StringIO) -> None:
+    num_connections = 4
+    with server_log("uvicorn.error", "bargein") as log:
+        for _ in range(num_connections):
+            async with connect(live_server.ws_url) as ws:
+                await ws.recv()  # session.created
+                with contextlib.suppress(ConnectionClosed):  # closed after the first
+                    for _ in range(5):
+                        await ws.send(b'{"type": "ping", "x": "\xff\xfe"}', text=True)
+                with pytest.raises(ConnectionClosed) as closed:
+                    await ws.recv()
+                assert closed.value.rcvd is not None and closed.value.rcvd.code == 1007
+        await live_server.wait_idle()
+        await _until(lambda: len(_utf8_lines(request_log)) >= num_connections)
+    assert not log.with_traceback() and not log.at_least(logging.WARNING), log.messages()
+    lines = _utf8_lines(request_log)
+    assert len(lines) == num_connections
+    assert all(f["level"] == "info" and f["logger"] == "bargein.client" for f in lines)
+    assert len({f["session_id"] for f in lines}) == num_connections  # one per connection
+
+
+@pytest.mark.slow
+async def test_a_client_that_leaves_mid_body_leaves_no_traceback(
+        live_server: LiveServer) -> None:
+    with server_log("uvicorn.error", "bargein") as log:
+        with socket.create_connection((live_server.host, live_server.port)) as sock:
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                         b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+                         b'{"messages"')
+        await _until(lambda: any("whole request body" in m for m in log.messages())
+                     or bool(log.with_traceback()))
+    assert not log.with_traceback() and not log.at_least(logging.WARNING), log.messages()
+
+
+def _utf8_lines(out: io.StringIO) -> list[dict[str, str]]:
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    return [f for f in lines if "invalid UTF-8" in f["msg"]]
+
+
+async def _until(done: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    """Poll ``done`` until it holds (a generous bound: what matters is the state)."""
+    async with asyncio.timeout(timeout_s):
+        while not done():
+            await asyncio.sleep(0.05)
