@@ -12,8 +12,8 @@ from typing import Any
 import psutil
 import pytest
 
-from app.client import RealtimeClient
 from app import outgoing
+from app.client import RealtimeClient
 from app.outgoing import Outgoing
 from protocol import CloseCode
 from protocol import events as pe
@@ -151,7 +151,7 @@ async def test_a_slow_but_moving_client_is_not_flagged() -> None:
         clock.now += 0.1  # stalled for a while (over a tick): over the bound
         await clock.next_look()
         ws.unblock.set()
-        await _until(lambda: len(ws.sent) > sent)  # the next frame's write began
+        await _until(lambda sent=sent: len(ws.sent) > sent)  # the next frame's write began
         ws.unblock.clear()
         await clock.next_look()  # it saw the client move
     # 0.8 s over the bound in all, but never SLOW_S in one stretch
