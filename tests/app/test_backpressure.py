@@ -6,13 +6,15 @@ import asyncio
 import gc
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psutil
 import pytest
 
+from app import outgoing
 from app.client import RealtimeClient
-from app.outgoing import CLOSE_TIMEOUT_S, Outgoing
+from app.outgoing import Outgoing
 from protocol import CloseCode
 from protocol import events as pe
 from tests.app.conftest import LiveServer
@@ -61,6 +63,7 @@ class StuckSocket:
     def __init__(self) -> None:
         self.sent: list[Any] = []
         self.closed_with: int | None = None
+        self.close_tried: int | None = None
         self.unblock = asyncio.Event()
 
     async def send_text(self, data: str) -> None:
@@ -72,39 +75,86 @@ class StuckSocket:
         await self.send_text(data.decode())
 
     async def close(self, code: int = 1000) -> None:
+        self.close_tried = code
         if self.unblock.is_set():
             self.closed_with = code
             return
         await self.unblock.wait()  # the close frame queues behind the stuck data
 
 
-async def test_a_client_stuck_over_its_bound_is_flagged_after_the_timeout() -> None:
-    ws = StuckSocket()
-    out = Outgoing(ws, "json", max_bytes=4096, slow_timeout_s=0.3)  # type: ignore[arg-type]
+class WatchedClock:
+    """The writer's clock, moved by hand. It counts the watchdog's reads, so a
+    test can wait until the watchdog has looked at the time it set (its pacing
+    sleeps stay real; its decisions use this clock only). The writer task reads
+    it too, at each frame: those reads are not looks."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.looks = 0
+
+    def __call__(self) -> float:
+        task = asyncio.current_task()
+        if task is not None and task.get_name() == "ws-slow-watchdog":  # see Outgoing
+            self.looks += 1
+        return self.now
+
+    async def next_look(self) -> None:
+        """Wait until the watchdog read the clock once more."""
+        seen = self.looks
+        await _until(lambda: self.looks > seen)
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    """Yield to the loop until ``condition()``; a 30 s hang guard, not a bound."""
+    async with asyncio.timeout(30):
+        while not condition():
+            await asyncio.sleep(0.005)
+
+
+SLOW_S = 0.3  # the writer's slow_timeout_s: its watchdog ticks every SLOW_S / 8
+
+
+async def test_a_client_stuck_over_its_bound_is_flagged_after_the_timeout(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    ws, clock = StuckSocket(), WatchedClock()
+    out = Outgoing(ws, "json", max_bytes=4096, slow_timeout_s=SLOW_S,  # type: ignore[arg-type]
+                   clock=clock)
     sender = asyncio.create_task(_send_forever(out))
-    started = time.monotonic()
-    await asyncio.wait_for(out.too_slow.wait(), timeout=5)
-    flagged_s = time.monotonic() - started
-    assert 0.3 <= flagged_s < 1.5
+    await _until(out.over_bound)  # the third frame's write never returns
+    clock.now += 0.05  # past a tick: the write is stalled, over the bound from here
+    await clock.next_look()
+    clock.now += SLOW_S - 0.01  # just short of the timeout, on the writer's clock
+    for _ in range(3):  # looked at it, more than once: still not flagged
+        await clock.next_look()
+    assert not out.too_slow.is_set()
+    clock.now += 0.02  # now over the bound for longer than the timeout
+    await asyncio.wait_for(out.too_slow.wait(), timeout=30)  # a hang guard
     assert out.over_bound()
     sender.cancel()
-    # The close frame cannot get through a full buffer: close gives up in bounded time.
-    closing = time.monotonic()
-    await out.close(CloseCode.CLIENT_TOO_SLOW)
-    assert time.monotonic() - closing < CLOSE_TIMEOUT_S + 1
+    # The close frame cannot get through a full buffer: close gives up after
+    # CLOSE_TIMEOUT_S (shortened here) instead of waiting for the client.
+    monkeypatch.setattr(outgoing, "CLOSE_TIMEOUT_S", 0.2)
+    await asyncio.wait_for(out.close(CloseCode.CLIENT_TOO_SLOW), timeout=30)
+    assert ws.close_tried == CloseCode.CLIENT_TOO_SLOW and ws.closed_with is None
     await out.send(pe.Pong())  # after close: returns at once, queues nothing
     assert out.queued_bytes == 0
 
 
 async def test_a_slow_but_moving_client_is_not_flagged() -> None:
-    ws = StuckSocket()
-    out = Outgoing(ws, "json", max_bytes=4096, slow_timeout_s=0.3)  # type: ignore[arg-type]
+    ws, clock = StuckSocket(), WatchedClock()
+    out = Outgoing(ws, "json", max_bytes=4096, slow_timeout_s=SLOW_S,  # type: ignore[arg-type]
+                   clock=clock)
     sender = asyncio.create_task(_send_forever(out))
-    for _ in range(8):  # the client reads a little every 0.1 s
-        await asyncio.sleep(0.1)
+    for _ in range(8):  # the client takes a frame every 0.1 s of the writer's clock
+        await _until(out.over_bound)
+        sent = len(ws.sent)
+        clock.now += 0.1  # stalled for a while (over a tick): over the bound
+        await clock.next_look()
         ws.unblock.set()
-        await asyncio.sleep(0)
+        await _until(lambda sent=sent: len(ws.sent) > sent)  # the next frame's write began
         ws.unblock.clear()
+        await clock.next_look()  # it saw the client move
+    # 0.8 s over the bound in all, but never SLOW_S in one stretch
     assert not out.too_slow.is_set()
     ws.unblock.set()
     sender.cancel()

@@ -56,18 +56,30 @@ def test_a_crash_mid_conversion_leaves_no_cache(tmp_path: Path, monkeypatch: pyt
 
 
 @pytest.mark.slow
-def test_gguf_converts_once_and_the_cache_loads_the_same_weights(tmp_path: Path) -> None:
+def test_gguf_converts_once_and_the_cache_loads_the_same_weights(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = ModelConfig(cache_dir=str(tmp_path))
+    # "Once" is counted, not timed: a cached load that is 3x faster on a quiet
+    # box need not be on a loaded one. The times are printed for a reader.
+    conversions: list[Path] = []
+    convert = loader._convert_gguf
+
+    def counting_convert(path: Path, out: Path) -> None:
+        conversions.append(path)
+        convert(path, out)
+
+    monkeypatch.setattr(loader, "_convert_gguf", counting_convert)
     t0 = time.perf_counter()
     first = load_model(cfg)
     t1 = time.perf_counter()
+    assert len(conversions) == 1
     second = load_model(cfg)
     t2 = time.perf_counter()
     print(f"GGUF load: first (convert) {t1 - t0:.1f} s, cached {t2 - t1:.1f} s")
+    assert len(conversions) == 1  # the second load read the cache
     assert [p.name for p in tmp_path.iterdir()] == [Path(first.folder).name]  # no temp dir left
     assert first.folder == second.folder and first.config.model_type == "llama"
     assert first.weights.keys() == second.weights.keys()
     assert all(torch.equal(first.weights[k], second.weights[k]) for k in first.weights)
-    assert t2 - t1 < (t1 - t0) / 3
     tokenizer = load_tokenizer(cfg)
     assert tokenizer.is_fast and tokenizer.chat_template
