@@ -5,7 +5,6 @@ quiet line per connection, never a traceback."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import io
 import json
 import logging
@@ -179,9 +178,10 @@ async def test_invalid_utf8_frames_log_one_info_line_per_connection_no_traceback
         for _ in range(num_connections):
             async with connect(live_server.ws_url) as ws:
                 await ws.recv()  # session.created
-                with contextlib.suppress(ConnectionClosed):  # closed after the first
-                    for _ in range(5):
-                        await ws.send(b'{"type": "ping", "x": "\xff\xfe"}', text=True)
+                # One bad frame: the server closes at the first, and frames
+                # sent after it could make its TCP stack reset the connection
+                # before the client reads the close frame.
+                await ws.send(b'{"type": "ping", "x": "\xff\xfe"}', text=True)
                 with pytest.raises(ConnectionClosed) as closed:
                     await ws.recv()
                 assert closed.value.rcvd is not None and closed.value.rcvd.code == 1007
