@@ -35,7 +35,7 @@ from app.settings import ServerConfig, Settings
 from engine.config import EngineConfig, SchedulerConfig
 from session import service as service_module
 from session.admission import AdmissionConfig
-from session.chat import render_prompt
+from session.chat import prompt_ids
 from session.config import SessionConfig
 from tests.app.rawws import masked_text, raw_upgrade
 
@@ -258,9 +258,9 @@ async def test_full_queue_answers_overloaded_and_1013_at_connect(
 
     def counting_render(*args: Any, **kwargs: Any) -> Any:
         rendered.append(args)
-        return render_prompt(*args, **kwargs)
+        return prompt_ids(*args, **kwargs)
 
-    monkeypatch.setattr(service_module, "render_prompt", counting_render)
+    monkeypatch.setattr(service_module, "prompt_ids", counting_render)
     submitted_before = list(service.recent_requests)
     async with RealtimeClient(guarded.ws_url, headers=bearer("k-busy")) as client:
         saved = admission.num_waiting

@@ -176,7 +176,9 @@ async def test_an_interrupted_response_counts_once(live_server: LiveServer) -> N
     assert after.moved(before, "bargein_interrupt_to_free_seconds_count") == 1
     assert 0 < after.moved(before, "bargein_interrupt_to_free_seconds_sum") < 5
     assert after.moved(before, "bargein_time_to_first_token_seconds_count") == 1
-    assert after.moved(before, "bargein_generated_tokens_total") == done["end"]
+    # Tokens sampled: the stream's, plus any the engine sampled after the cancel
+    # was accepted (not logged: the stream ends where the client's deltas did).
+    assert after.moved(before, "bargein_generated_tokens_total") >= done["end"]
     assert after.get("bargein_sessions_connected") == before.get("bargein_sessions_connected")
     assert after.get("bargein_kv_blocks_used") == 0
 
