@@ -228,22 +228,50 @@ async def test_http_rate_limit_is_a_429_with_retry_after(guarded: EmbeddedServer
 
 
 async def test_cap_on_responses_generating_per_key(guarded: EmbeddedServer) -> None:
+    """The third request of a key with two responses generating is refused by
+    the cap, not by the request rate.
+
+    "Still generating" holds by construction, not by the answers being long
+    enough for this machine: the engine thread is held after its first step
+    until the refusal came, so neither answer can finish meanwhile (the
+    admission slot of a response is given back when its generation ends).
+    """
+    service = guarded.state.service
+    assert service is not None
+    held, release = threading.Event(), threading.Event()
+
+    def hold(_outputs: object) -> None:
+        held.set()
+        release.wait(60)  # a hang guard: never hold the engine for good
+
+    def num_finished() -> int:
+        return sum(guarded.stats().num_finished_by_reason.values())
+
     clients = [RealtimeClient(guarded.ws_url, headers=bearer("k-cap")) for _ in range(3)]
     for client in clients:
         await client.connect()
+    finished_before = num_finished()
+    service.runner.add_step_listener(hold)
     try:
-        for client in clients[:2]:  # two long answers generating
-            await client.send({"type": "response.create", "max_tokens": 64, "input": [
-                {"role": "user", "content": "Tell me a long story."}]})
+        for client in clients[:2]:  # two answers generating
+            await client.send({"type": "response.create", "max_tokens": 64, **GREEDY,
+                               "input": [{"role": "user", "content": "Tell me a long story."}]})
             await client._expect("response.created")
-        await asyncio.sleep(1.2)  # the request bucket refills: only the cap is left
+        # The engine stepped (the first answer is generating) and is held there.
+        assert await asyncio.to_thread(held.wait, 60)  # a hang guard, not a bound
+        # The request bucket (1/s, bursts of 2) refills: only the cap is left.
+        # A lower bound only: a longer sleep changes nothing while the engine is held.
+        await asyncio.sleep(1.2)
         with pytest.raises(ServerError) as refused:
             await clients[2].chat("Hi", max_tokens=1)
-        assert refused.value.code == "rate_limited"
-        assert "at once" in refused.value.event["message"]
+        assert num_finished() == finished_before, "an answer ended before the refusal"
     finally:
+        release.set()
+        service.runner.remove_step_listener(hold)
         for client in clients:
             await client.close()
+    assert refused.value.code == "rate_limited"
+    assert "at once" in refused.value.event["message"]
 
 
 async def test_full_queue_answers_overloaded_and_1013_at_connect(

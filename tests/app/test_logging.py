@@ -144,18 +144,27 @@ async def test_a_request_logs_its_ids_and_no_text(live_server: LiveServer,
         assert response is not None and response.done is not None
         session_id = client.session["session_id"]
     await live_server.wait_idle()
-    await asyncio.sleep(0.2)  # the disconnect line comes after the client left
+
+    def lines() -> list[dict[str, str]]:
+        return [json.loads(line) for line in request_log.getvalue().splitlines()]
+
+    def disconnected() -> bool:  # the disconnect line comes after the client left
+        return any(f["msg"] == "client disconnected" and f.get("session_id") == session_id
+                   for f in lines())
+
+    def finished() -> bool:
+        return any(f["msg"] == "response finished" and f.get("stream_id") == response.stream_id
+                   for f in lines())
+
+    await _until(lambda: disconnected() and finished())
     text = request_log.getvalue()
-    lines = [json.loads(line) for line in text.splitlines()]
-    mine = [f for f in lines if f.get("stream_id") == response.stream_id]
+    mine = [f for f in lines() if f.get("stream_id") == response.stream_id]
     assert [f["msg"] for f in mine] == ["response submitted", "response finished"]
     for fields in mine:
         assert (fields["request_id"], fields["session_id"]) == (response.response_id,
                                                                 session_id)
     assert mine[1]["finish_reason"] == response.done["finish_reason"]
     assert mine[1]["completion_tokens"] == response.done["end"]
-    assert any(f["msg"] == "client disconnected" and f["session_id"] == session_id
-               for f in lines)
     assert "Quintessa" not in text
     assert answer.strip() and answer.strip() not in text
 

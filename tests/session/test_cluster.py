@@ -27,7 +27,11 @@ from session.token_log import LogEntry, StreamEnd, StreamInfo, StreamWrite
 pytestmark = pytest.mark.redis
 
 _prefixes = itertools.count()
-LEASE = LeaseConfig(ttl_s=0.5, renew_every_s=0.1)
+# Ticks every 0.1 s (takeovers and reader exchanges are seen at once), but a
+# lease that outlives any stall of a loaded box: no test waits for one to run
+# out on its own. A test that needs a lease gone expires it in Redis itself.
+LEASE = LeaseConfig(ttl_s=30.0, renew_every_s=0.1)
+HANG_GUARD_S = 30.0  # bounds on waits for a state, never timing assertions
 PROMPT = (7, 8, 9)
 
 
@@ -102,7 +106,17 @@ async def dead_stream(node: Callable[[str], Any], sid: str, params: SamplingPara
     await service.log.write_step([StreamWrite(stream_id=sid, finish=None, entry=LogEntry(
         start=0, end=3, text="bcd", token_ids=(1, 2, 3)))])
     cluster.leases.forget(sid)  # stops renewing: as if killed
-    await asyncio.sleep(LEASE.ttl_s + 0.1)
+    await expire_lease(cluster, sid)  # ... and its TTL ran out
+
+
+async def expire_lease(cluster: Cluster, sid: str) -> None:
+    """The lease of ``sid`` runs out in Redis now (PEXPIRE 1 ms), as it would
+    ``ttl_s`` after its last renewal; back once Redis dropped it."""
+    key = cluster.leases.key(sid)
+    assert await cluster.redis.pexpire(key, 1)
+    async with asyncio.timeout(HANG_GUARD_S):
+        while await cluster.redis.exists(key):
+            await asyncio.sleep(0.01)
 
 
 async def test_of_two_nodes_racing_to_continue_a_dead_stream_exactly_one_does(
@@ -128,11 +142,10 @@ async def test_a_cancel_for_a_stream_whose_node_died_ends_it_as_interrupted(
     assert isinstance(end, StreamEnd)
     assert (end.end, end.finish_reason, end.prompt_tokens) == (3, "interrupted", len(PROMPT))
     assert on_b.runner.submitted == []
-    for _ in range(50):  # released right after the end is written
-        if await b.leases.owner("s2") is None:
-            break
+    deadline = time.monotonic() + HANG_GUARD_S  # released at the tick after the end
+    while await b.leases.owner("s2") is not None:
+        assert time.monotonic() < deadline, "the lease of the ended stream was never released"
         await asyncio.sleep(0.05)
-    assert await b.leases.owner("s2") is None
 
 
 async def test_a_watched_stream_is_taken_over_when_its_lease_expires(
@@ -143,15 +156,48 @@ async def test_a_watched_stream_is_taken_over_when_its_lease_expires(
         stream_id="s3", response_id="r3", principal="p", session_id="s",
         owner_node="dead", status="live", end=0, finish=None))
     b, on_b = await deployment("b")
+    checks = count_watch_checks(b)
     await b.follow("s3")  # the owner still renews: nothing to do
-    await asyncio.sleep(LEASE.ttl_s)
+    # Counted, not timed: b checks the watched lease at several ticks while the
+    # owner's renewals keep resetting it in Redis (each time most of its TTL
+    # is spent, a renewal gives it a whole TTL again).
+    key, ttl_ms = dead.leases.key("s3"), int(LEASE.ttl_s * 1000)
+    for _ in range(3):
+        seen = checks[0]
+        assert await dead.redis.pexpire(key, ttl_ms // 3)
+        await wait_until_async(lambda: _renewed(dead, key, ttl_ms // 3))
+        await wait_until(lambda seen=seen: checks[0] >= seen + 2)  # one wholly after PEXPIRE
     assert on_b.runner.submitted == []
-    dead.leases.forget("s3")
-    for _ in range(50):
-        if on_b.runner.submitted:
-            break
-        await asyncio.sleep(0.1)
+    dead.leases.forget("s3")  # the owner dies ...
+    await expire_lease(dead, "s3")  # ... and its lease runs out
+    await wait_until(lambda: bool(on_b.runner.submitted))
     assert [r.prompt_token_ids for r in on_b.runner.submitted] == [PROMPT]
+
+
+def count_watch_checks(cluster: Cluster) -> list[int]:
+    """How many times ``cluster`` checked its watched streams' leases (at its
+    ticks), in a one-item list that the wrapped check updates."""
+    checks = [0]
+    check = cluster._check_watched
+
+    async def counted() -> None:
+        await check()
+        checks[0] += 1
+
+    cluster._check_watched = counted  # type: ignore[method-assign]
+    return checks
+
+
+async def _renewed(cluster: Cluster, key: str, below_ms: int) -> bool:
+    return await cluster.redis.pttl(key) > below_ms
+
+
+async def wait_until_async(condition: Callable[[], Any],
+                           timeout_s: float = HANG_GUARD_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)
 
 
 async def last_event(log: RedisTokenLog, sid: str) -> LogEntry | StreamEnd | None:
@@ -174,7 +220,7 @@ async def test_the_generating_node_knows_while_another_node_delivers_its_stream(
     await wait_until(lambda: not owner.read_elsewhere("s4"))  # its key lives three ticks
 
 
-async def wait_until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+async def wait_until(condition: Callable[[], bool], timeout_s: float = HANG_GUARD_S) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"

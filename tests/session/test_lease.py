@@ -11,12 +11,26 @@ from redis.asyncio import Redis
 
 from engine.request import FinishReason
 from session.forward import Forwarder
-from session.lease import LeaseConfig, Leases
+from session.lease import VALID_FRACTION, LeaseConfig, Leases
 
 pytestmark = pytest.mark.redis
 
 _prefixes = itertools.count()
-FAST = LeaseConfig(ttl_s=0.4, renew_every_s=0.1)
+# Leases that outlive any stall of a loaded box: no test here waits for one to
+# run out on its own. Where expiry is what is tested, the test moves the
+# holder's local clock (a fake clock) and Redis's expiry (PEXPIRE) itself.
+LONG = LeaseConfig(ttl_s=60.0, renew_every_s=1.0)
+TTL_MS = int(LONG.ttl_s * 1000)
+
+
+class FakeClock:
+    """Monotonic seconds that move only when the test says so."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 @pytest.fixture
@@ -34,7 +48,7 @@ def prefix() -> str:
 async def test_of_nodes_racing_for_a_dead_streams_lease_exactly_one_wins(
         redis_server: str, prefix: str) -> None:
     clients = [Redis.from_url(redis_server) for _ in range(3)]
-    nodes = [Leases(c, f"node-{i}", key_prefix=prefix, config=FAST) for i, c in enumerate(clients)]
+    nodes = [Leases(c, f"node-{i}", key_prefix=prefix, config=LONG) for i, c in enumerate(clients)]
     try:
         for round_ in range(50):
             sid = f"dead-{round_}"
@@ -50,25 +64,47 @@ async def test_of_nodes_racing_for_a_dead_streams_lease_exactly_one_wins(
 
 async def test_a_lease_not_renewed_expires_and_the_next_node_takes_it(
         redis: Redis, prefix: str) -> None:
-    a = Leases(redis, "a", key_prefix=prefix, config=FAST)
-    b = Leases(redis, "b", key_prefix=prefix, config=FAST)
+    """No wall-clock waits: the holder's local view runs on a fake clock, and
+    the passing of time in Redis is a ``PEXPIRE`` the test sets itself."""
+    clock = FakeClock()
+    a = Leases(redis, "a", key_prefix=prefix, config=LONG, clock=clock)
+    b = Leases(redis, "b", key_prefix=prefix, config=LONG)
     assert await a.acquire("s")
+    assert 0 < await redis.pttl(a.key("s")) <= TTL_MS  # taken with an expiry (PX)
     assert not await b.acquire("s")
-    for _ in range(5):  # renewed past its TTL: still a's
-        await asyncio.sleep(0.1)
+    for _ in range(5):  # renewed past its TTL (5 x 0.4 TTL): still a's
+        clock.now += 0.4 * LONG.ttl_s
+        await redis.pexpire(a.key("s"), TTL_MS // 10)  # most of its time in Redis spent
         assert (await a.renew()).lost == ()
+        assert await redis.pttl(a.key("s")) > TTL_MS // 2, "renewal reset Redis's expiry"
+        assert a.valid("s"), "renewal extended the local view"
     assert not await b.acquire("s")
-    await asyncio.sleep(0.5)  # a stopped renewing: a dead node
+    # a stops renewing (a dead node). Its local view runs out at VALID_FRACTION
+    # of the TTL after its last renewal, while Redis still keeps the lease (the
+    # renewal set a full TTL there): the local view runs out first.
+    clock.now += VALID_FRACTION * LONG.ttl_s - 0.001
+    assert a.valid("s")
+    clock.now += 0.002
     assert not a.valid("s"), "the old owner's local view ran out first"
+    assert await a.owner("s") == "a" and await redis.pttl(a.key("s")) > 0
+    await redis.pexpire(a.key("s"), 1)  # ... and then the lease expires in Redis
+    await _until_gone(redis, a.key("s"))
     assert await b.acquire("s")
     renewal = await a.renew()  # a wakes up: it must learn it lost the stream
     assert renewal.lost == ("s",)
     assert not a.holds("s") and await a.owner("s") == "b"
 
 
+async def _until_gone(redis: Redis, key: str) -> None:
+    """Until Redis expired ``key`` (a hang guard only: it was given 1 ms)."""
+    async with asyncio.timeout(30):
+        while await redis.exists(key):
+            await asyncio.sleep(0.01)
+
+
 async def test_a_vanished_lease_is_taken_back_by_its_holder_on_renewal(
         redis: Redis, prefix: str) -> None:
-    a = Leases(redis, "a", key_prefix=prefix, config=FAST)
+    a = Leases(redis, "a", key_prefix=prefix, config=LONG)
     assert await a.acquire("s")
     await redis.delete(a.key("s"))  # e.g. expired while Redis was unreachable
     assert (await a.renew()).lost == ()
@@ -76,8 +112,8 @@ async def test_a_vanished_lease_is_taken_back_by_its_holder_on_renewal(
 
 
 async def test_release_deletes_only_the_holders_lease(redis: Redis, prefix: str) -> None:
-    a = Leases(redis, "a", key_prefix=prefix, config=FAST)
-    b = Leases(redis, "b", key_prefix=prefix, config=FAST)
+    a = Leases(redis, "a", key_prefix=prefix, config=LONG)
+    b = Leases(redis, "b", key_prefix=prefix, config=LONG)
     assert await b.acquire("s")
     a._valid_until["s"] = 0.0  # a believes it held it once (stale)
     await a.release(["s"])
@@ -89,7 +125,7 @@ async def test_release_deletes_only_the_holders_lease(redis: Redis, prefix: str)
 async def test_renewal_renews_every_stream_in_one_pipeline_and_reads_flags(
         redis: Redis, prefix: str) -> None:
     forwarder = Forwarder(redis, "a", lambda sid, reason: None, key_prefix=prefix)
-    a = Leases(redis, "a", key_prefix=prefix, config=FAST, flag_key=forwarder.flag_key)
+    a = Leases(redis, "a", key_prefix=prefix, config=LONG, flag_key=forwarder.flag_key)
     for i in range(20):
         assert await a.acquire(f"s{i}")
     await forwarder.forward("s7", FinishReason.INTERRUPTED, owner=None)
@@ -125,7 +161,7 @@ async def _calls(redis: Redis, command: str) -> int:
 
 
 async def test_a_new_streams_record_is_written_with_its_lease(redis: Redis, prefix: str) -> None:
-    a = Leases(redis, "a", key_prefix=prefix, config=FAST)
+    a = Leases(redis, "a", key_prefix=prefix, config=LONG)
     assert await a.acquire("s", set_also=(f"{prefix}record", b"r", 60_000))
     assert await redis.get(f"{prefix}record") == b"r" and await redis.pttl(f"{prefix}record") > 0
     assert not await a.acquire("s", set_also=(f"{prefix}record", b"again", 60_000))
@@ -133,8 +169,8 @@ async def test_a_new_streams_record_is_written_with_its_lease(redis: Redis, pref
 
 async def test_a_stalled_holder_never_takes_back_a_lease_another_node_held_meanwhile(
         redis: Redis, prefix: str) -> None:
-    a = Leases(redis, "a", key_prefix=prefix, config=FAST)
-    b = Leases(redis, "b", key_prefix=prefix, config=FAST)
+    a = Leases(redis, "a", key_prefix=prefix, config=LONG)
+    b = Leases(redis, "b", key_prefix=prefix, config=LONG)
     assert await a.acquire("s")
     first = a.fence("s")
     await redis.delete(a.key("s"))  # a stalls: its lease expires in Redis

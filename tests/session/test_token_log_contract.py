@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import pytest
 from redis import Redis as SyncRedis
+from redis.asyncio import Redis
 
 from session.errors import (
     OffsetOutOfRange,
@@ -103,10 +104,12 @@ class RedisBackend(Backend):
     def __init__(self, url: str, *, two_nodes: bool, fenced: bool = False) -> None:
         super().__init__()
         self.url, self.two_nodes, self.fenced = url, two_nodes, fenced
+        self._opened: list[str] = []  # the key prefixes of the logs opened
 
     def open(self, retention_s: float) -> TokenLog:
         # A 2-entry fan-out tail makes local readers fall back to Redis replays too.
         prefix = f"contract{next(_prefixes)}:"
+        self._opened.append(prefix)
         config = RedisLogConfig(retention_s=retention_s, key_prefix=prefix, fanout_entries=2)
         writer = RedisTokenLog(self.url, node_id="node-a", config=config)
         if self.fenced:  # every write through the fencing script, under an epoch that holds
@@ -120,7 +123,21 @@ class RedisBackend(Backend):
         return TwoNodes(writer, RedisTokenLog(self.url, node_id="node-b", config=config))
 
     async def elapse(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
+        """Time passes for Redis's expiries, without waiting: every key of the
+        logs opened here with a TTL has it shortened by ``seconds``, and is gone
+        if it had less left. (A real wait would let a stall of a loaded box
+        expire a key before the test read it.)"""
+        shift_ms = int(seconds * 1000)
+        async with Redis.from_url(self.url) as redis:
+            for prefix in self._opened:
+                async for key in redis.scan_iter(match=f"{prefix}*"):
+                    left_ms = await redis.pttl(key)
+                    if left_ms < 0:  # no expiry (-1), or gone meanwhile (-2)
+                        continue
+                    if left_ms <= shift_ms:
+                        await redis.delete(key)
+                    else:
+                        await redis.pexpire(key, left_ms - shift_ms)
 
     async def lose(self, log: TokenLog, stream_id: str, below: int | None) -> None:
         # XTRIM MINID keeps ids >= <below>-1: the finish at <below>-1, and every later entry.
@@ -361,15 +378,20 @@ async def test_reader_closed_early_leaves_log_usable(log: TokenLog) -> None:
     assert len(await collect(log.read("s1", 0))) == 4
 
 
+# Longer than any stall of a loaded box: the tests move time on with ``elapse``
+# (a fake clock for the memory log, shortened TTLs for Redis), never by waiting.
+RETENTION_S = 60.0
+
+
 async def test_ended_stream_expires_after_retention(backend: Backend) -> None:
-    log = backend.open(retention_s=1.0)
+    log = backend.open(retention_s=RETENTION_S)
     try:
         await log.create_stream(live_info("done"))
         await log.create_stream(live_info("live"))
         await log.write_step([write("done", entry(0, 1), finish(1)), write("live", entry(0, 1))])
-        await backend.elapse(0.3)
+        await backend.elapse(0.3 * RETENTION_S)
         assert await collect(log.read("done", 0)) == [entry(0, 1), finish(1)]
-        await backend.elapse(1.2)
+        await backend.elapse(1.2 * RETENTION_S)
         assert await log.info("done") is None
         with pytest.raises(StreamNotFound):
             await collect(log.read("done", 0))
@@ -380,13 +402,13 @@ async def test_ended_stream_expires_after_retention(backend: Backend) -> None:
 
 
 async def test_sessions_saved_loaded_and_expire(backend: Backend) -> None:
-    log = backend.open(retention_s=1.0)
+    log = backend.open(retention_s=RETENTION_S)
     try:
         assert await log.load_session("x") is None
         await log.save_session("x", b"\x00state-1\xff")
         await log.save_session("x", b"\x00state-2\xff")
         assert await log.load_session("x") == b"\x00state-2\xff"
-        await backend.elapse(1.5)
+        await backend.elapse(1.5 * RETENTION_S)
         assert await log.load_session("x") is None
     finally:
         await log.close()
