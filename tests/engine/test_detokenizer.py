@@ -92,7 +92,9 @@ def test_random_chunkings(tokenizer: Tokenizer, prompt_ids: list[int], text: str
     ids = tokenizer.encode(text, add_special_tokens=False)
     sizes = data.draw(st.lists(st.integers(1, 5), min_size=1, max_size=8))
     deltas = _feed(IncrementalDetokenizer(tokenizer, prompt_ids), ids, sizes)
-    assert "".join(deltas) == tokenizer.decode(ids, skip_special_tokens=True)
+    # Characters the byte-level vocabulary cannot give back (U+40000 decodes
+    # to U+FFFD) end no stream either.
+    assert "".join(deltas) == tokenizer.decode(ids, skip_special_tokens=True).rstrip("\ufffd")
 
 
 @pytest.mark.slow
