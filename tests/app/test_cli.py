@@ -155,6 +155,8 @@ def test_ctrl_c_at_the_prompt_quits_at_once(live_server: LiveServer) -> None:
         assert chat.stderr is not None
         assert chat.stderr.readline().startswith(b"connected to")  # now at the prompt
         chat.send_signal(signal.SIGINT)
-        # with stdin still open: nothing typed, no Enter needed
-        assert chat.wait(timeout=10) == 130
+        # with stdin still open: nothing typed, no Enter needed; the exit code
+        # says SIGINT ended it (the bound only guards against a hang: on a
+        # loaded box the socket's close handshake can take seconds)
+        assert chat.wait(timeout=60) == 130
 
