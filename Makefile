@@ -23,17 +23,29 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 $(VENV)/.installed-dev: $(VENV)/.installed
 	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/python -c 'import playwright.sync_api' \
+		|| { echo "install-dev: playwright does not import (tests/app/test_browser.py needs it)" >&2; exit 1; }
 	touch $@
 
 install: $(VENV)/.installed
 
 install-dev: $(VENV)/.installed-dev system-deps
 
-# Debian packages the tests drive for real: a redis-server and a chromium.
+# Debian packages the tests drive for real, checked as the tests find them:
+# `redis-server` on PATH (tests/redis_server.py) and the executable
+# /usr/bin/chromium (tests/app/test_browser.py). Still missing after the
+# install is an error here, not a run that skips their tests (in CI, with
+# CI=true, the tests fail on them too: tests/needs.py).
+REDIS_SERVER := redis-server
+CHROMIUM := /usr/bin/chromium
+
 system-deps:
-	@if ! command -v redis-server >/dev/null || ! command -v chromium >/dev/null; then \
+	@if ! command -v $(REDIS_SERVER) >/dev/null || ! test -x $(CHROMIUM); then \
 		apt-get update -q && apt-get install -y -q redis-server chromium; \
 	fi
+	@command -v $(REDIS_SERVER) >/dev/null \
+		|| { echo "system-deps: $(REDIS_SERVER) is not on PATH" >&2; exit 1; }
+	@test -x $(CHROMIUM) || { echo "system-deps: $(CHROMIUM) is missing" >&2; exit 1; }
 
 serve: install
 	$(BIN)/bargein serve --host $(HOST) --port $(PORT)

@@ -29,6 +29,10 @@ class SessionConfig:
             their ``response.done`` (events of one response never follow the
             next one's ``response.created``); past it they are stopped and
             can be resumed.
+        save_interval_s: least time between two saves of one session's
+            conversation (for ``session.resume``): the saves of a burst of
+            turn changes are coalesced into one per interval; a closing
+            connection saves at once.
     """
 
     max_tokens: int = 1024
@@ -39,6 +43,7 @@ class SessionConfig:
     on_disconnect: str = "continue"
     abandon_grace_s: float = 30.0
     drain_timeout_s: float = 10.0
+    save_interval_s: float = 0.1
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -53,6 +58,8 @@ class SessionConfig:
             raise ValueError(f"abandon_grace_s={self.abandon_grace_s} must be >= 0")
         if self.drain_timeout_s <= 0:
             raise ValueError(f"drain_timeout_s={self.drain_timeout_s} must be > 0")
+        if self.save_interval_s < 0:
+            raise ValueError(f"save_interval_s={self.save_interval_s} must be >= 0")
         if self.on_disconnect not in ("continue", "cancel"):
             raise ValueError(f"on_disconnect={self.on_disconnect!r} must be 'continue' "
                              "or 'cancel'")

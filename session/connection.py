@@ -65,7 +65,8 @@ class Connection:
         self._clock = clock or service.clock
         self._deliveries: dict[str, tuple[Delivery, asyncio.Task[None]]] = {}
         self._owned: set[str] = set()
-        self._saver = SessionSaver(service.log, lambda: snapshot(self.session, principal))
+        self._saver = SessionSaver(service.log, lambda: snapshot(self.session, principal),
+                                   min_interval_s=service.config.save_interval_s)
         self._restore_watch: asyncio.Task[None] | None = None  # a resumed session's active
         service.sessions[self.session.session_id] = self
 

@@ -6,12 +6,16 @@ settings, the turns, and the active response (the one still generating, or
 not fully delivered, when the state was saved) with the text delivered of it.
 The resume token of the active stream is not kept: it is derived again from
 the stream id and the principal. The log keeps a saved state for its
-retention time after the last save; a connection saves on every turn change
-and when it closes, so a session lives for the retention time after its last
+retention time after the last save; a connection asks for a save on every
+turn change and saves when it closes, so a session lives for the retention time after its last
 connection closed.
 
-:class:`SessionSaver` writes the latest state at most once at a time: turn
-changes that come while a save is in flight are folded into one more save.
+:class:`SessionSaver` keeps one pending save per session: the state is read
+and encoded when the save starts, and saves start at most once every
+``min_interval_s`` (a burst of ``session.update`` is written once or twice,
+not once per event: each save re-encodes the whole conversation). The
+connection's last save (:meth:`SessionSaver.close`) does not wait for the
+interval.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
+import math
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +37,9 @@ from session.token_log import TokenLog
 logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
+# Saves of one session start at most this often. A crash of the node loses at
+# most this much of the conversation; a closing connection saves at once.
+DEFAULT_SAVE_INTERVAL_S = 0.1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -103,18 +112,40 @@ def snapshot(session: Session, principal: str) -> SavedSession:
 
 
 class SessionSaver:
-    """Saves the latest state of one connection's session, one save at a time.
+    """Saves the latest state of one connection's session: one pending save,
+    started at most once every ``min_interval_s``.
+
+    A request while a save is pending or being written marks the state dirty:
+    the pending save (or one more after the one being written) takes the state
+    as it is then. So however many requests come, the saves in any window of
+    ``T`` seconds number at most ``T / min_interval_s + 1`` (and the one of
+    :meth:`close`).
 
     Args:
         log: where sessions are kept.
         state: returns the state to save now (called when a save starts).
+        min_interval_s: least time between the starts of two saves (0: none).
+        clock: monotonic seconds.
+        sleep: waits that many seconds (tests pass one driven by a fake clock).
     """
 
-    def __init__(self, log: TokenLog, state: Callable[[], SavedSession]) -> None:
+    def __init__(self, log: TokenLog, state: Callable[[], SavedSession], *,
+                 min_interval_s: float = DEFAULT_SAVE_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+        if min_interval_s < 0:
+            raise ValueError(f"{min_interval_s=} must be >= 0")
         self._log = log
         self._state = state
+        self._min_interval_s = min_interval_s
+        self._clock = clock
+        self._sleep = sleep
         self._dirty = False
+        self._started_at = -math.inf  # when the last save started
         self._task: asyncio.Task[None] | None = None
+        self._waiting = False  # the task sleeps before its save (nothing read or written yet)
+        self._closing = False  # the connection ended: no more waiting for the interval
+        self.num_saves = 0  # saves written or attempted, for tests and metrics
 
     def request(self) -> None:
         """Save soon (the state as it is when the save starts)."""
@@ -128,17 +159,38 @@ class SessionSaver:
             await asyncio.shield(self._task)
 
     async def close(self, last: SavedSession) -> None:
-        """Wait for the saves in flight, then save ``last`` (the connection's end)."""
-        await self.flush()
+        """Save ``last`` (the connection's end) now, after the save being written.
+
+        A save still waiting for its interval is not waited for: ``last``
+        replaces it.
+        """
+        self._closing = True
+        task = self._task
+        if task is not None and not task.done() and self._waiting:
+            task.cancel()  # it read nothing yet: ``last`` supersedes it
+            await asyncio.wait([task])  # our own cancellation still propagates
+        await self.flush()  # a save being written lands before ``last``
         self._state = lambda: last
         self._dirty = True
-        await self._run()
+        await self._save()
 
     async def _run(self) -> None:
         while self._dirty:
-            self._dirty = False
-            saved = self._state()
-            try:
-                await self._log.save_session(saved.session_id, saved.to_bytes())
-            except TokenLogError:  # the session is only less resumable; the log says why
-                logger.warning("saving session %s failed", saved.session_id)
+            delay = self._started_at + self._min_interval_s - self._clock()
+            if delay > 0 and not self._closing:
+                self._waiting = True
+                try:
+                    await self._sleep(delay)  # requests meanwhile fold into this save
+                finally:
+                    self._waiting = False
+            await self._save()
+
+    async def _save(self) -> None:
+        self._dirty = False
+        self._started_at = self._clock()
+        self.num_saves += 1
+        saved = self._state()
+        try:
+            await self._log.save_session(saved.session_id, saved.to_bytes())
+        except TokenLogError:  # the session is only less resumable; the log says why
+            logger.warning("saving session %s failed", saved.session_id)

@@ -56,6 +56,7 @@ from session.errors import (
 
 DEFAULT_RETENTION_S = 600.0
 DEFAULT_LIVE_TTL_S = 3600.0
+_MIN_COMPACT = 64  # stale expiry items the memory log tolerates before any rebuild
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -327,7 +328,10 @@ class MemoryTokenLog:
         self._clock = clock
         self._streams: dict[str, _MemStream] = {}
         self._sessions: dict[str, tuple[bytes, float]] = {}
-        # (expires_at, is_session, key); stale items are skipped when popped.
+        # (expires_at, is_session, key); an item is stale once its key got a
+        # later expiry (a save again, a stream's end) and is skipped when popped.
+        # Stale items are compacted away before they outnumber live keys, so a
+        # session saved a million times holds O(1) items, not a million.
         self._expiry: list[tuple[float, bool, str]] = []
         self._closed = False
 
@@ -340,7 +344,7 @@ class MemoryTokenLog:
         expires_at = self._clock() + self._live_ttl_s
         info = replace(info, status="live", end=0, finish=None)
         self._streams[info.stream_id] = _MemStream(info, expires_at)
-        heapq.heappush(self._expiry, (expires_at, False, info.stream_id))
+        self._push_expiry(expires_at, False, info.stream_id)
 
     async def write_step(self, writes: Sequence[StreamWrite]) -> None:
         self._sweep()
@@ -374,7 +378,7 @@ class MemoryTokenLog:
         self._sweep()
         expires_at = self._clock() + self._retention_s
         self._sessions[session_id] = (bytes(state), expires_at)
-        heapq.heappush(self._expiry, (expires_at, True, session_id))
+        self._push_expiry(expires_at, True, session_id)
 
     async def load_session(self, session_id: str) -> bytes | None:
         self._sweep()
@@ -391,6 +395,7 @@ class MemoryTokenLog:
             stream.notify()
         self._streams.clear()
         self._sessions.clear()
+        self._expiry.clear()
 
     async def _read(self, stream_id: str, from_offset: int) -> AsyncIterator[LogEntry | StreamEnd]:
         self._sweep()
@@ -429,7 +434,28 @@ class MemoryTokenLog:
     def _end(self, stream: _MemStream, finish: StreamEnd) -> None:
         stream.finish = finish
         stream.expires_at = self._clock() + self._retention_s
-        heapq.heappush(self._expiry, (stream.expires_at, False, stream.info.stream_id))
+        self._push_expiry(stream.expires_at, False, stream.info.stream_id)
+
+    @property
+    def num_expiry_entries(self) -> int:
+        """Items in the expiry heap, stale ones included (at most about twice
+        the streams and sessions kept, whatever the number of saves)."""
+        return len(self._expiry)
+
+    def _push_expiry(self, expires_at: float, is_session: bool, key: str) -> None:
+        """Schedule ``key``'s expiry; the item it had goes stale.
+
+        Once the items outnumber twice the live keys (plus a floor, so small
+        logs never rebuild), the heap is rebuilt from the live expiries: one
+        O(n) rebuild per n pushes, O(1) amortised, and the heap stays within
+        about twice the keys kept.
+        """
+        heapq.heappush(self._expiry, (expires_at, is_session, key))
+        if len(self._expiry) > 2 * (len(self._streams) + len(self._sessions)) + _MIN_COMPACT:
+            self._expiry = [(stream.expires_at, False, sid)
+                            for sid, stream in self._streams.items()]
+            self._expiry += [(saved[1], True, sid) for sid, saved in self._sessions.items()]
+            heapq.heapify(self._expiry)
 
     def _sweep(self) -> None:
         """Drop everything whose expiry has passed (amortised O(log n) each)."""

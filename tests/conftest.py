@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from tests.needs import missing
 from tests.redis_server import RedisServer, redis_server_binary
 
 
@@ -16,10 +17,11 @@ def redis_server() -> Iterator[str]:
     """URL of a real redis-server on a free loopback port, for the whole test session.
 
     Started empty (``--save '' --appendonly no``); tests keep apart by key
-    prefix. Skips when redis-server is not installed (``make test`` installs it).
+    prefix. Skips when redis-server is not installed (``make test`` installs it);
+    fails instead in CI (``CI=true``: tests/needs.py).
     """
     if redis_server_binary() is None:
-        pytest.skip("redis-server is not installed (make test installs Debian's redis-server)")
+        missing("redis-server is not installed (make test installs Debian's redis-server)")
     server = RedisServer()
     server.start()
     try:

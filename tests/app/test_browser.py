@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from tests.needs import missing, playwright_sync_api
+
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -31,10 +33,14 @@ def bargein_url(live_server: Any) -> str:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """Headless Debian chromium, one per module (a launch costs about a second)."""
+    """Headless Debian chromium, one per module (a launch costs about a second).
+
+    Without chromium or playwright the browser tests skip, or fail in CI
+    (``CI=true``: tests/needs.py).
+    """
     if not CHROMIUM.exists():
-        pytest.skip("Debian's chromium is missing: `make system-deps` installs it")
-    sync_api = pytest.importorskip("playwright.sync_api")
+        missing(f"Debian's chromium is missing ({CHROMIUM}): `make system-deps` installs it")
+    sync_api = playwright_sync_api()
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True)
         yield browser

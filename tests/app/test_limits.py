@@ -276,42 +276,93 @@ async def test_cap_on_responses_generating_per_key(guarded: EmbeddedServer) -> N
 
 async def test_full_queue_answers_overloaded_and_1013_at_connect(
         guarded: EmbeddedServer, monkeypatch: pytest.MonkeyPatch) -> None:
-    service = guarded.state.service
+    """Real requests fill the queue, and it empties again when they run.
+
+    A server of its own with a queue of two, on this module's engine runner
+    (no second model load). The engine is held in the hand-off of its first
+    step, the first token of a first answer, so the two requests that follow
+    stay queued (admitted, no first token) by construction, not by the
+    machine being slow: the queue is full until the test lets the engine go.
+    """
+    queued = EmbeddedServer(Settings(
+        session=SessionConfig(max_tokens=64, default_max_tokens=16),
+        server=ServerConfig(port=0, debug_endpoints=True, log_level="warning",
+                            api_keys=",".join(KEYS)),
+        admission=AdmissionConfig(max_waiting=2)), runner=guarded.state.runner)
+    await asyncio.to_thread(queued.start)
+    service = queued.state.service
     assert service is not None
     admission = service.admission
-    rejected_before = _overloaded_count(guarded)
-    # "Refused before any work" is seen as work not done (no prompt rendered,
-    # nothing submitted), not as a short wall-clock time.
-    rendered: list[object] = []
+    held, release = threading.Event(), threading.Event()
 
-    def counting_render(*args: Any, **kwargs: Any) -> Any:
-        rendered.append(args)
-        return prompt_ids(*args, **kwargs)
+    def hold(_outputs: object) -> None:
+        held.set()
+        release.wait(60)  # a hang guard: never hold the engine for good
 
-    monkeypatch.setattr(service_module, "prompt_ids", counting_render)
-    submitted_before = list(service.recent_requests)
-    async with RealtimeClient(guarded.ws_url, headers=bearer("k-busy")) as client:
-        saved = admission.num_waiting
-        admission.num_waiting = admission.config.max_waiting  # as if 64 requests waited
+    async def until(predicate: Any, what: str) -> None:
+        deadline = time.monotonic() + 30  # a hang guard, not a bound
+        while not predicate():
+            assert time.monotonic() < deadline, what
+            await asyncio.sleep(0.01)
+
+    clients = [RealtimeClient(queued.ws_url, headers=bearer("k-busy")) for _ in range(4)]
+    try:
+        for client in clients:
+            await client.connect()
+        stats = guarded.stats
+        await until(lambda: stats().num_running == stats().num_waiting == 0,
+                    "the engine is busy with another test's answers")
+        rejected_before = _overloaded_count(queued)
+        service.runner.add_step_listener(hold)
         try:
+            await clients[0].send({"type": "response.create", "max_tokens": 4, **GREEDY,
+                                   "input": [{"role": "user", "content": "Hi"}]})
+            await clients[0]._expect("response.created")
+            assert await asyncio.to_thread(held.wait, 60)  # its first token: engine held
+            await until(lambda: admission.num_waiting == 0, "the first answer never started")
+            for client in clients[1:3]:  # two more fill the queue: never scheduled while held
+                await client.send({"type": "response.create", "max_tokens": 4, **GREEDY,
+                                   "input": [{"role": "user", "content": "Hello"}]})
+                await client._expect("response.created")
+            assert admission.num_waiting == admission.config.max_waiting == 2
+            # "Refused before any work" is seen as work not done (no prompt
+            # rendered, nothing submitted), not as a short wall-clock time.
+            rendered: list[object] = []
+
+            def counting_render(*args: Any, **kwargs: Any) -> Any:
+                rendered.append(args)
+                return prompt_ids(*args, **kwargs)
+
+            monkeypatch.setattr(service_module, "prompt_ids", counting_render)
+            submitted_before = list(service.recent_requests)
             with pytest.raises(ServerError) as refused:
-                await client.chat("Hi", max_tokens=1)
-            ws = await connect(guarded.ws_url, additional_headers=bearer("k-busy"))
+                await clients[3].chat("Hi", max_tokens=1)
+            ws = await connect(queued.ws_url, additional_headers=bearer("k-busy"))
             with pytest.raises(ConnectionClosed) as closed:
                 await ws.recv()
-            async with httpx.AsyncClient(base_url=guarded.http_url,
+            async with httpx.AsyncClient(base_url=queued.http_url,
                                          headers=bearer("k-busy")) as http:
                 answer = await http.post("/v1/chat/completions", json={
                     "model": "m", "messages": [{"role": "user", "content": "Hi"}]})
+            assert rendered == [] and list(service.recent_requests) == submitted_before
         finally:
-            admission.num_waiting = saved
-    assert refused.value.code == "overloaded" and refused.value.event["retry_after_ms"] >= 100
-    # refused before any prompt rendering or engine work, on every path
-    assert rendered == [] and list(service.recent_requests) == submitted_before
-    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
-    assert answer.status_code == 503 and answer.json()["error"]["code"] == "overloaded"
-    assert int(answer.headers["Retry-After"]) >= 1
-    assert _overloaded_count(guarded) == rejected_before + 3  # counted in /metrics
+            release.set()
+            service.runner.remove_step_listener(hold)
+        assert refused.value.code == "overloaded" and refused.value.event["retry_after_ms"] >= 100
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
+        assert answer.status_code == 503 and answer.json()["error"]["code"] == "overloaded"
+        assert int(answer.headers["Retry-After"]) >= 1
+        assert _overloaded_count(queued) == rejected_before + 3  # counted in /metrics
+        for client in clients[:3]:  # the engine goes on: the queued answers run to their end
+            await asyncio.wait_for(client._expect("response.done"), 60)  # a hang guard
+        assert admission.num_waiting == 0 and not admission.saturated()
+        async with RealtimeClient(queued.ws_url, headers=bearer("k-busy")) as again:
+            await again.chat("Hi", max_tokens=1, **GREEDY)  # connects and is served
+            assert again.current is not None and again.current.done is not None
+    finally:
+        for client in clients:
+            await client.close()
+        await asyncio.to_thread(queued.stop)
 
 
 async def test_request_still_queued_at_its_deadline_is_dropped_with_overloaded(

@@ -291,6 +291,48 @@ async def test_session_resume_refusals(live_server: LiveServer) -> None:
     await conn.close()
 
 
+NUM_UPDATES = 400
+
+
+async def test_a_burst_of_session_updates_is_saved_once_per_interval(
+        live_server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each session.update used to save (re-encode) the whole conversation and
+    push one more expiry item in the memory log. Saves are coalesced: over a
+    burst, at most one per ``save_interval_s`` (a bound that only widens on a
+    slow machine), and the last state is saved when the connection closes."""
+    service = live_server.state.service
+    assert service is not None
+    log = service.log
+    saves: list[str] = []
+    real_save = log.save_session
+
+    async def counting_save(session_id: str, state: bytes) -> None:
+        saves.append(session_id)
+        await real_save(session_id, state)
+
+    monkeypatch.setattr(log, "save_session", counting_save)
+    conn = await Conn.open(live_server.ws_url)
+    session_id = conn.created["session_id"]
+    heap_before = log.num_expiry_entries  # type: ignore[attr-defined]
+    started = time.monotonic()
+    for i in range(NUM_UPDATES):
+        await conn.send(type="session.update", session={"instructions": f"Be brief, {i}."})
+        await conn.expect("session.updated")
+    elapsed = time.monotonic() - started
+    num_saves = saves.count(session_id)
+    assert num_saves <= elapsed / service.config.save_interval_s + 2, (num_saves, elapsed)
+    assert log.num_expiry_entries - heap_before <= num_saves + 64  # type: ignore[attr-defined]
+    await conn.close()
+    deadline = time.monotonic() + 30  # a hang guard: the save at close lands soon
+    while True:
+        data = await log.load_session(session_id)
+        if data is not None and SavedSession.from_bytes(data).settings.instructions \
+                == f"Be brief, {NUM_UPDATES - 1}.":
+            break
+        assert time.monotonic() < deadline, "the last state was never saved"
+        await asyncio.sleep(0.02)
+
+
 @pytest.fixture(scope="module")
 def redis_nodes(live_server: LiveServer, redis_server: str) -> Iterator[tuple[EmbeddedServer,
                                                                               EmbeddedServer]]:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
+from redis.asyncio.connection import AbstractConnection
 
 from engine.request import FinishReason
 from session.forward import Forwarder
@@ -123,15 +125,28 @@ async def test_release_deletes_only_the_holders_lease(redis: Redis, prefix: str)
 
 
 async def test_renewal_renews_every_stream_in_one_pipeline_and_reads_flags(
-        redis: Redis, prefix: str) -> None:
+        redis: Redis, prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
     forwarder = Forwarder(redis, "a", lambda sid, reason: None, key_prefix=prefix)
     a = Leases(redis, "a", key_prefix=prefix, config=LONG, flag_key=forwarder.flag_key)
     for i in range(20):
         assert await a.acquire(f"s{i}")
     await forwarder.forward("s7", FinishReason.INTERRUPTED, owner=None)
     before = await _calls(redis, "eval")
+    # Sends to the server, counted on the client: twenty awaited EVALs would
+    # run the same twenty EVALs server-side, but as twenty round trips.
+    sends = 0
+    real_send = AbstractConnection.send_packed_command
+
+    async def counting_send(self: AbstractConnection, *args: Any, **kwargs: Any) -> None:
+        nonlocal sends
+        sends += 1
+        await real_send(self, *args, **kwargs)
+
+    monkeypatch.setattr(AbstractConnection, "send_packed_command", counting_send)
     renewal = await a.renew()
-    assert await _calls(redis, "eval") - before == 20
+    monkeypatch.undo()
+    assert sends == 1, f"{sends} round trips for one renewal"
+    assert await _calls(redis, "eval") - before == 20  # one EVAL per stream, in that one
     assert renewal == type(renewal)(lost=(), flagged=("s7",))
     assert await forwarder.cancel_reason("s7") is FinishReason.INTERRUPTED
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
+
 import pytest
 
 from engine.request import FinishReason
@@ -11,6 +14,7 @@ from session.config import SessionConfig
 from session.saved import SavedActive, SavedSession, SessionSaver, snapshot
 from session.session import ConversationSettings, IllegalTransition, Session, State
 from session.token_log import MemoryTokenLog
+from tests.session.log_helpers import FakeClock
 
 SETTINGS = ConversationSettings(instructions="Be brief ✓", defaults={"max_tokens": 8,
                                                                        "stop": ["\n"]},
@@ -56,6 +60,74 @@ async def test_saver_writes_the_latest_state_and_the_last_one_at_close() -> None
     assert loaded is not None and SavedSession.from_bytes(loaded) in states[:2]
     await saver.close(states[-1])
     assert await log.load_session("s1") == states[-1].to_bytes()
+
+
+class CountingLog(MemoryTokenLog):
+    """A memory log that counts the saves written to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_saves = 0
+
+    async def save_session(self, session_id: str, state: bytes) -> None:
+        self.num_saves += 1
+        await super().save_session(session_id, state)
+
+
+def fake_sleep(clock: FakeClock) -> Callable[[float], Awaitable[None]]:
+    """A sleep that ends when the test has moved ``clock`` far enough."""
+    async def sleep(seconds: float) -> None:
+        until = clock.now + seconds
+        while clock.now < until:
+            await asyncio.sleep(0)
+    return sleep
+
+
+INTERVAL_S = 0.05
+
+
+async def test_a_burst_of_requests_is_saved_at_most_once_per_interval() -> None:
+    """1,000 turn changes over one second (fake time) are at most 1 s / 50 ms + 1
+    saves and encodes, not 1,000; the last state still lands."""
+    clock, log = FakeClock(), CountingLog()
+    states = [saved(turns=n) for n in range(1, 1001)]
+    num_encoded = 0
+    current = states[0]
+
+    def state() -> SavedSession:
+        nonlocal num_encoded
+        num_encoded += 1
+        return current
+
+    saver = SessionSaver(log, state, min_interval_s=INTERVAL_S, clock=clock,
+                         sleep=fake_sleep(clock))
+    for current in states:
+        saver.request()
+        clock.advance(0.001)
+        await asyncio.sleep(0)  # the saver runs between turn changes, as it does live
+    clock.advance(INTERVAL_S)  # the pending save's interval passes
+    await asyncio.wait_for(saver.flush(), 30)  # a hang guard
+    assert log.num_saves == num_encoded == saver.num_saves
+    assert 2 <= log.num_saves <= 1.0 / INTERVAL_S + 1, log.num_saves
+    assert await log.load_session("s1") == states[-1].to_bytes()
+
+
+async def test_close_does_not_wait_for_a_pending_save() -> None:
+    """The pending save's interval never passes here: close writes the last
+    state at once instead of waiting for it."""
+    clock, log = FakeClock(), CountingLog()
+    first, pending, last = saved(turns=1), saved(turns=2), saved(turns=3)
+    current = first
+    saver = SessionSaver(log, lambda: current, min_interval_s=INTERVAL_S, clock=clock,
+                         sleep=fake_sleep(clock))
+    saver.request()
+    await asyncio.wait_for(saver.flush(), 30)  # the first save goes out at once
+    current = pending
+    saver.request()  # waits for the interval (the clock never moves)
+    await asyncio.sleep(0)
+    await asyncio.wait_for(saver.close(last), 30)  # a hang guard
+    assert log.num_saves == 2
+    assert await log.load_session("s1") == last.to_bytes()
 
 
 def test_restore_waits_for_the_active_response_then_keeps_its_turn() -> None:
