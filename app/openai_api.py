@@ -73,7 +73,6 @@ from protocol import events as pe
 from session.config import SessionConfig
 from session.delivery import relayed_code, truncated_message
 from session.errors import OffsetOutOfRange, StreamNotFound, StreamTruncated, TokenLogUnavailable
-from session.observer import SessionObserver
 from session.read_probe import read_error_soon
 from session.service import Owner, Service
 from session.session import Submit, SubmitFailed
@@ -199,12 +198,15 @@ async def _complete(request: Request,
     policy = chat.on_disconnect or service.config.on_disconnect
 
     def on_disconnect() -> None:
+        # As a WebSocket's close: "cancel" aborts; "continue" releases the
+        # stream, so the abandon grace cancels it unless someone resumes it.
         if policy == "cancel":
             service.abort(stream_id, FinishReason.CANCELLED, service.clock())
+        else:
+            service.release(stream_id)
 
     if chat.stream:
-        events = sse_events(service.log, stream_id, completion, from_offset=0, role=True,
-                            observer=service.observer)
+        events = sse_events(service, stream_id, completion, from_offset=0, role=True)
         return EventStreamResponse(events, on_disconnect=on_disconnect,
                                    headers={"X-Bargein-Stream-Id": stream_id})
     collect = _collect(service.log, stream_id, completion)
@@ -298,27 +300,30 @@ def _whole_body(completion: Completion, text: str, end: StreamEnd) -> dict[str, 
 
 # ---- SSE ---------------------------------------------------------------------------
 
-async def sse_events(log: TokenLog, stream_id: str, completion: Completion, *,
-                     from_offset: int, role: bool,
-                     observer: SessionObserver) -> AsyncGenerator[bytes, None]:
+async def sse_events(service: Service, stream_id: str, completion: Completion, *,
+                     from_offset: int, role: bool) -> AsyncGenerator[bytes, None]:
     """The SSE events of a stream from ``from_offset``: chunks, then ``[DONE]``.
 
     ``role``: start with the chunk that announces the assistant role (id
     ``<stream_id>:0``), as OpenAI streams do; a resume from an id has had it.
     A stream that cannot be read (expired meanwhile, log down), or whose
     request was dropped from the queue at its deadline (``overloaded``), ends
-    with an OpenAI error event instead of ``[DONE]``. ``observer`` counts it
-    among the streams being delivered while it runs, as a WebSocket delivery.
+    with an OpenAI error event instead of ``[DONE]``. While it runs it is
+    one of the stream's readers, as a WebSocket delivery is: the service's
+    abandon grace does not cancel a stream someone reads over SSE, and the
+    observer counts it among the streams being delivered.
     """
-    observer.delivery_started()
+    service.reader_started(stream_id)
+    service.observer.delivery_started()
     try:
-        async with contextlib.aclosing(_sse_events(log, stream_id, completion,
+        async with contextlib.aclosing(_sse_events(service.log, stream_id, completion,
                                                    from_offset=from_offset,
                                                    role=role)) as events:
             async for event in events:
                 yield event
     finally:
-        observer.delivery_ended()
+        service.observer.delivery_ended()
+        service.reader_ended(stream_id)
 
 
 async def _sse_events(log: TokenLog, stream_id: str, completion: Completion, *,
@@ -441,8 +446,8 @@ async def stream_events(request: Request) -> Response:
     lost = await read_error_soon(service.log, stream_id, from_offset, FIRST_EVENT_WAIT_S)
     if isinstance(lost, StreamTruncated):
         raise _read_error(lost)
-    events = sse_events(service.log, stream_id, _completion_of(info, service),
-                        from_offset=from_offset, role=role, observer=service.observer)
+    events = sse_events(service, stream_id, _completion_of(info, service),
+                        from_offset=from_offset, role=role)
     return EventStreamResponse(events, on_disconnect=lambda: None,
                                headers={"X-Bargein-Stream-Id": stream_id})
 
