@@ -76,7 +76,7 @@ from session.errors import OffsetOutOfRange, StreamNotFound, StreamTruncated, To
 from session.read_probe import read_error_soon
 from session.service import Owner, Service
 from session.session import Submit, SubmitFailed
-from session.sse import event_id, format_event, parse_event_id
+from session.sse import event_id, format_event, parse_event_id, parse_offset
 from session.token_log import EndError, LogEntry, StreamEnd, StreamInfo, TokenLog
 
 DONE = format_event("[DONE]")
@@ -419,10 +419,11 @@ def _resume_position(request: Request, stream_id: str) -> tuple[int, bool]:
             raise ApiError(f"Last-Event-ID names stream {last_stream!r}, not {stream_id!r}",
                            param="Last-Event-ID")
         return end, False
-    raw = request.query_params.get("from", "0")
-    if not raw.isascii() or not raw.isdecimal():
-        raise ApiError(f"'from' must be a token offset >= 0, got {raw[:40]!r}", param="from")
-    return int(raw), int(raw) == 0
+    try:
+        from_offset = parse_offset(request.query_params.get("from", "0"), "'from'")
+    except ValueError as exc:
+        raise ApiError(str(exc), param="from") from exc
+    return from_offset, from_offset == 0
 
 
 async def stream_events(request: Request) -> Response:
