@@ -23,8 +23,10 @@ the usage chunk, ``[DONE]``) add no token and carry no ``id:`` field: they
 keep the stream's last id, so resuming from it replays just them.
 
 Only the principal that created a stream can read or cancel it (anyone else
-gets the same 404 as for an unknown stream). Until API keys exist the
-principal is ``"anonymous"``, or a hash of the bearer key when one is sent.
+gets the same 404 as for an unknown stream): ``"anonymous"``, or a hash of
+the bearer key when one is sent. Rate limits and caps count against the
+request's limit key instead (app/auth.py: the key with API keys configured,
+else the client's address).
 
 Disconnect: when the client of a streamed or non-streamed completion goes
 away before the end, the request's ``bargein_on_disconnect`` (or the server's
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import time
@@ -194,7 +197,9 @@ async def _complete(request: Request,
     service = _service(request)
     body = await _read_json(request, service.config.max_frame_bytes)
     chat = parse(body, service.config)
-    completion, stream_id = await _submit(service, chat, principal_of(request.headers))
+    owner = Owner(principal=principal_of(request.headers), session_id="",
+                  limit_key=request.scope.get("state", {}).get("limit_key"))
+    completion, stream_id = await _submit(service, chat, owner)
     policy = chat.on_disconnect or service.config.on_disconnect
 
     def on_disconnect() -> None:
@@ -217,9 +222,10 @@ async def _complete(request: Request,
     return JSONResponse(body_or_gone, headers={"X-Bargein-Stream-Id": stream_id})
 
 
-async def _submit(service: Service, chat: AnyRequest, principal: str
+async def _submit(service: Service, chat: AnyRequest, caller: Owner
                   ) -> tuple[Completion, str]:
-    """Create the stream and submit its request, as a ``response.create`` would.
+    """Create the stream and submit its request for ``caller`` (its principal and
+    limit key), as a ``response.create`` would.
 
     Raises ApiError: the prompt does not fit (400 ``context_length_exceeded``),
     admission refused it (``rate_limited``: 429, ``overloaded``: 503, both with
@@ -236,8 +242,8 @@ async def _submit(service: Service, chat: AnyRequest, principal: str
                             kind="text" if legacy else "chat")
     action = Submit(response_id=completion.completion_id, stream_id=stream_id,
                     messages=messages, params=chat.params, prompt=prompt)
-    owner = Owner(principal=principal,
-                  session_id=origin_session_id(completion.created, chat.include_usage))
+    owner = dataclasses.replace(
+        caller, session_id=origin_session_id(completion.created, chat.include_usage))
     result = await service.submit(action, owner, service.clock())
     if isinstance(result, SubmitFailed):
         if result.code is pe.ErrorCode.PROMPT_TOO_LONG:

@@ -49,7 +49,7 @@ class _LiveStream:
     logged_end: int = 0  # offset after the last token written to the log
     abort_requested_at: float | None = None
     abort_reason: FinishReason | None = None  # what the accepted cancel asked for
-    principal: str = ""
+    principal: str = ""  # its owner's admission key (told when it ended)
     admitted_at: float = 0.0  # service clock when admission let it in
     started: bool = False  # its first token (or its end) came: it left the queue
     released: bool = False  # the connection that created it closed
@@ -61,11 +61,22 @@ class _LiveStream:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Owner:
-    """Who submits: the principal (for resume tokens) and their session."""
+    """Who submits: the principal (for resume tokens) and their session.
+
+    ``limit_key``: who admission's rate limits and caps count against
+    (without API keys, the client's address: see app/auth.py); None: the
+    principal.
+    """
 
     principal: str
     session_id: str
     on_finish: OnFinish | None = None
+    limit_key: str | None = None
+
+    @property
+    def admission_key(self) -> str:
+        """The key of this owner's admission state."""
+        return self.limit_key or self.principal
 
 
 class Service:
@@ -162,16 +173,16 @@ class Service:
         engine output of this request can reach the loop.
         """
         admitted_at = self.clock()
-        refusal = self.admission.check_request(owner.principal, admitted_at)
+        refusal = self.admission.check_request(owner.admission_key, admitted_at)
         if refusal is not None:
             return self._refused(action, refusal)
         try:
             result = await self._submit_admitted(action, owner, now, admitted_at)
         except BaseException:
-            self.admission.cancelled(owner.principal)
+            self.admission.cancelled(owner.admission_key)
             raise
         if isinstance(result, SubmitFailed):
-            self.admission.cancelled(owner.principal)
+            self.admission.cancelled(owner.admission_key)
         return result
 
     def _refused(self, action: Submit, refusal: Refusal) -> SubmitFailed:
@@ -186,7 +197,7 @@ class Service:
         if len(ids) >= self.max_model_len:
             return self._too_long(action, len(ids))
         refusal = self.admission.charge_tokens(
-            owner.principal, len(ids) + action.params.max_tokens, self.clock())
+            owner.admission_key, len(ids) + action.params.max_tokens, self.clock())
         if refusal is not None:
             return self._refused(action, refusal)
         try:
@@ -217,7 +228,7 @@ class Service:
                                 message="the engine is not running")
         live = self._live[action.stream_id] = _LiveStream(response_id=action.response_id,
                                                           on_finish=owner.on_finish,
-                                                          principal=owner.principal,
+                                                          principal=owner.admission_key,
                                                           admitted_at=admitted_at)
         queue_time_s = self.admission.config.max_queue_time_s
         if queue_time_s and self._loop is not None:
