@@ -198,7 +198,8 @@ async def _complete(request: Request,
     body = await _read_json(request, service.config.max_frame_bytes)
     chat = parse(body, service.config)
     owner = Owner(principal=principal_of(request.headers), session_id="",
-                  limit_key=request.scope.get("state", {}).get("limit_key"))
+                  limit_key=request.scope.get("state", {}).get("limit_key"),
+                  connection=_connection_of(request))
     completion, stream_id = await _submit(service, chat, owner)
     policy = chat.on_disconnect or service.config.on_disconnect
 
@@ -220,6 +221,13 @@ async def _complete(request: Request,
         on_disconnect()
         return Response(status_code=499)  # nobody reads it: the client is gone
     return JSONResponse(body_or_gone, headers={"X-Bargein-Stream-Id": stream_id})
+
+
+def _connection_of(request: Request) -> str:
+    """The TCP connection a request came on (its peer address and port): it
+    tokenizes one prompt at a time, as a WebSocket connection does."""
+    client = request.scope.get("client")
+    return f"http:{client[0]}:{client[1]}" if client else f"http:{uuid.uuid4().hex}"
 
 
 async def _submit(service: Service, chat: AnyRequest, caller: Owner

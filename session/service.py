@@ -3,8 +3,10 @@
 One :class:`Service` per process. It
 
 - turns a session's :class:`~session.session.Submit` into an engine request:
-  the chat template is applied off the event loop (``asyncio.to_thread``),
-  the stream is created in the log, then the request goes to the runner;
+  text too long to fit the context is refused before any tokenizing, the
+  chat template is applied off the event loop (``asyncio.to_thread``, one
+  at a time per connection), the stream is created in the log, then the
+  request goes to the runner;
 - listens to the runner's steps: one ``call_soon_threadsafe`` per engine step
   hands the step's outputs to the event loop, and one ``write_step`` per step
   puts them into the token log (in step order, by one writer task);
@@ -26,7 +28,13 @@ from engine.errors import EngineStoppedError, PromptTooLongError
 from engine.request import EngineRequest, FinishReason, RequestOutput
 from protocol import events as pe
 from session.admission import Admission, AdmissionConfig, Refusal
-from session.chat import prompt_ids
+from session.chat import (
+    OneAtATime,
+    longest_token_bytes,
+    max_prompt_bytes,
+    prompt_bytes,
+    prompt_ids,
+)
 from session.config import SessionConfig
 from session.errors import StreamFenced, TokenLogUnavailable
 from session.observer import NullObserver, SessionObserver
@@ -65,13 +73,16 @@ class Owner:
 
     ``limit_key``: who admission's rate limits and caps count against
     (without API keys, the client's address: see app/auth.py); None: the
-    principal.
+    principal. ``connection``: the client connection submitting, which has
+    at most one prompt being tokenized at a time; None: the session (a
+    WebSocket connection has one).
     """
 
     principal: str
     session_id: str
     on_finish: OnFinish | None = None
     limit_key: str | None = None
+    connection: str | None = None  # one tokenization at a time each; None: session_id
 
     @property
     def admission_key(self) -> str:
@@ -127,6 +138,8 @@ class Service:
         self._steps: asyncio.Queue[tuple[float, list[RequestOutput]]] = asyncio.Queue()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._writer: asyncio.Task[None] | None = None
+        self._tokenizing = OneAtATime()  # one tokenization in flight per connection
+        self._max_prompt_bytes: int | None = None  # None: no bound before tokenizing
 
     @property
     def max_model_len(self) -> int:
@@ -136,6 +149,9 @@ class Service:
     async def start(self) -> None:
         """Attach to the runner and start the log writer (on the event loop)."""
         self._loop = asyncio.get_running_loop()
+        token_bytes = await asyncio.to_thread(longest_token_bytes, self.runner.tokenizer)
+        if token_bytes is not None:
+            self._max_prompt_bytes = max_prompt_bytes(token_bytes, self.max_model_len)
         self._writer = asyncio.create_task(self._write_steps(), name="token-log-writer")
         self.runner.add_step_listener(self._on_engine_step)
         if self.cluster is not None:
@@ -192,8 +208,12 @@ class Service:
 
     async def _submit_admitted(self, action: Submit, owner: Owner, now: float,
                                admitted_at: float) -> Submitted | SubmitFailed:
-        ids = await asyncio.to_thread(prompt_ids, self.runner.tokenizer, action.messages,
-                                      action.prompt)
+        num_bytes = prompt_bytes(action.messages, action.prompt)
+        if self._max_prompt_bytes is not None and num_bytes > self._max_prompt_bytes:
+            return self._too_long_text(action, num_bytes)  # no tokenizing: it cannot fit
+        async with self._tokenizing.hold(owner.connection or owner.session_id):
+            ids = await asyncio.to_thread(prompt_ids, self.runner.tokenizer,
+                                          action.messages, action.prompt)
         if len(ids) >= self.max_model_len:
             return self._too_long(action, len(ids))
         refusal = self.admission.charge_tokens(
@@ -247,6 +267,13 @@ class Service:
             response_id=action.response_id, code=pe.ErrorCode.PROMPT_TOO_LONG,
             message=f"the prompt has {num_tokens} tokens; the context holds "
                     f"{self.max_model_len} (prompt plus at least one new token)")
+
+    def _too_long_text(self, action: Submit, num_bytes: int) -> SubmitFailed:
+        self.observer.rejected(pe.ErrorCode.PROMPT_TOO_LONG.value, response_id=action.response_id)
+        return SubmitFailed(
+            response_id=action.response_id, code=pe.ErrorCode.PROMPT_TOO_LONG,
+            message=f"the prompt has {num_bytes} bytes of text: more than the context of "
+                    f"{self.max_model_len} tokens can hold")
 
     async def _end_unsubmitted(self, stream_id: str, num_prompt_tokens: int) -> None:
         """Close a stream whose request the runner refused (readers must not hang)."""
