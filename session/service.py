@@ -147,9 +147,11 @@ class Service:
         return int(self.runner.max_model_len)
 
     async def start(self) -> None:
-        """Attach to the runner and start the log writer (on the event loop)."""
+        """Attach to the runner, measure its tokenizer (the prompt text bound, see
+        session/chat.py) and start the log writer (on the event loop)."""
         self._loop = asyncio.get_running_loop()
-        token_bytes = await asyncio.to_thread(longest_token_bytes, self.runner.tokenizer)
+        token_bytes = await asyncio.to_thread(longest_token_bytes,
+                                              getattr(self.runner, "tokenizer", None))
         if token_bytes is not None:
             self._max_prompt_bytes = max_prompt_bytes(token_bytes, self.max_model_len)
         self._writer = asyncio.create_task(self._write_steps(), name="token-log-writer")
