@@ -32,13 +32,24 @@ answers with 403.
 
 The caller's *principal* is put in ``scope["state"]["principal"]``:
 ``"key:<first 32 hex of sha256(key)>"`` (the same as
-:func:`app.openai_api.principal_of`), or ``"anonymous"`` without a key. Keys
-are kept only as their SHA-256 digests, and never logged.
+:func:`app.openai_api.principal_of`), or ``"anonymous"`` without a key. It
+owns what the caller creates (streams, sessions, resume tokens). Keys are
+kept only as their SHA-256 digests, and never logged.
+
+The *limit key* (``scope["state"]["limit_key"]``) is who the rate limits and
+caps of :mod:`session.admission` count against: the principal when API keys
+are configured (every request carries a valid one), else the client's
+address (:func:`address_key`). Without keys any bearer string is accepted,
+so a string is no identity: a client rotating it would get fresh limits with
+each one. ``X-Forwarded-For`` is not trusted (any client can write it): behind
+a reverse proxy every client shares the proxy's address, so such deployments
+configure API keys.
 """
 
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
@@ -84,6 +95,29 @@ def key_digest(key: str) -> str:
 def principal_for(key: str | None) -> str:
     """The principal of a caller presenting ``key`` (``"anonymous"`` for none)."""
     return ANONYMOUS if not key else "key:" + key_digest(key)[:32]
+
+
+# IPv6 hosts get a whole /64 (SLAAC, privacy addresses): one limit key for it,
+# or a host could rotate through 2**64 addresses of its own.
+IPV6_LIMIT_PREFIX = 64
+
+
+def address_key(scope: Scope) -> str:
+    """The limit key of a caller known only by its address: ``addr:<IPv4>``,
+    ``addr:<IPv6 /64 network>``, or ``addr:unknown`` (a Unix socket, a test
+    client without a peer address)."""
+    client = scope.get("client")
+    if not client:
+        return "addr:unknown"
+    try:
+        ip = ipaddress.ip_address(client[0])
+    except ValueError:
+        return "addr:unknown"
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return f"addr:{ip.ipv4_mapped}"
+        return f"addr:{ipaddress.ip_network(f'{ip}/{IPV6_LIMIT_PREFIX}', strict=False)}"
+    return f"addr:{ip}"
 
 
 def load_api_keys(spec: str | None) -> frozenset[str]:
@@ -179,7 +213,12 @@ class AuthMiddleware:
             await self.app(scope, receive, send)
             return
         key = presented_key(scope)
-        scope.setdefault("state", {})["principal"] = principal_for(key)
+        state = scope.setdefault("state", {})
+        state["principal"] = principal_for(key)
+        # With keys, a valid key is an identity; without, any string passes,
+        # so limits count against the address instead (see the module doc).
+        state["limit_key"] = state["principal"] if self.config.key_digests \
+            else address_key(scope)
         if self.config.is_protected(scope["path"]):
             refusal = self._refusal(scope, key)
             if refusal is not None:

@@ -23,8 +23,10 @@ the usage chunk, ``[DONE]``) add no token and carry no ``id:`` field: they
 keep the stream's last id, so resuming from it replays just them.
 
 Only the principal that created a stream can read or cancel it (anyone else
-gets the same 404 as for an unknown stream). Until API keys exist the
-principal is ``"anonymous"``, or a hash of the bearer key when one is sent.
+gets the same 404 as for an unknown stream): ``"anonymous"``, or a hash of
+the bearer key when one is sent. Rate limits and caps count against the
+request's limit key instead (app/auth.py: the key with API keys configured,
+else the client's address).
 
 Disconnect: when the client of a streamed or non-streamed completion goes
 away before the end, the request's ``bargein_on_disconnect`` (or the server's
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import time
@@ -73,11 +76,10 @@ from protocol import events as pe
 from session.config import SessionConfig
 from session.delivery import relayed_code, truncated_message
 from session.errors import OffsetOutOfRange, StreamNotFound, StreamTruncated, TokenLogUnavailable
-from session.observer import SessionObserver
 from session.read_probe import read_error_soon
 from session.service import Owner, Service
 from session.session import Submit, SubmitFailed
-from session.sse import event_id, format_event, parse_event_id
+from session.sse import event_id, format_event, parse_event_id, parse_offset
 from session.token_log import EndError, LogEntry, StreamEnd, StreamInfo, TokenLog
 
 DONE = format_event("[DONE]")
@@ -195,16 +197,22 @@ async def _complete(request: Request,
     service = _service(request)
     body = await _read_json(request, service.config.max_frame_bytes)
     chat = parse(body, service.config)
-    completion, stream_id = await _submit(service, chat, principal_of(request.headers))
+    owner = Owner(principal=principal_of(request.headers), session_id="",
+                  limit_key=request.scope.get("state", {}).get("limit_key"),
+                  connection=_connection_of(request))
+    completion, stream_id = await _submit(service, chat, owner)
     policy = chat.on_disconnect or service.config.on_disconnect
 
     def on_disconnect() -> None:
+        # As a WebSocket's close: "cancel" aborts; "continue" releases the
+        # stream, so the abandon grace cancels it unless someone resumes it.
         if policy == "cancel":
             service.abort(stream_id, FinishReason.CANCELLED, service.clock())
+        else:
+            service.release(stream_id)
 
     if chat.stream:
-        events = sse_events(service.log, stream_id, completion, from_offset=0, role=True,
-                            observer=service.observer)
+        events = sse_events(service, stream_id, completion, from_offset=0, role=True)
         return EventStreamResponse(events, on_disconnect=on_disconnect,
                                    headers={"X-Bargein-Stream-Id": stream_id})
     collect = _collect(service.log, stream_id, completion)
@@ -215,9 +223,17 @@ async def _complete(request: Request,
     return JSONResponse(body_or_gone, headers={"X-Bargein-Stream-Id": stream_id})
 
 
-async def _submit(service: Service, chat: AnyRequest, principal: str
+def _connection_of(request: Request) -> str:
+    """The TCP connection a request came on (its peer address and port): it
+    tokenizes one prompt at a time, as a WebSocket connection does."""
+    client = request.scope.get("client")
+    return f"http:{client[0]}:{client[1]}" if client else f"http:{uuid.uuid4().hex}"
+
+
+async def _submit(service: Service, chat: AnyRequest, caller: Owner
                   ) -> tuple[Completion, str]:
-    """Create the stream and submit its request, as a ``response.create`` would.
+    """Create the stream and submit its request for ``caller`` (its principal and
+    limit key), as a ``response.create`` would.
 
     Raises ApiError: the prompt does not fit (400 ``context_length_exceeded``),
     admission refused it (``rate_limited``: 429, ``overloaded``: 503, both with
@@ -234,8 +250,8 @@ async def _submit(service: Service, chat: AnyRequest, principal: str
                             kind="text" if legacy else "chat")
     action = Submit(response_id=completion.completion_id, stream_id=stream_id,
                     messages=messages, params=chat.params, prompt=prompt)
-    owner = Owner(principal=principal,
-                  session_id=origin_session_id(completion.created, chat.include_usage))
+    owner = dataclasses.replace(
+        caller, session_id=origin_session_id(completion.created, chat.include_usage))
     result = await service.submit(action, owner, service.clock())
     if isinstance(result, SubmitFailed):
         if result.code is pe.ErrorCode.PROMPT_TOO_LONG:
@@ -298,27 +314,30 @@ def _whole_body(completion: Completion, text: str, end: StreamEnd) -> dict[str, 
 
 # ---- SSE ---------------------------------------------------------------------------
 
-async def sse_events(log: TokenLog, stream_id: str, completion: Completion, *,
-                     from_offset: int, role: bool,
-                     observer: SessionObserver) -> AsyncGenerator[bytes, None]:
+async def sse_events(service: Service, stream_id: str, completion: Completion, *,
+                     from_offset: int, role: bool) -> AsyncGenerator[bytes, None]:
     """The SSE events of a stream from ``from_offset``: chunks, then ``[DONE]``.
 
     ``role``: start with the chunk that announces the assistant role (id
     ``<stream_id>:0``), as OpenAI streams do; a resume from an id has had it.
     A stream that cannot be read (expired meanwhile, log down), or whose
     request was dropped from the queue at its deadline (``overloaded``), ends
-    with an OpenAI error event instead of ``[DONE]``. ``observer`` counts it
-    among the streams being delivered while it runs, as a WebSocket delivery.
+    with an OpenAI error event instead of ``[DONE]``. While it runs it is
+    one of the stream's readers, as a WebSocket delivery is: the service's
+    abandon grace does not cancel a stream someone reads over SSE, and the
+    observer counts it among the streams being delivered.
     """
-    observer.delivery_started()
+    service.reader_started(stream_id)
+    service.observer.delivery_started()
     try:
-        async with contextlib.aclosing(_sse_events(log, stream_id, completion,
+        async with contextlib.aclosing(_sse_events(service.log, stream_id, completion,
                                                    from_offset=from_offset,
                                                    role=role)) as events:
             async for event in events:
                 yield event
     finally:
-        observer.delivery_ended()
+        service.observer.delivery_ended()
+        service.reader_ended(stream_id)
 
 
 async def _sse_events(log: TokenLog, stream_id: str, completion: Completion, *,
@@ -414,10 +433,11 @@ def _resume_position(request: Request, stream_id: str) -> tuple[int, bool]:
             raise ApiError(f"Last-Event-ID names stream {last_stream!r}, not {stream_id!r}",
                            param="Last-Event-ID")
         return end, False
-    raw = request.query_params.get("from", "0")
-    if not raw.isascii() or not raw.isdecimal():
-        raise ApiError(f"'from' must be a token offset >= 0, got {raw[:40]!r}", param="from")
-    return int(raw), int(raw) == 0
+    try:
+        from_offset = parse_offset(request.query_params.get("from", "0"), "'from'")
+    except ValueError as exc:
+        raise ApiError(str(exc), param="from") from exc
+    return from_offset, from_offset == 0
 
 
 async def stream_events(request: Request) -> Response:
@@ -441,8 +461,8 @@ async def stream_events(request: Request) -> Response:
     lost = await read_error_soon(service.log, stream_id, from_offset, FIRST_EVENT_WAIT_S)
     if isinstance(lost, StreamTruncated):
         raise _read_error(lost)
-    events = sse_events(service.log, stream_id, _completion_of(info, service),
-                        from_offset=from_offset, role=role, observer=service.observer)
+    events = sse_events(service, stream_id, _completion_of(info, service),
+                        from_offset=from_offset, role=role)
     return EventStreamResponse(events, on_disconnect=lambda: None,
                                headers={"X-Bargein-Stream-Id": stream_id})
 

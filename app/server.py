@@ -314,8 +314,10 @@ async def realtime(ws: WebSocket) -> None:
     server = state.settings.server
     writer = Outgoing(ws, fmt, max_bytes=server.max_outgoing_bytes,
                       slow_timeout_s=server.slow_client_timeout_s)
+    scope_state = ws.scope.get("state", {})  # set by app.auth.AuthMiddleware
     connection = Connection(state.service, writer.send,
-                            principal=ws.scope.get("state", {}).get("principal", "anonymous"))
+                            principal=scope_state.get("principal", "anonymous"),
+                            limit_key=scope_state.get("limit_key"))
     set_ids(session_id=connection.session.session_id)  # on this connection's log lines
     state.observer.connected()
     code: int = CloseCode.NORMAL

@@ -245,11 +245,13 @@ def _add_limit_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]
          "nothing generated) when it passes; a prefill under way is never dropped (0: no "
          "bound)")
     _add(parser, env, "--max-responses-per-key", a.max_active_per_principal, int,
-         "responses one API key has generating at once (0: no cap)")
+         "responses one API key (without keys: one client address) has generating at "
+         "once (0: no cap)")
     _add(parser, env, "--rate-limit-requests", a.rate_limit_requests, float,
-         "requests per second per API key (0: off)")
+         "requests per second per API key, or per client address without keys (0: off)")
     _add(parser, env, "--rate-limit-tokens", a.rate_limit_tokens, float,
-         "prompt + max_tokens per second per API key (0: off)")
+         "prompt + max_tokens per second per API key, or per client address without "
+         "keys (0: off)")
 
 
 def _limits_from_args(args: argparse.Namespace) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 
 Only rules that hold for every server are here; limits a server announces in
 ``session.created`` (``max_tokens``, prompt length) are the session's to
-enforce, since the codec does not know them.
+enforce, since the codec does not know them. Every offset and count is
+bounded here by :data:`protocol.events.MAX_OFFSET`, so no layer below the
+codec sees a number that does not fit the places it goes.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any
 
 from protocol.errors import ProtocolError
 from protocol.events import (
+    MAX_OFFSET,
     ClientEvent,
     ErrorCode,
     ResponseCancel,
@@ -42,14 +45,12 @@ def check_rules(event: ClientEvent) -> None:
 def _check_sampling(params: Any, path: str) -> None:
     """Rules shared by ``response.create`` and ``session.defaults``."""
     p = f"{path}." if path else ""
-    if params.max_tokens is not None and params.max_tokens < 1:
-        raise _bad(f"'{p}max_tokens' must be >= 1")
+    _check_count(params.max_tokens, f"{p}max_tokens", low=1)
     if params.temperature is not None and params.temperature < 0:
         raise _bad(f"'{p}temperature' must be >= 0")
     if params.top_p is not None and not 0 < params.top_p <= 1:
         raise _bad(f"'{p}top_p' must be in (0, 1]")
-    if params.top_k is not None and params.top_k < 0:
-        raise _bad(f"'{p}top_k' must be >= 0")
+    _check_count(params.top_k, f"{p}top_k", low=0)
     if params.seed is not None and not 0 <= params.seed <= MAX_SEED:
         raise _bad(f"'{p}seed' must be in [0, 2**63 - 1]")
     if params.stop is not None:
@@ -57,6 +58,12 @@ def _check_sampling(params: Any, path: str) -> None:
             raise _bad(f"'{p}stop' holds at most {MAX_STOP_STRINGS} strings")
         if not all(params.stop):
             raise _bad(f"'{p}stop' strings must be non-empty")
+
+
+def _check_count(value: int | None, name: str, *, low: int) -> None:
+    """An offset or count (None: not given) in ``[low, MAX_OFFSET]``."""
+    if value is not None and not low <= value <= MAX_OFFSET:
+        raise _bad(f"'{name}' must be in [{low}, {MAX_OFFSET}]")
 
 
 def _check_create(event: ResponseCreate) -> None:
@@ -71,15 +78,12 @@ def _check_update(event: SessionUpdate) -> None:
 
 
 def _check_cancel(event: ResponseCancel) -> None:
-    if event.heard_chars is not None and event.heard_chars < 0:
-        raise _bad("'heard_chars' must be >= 0")
-    if event.audio_end_ms is not None and event.audio_end_ms < 0:
-        raise _bad("'audio_end_ms' must be >= 0")
+    _check_count(event.heard_chars, "heard_chars", low=0)
+    _check_count(event.audio_end_ms, "audio_end_ms", low=0)
 
 
 def _check_resume(event: StreamResume) -> None:
-    if event.from_ < 0:
-        raise _bad("'from' must be >= 0")
+    _check_count(event.from_, "from", low=0)
 
 
 _CHECKS: dict[type, Callable[[Any], None]] = {

@@ -35,6 +35,12 @@ past it. Such drops are not departures.
 
 Every refusal carries ``retry_after_ms``: when the bucket refills, or when
 the queue is expected to be short enough again. Sans-I/O: time is an argument.
+
+Principals come and go (without API keys, one per client address), so the
+per-principal table is pruned: a principal with nothing generating whose
+buckets have refilled is in the state a new one would start in, and is
+dropped (:meth:`Admission._evict_idle`). The table holds the principals
+active now or seen within their buckets' refill time, no more.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ from protocol import events as pe
 MIN_RETRY_MS = 100
 MAX_RETRY_MS = 30_000
 MIN_GAPS_TO_ESTIMATE = 4
+MIN_PRINCIPALS_TO_SWEEP = 1024  # the table is swept of idle principals past this size
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -107,6 +114,10 @@ class TokenBucket:
         self.level = min(self.capacity, self.level + (now - self.updated) * self.rate)
         self.updated = now
 
+    def is_full_at(self, now: float) -> bool:
+        """Whether it will have refilled to ``capacity`` by ``now`` (a fresh one's level)."""
+        return self.level + (now - self.updated) * self.rate >= self.capacity
+
     def wait_s(self, amount: float) -> float:
         """Seconds until ``amount`` may be taken (0: now). More than the bucket
         holds may be taken from a full bucket (its level goes below zero)."""
@@ -123,6 +134,11 @@ class _Principal:
     requests: TokenBucket | None = None
     tokens: TokenBucket | None = None
     active: int = 0
+
+    def is_idle(self, now: float) -> bool:
+        """Nothing generating and full buckets: the same as a new principal."""
+        return self.active == 0 and all(b is None or b.is_full_at(now)
+                                        for b in (self.requests, self.tokens))
 
 
 class Admission:
@@ -141,6 +157,7 @@ class Admission:
         self._gaps: deque[tuple[float, float]] = deque()
         self._last_departure: float | None = None
         self._principals: dict[str, _Principal] = {}
+        self._sweep_at = MIN_PRINCIPALS_TO_SWEEP  # table size of the next sweep
 
     def saturated(self) -> bool:
         """The queue is full: a new connection is answered with close 1013."""
@@ -225,11 +242,26 @@ class Admission:
     def _principal(self, principal: str, now: float) -> _Principal:
         state = self._principals.get(principal)
         if state is None:
+            if len(self._principals) >= self._sweep_at:
+                self._evict_idle(now)
             cfg = self.config
             state = self._principals[principal] = _Principal(
                 requests=_bucket(cfg.rate_limit_requests, cfg.burst_s, now, minimum=1.0),
                 tokens=_bucket(cfg.rate_limit_tokens, cfg.burst_s, now, minimum=0.0))
         return state
+
+    def _evict_idle(self, now: float) -> None:
+        """Drop the idle principals (:meth:`_Principal.is_idle`): losing them
+        changes no answer, since a new one starts the same way.
+
+        The next sweep waits until the table has doubled, so sweeping costs
+        O(1) per new principal, amortized, and the table stays within twice
+        the principals active or recently seen (at least the sweep size).
+        """
+        idle = [name for name, state in self._principals.items() if state.is_idle(now)]
+        for name in idle:
+            del self._principals[name]
+        self._sweep_at = max(MIN_PRINCIPALS_TO_SWEEP, 2 * len(self._principals))
 
     def _rate_limited(self, state: _Principal, now: float) -> Refusal | None:
         if state.requests is None:

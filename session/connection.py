@@ -53,13 +53,17 @@ class Connection:
         service: the process's service.
         send: writes one server event; returns once it is on the wire.
         principal: who is connected (API key owner, or ``"anonymous"``).
+        limit_key: who admission limits count against (see app/auth.py);
+            None: the principal.
         clock: monotonic seconds (the ``now`` of every event).
     """
 
     def __init__(self, service: Service, send: SendEvent, *, principal: str = "anonymous",
+                 limit_key: str | None = None,
                  clock: Callable[[], float] | None = None) -> None:
         self.service = service
         self.principal = principal
+        self.limit_key = limit_key
         self.session = Session(service.config)
         self._send = send
         self._clock = clock or service.clock
@@ -169,7 +173,7 @@ class Connection:
 
     async def _submit(self, action: Submit) -> None:
         owner = Owner(principal=self.principal, session_id=self.session.session_id,
-                      on_finish=self._on_finish)
+                      on_finish=self._on_finish, limit_key=self.limit_key)
         result = await self.service.submit(action, owner, self._clock())
         self._owned.add(action.stream_id)
         await self._run(self.session.handle(result, self._clock()))

@@ -3,8 +3,10 @@
 One :class:`Service` per process. It
 
 - turns a session's :class:`~session.session.Submit` into an engine request:
-  the chat template is applied off the event loop (``asyncio.to_thread``),
-  the stream is created in the log, then the request goes to the runner;
+  text too long to fit the context is refused before any tokenizing, the
+  chat template is applied off the event loop (``asyncio.to_thread``, one
+  at a time per connection), the stream is created in the log, then the
+  request goes to the runner;
 - listens to the runner's steps: one ``call_soon_threadsafe`` per engine step
   hands the step's outputs to the event loop, and one ``write_step`` per step
   puts them into the token log (in step order, by one writer task);
@@ -26,7 +28,13 @@ from engine.errors import EngineStoppedError, PromptTooLongError
 from engine.request import EngineRequest, FinishReason, RequestOutput
 from protocol import events as pe
 from session.admission import Admission, AdmissionConfig, Refusal
-from session.chat import prompt_ids
+from session.chat import (
+    OneAtATime,
+    longest_token_bytes,
+    max_prompt_bytes,
+    prompt_bytes,
+    prompt_ids,
+)
 from session.config import SessionConfig
 from session.errors import StreamFenced, TokenLogUnavailable
 from session.observer import NullObserver, SessionObserver
@@ -49,7 +57,7 @@ class _LiveStream:
     logged_end: int = 0  # offset after the last token written to the log
     abort_requested_at: float | None = None
     abort_reason: FinishReason | None = None  # what the accepted cancel asked for
-    principal: str = ""
+    principal: str = ""  # its owner's admission key (told when it ended)
     admitted_at: float = 0.0  # service clock when admission let it in
     started: bool = False  # its first token (or its end) came: it left the queue
     released: bool = False  # the connection that created it closed
@@ -61,11 +69,25 @@ class _LiveStream:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Owner:
-    """Who submits: the principal (for resume tokens) and their session."""
+    """Who submits: the principal (for resume tokens) and their session.
+
+    ``limit_key``: who admission's rate limits and caps count against
+    (without API keys, the client's address: see app/auth.py); None: the
+    principal. ``connection``: the client connection submitting, which has
+    at most one prompt being tokenized at a time; None: the session (a
+    WebSocket connection has one).
+    """
 
     principal: str
     session_id: str
     on_finish: OnFinish | None = None
+    limit_key: str | None = None
+    connection: str | None = None  # one tokenization at a time each; None: session_id
+
+    @property
+    def admission_key(self) -> str:
+        """The key of this owner's admission state."""
+        return self.limit_key or self.principal
 
 
 class Service:
@@ -116,6 +138,8 @@ class Service:
         self._steps: asyncio.Queue[tuple[float, list[RequestOutput]]] = asyncio.Queue()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._writer: asyncio.Task[None] | None = None
+        self._tokenizing = OneAtATime()  # one tokenization in flight per connection
+        self._max_prompt_bytes: int | None = None  # None: no bound before tokenizing
 
     @property
     def max_model_len(self) -> int:
@@ -123,8 +147,13 @@ class Service:
         return int(self.runner.max_model_len)
 
     async def start(self) -> None:
-        """Attach to the runner and start the log writer (on the event loop)."""
+        """Attach to the runner, measure its tokenizer (the prompt text bound, see
+        session/chat.py) and start the log writer (on the event loop)."""
         self._loop = asyncio.get_running_loop()
+        token_bytes = await asyncio.to_thread(longest_token_bytes,
+                                              getattr(self.runner, "tokenizer", None))
+        if token_bytes is not None:
+            self._max_prompt_bytes = max_prompt_bytes(token_bytes, self.max_model_len)
         self._writer = asyncio.create_task(self._write_steps(), name="token-log-writer")
         self.runner.add_step_listener(self._on_engine_step)
         if self.cluster is not None:
@@ -162,16 +191,16 @@ class Service:
         engine output of this request can reach the loop.
         """
         admitted_at = self.clock()
-        refusal = self.admission.check_request(owner.principal, admitted_at)
+        refusal = self.admission.check_request(owner.admission_key, admitted_at)
         if refusal is not None:
             return self._refused(action, refusal)
         try:
             result = await self._submit_admitted(action, owner, now, admitted_at)
         except BaseException:
-            self.admission.cancelled(owner.principal)
+            self.admission.cancelled(owner.admission_key)
             raise
         if isinstance(result, SubmitFailed):
-            self.admission.cancelled(owner.principal)
+            self.admission.cancelled(owner.admission_key)
         return result
 
     def _refused(self, action: Submit, refusal: Refusal) -> SubmitFailed:
@@ -181,12 +210,16 @@ class Service:
 
     async def _submit_admitted(self, action: Submit, owner: Owner, now: float,
                                admitted_at: float) -> Submitted | SubmitFailed:
-        ids = await asyncio.to_thread(prompt_ids, self.runner.tokenizer, action.messages,
-                                      action.prompt)
+        num_bytes = prompt_bytes(action.messages, action.prompt)
+        if self._max_prompt_bytes is not None and num_bytes > self._max_prompt_bytes:
+            return self._too_long_text(action, num_bytes)  # no tokenizing: it cannot fit
+        async with self._tokenizing.hold(owner.connection or owner.session_id):
+            ids = await asyncio.to_thread(prompt_ids, self.runner.tokenizer,
+                                          action.messages, action.prompt)
         if len(ids) >= self.max_model_len:
             return self._too_long(action, len(ids))
         refusal = self.admission.charge_tokens(
-            owner.principal, len(ids) + action.params.max_tokens, self.clock())
+            owner.admission_key, len(ids) + action.params.max_tokens, self.clock())
         if refusal is not None:
             return self._refused(action, refusal)
         try:
@@ -217,7 +250,7 @@ class Service:
                                 message="the engine is not running")
         live = self._live[action.stream_id] = _LiveStream(response_id=action.response_id,
                                                           on_finish=owner.on_finish,
-                                                          principal=owner.principal,
+                                                          principal=owner.admission_key,
                                                           admitted_at=admitted_at)
         queue_time_s = self.admission.config.max_queue_time_s
         if queue_time_s and self._loop is not None:
@@ -236,6 +269,13 @@ class Service:
             response_id=action.response_id, code=pe.ErrorCode.PROMPT_TOO_LONG,
             message=f"the prompt has {num_tokens} tokens; the context holds "
                     f"{self.max_model_len} (prompt plus at least one new token)")
+
+    def _too_long_text(self, action: Submit, num_bytes: int) -> SubmitFailed:
+        self.observer.rejected(pe.ErrorCode.PROMPT_TOO_LONG.value, response_id=action.response_id)
+        return SubmitFailed(
+            response_id=action.response_id, code=pe.ErrorCode.PROMPT_TOO_LONG,
+            message=f"the prompt has {num_bytes} bytes of text: more than the context of "
+                    f"{self.max_model_len} tokens can hold")
 
     async def _end_unsubmitted(self, stream_id: str, num_prompt_tokens: int) -> None:
         """Close a stream whose request the runner refused (readers must not hang)."""

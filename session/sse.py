@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import re
 
+from protocol.events import MAX_OFFSET
+
 MAX_STREAM_ID_CHARS = 128
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")  # the only line ends SSE knows (not str.splitlines')
 
@@ -31,13 +33,31 @@ def parse_event_id(value: str) -> tuple[str, int]:
 
     Raises:
         ValueError: not ``<stream_id>:<end>`` with a non-empty stream id (at
-            most 128 characters) and a decimal ``end >= 0``.
+            most 128 characters) and a decimal ``end``, or ``end`` outside
+            ``[0, MAX_OFFSET]``.
     """
     stream_id, sep, end = value.strip().rpartition(":")
-    if not sep or not stream_id or len(stream_id) > MAX_STREAM_ID_CHARS \
-            or not end.isascii() or not end.isdecimal():
+    if not sep or not stream_id or len(stream_id) > MAX_STREAM_ID_CHARS:
         raise ValueError(f"event id {value[:160]!r} is not '<stream_id>:<end>'")
-    return stream_id, int(end)
+    return stream_id, parse_offset(end, "the event id's end")
+
+
+def parse_offset(text: str, name: str) -> int:
+    """A token offset written in decimal, in ``[0, MAX_OFFSET]``.
+
+    The length is checked before ``int()`` runs: Python refuses to parse more
+    than 4,300 digits (a ValueError of its own, with its own message), and a
+    number of 2**64 and more must never reach the token log (Redis stream ids).
+
+    Raises:
+        ValueError: not ASCII decimal digits, or past ``MAX_OFFSET``; the
+            message names ``name``.
+    """
+    if not text.isascii() or not text.isdecimal():
+        raise ValueError(f"{name} must be a token offset >= 0, got {text[:40]!r}")
+    if len(text.lstrip("0")) > len(str(MAX_OFFSET)) or int(text) > MAX_OFFSET:
+        raise ValueError(f"{name} must be at most {MAX_OFFSET}, got {text[:40]!r}")
+    return int(text)
 
 
 def format_event(data: str, *, event_id: str | None = None) -> bytes:

@@ -10,6 +10,7 @@ from protocol import events as ev
 text = st.text(st.characters(codec="utf-8"), max_size=20)
 ids = st.text(st.characters(codec="utf-8"), min_size=1, max_size=64)
 counts = st.integers(0, 2**63 - 1)
+client_counts = st.integers(0, ev.MAX_OFFSET)  # what a client may send (offsets, counts)
 
 
 def _opt(strategy: st.SearchStrategy) -> st.SearchStrategy:  # type: ignore[type-arg]
@@ -19,7 +20,7 @@ def _opt(strategy: st.SearchStrategy) -> st.SearchStrategy:  # type: ignore[type
 event_id = _opt(st.text(st.characters(codec="utf-8"), max_size=64))
 stop = st.lists(st.text(st.characters(codec="utf-8"), min_size=1, max_size=8), max_size=4).map(tuple)
 sampling = {
-    "max_tokens": _opt(st.integers(1, 2**31)),
+    "max_tokens": _opt(st.integers(1, ev.MAX_OFFSET)),
     "temperature": _opt(st.floats(0, 100, allow_nan=False) | st.integers(0, 5).map(float)),
     "top_p": _opt(st.floats(0, 1, exclude_min=True)),
     "top_k": _opt(st.integers(0, 50_000)),
@@ -47,9 +48,9 @@ client_events = st.one_of(
         **sampling,
     ),
     st.builds(
-        ev.ResponseCancel, response_id=ids, heard_chars=_opt(counts), audio_end_ms=_opt(counts), event_id=event_id
+        ev.ResponseCancel, response_id=ids, heard_chars=_opt(client_counts), audio_end_ms=_opt(client_counts), event_id=event_id
     ),
-    st.builds(ev.StreamResume, stream_id=ids, resume_token=text, from_=counts, event_id=event_id),
+    st.builds(ev.StreamResume, stream_id=ids, resume_token=text, from_=client_counts, event_id=event_id),
     st.builds(ev.SessionResume, session_id=ids, session_token=text, event_id=event_id),
     st.builds(ev.Ping, event_id=event_id),
 )

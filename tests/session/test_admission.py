@@ -116,3 +116,26 @@ def test_config_validation() -> None:
         AdmissionConfig(max_waiting=-1)
     with pytest.raises(ValueError, match="burst_s"):
         AdmissionConfig(burst_s=0)
+
+
+def test_idle_principals_are_evicted_so_the_table_stays_bounded() -> None:
+    admission = Admission(AdmissionConfig(rate_limit_requests=1.0, rate_limit_tokens=100.0,
+                                          burst_s=1.0, max_active_per_principal=4))
+    busy = "busy"
+    assert admission.check_request(busy, now=0.0) is None  # active: never evicted
+    for i in range(20_000):  # a new principal every 10 ms, each idle at once
+        now = i * 0.01
+        assert admission.check_request(f"p{i}", now=now) is None
+        assert admission.charge_tokens(f"p{i}", 10, now=now) is None
+        admission.ended(f"p{i}")
+        admission.started(now, admitted_at=now)
+    # Only principals whose buckets have not refilled yet (the last second's)
+    # and the active one are kept, give or take the sweep's doubling.
+    assert len(admission._principals) <= 2 * (100 + 1) + 1024
+    assert busy in admission._principals
+    # An evicted principal starts again with full buckets, as it would have had.
+    assert admission.check_request("p0", now=200.0) is None
+    # The one still active keeps its count: the cap still applies to it.
+    for _ in range(3):
+        assert admission.check_request(busy, now=200.0 + _) is None
+    assert admission.check_request(busy, now=210.0) is not None

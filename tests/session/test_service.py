@@ -180,3 +180,49 @@ async def test_nothing_is_logged_once_a_cancel_is_accepted() -> None:
     assert isinstance(end, StreamEnd)
     assert (end.end, end.completion_tokens, end.finish_reason) == (2, 2, "interrupted")
     assert finished[0].text == "Hello"  # the turn, like the stream, stops before " you"
+
+
+class BlockingTemplate:
+    """A chat template that holds each render until released, counting how
+    many run at once per conversation (its first message's content)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.lock = threading.Lock()
+        self.running: dict[str, int] = {}
+        self.most: dict[str, int] = {}
+
+    def apply_chat_template(self, conversation: list[dict[str, str]], **kwargs: object
+                            ) -> list[int]:
+        key = conversation[0]["content"]
+        with self.lock:
+            self.running[key] = self.running.get(key, 0) + 1
+            self.most[key] = max(self.most.get(key, 0), self.running[key])
+        self.release.wait(timeout=10)
+        with self.lock:
+            self.running[key] -= 1
+        return [1, 2, 3]
+
+
+async def test_one_connection_tokenizes_one_prompt_at_a_time() -> None:
+    engine, log = ThreadedEngine(), CountingLog()
+    engine.tokenizer = BlockingTemplate()  # type: ignore[assignment]
+    service = Service(engine, log, SessionConfig(), secret=b"k")
+    await service.start()
+
+    def submit(n: int, connection: str) -> Any:
+        action = Submit(response_id=f"r{n}", stream_id=f"s{n}",
+                        messages=(Message(role="user", content=connection),),
+                        params=SamplingParams(max_tokens=4))
+        return service.submit(action, Owner(principal="p", session_id=connection), 0.0)
+
+    pending = [asyncio.ensure_future(submit(n, conn))
+               for n, conn in enumerate(["a", "a", "a", "b", "b"])]
+    while sum(engine.tokenizer.running.values()) < 2:  # "a" and "b" both started
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.1)  # a second render of "a" or "b" would have started by now
+    engine.tokenizer.release.set()
+    results = await asyncio.gather(*pending)
+    await service.stop()
+    assert all(isinstance(r, Submitted) for r in results)
+    assert engine.tokenizer.most == {"a": 1, "b": 1}

@@ -34,3 +34,10 @@ def test_event_ids_round_trip() -> None:
 def test_malformed_ids_are_refused(bad: str) -> None:
     with pytest.raises(ValueError):
         parse_event_id(bad)
+
+
+@pytest.mark.parametrize("end", ["9" * 5000, str(2**64), str(2**31)])
+def test_ids_past_the_largest_offset_are_refused_without_parsing_them(end: str) -> None:
+    with pytest.raises(ValueError, match="at most"):
+        parse_event_id(f"abc:{end}")
+    assert parse_event_id(f"abc:{2**31 - 1}") == ("abc", 2**31 - 1)
