@@ -365,7 +365,12 @@ async def _read_loop(ws: WebSocket, connection: Connection, writer: Outgoing,
 
 
 async def _receive(ws: WebSocket, stop: asyncio.Event) -> Any:
-    """The next ASGI message, or None once ``stop`` is set."""
+    """The next ASGI message, or None once ``stop`` is set (a message that
+    arrived meanwhile is dropped: the connection is being closed).
+
+    Raises whatever ``ws.receive()`` raises, and CancelledError when the
+    handler itself is cancelled.
+    """
     if stop.is_set():
         return None
     receive = asyncio.ensure_future(ws.receive())
@@ -376,4 +381,10 @@ async def _receive(ws: WebSocket, stop: asyncio.Event) -> Any:
         stopped.cancel()
         if not receive.done():
             receive.cancel()
-    return receive.result() if not receive.cancelled() else None
+            # cancel() only asks: the task ends at its next step. Wait for it,
+            # or result() finds it neither done nor cancelled. asyncio.wait
+            # does not raise the task's CancelledError, only this handler's own.
+            await asyncio.wait((receive,))
+    if stop.is_set() or receive.cancelled():
+        return None
+    return receive.result()

@@ -35,10 +35,14 @@ def raw_upgrade(port: int, *, key: str | None = None, rcvbuf: int | None = None)
 
 
 def masked_text(payload: bytes) -> bytes:
-    """One masked client text frame (payload under 64 KiB)."""
-    assert len(payload) < 65536
+    """One masked client text frame (any length: 7-, 16- or 64-bit length field)."""
     mask = os.urandom(4)
-    body = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+    # XOR through one big integer: a per-byte loop is slow on frames of 100s of KB
+    repeated = (mask * (len(payload) // 4 + 1))[:len(payload)]
+    body = (int.from_bytes(payload, "big") ^ int.from_bytes(repeated, "big")).to_bytes(
+        len(payload), "big")
     if len(payload) < 126:
         return bytes([0x81, 0x80 | len(payload)]) + mask + body
-    return bytes([0x81, 0x80 | 126]) + len(payload).to_bytes(2, "big") + mask + body
+    if len(payload) < 65536:
+        return bytes([0x81, 0x80 | 126]) + len(payload).to_bytes(2, "big") + mask + body
+    return bytes([0x81, 0x80 | 127]) + len(payload).to_bytes(8, "big") + mask + body
