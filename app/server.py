@@ -75,6 +75,8 @@ class AppState:
         observer: feeds them (and the request log) from the sessions.
         shared_runner: a started runner this app serves instead of loading
             one (tests: two servers on one model); the app never shuts it down.
+        writers: the writer of each open ``/v1/realtime`` connection (whether
+            it is over its outgoing bound: tests and debugging).
     """
 
     settings: Settings
@@ -86,6 +88,7 @@ class AppState:
     load_error: str | None = None
     shared_runner: Any = None
     loaded: asyncio.Event = field(default_factory=asyncio.Event)
+    writers: set[Outgoing] = field(default_factory=set)
 
 
 def load_runner(settings: Settings, progress: Progress) -> Any:
@@ -318,6 +321,7 @@ async def realtime(ws: WebSocket) -> None:
                             principal=ws.scope.get("state", {}).get("principal", "anonymous"))
     set_ids(session_id=connection.session.session_id)  # on this connection's log lines
     state.observer.connected()
+    state.writers.add(writer)
     code: int = CloseCode.NORMAL
     try:
         await writer.send(connection.created_event())
@@ -335,6 +339,7 @@ async def realtime(ws: WebSocket) -> None:
         if code == CloseCode.INTERNAL_ERROR:
             logger.exception("connection failed")
     finally:
+        state.writers.discard(writer)
         state.observer.closed()
         await connection.close()
         await writer.close(code)
