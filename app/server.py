@@ -75,6 +75,8 @@ class AppState:
         observer: feeds them (and the request log) from the sessions.
         shared_runner: a started runner this app serves instead of loading
             one (tests: two servers on one model); the app never shuts it down.
+        writers: the writer of each open ``/v1/realtime`` connection (whether
+            it is over its outgoing bound: tests and debugging).
     """
 
     settings: Settings
@@ -86,6 +88,7 @@ class AppState:
     load_error: str | None = None
     shared_runner: Any = None
     loaded: asyncio.Event = field(default_factory=asyncio.Event)
+    writers: set[Outgoing] = field(default_factory=set)
 
 
 def load_runner(settings: Settings, progress: Progress) -> Any:
@@ -320,6 +323,7 @@ async def realtime(ws: WebSocket) -> None:
                             limit_key=scope_state.get("limit_key"))
     set_ids(session_id=connection.session.session_id)  # on this connection's log lines
     state.observer.connected()
+    state.writers.add(writer)
     code: int = CloseCode.NORMAL
     try:
         await writer.send(connection.created_event())
@@ -337,6 +341,7 @@ async def realtime(ws: WebSocket) -> None:
         if code == CloseCode.INTERNAL_ERROR:
             logger.exception("connection failed")
     finally:
+        state.writers.discard(writer)
         state.observer.closed()
         await connection.close()
         await writer.close(code)
@@ -367,7 +372,12 @@ async def _read_loop(ws: WebSocket, connection: Connection, writer: Outgoing,
 
 
 async def _receive(ws: WebSocket, stop: asyncio.Event) -> Any:
-    """The next ASGI message, or None once ``stop`` is set."""
+    """The next ASGI message, or None once ``stop`` is set (a message that
+    arrived meanwhile is dropped: the connection is being closed).
+
+    Raises whatever ``ws.receive()`` raises, and CancelledError when the
+    handler itself is cancelled.
+    """
     if stop.is_set():
         return None
     receive = asyncio.ensure_future(ws.receive())
@@ -378,4 +388,10 @@ async def _receive(ws: WebSocket, stop: asyncio.Event) -> Any:
         stopped.cancel()
         if not receive.done():
             receive.cancel()
-    return receive.result() if not receive.cancelled() else None
+            # cancel() only asks: the task ends at its next step. Wait for it,
+            # or result() finds it neither done nor cancelled. asyncio.wait
+            # does not raise the task's CancelledError, only this handler's own.
+            await asyncio.wait((receive,))
+    if stop.is_set() or receive.cancelled():
+        return None
+    return receive.result()

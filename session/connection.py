@@ -34,6 +34,8 @@ from session.session import (
     State,
     StopDelivery,
     Submit,
+    SubmitFailed,
+    Submitted,
 )
 from session.token_log import StreamEnd
 from session.tokens import (
@@ -92,7 +94,21 @@ class Connection:
 
         ``received_at`` (monotonic seconds, default now) is when its frame
         arrived: the start of the interrupt-latency measurement.
+
+        A token log that fails while this event needs it (unreachable past
+        its retry time, or refusing) fails this event alone: it is answered
+        with an ``error`` (retryable ``internal_error``; ``not_found`` for a
+        stream the log no longer has) echoing its ``event_id`` and
+        ``response_id``, and the connection and its deliveries go on.
         """
+        try:
+            await self._dispatch(event, received_at)
+        except TokenLogError as exc:
+            logger.warning("%s failed, the token log failed: %s", type(event).__name__, exc)
+            await self._send(self._log_failed(event, exc))
+
+    async def _dispatch(self, event: object, received_at: float | None) -> None:
+        """:meth:`handle` itself. Raises TokenLogError from the log."""
         if isinstance(event, pe.StreamResume):
             await self._resume(event)
         elif isinstance(event, pe.ResponseCancel) and (
@@ -114,6 +130,18 @@ class Connection:
             await self._run(actions)
             if isinstance(event, (pe.ResponseCancel, pe.SessionUpdate)):
                 self._saver.request()  # a cut turn, new settings
+
+    @staticmethod
+    def _log_failed(event: object, exc: TokenLogError) -> pe.ErrorEvent:
+        """The ``error`` answering ``event`` when the log failed it with ``exc``
+        (no internals: the log line has them)."""
+        if isinstance(exc, StreamNotFound):
+            code, message = pe.ErrorCode.NOT_FOUND, "stream not found"
+        else:
+            code, message = pe.ErrorCode.INTERNAL_ERROR, "the token log is unavailable; retry later"
+        return pe.ErrorEvent(code=code, message=message, retryable=code.retryable,
+                             event_id=getattr(event, "event_id", None),
+                             response_id=getattr(event, "response_id", None))
 
     def _followed_stream(self, response_id: str) -> str | None:
         """The stream of ``response_id`` if this connection delivers it only
@@ -174,7 +202,17 @@ class Connection:
     async def _submit(self, action: Submit) -> None:
         owner = Owner(principal=self.principal, session_id=self.session.session_id,
                       on_finish=self._on_finish, limit_key=self.limit_key)
-        result = await self.service.submit(action, owner, self._clock())
+        try:
+            result: Submitted | SubmitFailed = await self.service.submit(action, owner,
+                                                                         self._clock())
+        except TokenLogError as exc:
+            # The session waits for the outcome of its submit: give it one, or
+            # it refuses every later response.create as a conflict.
+            logger.warning("response %s not submitted, the token log failed: %s",
+                           action.response_id, exc)
+            result = SubmitFailed(response_id=action.response_id,
+                                  code=pe.ErrorCode.INTERNAL_ERROR,
+                                  message="the token log is unavailable; retry later")
         self._owned.add(action.stream_id)
         await self._run(self.session.handle(result, self._clock()))
         self._saver.request()  # the new turns and the active response

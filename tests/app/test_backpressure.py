@@ -1,12 +1,19 @@
-"""Backpressure: clients that do not read cost no memory and slow nobody down; stuck ones get 4008."""
+"""Backpressure: clients that do not read cost no memory and slow nobody down; stuck ones get 4008.
+
+The silent clients of the end-to-end test fill their buffers for sure (a
+4 KiB kernel send buffer, a 4 KiB receive window, one 96 KiB update answered
+after the answer began): its asserts see every one of them held back, not
+ten answers that fit in the kernel's buffers whether or not the server pushes back.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import gc
 import json
+import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psutil
@@ -14,40 +21,95 @@ import pytest
 
 from app import outgoing
 from app.client import RealtimeClient
+from app.embedded import EmbeddedServer
 from app.outgoing import Outgoing
+from app.settings import ServerConfig, Settings
 from protocol import CloseCode
 from protocol import events as pe
+from session.config import SessionConfig
 from tests.app.conftest import LiveServer
 from tests.app.rawws import masked_text, raw_upgrade
 
 NUM_SILENT = 10
 PROMPT = "Name three colours."
+# What waits in a silent client's writer: one delta of each of its senders, not
+# its answer (about 10 KB of deltas are still to go when its buffers fill).
+MAX_QUEUED_BYTES = 2048
+# One session.update, sent after the response.create, is answered with these
+# instructions echoed: more than the kernel's small buffers plus asyncio's
+# 64 KiB high-water mark hold, so the answer's deltas find the socket full.
+FILLER = "x" * (96 * 1024)
+
+
+@pytest.fixture
+def small_buffers(live_server: LiveServer) -> Iterator[EmbeddedServer]:
+    """A node on live_server's engine with a small kernel send buffer (4 KiB):
+    its buffers toward a silent client fill at a known size."""
+    server = EmbeddedServer(Settings(
+        session=SessionConfig(max_tokens=64, default_max_tokens=32),
+        server=ServerConfig(port=0, log_level="warning")), sndbuf=4096,
+        runner=live_server.state.runner)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _silent_client(server: EmbeddedServer) -> tuple[socket.socket, Outgoing]:
+    """A client that asks for a long answer and one big update, then never
+    reads a byte; with the server's writer of its connection."""
+    before = set(server.state.writers)
+    sock = raw_upgrade(server.port, rcvbuf=4096)
+    create = json.dumps({"type": "response.create", "max_tokens": 64, "input": [
+        {"role": "user", "content": "Tell me a long story."}]}).encode()
+    update = json.dumps({"type": "session.update", "session": {"instructions": FILLER}})
+    sock.sendall(masked_text(create) + masked_text(update.encode()))
+    deadline = time.monotonic() + 30  # a hang guard: the handler starts at once
+    while not (new := set(server.state.writers) - before):
+        assert time.monotonic() < deadline, "the connection never opened"
+        time.sleep(0.01)
+    (writer,) = new
+    return sock, writer
+
+
+async def _read_an_answer(url: str) -> None:
+    async with RealtimeClient(url) as client:
+        await client.chat("Tell me a long story.", max_tokens=64)
 
 
 @pytest.mark.slow
 async def test_clients_that_never_read_leave_memory_flat_and_others_unaffected(
-        live_server: LiveServer) -> None:
-    async with RealtimeClient(live_server.ws_url) as client:
+        live_server: LiveServer, small_buffers: EmbeddedServer) -> None:
+    server = small_buffers
+    async with RealtimeClient(server.ws_url) as client:
         baseline = await client.chat(PROMPT, max_tokens=24, temperature=0.0)
+    # The engine's first batch of this size grows its buffers: not the cost of
+    # silent clients, so it happens before the baseline.
+    await asyncio.gather(*(_read_an_answer(server.ws_url) for _ in range(NUM_SILENT + 1)))
     await live_server.wait_idle()
     gc.collect()
     rss_before = psutil.Process().memory_info().rss
-    create = json.dumps({"type": "response.create", "max_tokens": 64, "input": [
-        {"role": "user", "content": "Tell me a long story."}]}).encode()
-    silent = [raw_upgrade(live_server.port, rcvbuf=4096) for _ in range(NUM_SILENT)]
+    silent: list[tuple[socket.socket, Outgoing]] = []
     try:
-        for sock in silent:
-            sock.sendall(masked_text(create))  # ... and never read a byte again
-        async with RealtimeClient(live_server.ws_url) as client:
+        for _ in range(NUM_SILENT):
+            silent.append(_silent_client(server))
+        async with RealtimeClient(server.ws_url) as client:
             started = time.perf_counter()
             during = await client.chat(PROMPT, max_tokens=24, temperature=0.0)
             other_s = time.perf_counter() - started
         stats = await live_server.wait_idle(timeout_s=180)
+        # Every silent client's answer is generated: its delivery waits on a
+        # full socket (over the bound), or its 4008 came (over it too long).
+        blocked = [writer.too_slow.is_set() or writer.over_bound() for _, writer in silent]
+        queued = [writer.queued_bytes for _, writer in silent]
         gc.collect()
         rss_after = psutil.Process().memory_info().rss
     finally:
-        for sock in silent:
+        for sock, _ in silent:
             sock.close()
+    assert all(blocked), blocked  # backpressure was in play for every one of them
+    assert max(queued) <= MAX_QUEUED_BYTES, queued  # ... and held their answers back
     assert during == baseline  # the other session got its full, identical answer
     assert other_s < 60
     # Generation ran to the end for everyone, and every KV block is free again

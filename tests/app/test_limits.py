@@ -29,6 +29,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from app import outgoing
 from app.client import RealtimeClient, ServerError
 from app.embedded import EmbeddedServer
 from app.settings import ServerConfig, Settings
@@ -37,13 +38,14 @@ from session import service as service_module
 from session.admission import AdmissionConfig
 from session.chat import prompt_ids
 from session.config import SessionConfig
+from tests.app.log_capture import server_log
 from tests.app.rawws import masked_text, raw_upgrade
 
 pytestmark = pytest.mark.slow
 
 KEYS = ("k-alice", "k-bob", "k-sub", "k-origin", "k-rate", "k-http", "k-cap", "k-busy",
         "k-gone", "k-logs", "k-slow", "k-late", "k-late-http", "k-late-busy",
-        "k-chat")
+        "k-chat", "k-stall")
 SLOW_CLIENT_S = 0.5
 GOOD_ORIGIN = "http://chat.example"
 PING_INTERVAL_S = 4.0
@@ -534,30 +536,67 @@ async def _wait_cancelled(server: EmbeddedServer, before: int) -> Any:
 
 # ---- slow clients ------------------------------------------------------------------
 
-async def test_client_that_stops_reading_is_closed_with_4008(guarded: EmbeddedServer) -> None:
-    sock = raw_upgrade(guarded.port, key="k-slow", rcvbuf=4096)
-    try:
-        # Each session.update is answered with the 4 KB of instructions it set; the
-        # client reads none of it, so the server's buffers fill and stay full.
-        update = json.dumps({"type": "session.update",
-                             "session": {"instructions": "x" * 4000}}).encode()
-        flood = masked_text(update) * 100
-        sock.setblocking(False)
-        sent = 0
-        while sent < len(flood):
-            try:
-                sent += sock.send(flood[sent:])
-            except BlockingIOError:
-                break  # the server stopped reading: it is stuck writing to us
-            await asyncio.sleep(0)
-        # Over its bound from now on; well before the first ping (4 s) goes unanswered.
-        await asyncio.sleep(SLOW_CLIENT_S + 0.4)
-        sock.setblocking(True)
-        sock.settimeout(10)
-        code = _close_code(sock)  # the client reads again: after the backlog, the close
-    finally:
-        sock.close()
+def _flood_of_updates(sock: socket.socket) -> None:
+    """Send ``session.update`` frames until the server stops reading them: each
+    is answered with the 4 KB of instructions it set, the client reads none of
+    it, so the server's read loop ends up blocked writing an answer."""
+    update = json.dumps({"type": "session.update",
+                         "session": {"instructions": "x" * 4000}}).encode()
+    flood = masked_text(update) * 100
+    sock.setblocking(False)
+    sent = 0
+    while sent < len(flood):
+        try:
+            sent += sock.send(flood[sent:])
+        except BlockingIOError:
+            break  # the server stopped reading: it is stuck writing to us
+    sock.setblocking(True)
+
+
+def _long_answer_then_one_big_update(sock: socket.socket) -> None:
+    """A long answer, then one ``session.update`` whose answer (its 256 KB of
+    instructions echoed) fills the server's buffers: the read loop gets its
+    frame on the wire and goes back to waiting for the client, while the
+    answer's next delta waits for a client that reads nothing."""
+    create = json.dumps({"type": "response.create", "max_tokens": 64, "input": [
+        {"role": "user", "content": "Write a long poem about the sea."}]}).encode()
+    update = json.dumps({"type": "session.update",
+                         "session": {"instructions": "x" * (256 * 1024)}}).encode()
+    sock.sendall(masked_text(create) + masked_text(update))
+
+
+@pytest.mark.parametrize(("key", "stop_reading"), [
+    ("k-slow", _flood_of_updates),
+    ("k-stall", _long_answer_then_one_big_update)], ids=["read_loop_blocked", "read_loop_idle"])
+async def test_client_that_stops_reading_is_closed_with_4008(
+        guarded: EmbeddedServer, monkeypatch: pytest.MonkeyPatch, key: str,
+        stop_reading: Any) -> None:
+    """A client over its outgoing bound for ``slow_client_timeout_s`` is closed
+    with 4008 (it may reconnect and ``stream.resume``), counted as a
+    disconnect, without a traceback: whether the read loop was itself stuck
+    writing to it, or idle, waiting for its next frame, while a delivery was."""
+    # The 4008 close frame queues behind the unread backlog: give it time to wait
+    # for this test to read (a hang guard; the server's default is 5 s).
+    monkeypatch.setattr(outgoing, "CLOSE_TIMEOUT_S", 60.0)
+    baseline = _connected(guarded)
+    disconnects = sum(_series(guarded, f'bargein_disconnects_total{{active_response="{a}"}}')
+                      for a in ("true", "false"))
+    with server_log("bargein") as log:
+        sock = raw_upgrade(guarded.port, key=key, rcvbuf=4096)
+        try:
+            await _wait_connected(guarded, baseline + 1)
+            stop_reading(sock)
+            # Over its bound from now on. The handler gives the connection up
+            # (well before the first ping, 4 s, goes unanswered) ...
+            await _wait_connected(guarded, baseline)
+            sock.settimeout(30)  # a hang guard
+            code = _close_code(sock)  # ... and the client reads again: the backlog, the close
+        finally:
+            sock.close()
     assert code == 4008
+    assert sum(_series(guarded, f'bargein_disconnects_total{{active_response="{a}"}}')
+               for a in ("true", "false")) == disconnects + 1
+    assert not log.with_traceback(), [r.getMessage() for r in log.with_traceback()]
 
 
 _TEXT, _CLOSE, _PING = 0x1, 0x8, 0x9
