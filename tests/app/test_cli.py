@@ -152,8 +152,9 @@ def test_ctrl_c_at_the_prompt_quits_at_once(live_server: LiveServer) -> None:
     with subprocess.Popen([sys.executable, "-m", "app", "chat", "--url", live_server.ws_url],
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE) as chat:
-        assert chat.stderr is not None
-        assert chat.stderr.readline().startswith(b"connected to")  # now at the prompt
+        assert chat.stderr is not None and chat.stdout is not None
+        assert chat.stderr.readline().startswith(b"connected to")
+        assert chat.stdout.read(2) == b"> "  # now at the prompt
         chat.send_signal(signal.SIGINT)
         # with stdin still open: nothing typed, no Enter needed; the exit code
         # says SIGINT ended it (the bound only guards against a hang: on a
