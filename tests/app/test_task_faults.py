@@ -60,6 +60,13 @@ async def wait_for_ready(live_server: LiveServer) -> None:
         await asyncio.sleep(0.1)
 
 
+async def wait_until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not condition():
+        assert time.monotonic() < deadline, f"still waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
 def raise_once(real: Callable[..., Any]) -> Callable[..., Any]:
     """``real``, except that its first call raises RuntimeError (sync or async alike)."""
     calls = itertools.count()
@@ -135,5 +142,7 @@ async def test_a_delivery_whose_reader_fails_ends_with_a_retryable_error(
         assert events[-1]["type"] == "error" and events[-1]["code"] == "internal_error"
         assert events[-1]["retryable"] is True
         await assert_blocks_free(live_server)  # generation was never tied to the delivery
+        stream_id = events[0]["stream_id"]  # its end reached the session: it is idle again
+        await wait_until(lambda: not service.is_generating(stream_id), "the response's end")
         events = await answer(client)
         assert events[-1]["type"] == "response.done"
