@@ -261,8 +261,9 @@ async def healthz(request: Request) -> JSONResponse:
 
 
 async def readyz(request: Request) -> JSONResponse:
-    """Readiness: 200 once the model is loaded, the engine runs and the token
-    log answers; else 503 and ``not_ready`` lists what is missing."""
+    """Readiness: 200 once the model is loaded, the engine runs, the token
+    log answers and no supervised task crashes; else 503 and ``not_ready``
+    lists what is missing (``<task>: crashed (<exception>)`` for a task)."""
     state = _state(request.app)
     log_ok = state.log is not None and await state.log.ping()
     not_ready = []
@@ -270,8 +271,13 @@ async def readyz(request: Request) -> JSONResponse:
         not_ready.append("model: failed to load" if state.load_error else "model: loading")
     elif state.runner.error is not None:
         not_ready.append("engine: thread died")
+    else:  # a long-lived task that crashes (a bug) until its next good run
+        not_ready += state.service.failing_tasks()
     if not log_ok:
         not_ready.append("token_log: not reachable")
+    log_health = getattr(state.log, "health", None)  # the Redis log's tailer
+    if log_health is not None:
+        not_ready += log_health.not_ready()
     ready = not not_ready
     body = {"ready": ready, "model_loaded": state.service is not None,
             "token_log": log_ok, "error": state.load_error, "not_ready": not_ready}

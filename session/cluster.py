@@ -25,6 +25,9 @@ leases, checks the leases of the streams watched here, and exchanges
 readers: a node delivering a stream generated elsewhere refreshes the
 stream's ``readers`` key, so the generating node's abandon grace
 (``--abandon-grace``) does not cut a stream whose client moved to another node.
+The tick and the abort listener run supervised (session/supervise.py): a bug
+that crashes one is logged, marks ``health`` failing (``/readyz`` 503) until
+its next good run, and the task restarts.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from session.forward import Forwarder
 from session.lease import LeaseConfig, Leases
 from session.redis_client import retrying_client
 from session.redis_format import Keys
+from session.supervise import TaskHealth, supervised
 from session.takeover import (
     Continuation,
     GenerationRecord,
@@ -59,6 +63,7 @@ STOP_TIMEOUT_S = 5.0  # most seconds stop() waits for its tasks to end
 
 _REDIS_ERRORS = (RedisError, OSError)
 ORPHAN_GRACE_S = 30.0  # a claim not followed by generation this long was abandoned
+TICK = "cluster-tick"  # the tick's task name (the log, /readyz)
 
 
 def readers_key(prefix: str, stream_id: str) -> str:
@@ -83,8 +88,9 @@ class Cluster:
         self.node_id = node_id
         # Every command of this client is safe to send twice (session/redis_client.py).
         self.redis = retrying_client(url)
+        self.health = TaskHealth()  # the tick's and the abort listener's crashes
         self.forwarder = Forwarder(self.redis, node_id, self._on_forwarded_abort,
-                                   key_prefix=key_prefix)
+                                   key_prefix=key_prefix, health=self.health)
         # The epoch outlives every key of the stream (the record lives as long as they do).
         self.leases = Leases(self.redis, node_id, key_prefix=key_prefix, config=lease,
                              flag_key=self.forwarder.flag_key, epoch_ttl_s=2 * record_ttl_s)
@@ -110,7 +116,7 @@ class Cluster:
         self._service = service
         service.log.fence_with(self.leases.fence)  # every write checks the lease's epoch
         await self.forwarder.start()
-        self._ticker = asyncio.create_task(self._tick_loop(), name="cluster-tick")
+        self._ticker = supervised(self._tick_loop, name=TICK, health=self.health)
 
     async def hand_over(self) -> None:
         """Before a graceful shutdown: stop writing every stream generated here
@@ -239,13 +245,16 @@ class Cluster:
     # ---- the tick --------------------------------------------------------------
 
     async def _tick_loop(self) -> None:
+        """Tick forever (supervised: a bug's crash restarts it, see the module doc)."""
         every = self.leases.config.renew_every_s
         while True:
             await asyncio.sleep(every)
             try:
                 await self._tick()
-            except _REDIS_ERRORS as exc:
+            except _REDIS_ERRORS as exc:  # Redis is down: /readyz says so by its ping
                 log.warning("cluster tick failed: %r", exc)
+            else:
+                self.health.working(TICK)
 
     async def _tick(self) -> None:
         """Renew, apply cancel flags, release ended leases, check watched streams."""
@@ -316,6 +325,10 @@ class Cluster:
             outcome = await asyncio.shield(task)
         except (TokenLogError, *_REDIS_ERRORS) as exc:
             log.warning("takeover of %s failed: %r", stream_id, exc)
+            return "failed"
+        except Exception as exc:  # a bug: the resuming client still gets its delivery
+            log.error("takeover of %s failed (a bug in bargein): %r", stream_id, exc,
+                      exc_info=exc)
             return "failed"
         if outcome != "owned":
             self._watched.discard(stream_id)
@@ -418,5 +431,13 @@ class Cluster:
     def _spawn(self, coro: Any, name: str) -> None:
         task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._spawned_done)
+
+    def _spawned_done(self, task: asyncio.Task[Any]) -> None:
+        """A short task (a forwarded cancel, a takeover) ended: a crash is logged
+        at once, not as "exception never retrieved" when it is collected."""
+        self._tasks.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("task %s failed (a bug in bargein): %r", task.get_name(), exc,
+                      exc_info=exc)
 

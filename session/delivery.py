@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
@@ -19,6 +20,8 @@ from protocol import events as pe
 from session.errors import StreamNotFound, StreamTruncated, TokenLogUnavailable
 from session.observer import NullObserver, SessionObserver
 from session.token_log import EndError, LogEntry, StreamEnd, TokenLog
+
+logger = logging.getLogger(__name__)
 
 SendEvent = Callable[[object], Awaitable[None]]
 # Log entries read ahead of the socket; past it the reader waits, so a lagging
@@ -95,7 +98,9 @@ class Delivery:
         ``not_found``; one whose log lost offsets this client still needs
         (trimmed, evicted), with ``stream_truncated`` (not retryable); a log
         that cannot be read, with a retryable ``internal_error`` (the client
-        may resume later).
+        may resume later). Any other failure of the reader or of the sending
+        (a bug) is logged and answered the same way: the client is never
+        left waiting for a stream this delivery no longer follows.
         """
         reader = asyncio.create_task(self._read(), name=f"read-{self.stream_id}")
         self._observer.delivery_started()
@@ -109,6 +114,11 @@ class Delivery:
         except TokenLogUnavailable:
             await self._send(self._error(pe.ErrorCode.INTERNAL_ERROR,
                                          "token log unavailable", True))
+        except Exception as exc:  # a bug: say so, and end this delivery explicitly
+            logger.error("delivery of stream %s failed (a bug in bargein): %r", self.stream_id,
+                         exc, exc_info=exc)
+            await self._send(self._error(pe.ErrorCode.INTERNAL_ERROR,
+                                         "delivery failed; resume the stream", True))
         finally:
             self._observer.delivery_ended()
             reader.cancel()
@@ -116,10 +126,15 @@ class Delivery:
                 await reader
 
     async def _read(self) -> None:
+        """Queue the log's items; any failure is queued too (the sender raises
+        it), so a reader that stops never leaves the sender waiting."""
         try:
             async for item in self.log.read(self.stream_id, self.sent_end):
                 await self._queue.put(item)
-        except (StreamNotFound, TokenLogUnavailable) as exc:
+                if isinstance(item, StreamEnd):
+                    return
+            raise RuntimeError(f"the log's read of {self.stream_id} ended without its end")
+        except Exception as exc:  # CancelledError is not caught: it stops the reader
             await self._queue.put(exc)
 
     async def _deliver(self) -> None:

@@ -29,10 +29,12 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from engine.request import FinishReason
+from session.supervise import TaskHealth, supervised
 
 log = logging.getLogger(__name__)
 
 OnAbort = Callable[[str, FinishReason], None]
+LISTENER = "abort-listener"  # the listener's task name (the log, /readyz)
 FLAG_TTL_MS = 600_000  # longer than any stream lives unfinished without its lease
 
 
@@ -55,11 +57,14 @@ class Forwarder:
         on_abort: called on the event loop with (stream_id, reason) for each
             abort forwarded to this node; must not block.
         key_prefix: the token log's key prefix.
+        health: marked while the listener crash-loops (it runs supervised:
+            a bug that crashes it is logged and it resubscribes).
     """
 
     def __init__(self, redis: Redis, node_id: str, on_abort: OnAbort, *,
-                 key_prefix: str = "bargein:") -> None:
+                 key_prefix: str = "bargein:", health: TaskHealth | None = None) -> None:
         self.redis = redis
+        self.health = health or TaskHealth()
         self.node_id = node_id
         self._on_abort = on_abort
         self._prefix = key_prefix
@@ -71,7 +76,7 @@ class Forwarder:
 
     async def start(self) -> None:
         """Start listening on this node's channel (returns at once)."""
-        self._task = asyncio.create_task(self._listen(), name="abort-listener")
+        self._task = supervised(self._listen, name=LISTENER, health=self.health)
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -107,6 +112,7 @@ class Forwarder:
                 async with self.redis.pubsub(ignore_subscribe_messages=True) as pubsub:
                     await pubsub.subscribe(channel)
                     self.subscribed.set()
+                    self.health.working(LISTENER)
                     async for message in pubsub.listen():
                         self._handle(message.get("data"))
             except (RedisConnectionError, RedisTimeoutError, OSError) as exc:

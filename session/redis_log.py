@@ -65,6 +65,7 @@ from session.redis_tail import (
     Subscription,
     parse_id,
 )
+from session.supervise import TaskHealth
 from session.token_log import (
     DEFAULT_LIVE_TTL_S,
     DEFAULT_RETENTION_S,
@@ -185,12 +186,14 @@ class RedisTokenLog:
         self._create = self._redis.register_script(CREATE_LUA)
         self._keys = Keys(config.key_prefix)
         wake_key = self._wake_key = self._keys.wake(node_id)
+        self.health = TaskHealth()  # the tailer's crashes (a bug): /readyz lists them
         self._tailer = StreamTailer(
             make_client=lambda: Redis.from_url(
                 url, single_connection_client=True, retry=no_retry, socket_connect_timeout=timeout,
                 socket_timeout=None),
             wake=self._wake, wake_key=wake_key, block_ms=config.block_ms, timeout_s=timeout,
-            unavailable_after_s=config.retry_for_s, count=config.replay_batch)
+            unavailable_after_s=config.retry_for_s, count=config.replay_batch,
+            health=self.health)
         self._live: dict[str, _LocalStream] = {}
         # Recently broken (log incomplete after a failure) and ended stream ids, oldest first,
         # bounded: late writes to them get TokenLogUnavailable / StreamEnded.

@@ -14,6 +14,10 @@ closed (never reused) when the task stops or the connection fails, so a
 half-read reply can never reach another caller (redis-py issues #2579, #2624,
 #2663: a blocking command cancelled on a pooled connection poisons it).
 
+The task runs supervised (session/supervise.py): a bug that crashes it is
+logged, every subscriber gets TokenLogUnavailable (their clients resume),
+``health`` is marked failing until the next good read, and the task restarts.
+
 Limitation: on a Redis Cluster one ``XREAD`` cannot span hash slots; a
 cluster deployment needs one tailer per shard (not built).
 """
@@ -31,6 +35,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from session.errors import StreamNotFound, StreamTruncated, TokenLogUnavailable
+from session.supervise import TaskHealth, supervised
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +47,7 @@ RawEntry = tuple[StreamId, dict[bytes, bytes]]
 LOGGED = "logged"
 
 _TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)
+TAILER = "redis-tailer"  # the task's name (the log, /readyz)
 
 
 def parse_id(raw: bytes) -> StreamId:
@@ -87,6 +93,7 @@ class StreamTailer:
         unavailable_after_s: how long Redis may stay unreachable before every
             subscriber gets TokenLogUnavailable.
         count: most entries per key per ``XREAD``.
+        health: marked while the task crashes (a bug), cleared by a good read.
     """
 
     def __init__(
@@ -99,7 +106,9 @@ class StreamTailer:
         timeout_s: float,
         unavailable_after_s: float,
         count: int = 1024,
+        health: TaskHealth | None = None,
     ) -> None:
+        self.health = health or TaskHealth()
         self._make_client = make_client
         self._wake = wake
         self._wake_key = wake_key
@@ -117,7 +126,8 @@ class StreamTailer:
         self._subs.setdefault(sub.log_key, set()).add(sub)
         self._has_subs.set()
         if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="bargein-redis-tail")
+            self._task = supervised(self._run, name=TAILER, on_crash=self._crashed,
+                                    health=self.health)
         else:
             await self._wake()  # a blocked XREAD returns and re-reads with this key
 
@@ -150,6 +160,7 @@ class StreamTailer:
                 try:
                     await self._poll(client)
                     down_since = None
+                    self.health.working(TAILER)
                 except _TRANSIENT as exc:
                     await client.aclose()  # never reuse a connection that failed mid-reply
                     client = None
@@ -163,6 +174,11 @@ class StreamTailer:
         finally:
             if client is not None:
                 await client.aclose()
+
+    async def _crashed(self, exc: Exception) -> None:
+        """The task crashed (its connection is closed): its readers must not wait
+        for entries it will not deliver; they get a retryable error."""
+        self._fail_all(TokenLogUnavailable(f"the token log's tailer failed: {exc!r}"))
 
     async def _poll(self, client: Redis) -> None:
         """One XREAD BLOCK over the wake key and every subscribed key."""

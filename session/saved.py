@@ -194,3 +194,5 @@ class SessionSaver:
             await self._log.save_session(saved.session_id, saved.to_bytes())
         except TokenLogError:  # the session is only less resumable; the log says why
             logger.warning("saving session %s failed", saved.session_id)
+        except Exception:  # a bug: logged, and the connection (its close too) goes on
+            logger.exception("saving session %s failed (a bug in bargein)", saved.session_id)

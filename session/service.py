@@ -12,6 +12,13 @@ One :class:`Service` per process. It
   puts them into the token log (in step order, by one writer task);
 - tells the connection that owns a stream when generation finished, so the
   conversation gets the assistant turn.
+
+The writer runs supervised (session/supervise.py): a bug that crashes it
+fails the streams of the step it was writing (an error end in the log, the
+engine request aborted, the admission slot returned) and the writer
+restarts; a log write that raises something unexpected fails only the
+streams whose own write fails. While it fails, ``health`` makes ``/readyz``
+answer 503.
 """
 
 from __future__ import annotations
@@ -39,10 +46,16 @@ from session.config import SessionConfig
 from session.errors import StreamFenced, TokenLogUnavailable
 from session.observer import NullObserver, SessionObserver
 from session.session import GenerationFinished, Submit, Submitted, SubmitFailed
+from session.supervise import TaskHealth, supervised
 from session.token_log import EndError, LogEntry, StreamEnd, StreamInfo, StreamWrite, TokenLog
 from session.tokens import make_resume_token
 
 logger = logging.getLogger(__name__)
+
+WRITER = "token-log-writer"  # the step writer's task name (the log, /readyz)
+FAILED_MESSAGE = ("the server failed while writing this response (a bug, in its log); "
+                  "it ended here")
+RETRY_AFTER_FAILURE_MS = 1000  # a new request may well succeed: the step writer restarted
 
 OnFinish = Callable[[GenerationFinished], None]
 
@@ -58,6 +71,7 @@ class _LiveStream:
     abort_requested_at: float | None = None
     abort_reason: FinishReason | None = None  # what the accepted cancel asked for
     principal: str = ""  # its owner's admission key (told when it ended)
+    num_prompt_tokens: int = 0
     admitted_at: float = 0.0  # service clock when admission let it in
     started: bool = False  # its first token (or its end) came: it left the queue
     released: bool = False  # the connection that created it closed
@@ -140,6 +154,9 @@ class Service:
         self._writer: asyncio.Task[None] | None = None
         self._tokenizing = OneAtATime()  # one tokenization in flight per connection
         self._max_prompt_bytes: int | None = None  # None: no bound before tokenizing
+        self._in_flight: list[RequestOutput] = []  # the step the writer is writing
+        # Supervised tasks failing now (the writer here, the cluster's): /readyz lists them.
+        self.health = TaskHealth()
 
     @property
     def max_model_len(self) -> int:
@@ -154,7 +171,8 @@ class Service:
                                               getattr(self.runner, "tokenizer", None))
         if token_bytes is not None:
             self._max_prompt_bytes = max_prompt_bytes(token_bytes, self.max_model_len)
-        self._writer = asyncio.create_task(self._write_steps(), name="token-log-writer")
+        self._writer = supervised(self._write_steps, name=WRITER,
+                                  on_crash=self._writer_crashed, health=self.health)
         self.runner.add_step_listener(self._on_engine_step)
         if self.cluster is not None:
             await self.cluster.start(self)
@@ -174,6 +192,14 @@ class Service:
             except asyncio.CancelledError:
                 pass
             self._writer = None
+
+    def failing_tasks(self) -> list[str]:
+        """The supervised tasks of this node that crash now (the step writer,
+        the cluster's tick and abort listener), as ``/readyz`` lists them."""
+        failing = self.health.not_ready()
+        if self.cluster is not None:
+            failing += self.cluster.health.not_ready()
+        return failing
 
     # ---- submitting ----------------------------------------------------------
 
@@ -251,6 +277,7 @@ class Service:
         live = self._live[action.stream_id] = _LiveStream(response_id=action.response_id,
                                                           on_finish=owner.on_finish,
                                                           principal=owner.admission_key,
+                                                          num_prompt_tokens=len(ids),
                                                           admitted_at=admitted_at)
         queue_time_s = self.admission.config.max_queue_time_s
         if queue_time_s and self._loop is not None:
@@ -317,7 +344,9 @@ class Service:
         self.runner.submit(request)
         self._live[request.request_id] = _LiveStream(response_id=response_id, on_finish=None,
                                                      started=True, continuation=continuation,
-                                                     logged_end=continuation.offset)
+                                                     logged_end=continuation.offset,
+                                                     num_prompt_tokens=len(
+                                                         request.prompt_token_ids))
         self.recent_requests.append(request)
 
     def _expire(self, stream_id: str) -> None:
@@ -415,27 +444,135 @@ class Service:
         self._loop.call_soon_threadsafe(self._steps.put_nowait, (step_start, outputs))
 
     async def _write_steps(self) -> None:
-        """Write each step to the log in one ``write_step``, in step order."""
+        """Write each step to the log in one ``write_step``, in step order
+        (supervised: see :meth:`_writer_crashed`)."""
         while True:
             step_start, outputs = await self._steps.get()
-            outputs = [self._continued(out) for out in outputs]
-            writes = [w for w in map(self._to_write, outputs) if w is not None]
-            if not writes:
-                continue
-            if self.cluster is not None:  # only streams whose lease is still ours
-                writes = await self.cluster.fence(writes)
+            self._in_flight = outputs
+            if await self._write_step(step_start, outputs):
+                self.health.working(WRITER)
+            self._in_flight = []
+
+    async def _write_step(self, step_start: float, outputs: list[RequestOutput]) -> bool:
+        """Log one step's outputs, tell the owners of finished streams; whether
+        the log took writes of the step (a step with none says nothing of it)."""
+        outputs = [self._continued(out) for out in outputs]
+        writes = [w for w in map(self._to_write, outputs) if w is not None]
+        if not writes:
+            return False
+        if self.cluster is not None:  # only streams whose lease is still ours
+            writes = await self.cluster.fence(writes)
+        written = True
+        try:
+            await self._write(writes)
+        except Exception as exc:  # a bug, or one broken stream: it must not stop the others
+            logger.error("token log write of %d streams failed (a bug in bargein): %r; "
+                         "failing the streams whose own write fails", len(writes), exc,
+                         exc_info=exc)
+            self.health.crashed(WRITER, exc)
+            await self._write_one_by_one(writes)
+            written = False
+        self._notify_finished(outputs, step_start)
+        return written
+
+    async def _write(self, writes: list[StreamWrite]) -> None:
+        """One ``write_step``; streams the log refuses as expected are stopped.
+
+        Raises what else the log raises (a bug, or a stream the log no longer
+        takes: expired, already ended, a bad offset).
+        """
+        started = time.perf_counter()
+        try:
+            await self.log.write_step(writes)
+        except StreamFenced as exc:  # another node continues them: stop, free the KV
+            for stream_id in exc.stream_ids:
+                self.cluster.lost(stream_id)
+            return
+        except TokenLogUnavailable as exc:
+            logger.error("token log write failed for %s", exc.stream_ids)
+            for stream_id in exc.stream_ids:
+                self.runner.abort(stream_id, FinishReason.ERROR)
+            return
+        self.observer.log_written(time.perf_counter() - started, len(writes))
+
+    async def _write_one_by_one(self, writes: list[StreamWrite]) -> None:
+        """After a step write failed: write each stream alone and fail those
+        whose own write fails (their readers get an error end)."""
+        if len(writes) == 1:  # nothing to tell apart: it is this stream's write
+            await self.fail_streams([writes[0].stream_id])
+            return
+        failed = []
+        for write in writes:
             try:
-                started = time.perf_counter()
-                await self.log.write_step(writes)
-                self.observer.log_written(time.perf_counter() - started, len(writes))
-            except StreamFenced as exc:  # another node continues them: stop, free the KV
-                for stream_id in exc.stream_ids:
-                    self.cluster.lost(stream_id)
-            except TokenLogUnavailable as exc:
-                logger.error("token log write failed for %s", exc.stream_ids)
-                for stream_id in exc.stream_ids:
-                    self.runner.abort(stream_id, FinishReason.ERROR)
-            self._notify_finished(outputs, step_start)
+                await self._write([write])
+            except Exception:
+                logger.exception("stream %s: its log write failed: ending it with an error",
+                                 write.stream_id)
+                failed.append(write.stream_id)
+        await self.fail_streams(failed)
+
+    async def _writer_crashed(self, exc: Exception) -> None:
+        """The writer crashed (a bug) in the middle of a step: that step's
+        tokens were not all logged, so its streams end here, with an error."""
+        outputs, self._in_flight = self._in_flight, []
+        await self.fail_streams(list(dict.fromkeys(out.request_id for out in outputs)))
+
+    async def fail_streams(self, stream_ids: Sequence[str]) -> None:
+        """End streams generated here that cannot go on (a bug broke their log):
+        the engine frees their KV blocks, admission gets their slots back,
+        their owners are told, and their readers get an error end (or, when
+        even that cannot be written, a retryable read error)."""
+        failed = [(sid, live) for sid in stream_ids
+                  if (live := self._live.pop(sid, None)) is not None]
+        for sid, live in failed:
+            self._forget(sid, live)
+        for sid, live in failed:
+            await self._end_with_error(sid, live)
+
+    def _forget(self, stream_id: str, live: _LiveStream) -> None:
+        """A failed stream's bookkeeping, as if it had finished with ``error``."""
+        for timer in (live.abandoned, live.deadline):
+            if timer is not None:
+                timer.cancel()
+        self.runner.abort(stream_id, FinishReason.ERROR)  # its later outputs are ignored
+        if self.cluster is not None:
+            self.cluster.ended(stream_id)
+        if live.started:
+            self.admission.ended(live.principal)
+        else:  # still counted as waiting: its first token never came
+            self.admission.cancelled(live.principal)
+        text = "".join(live.texts)
+        self.observer.finished(stream_id=stream_id, finish_reason=FinishReason.ERROR.value,
+                               num_output_tokens=live.logged_end, text=text,
+                               interrupt_to_free_s=None)
+        if live.on_finish is not None:
+            try:
+                live.on_finish(GenerationFinished(stream_id=stream_id, text=text,
+                                                  finish_reason=FinishReason.ERROR))
+            except Exception:  # one broken session must not stop the others
+                logger.exception("finish callback of %s failed", stream_id)
+
+    async def _end_with_error(self, stream_id: str, live: _LiveStream) -> None:
+        """Write an error end at what the log holds of the stream; if the log
+        refuses that too, stop its readers here (``abandon_stream``)."""
+        try:
+            info = await self.log.info(stream_id)
+            if info is None or info.finish is not None:
+                return  # gone (its readers were told) or ended already
+            end = StreamEnd(end=info.end, finish_reason=FinishReason.ERROR.value,
+                            prompt_tokens=live.num_prompt_tokens, completion_tokens=info.end,
+                            cached_tokens=0,
+                            error=EndError(code=pe.ErrorCode.INTERNAL_ERROR.value,
+                                           message=FAILED_MESSAGE,
+                                           retry_after_ms=RETRY_AFTER_FAILURE_MS))
+            await self.log.write_step([StreamWrite(stream_id=stream_id, entry=None,
+                                                   finish=end)])
+        except Exception:
+            logger.exception("stream %s: its error end could not be logged either; "
+                             "stopping its readers", stream_id)
+            abandon = getattr(self.log, "abandon_stream", None)
+            if abandon is not None:
+                abandon(stream_id)
 
     def _continued(self, out: RequestOutput) -> RequestOutput:
         """A taken-over stream's output as the stream sees it (offsets, text)."""

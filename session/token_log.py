@@ -286,7 +286,8 @@ def check_writes(
 class _MemStream:
     """One stream of the memory backend."""
 
-    __slots__ = ("info", "cursor", "entries", "ends", "finish", "changed", "expires_at", "gone")
+    __slots__ = ("info", "cursor", "entries", "ends", "finish", "changed", "expires_at", "gone",
+                 "abandoned")
 
     def __init__(self, info: StreamInfo, expires_at: float) -> None:
         self.info = info
@@ -298,6 +299,7 @@ class _MemStream:
         self.changed = asyncio.Event()
         self.expires_at = expires_at
         self.gone = False  # dropped by its live TTL or close(): readers must stop
+        self.abandoned = False  # dropped by abandon_stream: its readers may retry
 
     def notify(self) -> None:
         changed, self.changed = self.changed, asyncio.Event()
@@ -397,6 +399,15 @@ class MemoryTokenLog:
         self._sessions.clear()
         self._expiry.clear()
 
+    def abandon_stream(self, stream_id: str) -> None:
+        """Drop a live stream its writer gave up on (the log refused even its
+        error end; session/service.py): readers get a retryable TokenLogUnavailable."""
+        stream = self._streams.get(stream_id)
+        if stream is not None and stream.finish is None:
+            del self._streams[stream_id]
+            stream.gone = stream.abandoned = True
+            stream.notify()
+
     async def _read(self, stream_id: str, from_offset: int) -> AsyncIterator[LogEntry | StreamEnd]:
         self._sweep()
         stream = self._stream(stream_id)
@@ -412,13 +423,15 @@ class MemoryTokenLog:
                 yield cursor.finish(stream.finish)
                 return
             if stream.gone:
-                raise self._gone_error(stream_id)
+                raise self._gone_error(stream_id, stream.abandoned)
             if from_offset < stream.cursor.end:  # not past the live end: nothing may be missing
                 cursor.reached(stream.cursor.end)
             await changed.wait()
             i = max(i, bisect_right(stream.ends, cursor.pos))
 
-    def _gone_error(self, stream_id: str) -> Exception:
+    def _gone_error(self, stream_id: str, abandoned: bool = False) -> Exception:
+        if abandoned:
+            return TokenLogUnavailable("its writer gave up on this stream", (stream_id,))
         if self._closed:
             return TokenLogUnavailable("token log closed", (stream_id,))
         return StreamNotFound(stream_id, "expired while live (its writer never ended it)")

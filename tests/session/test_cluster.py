@@ -271,3 +271,76 @@ async def test_fenced_writes_go_through_after_redis_forgot_the_script(
     await on_a.log.write_step([StreamWrite(stream_id="s6", finish=None, entry=LogEntry(
         start=0, end=2, text="bc", token_ids=(1, 2)))])
     assert [rid for rid, _ in (await raw_stream(a, "s6"))[0]] == [b"2-0"]
+
+
+# ---- fault injection: the tick and the abort listener (issue 24) --------------------
+
+def crash_once(monkeypatch: pytest.MonkeyPatch, obj: object, name: str) -> list[int]:
+    """Make ``obj.name`` (a coroutine method) raise RuntimeError on its first call;
+    returns a list that holds one item once it did."""
+    real, crashed = getattr(obj, name), []
+
+    async def once(*args: Any, **kwargs: Any) -> Any:
+        if not crashed:
+            crashed.append(1)
+            raise RuntimeError(f"injected: {name} is broken")
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(obj, name, once)
+    return crashed
+
+
+async def test_a_tick_that_crashes_restarts_and_renews_the_leases(
+        deployment: Callable[[str], Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    a, _ = await deployment("a")
+    await a.claim("s6", PROMPT, SamplingParams(max_tokens=5))
+    crashed = crash_once(monkeypatch, a.leases, "renew")
+    await wait_until(lambda: bool(crashed))
+    key, ttl_ms = a.leases.key("s6"), int(LEASE.ttl_s * 1000)
+    assert await a.redis.pexpire(key, ttl_ms // 3)  # only a later tick renews it again
+    await wait_until_async(lambda: _renewed(a, key, ttl_ms // 3))
+    await wait_until(lambda: not a.health.not_ready())
+
+
+async def test_a_tick_that_crashes_in_the_readers_exchange_keeps_exchanging(
+        deployment: Callable[[str], Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    owner, _ = await deployment("owner")
+    reader, _ = await deployment("reader")
+    await owner.claim("s7", PROMPT, SamplingParams(max_tokens=5))
+    crashed = crash_once(monkeypatch, reader, "_exchange_readers")
+    await wait_until(lambda: bool(crashed))
+    reader.reader_started("s7")
+    await wait_until(lambda: owner.read_elsewhere("s7"))
+
+
+async def test_a_tick_that_crashes_in_the_watched_check_still_takes_over(
+        deployment: Callable[[str], Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    await dead_stream(deployment, "s8", SamplingParams(max_tokens=10))
+    b, on_b = await deployment("b")
+    b._watched.add("s8")  # followed here (follow() would take it over at once)
+    crashed = crash_once(monkeypatch, b, "_check_watched")
+    await wait_until(lambda: bool(crashed))
+    await wait_until(lambda: bool(on_b.runner.submitted))  # a later tick's check continues it
+
+
+async def test_an_abort_listener_that_crashes_resubscribes(
+        deployment: Callable[[str], Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    owner, on_owner = await deployment("owner")
+    asker, _ = await deployment("asker")
+    await asyncio.wait_for(owner.forwarder.subscribed.wait(), HANG_GUARD_S)
+    aborted: list[str] = []
+    calls = itertools.count()
+
+    def on_abort(stream_id: str, reason: FinishReason) -> None:
+        if next(calls) == 0:
+            raise RuntimeError("injected: the service's abort is broken")
+        aborted.append(stream_id)
+
+    monkeypatch.setattr(owner.forwarder, "_on_abort", on_abort)
+    assert await asker.forwarder.forward("s9", FinishReason.INTERRUPTED, "owner") == 1
+    deadline = time.monotonic() + HANG_GUARD_S  # resent until someone listens again
+    while await asker.forwarder.forward("s10", FinishReason.INTERRUPTED, "owner") == 0:
+        assert time.monotonic() < deadline, "the abort listener never came back"
+        await asyncio.sleep(0.05)
+    await wait_until(lambda: aborted == ["s10"])
+    await wait_until(lambda: not owner.health.not_ready())

@@ -113,3 +113,59 @@ async def test_unknown_stream_is_answered_with_not_found() -> None:
                    send=socket.send).run()
     (error,) = socket.events
     assert isinstance(error, pe.ErrorEvent) and error.code is pe.ErrorCode.NOT_FOUND
+
+
+# ---- fault injection: the delivery's reader (issue 24) ----------------------------
+
+HANG_GUARD_S = 30.0  # bounds a wait that used to hang; never a timing assertion
+
+
+class BrokenReadLog(MemoryTokenLog):
+    """A log whose reads yield ``good`` entries, then raise (a bug in a backend)."""
+
+    def __init__(self, exc: BaseException | None) -> None:
+        super().__init__()
+        self.exc = exc
+
+    async def _broken(self, stream_id: str, from_offset: int):  # type: ignore[no-untyped-def]
+        async for item in super().read(stream_id, from_offset):
+            yield item
+            if self.exc is not None:
+                raise self.exc
+            return  # the end never comes: the read just stops
+
+    def read(self, stream_id: str, from_offset: int):  # type: ignore[no-untyped-def]
+        return self._broken(stream_id, from_offset)
+
+
+@pytest.mark.parametrize("exc", [RuntimeError("injected"), ValueError("a bad cursor"), None])
+async def test_a_reader_that_fails_ends_the_delivery_with_a_retryable_error(
+        exc: BaseException | None) -> None:
+    log = BrokenReadLog(exc)
+    await new_stream(log)
+    await log.write_step(step(0))
+    socket = SlowSocket()
+    socket.gate.set()
+    delivery = Delivery(log, response_id="r1", stream_id="s1", from_offset=0, send=socket.send)
+    await asyncio.wait_for(delivery.run(), HANG_GUARD_S)  # used to wait forever
+    delta, error = socket.events
+    assert isinstance(delta, pe.ResponseDelta) and delta.text == WORDS[0]
+    assert isinstance(error, pe.ErrorEvent) and error.code is pe.ErrorCode.INTERNAL_ERROR
+    assert error.retryable and error.response_id == "r1"  # the client resumes from 1
+
+
+async def test_a_failing_send_side_ends_the_delivery_with_an_error() -> None:
+    log = MemoryTokenLog()
+    await new_stream(log)
+    await log.write_step(step(0))
+    await log.write_step(finish(1))
+    socket = SlowSocket()
+    socket.gate.set()
+
+    def broken(text: str) -> None:
+        raise RuntimeError("injected: the session refused the delivered text")
+
+    await asyncio.wait_for(Delivery(log, response_id="r1", stream_id="s1", from_offset=0,
+                                    send=socket.send, on_delivered=broken).run(), HANG_GUARD_S)
+    assert isinstance(socket.events[-1], pe.ErrorEvent)
+    assert socket.events[-1].code is pe.ErrorCode.INTERNAL_ERROR

@@ -160,3 +160,24 @@ def test_only_a_fresh_session_is_restored() -> None:
     session.handle(pe.ResponseCreate(input=(pe.InputItem(role="user", content="hi"),)), now=0.0)
     with pytest.raises(IllegalTransition):
         session.restore(settings=SETTINGS, turns=[], active=None)
+
+
+async def test_a_save_that_fails_unexpectedly_is_logged_and_the_next_one_goes_through(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # issue 24: a save task that raised anything but TokenLogError died with
+    # it, and flush() / close() re-raised it into the connection's close.
+    log = MemoryTokenLog()
+    real, calls = log.save_session, iter([RuntimeError("injected")])
+
+    async def fails_once(session_id: str, state: bytes) -> None:
+        for exc in calls:
+            raise exc
+        await real(session_id, state)
+
+    monkeypatch.setattr(log, "save_session", fails_once)
+    saver = SessionSaver(log, lambda: saved(turns=1))
+    saver.request()
+    await saver.flush()  # does not raise
+    assert any(r.exc_info for r in caplog.records if r.levelname == "ERROR")
+    await saver.close(saved(turns=3))
+    assert await log.load_session("s1") == saved(turns=3).to_bytes()

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
+
 from engine.request import EngineRequest, FinishReason, RequestOutput, SamplingParams
 from protocol import events as pe
+from session.admission import Admission, AdmissionConfig
 from session.config import SessionConfig
 from session.errors import TokenLogUnavailable
 from session.service import Owner, Service
@@ -226,3 +230,128 @@ async def test_one_connection_tokenizes_one_prompt_at_a_time() -> None:
     await service.stop()
     assert all(isinstance(r, Submitted) for r in results)
     assert engine.tokenizer.most == {"a": 1, "b": 1}
+
+
+# ---- fault injection: the step writer (issue 24) ------------------------------------
+
+HANG_GUARD_S = 30.0  # bounds waits for a state; never a timing assertion
+
+
+async def wait_for(condition: Any, what: str) -> None:
+    """Poll ``condition()`` until true; fail (not hang) after HANG_GUARD_S."""
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not condition():
+        assert time.monotonic() < deadline, f"still waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+async def read_all(log: MemoryTokenLog, stream_id: str) -> list[LogEntry | StreamEnd]:
+    """The stream's items up to its end (bounded: a stream that never ends fails)."""
+    async with asyncio.timeout(HANG_GUARD_S):
+        return [item async for item in log.read(stream_id, 0)]
+
+
+def capped_service(engine: ThreadedEngine, log: MemoryTokenLog) -> Service:
+    """One response per principal at a time: a leaked admission slot refuses the next."""
+    return Service(engine, log, SessionConfig(), secret=b"k",
+                   admission=Admission(AdmissionConfig(max_active_per_principal=1)))
+
+
+async def submit_one(service: Service, stream_id: str,
+                     finished: list[GenerationFinished] | None = None) -> Submitted | SubmitFailed:
+    submit = Submit(response_id=f"r-{stream_id}", stream_id=stream_id,
+                    messages=(Message(role="user", content="hi"),),
+                    params=SamplingParams(max_tokens=4))
+    on_finish = None if finished is None else finished.append
+    return await service.submit(submit, Owner(principal="p", session_id="sess",
+                                              on_finish=on_finish), 0.0)
+
+
+async def test_a_crashed_writer_fails_the_steps_streams_and_restarts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A bug between the engine's step and the log write (here: the takeover
+    # translation) used to end the writer task for good: every stream froze.
+    engine, log = ThreadedEngine(), CountingLog()
+    service = capped_service(engine, log)
+    await service.start()
+    finished: list[GenerationFinished] = []
+    assert isinstance(await submit_one(service, "a", finished), Submitted)
+    continued = service._continued
+    calls = iter([RuntimeError("injected")])
+
+    def crash_once(output: RequestOutput) -> RequestOutput:
+        for exc in calls:
+            raise exc
+        return continued(output)
+
+    monkeypatch.setattr(service, "_continued", crash_once)
+    engine.run_steps([[out("a", 0, "Hel")]])
+    items = await read_all(log, "a")  # the reader gets an end, not a hang
+    end = items[-1]
+    assert isinstance(end, StreamEnd) and end.finish_reason == "error"
+    assert end.error is not None and end.error.code == "internal_error"
+    assert ("a", FinishReason.ERROR) in engine.aborted  # its KV blocks are freed
+    assert [(f.stream_id, f.finish_reason) for f in finished] == [("a", FinishReason.ERROR)]
+    assert service.health.not_ready() and "token-log-writer" in service.health.not_ready()[0]
+    # The writer came back, and the admission slot with it: the next request goes through.
+    assert isinstance(await submit_one(service, "b", finished), Submitted)
+    engine.run_steps([[out("b", 0, "Yo", finished=True)]])
+    assert [i.text for i in await read_all(log, "b") if isinstance(i, LogEntry)] == ["Yo"]
+    await wait_for(lambda: not service.health.not_ready(), "the writer to report healthy")
+    await service.stop()
+
+
+async def test_a_stream_the_log_dropped_fails_alone() -> None:
+    # A stream past the memory log's live TTL makes the whole step's write
+    # raise StreamNotFound; the other streams of the step must go on.
+    now = [0.0]
+    log = MemoryTokenLog(live_ttl_s=10.0, clock=lambda: now[0])
+    engine = ThreadedEngine()
+    service = Service(engine, log, SessionConfig(), secret=b"k")
+    await service.start()
+    finished: list[GenerationFinished] = []
+    assert isinstance(await submit_one(service, "old", finished), Submitted)
+    now[0] = 5.0
+    assert isinstance(await submit_one(service, "new"), Submitted)
+    now[0] = 11.0  # "old" expired, "new" lives
+    engine.run_steps([[out("old", 0, "a"), out("new", 0, "b")],
+                      [out("new", 1, "c", finished=True)]])
+    items = await read_all(log, "new")
+    assert [i.text for i in items if isinstance(i, LogEntry)] == ["b", "c"]
+    assert isinstance(items[-1], StreamEnd) and items[-1].finish_reason == "stop"
+    assert ("old", FinishReason.ERROR) in engine.aborted
+    assert [(f.stream_id, f.finish_reason) for f in finished] == [("old", FinishReason.ERROR)]
+    await service.stop()
+
+
+class RefusingLog(MemoryTokenLog):
+    """A log whose writes all raise (a bug in a backend) while ``broken``."""
+
+    broken = True
+
+    async def write_step(self, writes: Sequence[StreamWrite]) -> None:
+        if self.broken:
+            raise RuntimeError("injected: write_step is broken")
+        await super().write_step(writes)
+
+
+async def test_a_log_that_refuses_every_write_reports_the_writer_and_ends_its_readers() -> None:
+    engine, log = ThreadedEngine(), RefusingLog()
+    service = capped_service(engine, log)
+    await service.start()
+    finished: list[GenerationFinished] = []
+    await submit_one(service, "a", finished)
+    reader = asyncio.create_task(read_all(log, "a"))
+    await asyncio.sleep(0)
+    engine.run_steps([[out("a", 0, "Hel")]])
+    with pytest.raises(TokenLogUnavailable):  # not even an error end fits: a retryable read error
+        await reader
+    assert ("a", FinishReason.ERROR) in engine.aborted
+    assert [f.finish_reason for f in finished] == [FinishReason.ERROR]
+    assert "token-log-writer: crashed (RuntimeError" in service.health.not_ready()[0]
+    log.broken = False  # the log works again: so do the writer and the node
+    await submit_one(service, "b")
+    engine.run_steps([[out("b", 0, "Yo", finished=True)]])
+    assert isinstance((await read_all(log, "b"))[-1], StreamEnd)
+    await wait_for(lambda: not service.health.not_ready(), "the writer to report healthy")
+    await service.stop()
