@@ -24,6 +24,7 @@ at most 64 per response, frames up to 64 KiB.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -93,5 +94,22 @@ def live_server() -> Iterator[LiveServer]:
     try:
         server.start()
         yield LiveServer(host=server.host, port=server.port, state=server.state)
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
+def node_on_engine(live_server: LiveServer, settings: Settings, *,
+                   sndbuf: int | None = None) -> Iterator[EmbeddedServer]:
+    """Another server with its own ``settings`` on ``live_server``'s engine
+    (no second model load), on a free port; stopped at exit.
+
+    ``sndbuf``: the kernel send buffer of its sockets, in bytes (None: the
+    system's default), for tests whose buffers must fill at a known size.
+    """
+    server = EmbeddedServer(settings, sndbuf=sndbuf, runner=live_server.state.runner)
+    server.start()
+    try:
+        yield server
     finally:
         server.stop()

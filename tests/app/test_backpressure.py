@@ -27,7 +27,7 @@ from app.settings import ServerConfig, Settings
 from protocol import CloseCode
 from protocol import events as pe
 from session.config import SessionConfig
-from tests.app.conftest import LiveServer
+from tests.app.conftest import LiveServer, node_on_engine
 from tests.app.rawws import masked_text, raw_upgrade
 
 NUM_SILENT = 10
@@ -45,15 +45,10 @@ FILLER = "x" * (96 * 1024)
 def small_buffers(live_server: LiveServer) -> Iterator[EmbeddedServer]:
     """A node on live_server's engine with a small kernel send buffer (4 KiB):
     its buffers toward a silent client fill at a known size."""
-    server = EmbeddedServer(Settings(
-        session=SessionConfig(max_tokens=64, default_max_tokens=32),
-        server=ServerConfig(port=0, log_level="warning")), sndbuf=4096,
-        runner=live_server.state.runner)
-    server.start()
-    try:
+    with node_on_engine(live_server, Settings(
+            session=SessionConfig(max_tokens=64, default_max_tokens=32),
+            server=ServerConfig(port=0, log_level="warning")), sndbuf=4096) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def _silent_client(server: EmbeddedServer) -> tuple[socket.socket, Outgoing]:

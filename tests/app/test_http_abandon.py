@@ -22,7 +22,7 @@ import pytest
 from app.embedded import EmbeddedServer
 from app.settings import ServerConfig, Settings
 from session.config import SessionConfig
-from tests.app.conftest import LiveServer
+from tests.app.conftest import LiveServer, node_on_engine
 from tests.app.resume_helpers import Conn, Received
 
 pytestmark = pytest.mark.slow
@@ -35,16 +35,11 @@ STORY = "Write a very long story about a dragon who learns to cook. Use many cha
 
 @pytest.fixture(scope="module")
 def graced(live_server: LiveServer) -> Iterator[EmbeddedServer]:
-    server = EmbeddedServer(Settings(
-        session=SessionConfig(max_tokens=MAX_TOKENS, default_max_tokens=32,
-                              on_disconnect="continue", abandon_grace_s=GRACE_S),
-        server=ServerConfig(port=0, debug_endpoints=True, log_level="warning")),
-        runner=live_server.state.runner)
-    server.start()
-    try:
+    with node_on_engine(live_server, Settings(
+            session=SessionConfig(max_tokens=MAX_TOKENS, default_max_tokens=32,
+                                  on_disconnect="continue", abandon_grace_s=GRACE_S),
+            server=ServerConfig(port=0, debug_endpoints=True, log_level="warning"))) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ from app.embedded import EmbeddedServer
 from app.settings import ServerConfig, Settings
 from session.config import SessionConfig
 from session.redis_format import Keys
-from tests.app.conftest import LiveServer
+from tests.app.conftest import LiveServer, node_on_engine
 from tests.app.log_capture import Records, server_log
 from tests.app.rawws import ServerFrames, masked_text, raw_upgrade
 from tests.redis_server import RedisServer, redis_server_binary
@@ -61,17 +61,12 @@ def own_redis() -> Iterator[RedisServer]:
 def outage_node(live_server: LiveServer, own_redis: RedisServer) -> Iterator[EmbeddedServer]:
     """A node on ``own_redis``; no keepalive pings and no 4008 (the raw client
     answers no ping and stops reading on purpose)."""
-    server = EmbeddedServer(Settings(
-        session=SessionConfig(max_tokens=64, default_max_tokens=32),
-        server=ServerConfig(port=0, log_level="warning", redis_url=own_redis.url,
-                            log_backend="redis", node_id="outage-a", ws_ping_interval_s=0,
-                            slow_client_timeout_s=0, debug_endpoints=True)),
-        sndbuf=8192, runner=live_server.state.runner)
-    server.start()
-    try:
+    with node_on_engine(live_server, Settings(
+            session=SessionConfig(max_tokens=64, default_max_tokens=32),
+            server=ServerConfig(port=0, log_level="warning", redis_url=own_redis.url,
+                                log_backend="redis", node_id="outage-a", ws_ping_interval_s=0,
+                                slow_client_timeout_s=0, debug_endpoints=True)), sndbuf=8192) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @dataclass(slots=True)

@@ -20,7 +20,7 @@ from app.embedded import EmbeddedServer
 from app.settings import ServerConfig, Settings
 from session.admission import AdmissionConfig
 from session.config import SessionConfig
-from tests.app.conftest import LiveServer
+from tests.app.conftest import LiveServer, node_on_engine
 
 pytestmark = pytest.mark.slow
 
@@ -29,17 +29,12 @@ HI = [{"role": "user", "content": "Hi"}]
 
 @pytest.fixture(scope="module")
 def limited(live_server: LiveServer) -> Iterator[EmbeddedServer]:
-    server = EmbeddedServer(Settings(
-        session=SessionConfig(max_tokens=64, default_max_tokens=8),
-        server=ServerConfig(port=0, log_level="warning"),
-        # A bucket of one request that refills in 100 s: the second is refused.
-        admission=AdmissionConfig(rate_limit_requests=0.01, burst_s=1.0)),
-        runner=live_server.state.runner)
-    server.start()
-    try:
+    with node_on_engine(live_server, Settings(
+            session=SessionConfig(max_tokens=64, default_max_tokens=8),
+            server=ServerConfig(port=0, log_level="warning"),
+            # A bucket of one request that refills in 100 s: the second is refused.
+            admission=AdmissionConfig(rate_limit_requests=0.01, burst_s=1.0))) as server:
         yield server
-    finally:
-        server.stop()
 
 
 async def test_rotating_bearer_strings_share_one_rate_limit_over_http(

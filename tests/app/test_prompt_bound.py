@@ -22,7 +22,7 @@ from app.settings import ServerConfig, Settings
 from session import service as service_module
 from session.chat import prompt_ids
 from session.config import SessionConfig
-from tests.app.conftest import LiveServer
+from tests.app.conftest import LiveServer, node_on_engine
 
 pytestmark = pytest.mark.slow
 
@@ -32,15 +32,10 @@ PLAUSIBLE = "hello " * 700  # 4 KiB: small enough to tokenize, 700 tokens: too l
 
 @pytest.fixture(scope="module")
 def roomy(live_server: LiveServer) -> Iterator[EmbeddedServer]:
-    server = EmbeddedServer(Settings(
-        session=SessionConfig(max_tokens=64, default_max_tokens=8, max_frame_bytes=2 << 20),
-        server=ServerConfig(port=0, log_level="warning")),
-        runner=live_server.state.runner)
-    server.start()
-    try:
+    with node_on_engine(live_server, Settings(
+            session=SessionConfig(max_tokens=64, default_max_tokens=8, max_frame_bytes=2 << 20),
+            server=ServerConfig(port=0, log_level="warning"))) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
