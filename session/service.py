@@ -291,18 +291,19 @@ class Service:
                                                         owner.principal))
 
     def _too_long(self, action: Submit, num_tokens: int) -> SubmitFailed:
-        self.observer.rejected(pe.ErrorCode.PROMPT_TOO_LONG.value, response_id=action.response_id)
-        return SubmitFailed(
-            response_id=action.response_id, code=pe.ErrorCode.PROMPT_TOO_LONG,
-            message=f"the prompt has {num_tokens} tokens; the context holds "
+        return self._prompt_too_long(
+            action, f"the prompt has {num_tokens} tokens; the context holds "
                     f"{self.max_model_len} (prompt plus at least one new token)")
 
     def _too_long_text(self, action: Submit, num_bytes: int) -> SubmitFailed:
-        self.observer.rejected(pe.ErrorCode.PROMPT_TOO_LONG.value, response_id=action.response_id)
-        return SubmitFailed(
-            response_id=action.response_id, code=pe.ErrorCode.PROMPT_TOO_LONG,
-            message=f"the prompt has {num_bytes} bytes of text: more than the context of "
+        return self._prompt_too_long(
+            action, f"the prompt has {num_bytes} bytes of text: more than the context of "
                     f"{self.max_model_len} tokens can hold")
+
+    def _prompt_too_long(self, action: Submit, message: str) -> SubmitFailed:
+        self.observer.rejected(pe.ErrorCode.PROMPT_TOO_LONG.value, response_id=action.response_id)
+        return SubmitFailed(response_id=action.response_id, code=pe.ErrorCode.PROMPT_TOO_LONG,
+                            message=message)
 
     async def _end_unsubmitted(self, stream_id: str, num_prompt_tokens: int) -> None:
         """Close a stream whose request the runner refused (readers must not hang)."""
