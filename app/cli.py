@@ -53,6 +53,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
     if args.command == "chat":
+        # A chat started by a script with `&` inherits an ignored SIGINT (POSIX
+        # shells do that to background jobs), and Python then never raises
+        # KeyboardInterrupt: Ctrl-C at the prompt must quit all the same.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             return asyncio.run(_chat(args))
         except KeyboardInterrupt:  # Ctrl-C: leave quietly, no traceback
