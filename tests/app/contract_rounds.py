@@ -56,18 +56,7 @@ async def _read_live(conn: Conn, response_id: str, received: Received,
                      max_deltas: int | None = None) -> list[dict[str, Any]]:
     """Read ``response_id``'s deltas and done into ``received``; return other events."""
     others: list[dict[str, Any]] = []
-    num_read = 0
-    while received.done is None and (max_deltas is None or num_read < max_deltas):
-        event = await conn.recv()
-        if event.get("response_id") != response_id:
-            others.append(event)
-        elif event["type"] == "response.delta":
-            received.deltas.append(event)
-            num_read += 1
-        elif event["type"] == "response.done":
-            received.done = event
-        else:
-            raise AssertionError(f"unexpected event {event}")
+    await conn.read(received, max_deltas, response_id=response_id, others=others)
     return others
 
 

@@ -70,12 +70,21 @@ class Conn:
                         **{"from": from_})
         return await self.expect("stream.resumed")
 
-    async def read(self, received: Received, max_deltas: int | None = None) -> Received:
-        """Read deltas into ``received`` until ``response.done`` (or ``max_deltas``)."""
+    async def read(self, received: Received, max_deltas: int | None = None, *,
+                   response_id: str | None = None,
+                   others: list[dict[str, Any]] | None = None) -> Received:
+        """Read deltas into ``received`` until ``response.done`` (or ``max_deltas``).
+
+        With ``response_id``, events of other responses go to ``others``
+        instead of failing the read.
+        """
         num_read = 0
         while received.done is None and (max_deltas is None or num_read < max_deltas):
             event = await self.recv()
-            if event["type"] == "response.delta":
+            if response_id is not None and event.get("response_id") != response_id:
+                assert others is not None, "others collects the other responses' events"
+                others.append(event)
+            elif event["type"] == "response.delta":
                 received.deltas.append(event)
                 num_read += 1
             elif event["type"] == "response.done":
