@@ -113,3 +113,16 @@ def node_on_engine(live_server: LiveServer, settings: Settings, *,
         yield server
     finally:
         server.stop()
+
+
+@contextlib.contextmanager
+def redis_node_on_engine(live_server: LiveServer, redis_url: str,
+                         node_id: str) -> Iterator[EmbeddedServer]:
+    """A node on ``live_server``'s engine whose token log is the Redis at
+    ``redis_url``, with ``live_server``'s session limits; stopped at exit."""
+    with node_on_engine(live_server, Settings(
+            session=SessionConfig(max_tokens=64, default_max_tokens=32,
+                                  max_frame_bytes=MAX_FRAME_BYTES),
+            server=ServerConfig(port=0, log_level="warning", redis_url=redis_url,
+                                log_backend="redis", node_id=node_id))) as server:
+        yield server

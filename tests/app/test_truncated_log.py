@@ -17,10 +17,8 @@ import pytest
 from redis.asyncio import Redis
 
 from app.embedded import EmbeddedServer
-from app.settings import ServerConfig, Settings
-from session.config import SessionConfig
 from session.redis_format import Keys
-from tests.app.conftest import MAX_FRAME_BYTES, LiveServer, node_on_engine
+from tests.app.conftest import LiveServer, redis_node_on_engine
 from tests.app.resume_helpers import Conn, Received
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
@@ -32,11 +30,7 @@ AUTH = {"Authorization": "Bearer sk-test-trim"}
 
 @pytest.fixture(scope="module")
 def redis_node(live_server: LiveServer, redis_server: str) -> Iterator[EmbeddedServer]:
-    with node_on_engine(live_server, Settings(
-            session=SessionConfig(max_tokens=64, default_max_tokens=32,
-                                  max_frame_bytes=MAX_FRAME_BYTES),
-            server=ServerConfig(port=0, log_level="warning", redis_url=redis_server,
-                                log_backend="redis", node_id="trim-a"))) as server:
+    with redis_node_on_engine(live_server, redis_server, "trim-a") as server:
         yield server
 
 
