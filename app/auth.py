@@ -32,12 +32,12 @@ answers with 403.
 
 The caller's *principal* is put in ``scope["state"]["principal"]``:
 ``"key:<first 32 hex of sha256(key)>"`` (the same as
-:func:`app.openai_api.principal_of`), or ``"anonymous"`` without a key. It
+:func:`bargein.app.openai.routes.principal_of`), or ``"anonymous"`` without a key. It
 owns what the caller creates (streams, sessions, resume tokens). Keys are
 kept only as their SHA-256 digests, and never logged.
 
 The *limit key* (``scope["state"]["limit_key"]``) is who the rate limits and
-caps of :mod:`session.admission` count against: the principal when API keys
+caps of :mod:`bargein.session.admission` count against: the principal when API keys
 are configured (every request carries a valid one), else the client's
 address (:func:`address_key`). Without keys any bearer string is accepted,
 so a string is no identity: a client rotating it would get fresh limits with
@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from protocol.codec import BEARER_PREFIX
+from bargein.protocol.codec import BEARER_PREFIX
 
 logger = logging.getLogger("bargein.auth")
 

@@ -1,9 +1,9 @@
-"""``bargein serve`` and ``bargein chat`` (console script ``bargein``; also ``python -m app``).
+"""``bargein serve`` and ``bargein chat`` (console script ``bargein``; also ``python -m bargein``).
 
 ``serve`` checks its flags and the model path before anything heavy, so a bad
 flag or a missing model ends with one clear line and exit status 2; then it
 loads the model (with a progress bar) while uvicorn already answers
-``/healthz``. ``chat`` is a command-line chat on :mod:`app.client` (no torch);
+``/healthz``. ``chat`` is a command-line chat on :mod:`bargein.app.client` (no torch);
 Ctrl-C while an answer streams barges in (the conversation keeps what was
 printed), Ctrl-C at the prompt quits.
 """
@@ -19,7 +19,7 @@ import sys
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from app.settings import (
+from bargein.app.settings import (
     Settings,
     SettingsError,
     add_serve_arguments,
@@ -87,7 +87,7 @@ def check_model(settings: Settings) -> None:
     """
     model = settings.engine.model
     if model.path is None:
-        from engine.model.loader import default_model_path
+        from bargein.engine.model.loader import default_model_path
 
         default_model_path()  # raises with the pip command that installs it
     else:
@@ -123,8 +123,8 @@ def serve(settings: Settings) -> int:
     import uvicorn
     from tqdm import tqdm
 
-    from app.logging import configure_logging
-    from app.server import LOAD_FAILED, create_app
+    from bargein.app.logging import configure_logging
+    from bargein.app.server import LOAD_FAILED, create_app
 
     config = settings.server
     configure_logging(fmt=config.log_format, level=config.log_level,
@@ -168,8 +168,8 @@ def serve(settings: Settings) -> int:
 async def _chat(args: argparse.Namespace) -> int:
     from websockets.exceptions import InvalidStatus
 
-    from app.client import RealtimeClient
-    from app.console import ConsoleLines
+    from bargein.app.client import RealtimeClient
+    from bargein.app.console import ConsoleLines
 
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     try:
@@ -208,7 +208,7 @@ async def _answer(client: Any, line: str, args: argparse.Namespace) -> None:
     conversation keeps exactly what the user saw. A second Ctrl-C, while the
     server confirms, quits as at the prompt.
     """
-    from app.client import ServerError
+    from bargein.app.client import ServerError
 
     interrupted = asyncio.Event()
     loop = asyncio.get_running_loop()

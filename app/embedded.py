@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import uvicorn
 
-from app.server import AppState, create_app
-from app.settings import Settings
+from bargein.app.server import AppState, create_app
+from bargein.app.settings import Settings
 
 
 class EmbeddedServer:

@@ -51,7 +51,7 @@ _BEARER = re.compile(r"(?i)\b(bearer[ .])\S+")
 _QUERY_SECRET = re.compile(r"(?i)([?&](?:api[_-]?key|key|access_token|token|authorization"
                            r"|password|secret)=)[^&\s\"]*")
 # uvicorn.error's lines about one client's fault -> bargein's line (None: the app
-# logs that fault itself, see app.server.realtime).
+# logs that fault itself, see bargein.app.server.realtime).
 CLIENT_FAULT_LINES: dict[str, str | None] = {
     "Invalid UTF-8 sequence received from client.": None,
     "Invalid HTTP request received.": "client sent an invalid HTTP request",

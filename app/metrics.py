@@ -4,7 +4,7 @@ One :class:`Metrics` per app holds the metric objects. Engine numbers come
 from the runner's listeners (:meth:`Metrics.attach_runner`, on the engine
 thread, one call per step): step times, queue time, TTFT, inter-token and
 end-to-end latency, preemptions, tokens, gauges of the scheduler and the KV
-pool. Session numbers come through :class:`app.observer.Observer`. Names and
+pool. Session numbers come through :class:`bargein.app.observer.Observer`. Names and
 meanings are listed in ``docs/operating.md``.
 
 Several worker processes: start every worker with ``PROMETHEUS_MULTIPROC_DIR``
@@ -35,8 +35,8 @@ from prometheus_client import (
 )
 
 if TYPE_CHECKING:
-    from engine.engine import EngineStats, StepStats
-    from engine.request import RequestOutput
+    from bargein.engine.engine import EngineStats, StepStats
+    from bargein.engine.request import RequestOutput
 
 FINISH_REASONS = ("stop", "length", "interrupted", "cancelled", "error")
 REJECTION_REASONS = ("invalid_parameter", "prompt_too_long", "conflict", "overloaded",

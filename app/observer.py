@@ -1,7 +1,7 @@
-"""The app's :class:`~session.observer.SessionObserver`: metrics and request log lines.
+"""The app's :class:`~bargein.session.observer.SessionObserver`: metrics and request log lines.
 
 Each line about a request carries its ``request_id`` (the response id),
-``session_id`` and ``stream_id`` (bound with :func:`app.logging.bind`).
+``session_id`` and ``stream_id`` (bound with :func:`bargein.app.logging.bind`).
 Conversation text goes into a line only with ``--log-prompts``.
 """
 
@@ -12,11 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from app.logging import bind
-from app.metrics import Metrics
+from bargein.app.logging import bind
+from bargein.app.metrics import Metrics
 
 if TYPE_CHECKING:
-    from session.session import Message
+    from bargein.session.session import Message
 
 logger = logging.getLogger("bargein.request")
 

@@ -1,7 +1,7 @@
 """The starlette app: ``/v1/realtime``, health, ``/metrics`` and the static client.
 
 Thin by design: the WebSocket handler decodes frames (:mod:`protocol`), hands
-the events to its :class:`~session.connection.Connection` and lets one writer
+the events to its :class:`~bargein.session.connection.Connection` and lets one writer
 task per connection put server events on the wire. The model loads in a
 worker thread after startup (``/readyz`` says 503 until it is loaded); the
 engine runs on its own thread, never on the event loop. Exceptions become
@@ -28,25 +28,26 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
-from app.auth import OPEN_PATHS, AuthConfig, AuthMiddleware, load_api_keys
-from app.logging import client_logger, quiet_client_faults, set_ids
-from app.metrics import Metrics, create_metrics
-from app.observer import Observer
-from app.openai_api import openai_routes
-from app.openai_fallback import fallback_routes, internal_error
-from app.outgoing import Outgoing
-from app.settings import Settings
-from protocol import CloseCode, Decoder, select_subprotocol
-from protocol.errors import FrameTooLarge, ProtocolError
-from session.admission import Admission
-from session.connection import Connection
-from session.errors import TokenLogUnavailable
-from session.service import Service
-from session.token_log import TokenLog, open_token_log
+from bargein import static
+from bargein.app.auth import OPEN_PATHS, AuthConfig, AuthMiddleware, load_api_keys
+from bargein.app.logging import client_logger, quiet_client_faults, set_ids
+from bargein.app.metrics import Metrics, create_metrics
+from bargein.app.observer import Observer
+from bargein.app.openai.fallback import fallback_routes, internal_error
+from bargein.app.openai.routes import openai_routes
+from bargein.app.outgoing import Outgoing
+from bargein.app.settings import Settings
+from bargein.protocol import CloseCode, Decoder, select_subprotocol
+from bargein.protocol.errors import FrameTooLarge, ProtocolError
+from bargein.session.admission import Admission
+from bargein.session.connection import Connection
+from bargein.session.errors import TokenLogUnavailable
+from bargein.session.log import TokenLog, open_token_log
+from bargein.session.service import Service
 
 logger = logging.getLogger("bargein")
 
-STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
+STATIC_DIR = Path(static.__file__).resolve().parent  # bargein.static: package data
 Progress = Callable[[str], None]
 LOAD_FAILED = "failed"  # the progress stage reported when loading fails
 
@@ -96,8 +97,8 @@ def load_runner(settings: Settings, progress: Progress) -> Any:
 
     Raises whatever loading raises (missing file, bad weights).
     """
-    from engine.engine import LLMEngine
-    from engine.runner import EngineRunner
+    from bargein.engine.engine import LLMEngine
+    from bargein.engine.runner import EngineRunner
 
     engine = LLMEngine.from_config(settings.engine)
     progress("weights and KV cache")
@@ -179,12 +180,12 @@ async def _load(state: AppState, progress: Progress) -> None:
 
 
 def make_cluster(settings: Settings) -> Any:
-    """With a Redis log, this node's :class:`session.cluster.Cluster`; else None."""
+    """With a Redis log, this node's :class:`bargein.session.cluster.Cluster`; else None."""
     server = settings.server
     if server.redis_url is None:
         return None
-    from session.cluster import Cluster  # redis only when used
-    from session.lease import LeaseConfig
+    from bargein.session.cluster import Cluster  # redis only when used
+    from bargein.session.cluster.lease import LeaseConfig
 
     lease = LeaseConfig(ttl_s=server.lease_ttl_s, renew_every_s=server.lease_ttl_s / 5)
     return Cluster(server.redis_url, server.node_name, lease=lease)
@@ -193,7 +194,7 @@ def make_cluster(settings: Settings) -> Any:
 def create_app(settings: Settings, *, progress: Progress = lambda stage: None,
                runner: Any = None) -> Starlette:
     """The ASGI app for ``settings``; ``progress(stage)`` reports each loading
-    stage when it is done (see ``app.cli.LOAD_STAGES``), or ``LOAD_FAILED``
+    stage when it is done (see ``bargein.app.cli.LOAD_STAGES``), or ``LOAD_FAILED``
     (the reason is in ``/readyz`` and the log); ``runner``: serve
     this started engine runner instead of loading the model (never shut down here)."""
     metrics = create_metrics(settings.server.metrics_multiproc_dir)
@@ -323,7 +324,7 @@ async def realtime(ws: WebSocket) -> None:
     server = state.settings.server
     writer = Outgoing(ws, fmt, max_bytes=server.max_outgoing_bytes,
                       slow_timeout_s=server.slow_client_timeout_s)
-    scope_state = ws.scope.get("state", {})  # set by app.auth.AuthMiddleware
+    scope_state = ws.scope.get("state", {})  # set by bargein.app.auth.AuthMiddleware
     connection = Connection(state.service, writer.send,
                             principal=scope_state.get("principal", "anonymous"),
                             limit_key=scope_state.get("limit_key"))
@@ -356,7 +357,7 @@ async def realtime(ws: WebSocket) -> None:
 async def _read_loop(ws: WebSocket, connection: Connection, writer: Outgoing,
                      decoder: Decoder, observer: Observer) -> int | None:
     """Decode frames and hand them over, until the client goes away (or
-    stayed too slow, see :mod:`app.outgoing`); returns the close code of the
+    stayed too slow, see :mod:`bargein.app.outgoing`); returns the close code of the
     disconnect (None when the server stopped reading)."""
     while True:
         message = await _receive(ws, writer.too_slow)

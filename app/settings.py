@@ -14,10 +14,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from app.logging import LogFormat
-from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from session.admission import AdmissionConfig
-from session.config import SessionConfig
+from bargein.app.logging import LogFormat
+from bargein.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from bargein.session.admission import AdmissionConfig
+from bargein.session.config import SessionConfig
 
 ENV_PREFIX = "BARGEIN_"
 
@@ -40,7 +40,7 @@ class ServerConfig:
         redis_url: Redis URL, required when ``log_backend == "redis"``.
         secret: key of resume and session tokens; ``None``: with a Redis log,
             the key every node on that Redis shares (created there once), with
-            the memory log a random one per process (see ``app.server.token_secret``).
+            the memory log a random one per process (see ``bargein.app.server.token_secret``).
         debug_endpoints: serve ``GET /debug/engine`` (engine stats and recent
             prompts) for tests and operators; never enable on a public port.
         log_level: uvicorn and bargein log level.

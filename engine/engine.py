@@ -17,19 +17,19 @@ from typing import Any, Protocol
 
 import torch
 
-from engine.config import EngineConfig, SchedulerConfig
-from engine.detokenizer import IncrementalDetokenizer
-from engine.errors import DuplicateRequestError, PromptTooLongError
-from engine.kv_cache import BlockPool
-from engine.model_runner import ModelRunner, SeqInput
-from engine.request import EngineRequest, FinishReason, RequestOutput
-from engine.sampler import Sampler, make_generator
-from engine.scheduler import Scheduler, SchedulerOutput
-from engine.sequence import Sequence
+from bargein.engine.config import EngineConfig, SchedulerConfig
+from bargein.engine.detokenizer import IncrementalDetokenizer
+from bargein.engine.errors import DuplicateRequestError, PromptTooLongError
+from bargein.engine.kv_cache import BlockPool
+from bargein.engine.model_runner import ModelRunner, SeqInput
+from bargein.engine.request import EngineRequest, FinishReason, RequestOutput
+from bargein.engine.sampler import Sampler, make_generator
+from bargein.engine.scheduler import Scheduler, SchedulerOutput
+from bargein.engine.sequence import Sequence
 
 
 class ModelRunnerLike(Protocol):
-    """What the engine needs of ``engine.model_runner.ModelRunner``."""
+    """What the engine needs of ``bargein.engine.model_runner.ModelRunner``."""
 
     num_blocks: int
     block_size: int

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention import AttentionMetadata
-from engine.config import CacheConfig, ModelConfig
-from engine.kernels import get_ops
-from engine.model.llama import LlamaModel, model_shape
-from engine.model.loader import load_model, load_tokenizer
+from bargein.engine.attention import AttentionMetadata
+from bargein.engine.config import CacheConfig, ModelConfig
+from bargein.engine.kernels import get_ops
+from bargein.engine.model.llama import LlamaModel, model_shape
+from bargein.engine.model.loader import load_model, load_tokenizer
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

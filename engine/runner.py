@@ -22,9 +22,9 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from engine.engine import EngineStats, LLMEngine, StepStats
-from engine.errors import DuplicateRequestError, EngineStoppedError
-from engine.request import EngineRequest, FinishReason, RequestOutput
+from bargein.engine.engine import EngineStats, LLMEngine, StepStats
+from bargein.engine.errors import DuplicateRequestError, EngineStoppedError
+from bargein.engine.request import EngineRequest, FinishReason, RequestOutput
 
 logger = logging.getLogger(__name__)
 

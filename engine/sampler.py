@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from engine.request import SamplingParams
+from bargein.engine.request import SamplingParams
 
 
 def make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:

@@ -24,10 +24,10 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from engine.config import SchedulerConfig
-from engine.kv_cache import BlockPool
-from engine.request import EngineRequest, FinishReason
-from engine.sequence import Sequence, SequenceStatus
+from bargein.engine.config import SchedulerConfig
+from bargein.engine.kv_cache import BlockPool
+from bargein.engine.request import EngineRequest, FinishReason
+from bargein.engine.sequence import Sequence, SequenceStatus
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

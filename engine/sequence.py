@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 
-from engine.request import EngineRequest, FinishReason, SamplingParams
+from bargein.engine.request import EngineRequest, FinishReason, SamplingParams
 
 
 class SequenceStatus(enum.Enum):

@@ -80,7 +80,7 @@ class Node:
     def start(self, max_tokens: int) -> None:
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "app", "serve", "--port", str(self.port),
+                [sys.executable, "-m", "bargein", "serve", "--port", str(self.port),
                  "--redis-url", self.redis_url, "--node-id", self.node_id, "--secret", SECRET,
                  "--lease-ttl", "2", "--max-tokens", str(max_tokens), "--max-num-seqs", "16",
                  "--log-level", "info"], stdout=out, stderr=subprocess.STDOUT)

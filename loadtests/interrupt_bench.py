@@ -1,6 +1,6 @@
 """Interrupt benchmark: frame received to KV blocks freed, under load.
 
-A real server (``app.embedded.EmbeddedServer``, the bundled model) serves
+A real server (``bargein.app.embedded.EmbeddedServer``, the bundled model) serves
 ``--streams`` background streams that keep generating (each client starts a
 new answer as soon as one ends) while ``--interrupters`` clients run
 ``--interrupts`` rounds between them: ``response.create``, wait a random
@@ -33,11 +33,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.client import RealtimeClient  # noqa: E402
-from app.embedded import EmbeddedServer  # noqa: E402
-from app.settings import ServerConfig, Settings  # noqa: E402
-from engine.config import EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
-from session.config import SessionConfig  # noqa: E402
+from bargein.app.client import RealtimeClient  # noqa: E402
+from bargein.app.embedded import EmbeddedServer  # noqa: E402
+from bargein.app.settings import ServerConfig, Settings  # noqa: E402
+from bargein.engine.config import EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
+from bargein.session.config import SessionConfig  # noqa: E402
 
 TOPICS = ["dragons", "the sea", "a robot", "winter", "a lost key", "the moon", "trains",
           "a garden"]

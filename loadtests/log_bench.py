@@ -37,8 +37,8 @@ from redis.asyncio import Redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from session.redis_log import RedisLogConfig, RedisTokenLog  # noqa: E402
-from session.token_log import LogEntry, MemoryTokenLog, StreamEnd, StreamInfo, StreamWrite, TokenLog  # noqa: E402
+from bargein.session.log import LogEntry, MemoryTokenLog, StreamEnd, StreamInfo, StreamWrite, TokenLog  # noqa: E402
+from bargein.session.log.redis_streams import RedisLogConfig, RedisTokenLog  # noqa: E402
 from tests.redis_server import RedisServer  # noqa: E402
 
 TEXT = " token"  # a typical one-token text delta

@@ -37,7 +37,7 @@ def served(flags: Sequence[str], *, timeout_s: float = 300.0) -> Iterator[str]:
         RuntimeError: the server exited or was not ready within ``timeout_s``.
     """
     port = free_port()
-    cmd = [sys.executable, "-m", "app", "serve", "--port", str(port), "--debug-endpoints",
+    cmd = [sys.executable, "-m", "bargein", "serve", "--port", str(port), "--debug-endpoints",
            "true", "--log-level", "warning", *flags]
     # stderr to a file, not a pipe nobody reads (a full pipe would stall the server)
     with tempfile.TemporaryFile() as err:

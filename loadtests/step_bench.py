@@ -37,9 +37,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
-from engine.config import CacheConfig, ModelConfig  # noqa: E402
-from engine.model.loader import resolve_folder  # noqa: E402
-from engine.model_runner import ModelRunner, SeqInput  # noqa: E402
+from bargein.engine.config import CacheConfig, ModelConfig  # noqa: E402
+from bargein.engine.model.loader import resolve_folder  # noqa: E402
+from bargein.engine.model_runner import ModelRunner, SeqInput  # noqa: E402
 
 BLOCK_SIZE = 16
 

@@ -10,7 +10,7 @@ Public API:
         ``FrameTooLarge`` (close with 1009).
 """
 
-from protocol.codec import (
+from bargein.protocol.codec import (
     SUBPROTOCOL_JSON,
     SUBPROTOCOL_MSGPACK,
     Decoder,
@@ -19,9 +19,9 @@ from protocol.codec import (
     encode,
     select_subprotocol,
 )
-from protocol.errors import FrameTooLarge, ProtocolError, ProtocolException
-from protocol.events import *  # noqa: F403 - the event types are the package's vocabulary
-from protocol.events import __all__ as _events_all
+from bargein.protocol.errors import FrameTooLarge, ProtocolError, ProtocolException
+from bargein.protocol.events import *  # noqa: F403 - the event types are the package's vocabulary
+from bargein.protocol.events import __all__ as _events_all
 
 __all__ = [
     "SUBPROTOCOL_JSON",

@@ -3,7 +3,7 @@
 Only rules that hold for every server are here; limits a server announces in
 ``session.created`` (``max_tokens``, prompt length) are the session's to
 enforce, since the codec does not know them. Every offset and count is
-bounded here by :data:`protocol.events.MAX_OFFSET`, so no layer below the
+bounded here by :data:`bargein.protocol.events.MAX_OFFSET`, so no layer below the
 codec sees a number that does not fit the places it goes.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from protocol.errors import ProtocolError
-from protocol.events import (
+from bargein.protocol.errors import ProtocolError
+from bargein.protocol.events import (
     MAX_OFFSET,
     ClientEvent,
     ErrorCode,

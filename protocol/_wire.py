@@ -2,7 +2,7 @@
 
 The wire map is what JSON and msgpack carry: ``dict``/``list``/``str``/
 ``int``/``float``/``bool``/``None``. Decoding checks types only (the range
-rules live in ``protocol._rules``) and raises :class:`ProtocolError`:
+rules live in ``bargein.protocol._rules``) and raises :class:`ProtocolError`:
 ``invalid_message`` for a missing or mistyped field, ``invalid_parameter``
 for a value outside an enumerated set or a non-finite number. Fields the
 schema does not know are ignored, so older code reads newer frames.
@@ -19,8 +19,8 @@ import typing
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
-from protocol.errors import ProtocolError
-from protocol.events import ErrorCode
+from bargein.protocol.errors import ProtocolError
+from bargein.protocol.events import ErrorCode
 
 T = TypeVar("T")
 

@@ -31,9 +31,9 @@ from typing import Any, Literal, TypeAlias
 
 import msgpack
 
-from protocol import _rules, _wire
-from protocol.errors import FrameTooLarge, ProtocolError
-from protocol.events import CLIENT_EVENTS, SERVER_EVENTS, ClientEvent, ErrorCode, ServerEvent
+from bargein.protocol import _rules, _wire
+from bargein.protocol.errors import FrameTooLarge, ProtocolError
+from bargein.protocol.events import CLIENT_EVENTS, SERVER_EVENTS, ClientEvent, ErrorCode, ServerEvent
 
 Format: TypeAlias = Literal["json", "msgpack"]
 

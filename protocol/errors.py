@@ -8,7 +8,7 @@ open; :class:`FrameTooLarge` closes the connection with 1009. Catching
 
 from __future__ import annotations
 
-from protocol.events import ErrorCode, ErrorEvent
+from bargein.protocol.events import ErrorCode, ErrorEvent
 
 
 class ProtocolException(Exception):

@@ -1,5 +1,5 @@
-"""What goes into and comes out of :meth:`session.session.Session.handle`
-besides the client events of :mod:`protocol.events`.
+"""What goes into and comes out of :meth:`bargein.session.session.Session.handle`
+besides the client events of :mod:`bargein.protocol.events`.
 
 Internal events report what the service learned (from the engine, the token
 log or the socket); actions say what the service must do. All are frozen,
@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from engine.request import FinishReason, SamplingParams
-from protocol import events as pe
+from bargein.engine.request import FinishReason, SamplingParams
+from bargein.protocol import events as pe
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,7 +91,7 @@ class Disconnected:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Send:
-    """Send ``event`` (a :mod:`protocol.events` server event) to the client."""
+    """Send ``event`` (a :mod:`bargein.protocol.events` server event) to the client."""
 
     event: Any
 

@@ -1,6 +1,6 @@
 """Admission control: say no early and clearly, before any KV block is allocated.
 
-:class:`Admission` is consulted by :meth:`session.service.Service.submit`
+:class:`Admission` is consulted by :meth:`bargein.session.service.Service.submit`
 (the one path of both the WebSocket and the HTTP API) before a request
 reaches the engine. In the order checked:
 
@@ -49,7 +49,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from protocol import events as pe
+from bargein.protocol import events as pe
 
 MIN_RETRY_MS = 100
 MAX_RETRY_MS = 30_000

@@ -2,7 +2,7 @@
 that keep tokenizing cheap.
 
 Tokenizing is CPU-bound (about 0.6 s for 1 MiB of text), so two things are
-decided before it runs (see :meth:`session.service.Service.submit`):
+decided before it runs (see :meth:`bargein.session.service.Service.submit`):
 
 - text too long to fit the context whatever its tokens are is refused on its
   length alone (:func:`max_prompt_bytes`, :func:`prompt_bytes`);
@@ -18,7 +18,7 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from session.session import Message
+    from bargein.session.session import Message
 
 
 class ChatTokenizer(Protocol):

@@ -1,7 +1,7 @@
 """One client connection: its session, its deliveries, and the actions they call for.
 
 The app decodes frames and hands the events here one at a time, in order;
-:class:`Connection` feeds them to its :class:`~session.session.Session` and
+:class:`Connection` feeds them to its :class:`~bargein.session.session.Session` and
 carries out the actions it returns. It never touches a socket: it writes
 server events through a ``send`` coroutine the app gives it (which returns
 once the frame is on the wire, so deliveries go at the client's pace).
@@ -14,13 +14,14 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from engine.request import FinishReason
-from protocol import events as pe
-from session.delivery import Delivery, SendEvent, done_event
-from session.errors import StreamNotFound, TokenLogError
-from session.saved import SavedSession, SessionSaver, snapshot
-from session.service import Owner, Service
-from session.session import (
+from bargein.engine.request import FinishReason
+from bargein.protocol import events as pe
+from bargein.session.delivery import Delivery, SendEvent, done_event
+from bargein.session.errors import StreamNotFound, TokenLogError
+from bargein.session.log import StreamEnd
+from bargein.session.saved import SavedSession, SessionSaver, snapshot
+from bargein.session.service import Owner, Service
+from bargein.session.session import (
     Abort,
     Action,
     Delivered,
@@ -37,8 +38,7 @@ from session.session import (
     SubmitFailed,
     Submitted,
 )
-from session.token_log import StreamEnd
-from session.tokens import (
+from bargein.session.tokens import (
     check_resume_token,
     check_session_token,
     make_resume_token,

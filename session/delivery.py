@@ -16,10 +16,10 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
-from protocol import events as pe
-from session.errors import StreamNotFound, StreamTruncated, TokenLogUnavailable
-from session.observer import NullObserver, SessionObserver
-from session.token_log import EndError, LogEntry, StreamEnd, TokenLog
+from bargein.protocol import events as pe
+from bargein.session.errors import StreamNotFound, StreamTruncated, TokenLogUnavailable
+from bargein.session.log import EndError, LogEntry, StreamEnd, TokenLog
+from bargein.session.observer import NullObserver, SessionObserver
 
 logger = logging.getLogger(__name__)
 

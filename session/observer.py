@@ -13,11 +13,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from session.session import Message
+    from bargein.session.session import Message
 
 
 class SessionObserver(Protocol):
-    """Hooks called by :class:`~session.service.Service`, ``Connection`` and ``Delivery``.
+    """Hooks called by :class:`~bargein.session.service.Service`, ``Connection`` and ``Delivery``.
 
     Ids: ``response_id`` is the id the client knows (its own or the one the
     server made), ``stream_id`` the engine request and token log stream,

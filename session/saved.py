@@ -1,7 +1,7 @@
 """A session's conversation kept in the token log, for ``session.resume``.
 
 What is kept (:class:`SavedSession`, JSON through
-:meth:`~session.token_log.TokenLog.save_session`): the principal, the
+:meth:`~bargein.session.log.TokenLog.save_session`): the principal, the
 settings, the turns, and the active response (the one still generating, or
 not fully delivered, when the state was saved) with the text delivered of it.
 The resume token of the active stream is not kept: it is derived again from
@@ -29,10 +29,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from session.actions import Message
-from session.errors import TokenLogError
-from session.session import ConversationSettings, Session
-from session.token_log import TokenLog
+from bargein.session.actions import Message
+from bargein.session.errors import TokenLogError
+from bargein.session.log import TokenLog
+from bargein.session.session import ConversationSettings, Session
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 One :class:`Service` per process. It
 
-- turns a session's :class:`~session.session.Submit` into an engine request:
+- turns a session's :class:`~bargein.session.session.Submit` into an engine request:
   text too long to fit the context is refused before any tokenizing, the
   chat template is applied off the event loop (``asyncio.to_thread``, one
   at a time per connection), the stream is created in the log, then the
@@ -31,24 +31,24 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.errors import EngineStoppedError, PromptTooLongError
-from engine.request import EngineRequest, FinishReason, RequestOutput
-from protocol import events as pe
-from session.admission import Admission, AdmissionConfig, Refusal
-from session.chat import (
+from bargein.engine.errors import EngineStoppedError, PromptTooLongError
+from bargein.engine.request import EngineRequest, FinishReason, RequestOutput
+from bargein.protocol import events as pe
+from bargein.session.admission import Admission, AdmissionConfig, Refusal
+from bargein.session.chat import (
     OneAtATime,
     longest_token_bytes,
     max_prompt_bytes,
     prompt_bytes,
     prompt_ids,
 )
-from session.config import SessionConfig
-from session.errors import StreamFenced, TokenLogUnavailable
-from session.observer import NullObserver, SessionObserver
-from session.session import GenerationFinished, Submit, Submitted, SubmitFailed
-from session.supervise import TaskHealth, supervised
-from session.token_log import EndError, LogEntry, StreamEnd, StreamInfo, StreamWrite, TokenLog
-from session.tokens import make_resume_token
+from bargein.session.config import SessionConfig
+from bargein.session.errors import StreamFenced, TokenLogUnavailable
+from bargein.session.log import EndError, LogEntry, StreamEnd, StreamInfo, StreamWrite, TokenLog
+from bargein.session.observer import NullObserver, SessionObserver
+from bargein.session.session import GenerationFinished, Submit, SubmitFailed, Submitted
+from bargein.session.supervise import TaskHealth, supervised
+from bargein.session.tokens import make_resume_token
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class _LiveStream:
     abandoned: asyncio.TimerHandle | None = None  # aborts it if nobody reads it in time
     deadline: asyncio.TimerHandle | None = None  # drops it if it is still queued then
     expired: EndError | None = None  # it was dropped from the queue at its deadline
-    continuation: Any = None  # a session.takeover.Continuation: a stream taken over
+    continuation: Any = None  # a bargein.session.cluster.takeover.Continuation: a stream taken over
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -108,7 +108,7 @@ class Service:
     """Runs the realtime sessions of one process on one engine runner.
 
     Args:
-        runner: a started :class:`engine.runner.EngineRunner` (or anything
+        runner: a started :class:`bargein.engine.runner.EngineRunner` (or anything
             with its ``submit``/``abort``/``add_step_listener``/``tokenizer``/
             ``max_model_len``/``model_name``/``stats``).
         log: the token log streams are written to and delivered from.
@@ -121,7 +121,7 @@ class Service:
         observer: told of submits, rejections, finishes and log writes (metrics).
         admission: refuses requests past the queue and rate limits (default:
             no limits).
-        cluster: a :class:`session.cluster.Cluster` when several nodes share
+        cluster: a :class:`bargein.session.cluster.Cluster` when several nodes share
             the Redis log (leases, forwarded cancels, takeover); None alone.
     """
 
@@ -211,7 +211,7 @@ class Service:
                      ) -> Submitted | SubmitFailed:
         """Admit, render the prompt, create the stream, submit the request.
 
-        Admission (:mod:`session.admission`) answers first, before any KV
+        Admission (:mod:`bargein.session.admission`) answers first, before any KV
         block is allocated. From ``runner.submit`` to the return there is no
         ``await``: the caller hands ``Submitted`` to its session before any
         engine output of this request can reach the loop.

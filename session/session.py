@@ -1,7 +1,7 @@
 """One realtime conversation as a state machine (sans-I/O).
 
 ``Session.handle(event, now) -> list[Action]``: the event is a decoded client
-event of :mod:`protocol.events` or one of the internal events below (what the
+event of :mod:`bargein.protocol.events` or one of the internal events below (what the
 service learned from the engine, the token log or the socket); the actions
 say what the service must do (send an event, submit or abort an engine
 request, start delivering a stream). Time is an argument, never read here.
@@ -32,9 +32,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from engine.request import FinishReason, SamplingParams
-from protocol import events as pe
-from session.actions import (
+from bargein.engine.request import FinishReason, SamplingParams
+from bargein.protocol import events as pe
+from bargein.session.actions import (
     Abort,
     Action,
     Delivered,
@@ -46,11 +46,11 @@ from session.actions import (
     StartDelivery,
     StopDelivery,
     Submit,
-    Submitted,
     SubmitFailed,
+    Submitted,
 )
-from session.config import SessionConfig
-from session.errors import SessionError
+from bargein.session.config import SessionConfig
+from bargein.session.errors import SessionError
 
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 _REMEMBERED_RESPONSES = 64  # finished responses a late cancel can still name

@@ -13,14 +13,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from engine.kernels.activation import silu_and_mul_ref
-from engine.kernels.kv_cache_write import write_kv_cache_ref
-from engine.kernels.cpu_attention import paged_attention_decode_cpu
-from engine.kernels.paged_attention import paged_attention_prefill_ref
-from engine.kernels.rms_norm import rms_norm_ref
-from engine.kernels.rotary import rotary_embedding_ref
+from bargein.engine.kernels.activation import silu_and_mul_ref
+from bargein.engine.kernels.cpu_attention import paged_attention_decode_cpu
+from bargein.engine.kernels.kv_cache_write import write_kv_cache_ref
+from bargein.engine.kernels.paged_attention import paged_attention_prefill_ref
+from bargein.engine.kernels.rms_norm import rms_norm_ref
+from bargein.engine.kernels.rotary import rotary_embedding_ref
 
-# op name -> module under engine.kernels that holds `<op>_ref` and (Triton) `<op>`
+# op name -> module under bargein.engine.kernels that holds `<op>_ref` and (Triton) `<op>`
 _OP_MODULES: dict[str, str] = {
     "rms_norm": "rms_norm",
     "rotary_embedding": "rotary",
@@ -59,7 +59,7 @@ def _triton_ops() -> Ops:
         raise ImportError("backend='triton' needs triton: pip install 'bargein[triton]'")
     found: dict[str, Callable[..., Any]] = {}
     for op, module_name in _OP_MODULES.items():
-        module = importlib.import_module(f"engine.kernels.{module_name}")
+        module = importlib.import_module(f"{__name__}.{module_name}")
         fn = getattr(module, op, None)
         if fn is None:
             raise NotImplementedError(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.kernels._triton import check_tensor, lazy_jit, next_power_of_2, tl
+from bargein.engine.kernels._triton import check_tensor, lazy_jit, next_power_of_2, tl
 
 
 def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,7 @@ import numba
 import numpy as np
 import torch
 
-from engine.kernels.paged_attention import paged_attention_decode_ref
+from bargein.engine.kernels.paged_attention import paged_attention_decode_ref
 
 # Reassociation lets LLVM vectorize the dot products and sums over the head
 # dimension; no "nnan"/"ninf": the running max starts at -inf.

@@ -13,7 +13,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from engine.kernels._triton import check_tensor, dot_dtype, lazy_jit, next_power_of_2, tl
+from bargein.engine.kernels._triton import check_tensor, dot_dtype, lazy_jit, next_power_of_2, tl
 
 
 def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:

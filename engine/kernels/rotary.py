@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.kernels._triton import check_tensor, lazy_jit, next_power_of_2, tl
+from bargein.engine.kernels._triton import check_tensor, lazy_jit, next_power_of_2, tl
 
 
 def _rotate_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

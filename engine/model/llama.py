@@ -5,7 +5,7 @@ layers of RMSNorm, rotary GQA attention and a SwiGLU MLP. The q/k/v and
 gate/up projections are fused into one matrix each at load (one GEMM instead
 of three or two; PERF-NOTES.md), Qwen2's q/k/v biases fused alike. Norms,
 rotary, SiLU-mul, the KV write and attention go through the kernel ops of
-one backend (``engine.kernels.get_ops``); only the GEMMs are plain torch.
+one backend (``bargein.engine.kernels.get_ops``); only the GEMMs are plain torch.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import torch.nn.functional as F
 from transformers import PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from engine.attention import AttentionMetadata
-from engine.kernels import Ops
-from engine.kernels.rotary import build_cos_sin_cache
-from engine.model.linear import Linear
+from bargein.engine.attention import AttentionMetadata
+from bargein.engine.kernels import Ops
+from bargein.engine.kernels.rotary import build_cos_sin_cache
+from bargein.engine.model.linear import Linear
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

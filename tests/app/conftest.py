@@ -1,6 +1,6 @@
 """A real bargein server for end-to-end tests, shared by the whole test session.
 
-``live_server`` starts an :class:`app.embedded.EmbeddedServer`: uvicorn
+``live_server`` starts an :class:`bargein.app.embedded.EmbeddedServer`: uvicorn
 (websockets sans-I/O implementation) on a free loopback port, in a thread of
 the test process, with the real bundled model loaded ONCE per test session
 (a test that needs other settings builds its own ``EmbeddedServer``, at the
@@ -32,12 +32,12 @@ from typing import Any
 
 import pytest
 
-from app.embedded import EmbeddedServer
-from app.server import AppState
-from app.settings import ServerConfig, Settings
-from engine.config import EngineConfig, SchedulerConfig
-from engine.request import EngineRequest
-from session.config import SessionConfig
+from bargein.app.embedded import EmbeddedServer
+from bargein.app.server import AppState
+from bargein.app.settings import ServerConfig, Settings
+from bargein.engine.config import EngineConfig, SchedulerConfig
+from bargein.engine.request import EngineRequest
+from bargein.session.config import SessionConfig
 
 MAX_MODEL_LEN = 512
 MAX_FRAME_BYTES = 64 * 1024

@@ -19,14 +19,14 @@ from typing import Any
 import psutil
 import pytest
 
-from app import outgoing
-from app.client import RealtimeClient
-from app.embedded import EmbeddedServer
-from app.outgoing import Outgoing
-from app.settings import ServerConfig, Settings
-from protocol import CloseCode
-from protocol import events as pe
-from session.config import SessionConfig
+from bargein.app import outgoing
+from bargein.app.client import RealtimeClient
+from bargein.app.embedded import EmbeddedServer
+from bargein.app.outgoing import Outgoing
+from bargein.app.settings import ServerConfig, Settings
+from bargein.protocol import CloseCode
+from bargein.protocol import events as pe
+from bargein.session.config import SessionConfig
 from tests.app.conftest import LiveServer, node_on_engine
 from tests.app.rawws import masked_text, raw_upgrade
 

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Iterator
 import httpx
 import pytest
 
-from app.embedded import EmbeddedServer
+from bargein.app.embedded import EmbeddedServer
 from tests.app.conftest import LiveServer, redis_node_on_engine
 from tests.app.resume_helpers import Conn, Received
 

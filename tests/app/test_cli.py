@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from app.cli import main
-from app.settings import SettingsError, parse_serve_args
+from bargein.app.cli import main
+from bargein.app.settings import SettingsError, parse_serve_args
 from tests.app.conftest import LiveServer
 
 
@@ -54,7 +54,7 @@ def test_out_of_range_values_are_refused_with_the_field_named(argv: list[str]) -
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "app", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "bargein", *args], capture_output=True,
                           text=True, timeout=120, check=False)
 
 
@@ -100,7 +100,7 @@ def test_chat_says_when_the_server_is_not_there() -> None:
 
 
 def test_client_imports_without_torch_or_the_engine() -> None:
-    code = ("import sys, app.client; "
+    code = ("import sys, bargein.app.client; "
             "bad = [m for m in ('torch', 'engine', 'transformers') if m in sys.modules]; "
             "print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -111,7 +111,7 @@ def test_client_imports_without_torch_or_the_engine() -> None:
 @pytest.mark.slow
 def test_chat_command_talks_to_a_live_server(live_server: LiveServer) -> None:
     chat = subprocess.run(
-        [sys.executable, "-m", "app", "chat", "--url", live_server.ws_url, "--max-tokens", "16"],
+        [sys.executable, "-m", "bargein", "chat", "--url", live_server.ws_url, "--max-tokens", "16"],
         input="What is the capital of France?\n\n", capture_output=True, text=True,
         timeout=120, check=False)
     assert chat.returncode == 0, chat.stderr
@@ -123,7 +123,7 @@ def test_ctrl_c_in_chat_barges_in_and_the_conversation_keeps_what_was_printed(
         live_server: LiveServer) -> None:
     interrupted_before = live_server.stats().num_finished_by_reason.get("interrupted", 0)
     with subprocess.Popen(
-            [sys.executable, "-m", "app", "chat", "--url", live_server.ws_url,
+            [sys.executable, "-m", "bargein", "chat", "--url", live_server.ws_url,
              "--max-tokens", "64"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as chat:
         assert chat.stdin is not None and chat.stdout is not None
@@ -149,7 +149,7 @@ def test_ctrl_c_in_chat_barges_in_and_the_conversation_keeps_what_was_printed(
 
 @pytest.mark.slow
 def test_ctrl_c_at_the_prompt_quits_at_once(live_server: LiveServer) -> None:
-    with subprocess.Popen([sys.executable, "-m", "app", "chat", "--url", live_server.ws_url],
+    with subprocess.Popen([sys.executable, "-m", "bargein", "chat", "--url", live_server.ws_url],
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE) as chat:
         assert chat.stderr is not None and chat.stdout is not None

@@ -19,9 +19,9 @@ import httpx
 import openai
 import pytest
 
-from app.embedded import EmbeddedServer
-from app.settings import ServerConfig, Settings
-from session.config import SessionConfig
+from bargein.app.embedded import EmbeddedServer
+from bargein.app.settings import ServerConfig, Settings
+from bargein.session.config import SessionConfig
 from tests.app.conftest import LiveServer, node_on_engine
 from tests.app.resume_helpers import Conn, Received
 

@@ -22,10 +22,10 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from app.auth import principal_for
-from app.embedded import EmbeddedServer
-from app.settings import ServerConfig, Settings
-from session.config import SessionConfig
+from bargein.app.auth import principal_for
+from bargein.app.embedded import EmbeddedServer
+from bargein.app.settings import ServerConfig, Settings
+from bargein.session.config import SessionConfig
 from tests.app.conftest import MAX_FRAME_BYTES, LiveServer
 
 pytestmark = pytest.mark.slow

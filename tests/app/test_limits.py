@@ -29,15 +29,15 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from app import outgoing
-from app.client import RealtimeClient, ServerError
-from app.embedded import EmbeddedServer
-from app.settings import ServerConfig, Settings
-from engine.config import EngineConfig, SchedulerConfig
-from session import service as service_module
-from session.admission import AdmissionConfig
-from session.chat import prompt_ids
-from session.config import SessionConfig
+from bargein.app import outgoing
+from bargein.app.client import RealtimeClient, ServerError
+from bargein.app.embedded import EmbeddedServer
+from bargein.app.settings import ServerConfig, Settings
+from bargein.engine.config import EngineConfig, SchedulerConfig
+from bargein.session import service as service_module
+from bargein.session.admission import AdmissionConfig
+from bargein.session.chat import prompt_ids
+from bargein.session.config import SessionConfig
 from tests.app.log_capture import server_log
 from tests.app.rawws import masked_text, raw_upgrade
 
@@ -113,7 +113,7 @@ async def test_missing_or_wrong_key_is_refused_with_401_before_the_upgrade(
 
 
 def test_chat_command_takes_a_key_and_says_when_it_is_missing(guarded: EmbeddedServer) -> None:
-    chat = [sys.executable, "-m", "app", "chat", "--url", guarded.ws_url, "--max-tokens", "2"]
+    chat = [sys.executable, "-m", "bargein", "chat", "--url", guarded.ws_url, "--max-tokens", "2"]
     env = {k: v for k, v in os.environ.items() if k != "BARGEIN_API_KEY"}
     refused = subprocess.run(chat, input="Hi\n\n", capture_output=True, text=True,
                              timeout=60, env=env)
@@ -148,7 +148,7 @@ async def test_keys_never_reach_the_logs(guarded: EmbeddedServer,
     with pytest.raises(InvalidStatus):
         await connect(guarded.ws_url, subprotocols=["bearer.k-wrong-secret"])  # type: ignore[list-item]
     lines = [r.getMessage() + str(r.__dict__) for r in caplog.records  # the server's lines
-             if r.name.startswith(("bargein", "uvicorn", "app", "session", "engine"))]
+             if r.name.startswith(("bargein", "uvicorn"))]
     assert any("request refused" in line for line in lines)
     assert not any("k-logs" in line or "k-wrong-secret" in line for line in lines)
 

@@ -16,8 +16,8 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from app.client import RealtimeClient
-from app.logging import REDACTED, StructuredFormatter, bind, configure_logging, set_ids
+from bargein.app.client import RealtimeClient
+from bargein.app.logging import REDACTED, StructuredFormatter, bind, configure_logging, set_ids
 from tests.app.conftest import LiveServer
 from tests.app.log_capture import server_log
 

@@ -23,10 +23,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.client import RealtimeClient
-from app.metrics import Metrics
-from engine.engine import EngineStats, StepStats
-from engine.request import FinishReason, RequestOutput
+from bargein.app.client import RealtimeClient
+from bargein.app.metrics import Metrics
+from bargein.engine.engine import EngineStats, StepStats
+from bargein.engine.request import FinishReason, RequestOutput
 from tests.app.conftest import LiveServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -275,7 +275,7 @@ async def test_http_errors_and_sse_streams_are_counted(live_server: LiveServer) 
 
 WORKER = """
 import sys
-from app.metrics import create_metrics
+from bargein.app.metrics import create_metrics
 metrics = create_metrics(sys.argv[1])
 metrics.requests_finished.labels(finish_reason="stop").inc(2)
 metrics.ttft.observe(0.2)

@@ -75,7 +75,7 @@ def start_node(name: str, redis_url: str, log_dir: str, *, secret: str | None = 
     key = [] if secret is None else ["--secret", secret]
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "app", "serve", "--port", str(port), "--redis-url", redis_url,
+            [sys.executable, "-m", "bargein", "serve", "--port", str(port), "--redis-url", redis_url,
              "--node-id", name, *key, "--debug-endpoints", "true",
              "--lease-ttl", str(LEASE_TTL_S), "--max-model-len", "1024", "--max-tokens", "256",
              "--max-num-seqs", "8", "--log-level", "warning"],

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from app.openai_api import principal_of
-from app.openai_schema import (
+from bargein.app.openai.routes import principal_of
+from bargein.app.openai.schema import (
     ApiError,
     Completion,
     chunk_body,
@@ -18,10 +18,10 @@ from app.openai_schema import (
     parse_origin,
     usage_chunk,
 )
-from engine.request import SamplingParams
-from session.config import SessionConfig
-from session.session import Message
-from session.token_log import StreamEnd
+from bargein.engine.request import SamplingParams
+from bargein.session.config import SessionConfig
+from bargein.session.log import StreamEnd
+from bargein.session.session import Message
 
 CONFIG = SessionConfig(max_tokens=64, default_max_tokens=32)
 HELLO = [{"role": "user", "content": "Hello"}]

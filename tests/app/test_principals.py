@@ -16,10 +16,10 @@ import openai
 import pytest
 from websockets.asyncio.client import connect
 
-from app.embedded import EmbeddedServer
-from app.settings import ServerConfig, Settings
-from session.admission import AdmissionConfig
-from session.config import SessionConfig
+from bargein.app.embedded import EmbeddedServer
+from bargein.app.settings import ServerConfig, Settings
+from bargein.session.admission import AdmissionConfig
+from bargein.session.config import SessionConfig
 from tests.app.conftest import LiveServer, node_on_engine
 
 pytestmark = pytest.mark.slow

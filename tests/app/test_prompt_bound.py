@@ -17,11 +17,11 @@ import openai
 import pytest
 from websockets.asyncio.client import connect
 
-from app.embedded import EmbeddedServer
-from app.settings import ServerConfig, Settings
-from session import service as service_module
-from session.chat import prompt_ids
-from session.config import SessionConfig
+from bargein.app.embedded import EmbeddedServer
+from bargein.app.settings import ServerConfig, Settings
+from bargein.session import service as service_module
+from bargein.session.chat import prompt_ids
+from bargein.session.config import SessionConfig
 from tests.app.conftest import LiveServer, node_on_engine
 
 pytestmark = pytest.mark.slow

@@ -7,7 +7,7 @@ import asyncio
 import httpx
 import pytest
 
-from app.client import RealtimeClient
+from bargein.app.client import RealtimeClient
 from tests.app.conftest import LiveServer
 
 pytestmark = pytest.mark.slow

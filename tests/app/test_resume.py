@@ -18,13 +18,13 @@ from typing import Any
 
 import pytest
 
-from app.embedded import EmbeddedServer
-from app.settings import ServerConfig, Settings
-from session.actions import Message
-from session.chat import render_prompt
-from session.config import SessionConfig
-from session.saved import SavedSession
-from session.tokens import make_session_token
+from bargein.app.embedded import EmbeddedServer
+from bargein.app.settings import ServerConfig, Settings
+from bargein.session.actions import Message
+from bargein.session.chat import render_prompt
+from bargein.session.config import SessionConfig
+from bargein.session.saved import SavedSession
+from bargein.session.tokens import make_session_token
 from tests.app.conftest import MAX_FRAME_BYTES, LiveServer
 from tests.app.resume_helpers import Conn, Received, assert_tiles
 

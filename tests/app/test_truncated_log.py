@@ -16,8 +16,8 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from app.embedded import EmbeddedServer
-from session.redis_format import Keys
+from bargein.app.embedded import EmbeddedServer
+from bargein.session.log.redis_format import Keys
 from tests.app.conftest import LiveServer, redis_node_on_engine
 from tests.app.resume_helpers import Conn, Received
 

@@ -18,9 +18,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
-from engine.config import CacheConfig, ModelConfig
-from engine.model.loader import load_tokenizer, resolve_folder
-from engine.model_runner import ModelRunner
+from bargein.engine.config import CacheConfig, ModelConfig
+from bargein.engine.model.loader import load_tokenizer, resolve_folder
+from bargein.engine.model_runner import ModelRunner
 
 RunnerFactory = Callable[..., ModelRunner]
 

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import PreTrainedTokenizerBase
 
-from engine.detokenizer import IncrementalDetokenizer
+from bargein.engine.detokenizer import IncrementalDetokenizer
 
 Tokenizer = PreTrainedTokenizerBase
 
@@ -31,7 +31,7 @@ TEXTS = [
 
 @pytest.fixture(scope="session")
 def tokenizer(hf_tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
-    """The bundled model's tokenizer (``engine.model.loader.load_tokenizer``), shared per session."""
+    """The bundled model's tokenizer (``bargein.engine.model.loader.load_tokenizer``), shared per session."""
     return hf_tokenizer
 
 

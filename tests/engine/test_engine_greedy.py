@@ -14,9 +14,9 @@ import pytest
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from engine.config import SchedulerConfig
-from engine.engine import LLMEngine
-from engine.request import EngineRequest, FinishReason, RequestOutput, SamplingParams
+from bargein.engine.config import SchedulerConfig
+from bargein.engine.engine import LLMEngine
+from bargein.engine.request import EngineRequest, FinishReason, RequestOutput, SamplingParams
 from tests.engine.conftest import RunnerFactory
 
 pytestmark = pytest.mark.slow

@@ -12,10 +12,10 @@ from collections import defaultdict
 
 import pytest
 
-from engine.config import SchedulerConfig
-from engine.engine import LLMEngine
-from engine.errors import DuplicateRequestError, PromptTooLongError
-from engine.request import EngineRequest, FinishReason, RequestOutput, SamplingParams
+from bargein.engine.config import SchedulerConfig
+from bargein.engine.engine import LLMEngine
+from bargein.engine.errors import DuplicateRequestError, PromptTooLongError
+from bargein.engine.request import EngineRequest, FinishReason, RequestOutput, SamplingParams
 from tests.engine.fake_runner import EOS, FakeRunner, FakeTokenizer, reference
 
 CONFIG = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=24, prefill_chunk_size=8, max_model_len=48)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.kv_cache import BlockPool, cdiv
+from bargein.engine.kv_cache import BlockPool, cdiv
 
 
 def test_append_slots_covers_tokens_block_by_block() -> None:

@@ -23,7 +23,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from engine.model_runner import ModelRunner, SeqInput
+from bargein.engine.model_runner import ModelRunner, SeqInput
 
 ATOL = 1e-3
 pytestmark = pytest.mark.slow  # loads the bundled model (or its tokenizer)

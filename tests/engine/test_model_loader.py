@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.config import ModelConfig
-from engine.model import loader
-from engine.model.loader import default_model_path, load_model, load_tokenizer
+from bargein.engine.config import ModelConfig
+from bargein.engine.model import loader
+from bargein.engine.model.loader import default_model_path, load_model, load_tokenizer
 
 
 def test_default_model_path_finds_the_bundled_gguf_without_importing_it() -> None:

@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 from transformers import PreTrainedTokenizerBase
 
-from engine.config import SchedulerConfig
-from engine.engine import LLMEngine
-from engine.errors import DuplicateRequestError, EngineStoppedError, PromptTooLongError
-from engine.model_runner import ModelRunner
-from engine.request import EngineRequest, FinishReason, RequestOutput, SamplingParams
-from engine.runner import EngineRunner
+from bargein.engine.config import SchedulerConfig
+from bargein.engine.engine import LLMEngine
+from bargein.engine.errors import DuplicateRequestError, EngineStoppedError, PromptTooLongError
+from bargein.engine.model_runner import ModelRunner
+from bargein.engine.request import EngineRequest, FinishReason, RequestOutput, SamplingParams
+from bargein.engine.runner import EngineRunner
 from tests.engine.conftest import RunnerFactory
 
 pytestmark = pytest.mark.slow

@@ -6,8 +6,8 @@ import math
 
 import torch
 
-from engine.request import SamplingParams
-from engine.sampler import Sampler, make_generator
+from bargein.engine.request import SamplingParams
+from bargein.engine.sampler import Sampler, make_generator
 
 CPU = torch.device("cpu")
 VOCAB = 64

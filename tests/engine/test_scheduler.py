@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from engine.config import SchedulerConfig
-from engine.kv_cache import BlockPool
-from engine.request import EngineRequest, FinishReason, SamplingParams
-from engine.scheduler import Scheduler, SchedulerOutput
-from engine.sequence import SequenceStatus
+from bargein.engine.config import SchedulerConfig
+from bargein.engine.kv_cache import BlockPool
+from bargein.engine.request import EngineRequest, FinishReason, SamplingParams
+from bargein.engine.scheduler import Scheduler, SchedulerOutput
+from bargein.engine.sequence import SequenceStatus
 
 EOS = 2
 

@@ -13,11 +13,11 @@ from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from engine.config import SchedulerConfig
-from engine.kv_cache import BlockPool
-from engine.request import EngineRequest, SamplingParams
-from engine.scheduler import Scheduler
-from engine.sequence import SequenceStatus
+from bargein.engine.config import SchedulerConfig
+from bargein.engine.kv_cache import BlockPool
+from bargein.engine.request import EngineRequest, SamplingParams
+from bargein.engine.scheduler import Scheduler
+from bargein.engine.sequence import SequenceStatus
 
 EOS = 0
 NUM_BLOCKS = 10

@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from engine.config import SchedulerConfig
-from engine.engine import LLMEngine, StepStats
-from engine.request import EngineRequest, FinishReason, SamplingParams
+from bargein.engine.config import SchedulerConfig
+from bargein.engine.engine import LLMEngine, StepStats
+from bargein.engine.request import EngineRequest, FinishReason, SamplingParams
 from tests.engine.fake_runner import FakeRunner
 
 CONFIG = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=24, prefill_chunk_size=8,

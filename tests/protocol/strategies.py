@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from protocol import events as ev
+from bargein.protocol import events as ev
 
 # Strings as a real client sends them: any code point UTF-8 can carry.
 text = st.text(st.characters(codec="utf-8"), max_size=20)

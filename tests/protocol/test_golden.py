@@ -13,8 +13,8 @@ from typing import Any
 import msgpack
 import pytest
 
-from protocol import Decoder, decode_server_event, encode
-from protocol import events as ev
+from bargein.protocol import Decoder, decode_server_event, encode
+from bargein.protocol import events as ev
 
 CLIENT_GOLDEN: list[tuple[Any, str]] = [
     (

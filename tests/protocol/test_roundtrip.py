@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol import Decoder, FrameTooLarge, ProtocolError, decode_server_event, encode
-from protocol.codec import Format
+from bargein.protocol import Decoder, FrameTooLarge, ProtocolError, decode_server_event, encode
+from bargein.protocol.codec import Format
 from tests.protocol import strategies as s
 
 FORMATS: list[Format] = ["json", "msgpack"]

@@ -8,8 +8,8 @@ from typing import Any
 import msgpack
 import pytest
 
-from protocol import Decoder, ErrorCode, ProtocolError, select_subprotocol
-from protocol import events as ev
+from bargein.protocol import Decoder, ErrorCode, ProtocolError, select_subprotocol
+from bargein.protocol import events as ev
 
 
 def _error(frame: str | bytes, fmt: str = "json") -> ProtocolError:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from protocol import events as pe
-from session.admission import Admission, AdmissionConfig, TokenBucket
+from bargein.protocol import events as pe
+from bargein.session.admission import Admission, AdmissionConfig, TokenBucket
 
 
 def test_request_bucket_refuses_past_the_burst_and_says_when_to_retry() -> None:

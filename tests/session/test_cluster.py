@@ -1,6 +1,6 @@
 """Takeover and forwarded cancels between nodes, on a real redis-server, without a model.
 
-Each node is a :class:`session.cluster.Cluster` with its own RedisTokenLog;
+Each node is a :class:`bargein.session.cluster.Cluster` with its own RedisTokenLog;
 the service around it is a stand-in that records what the cluster asks of
 it (the continuation request it would submit to its engine).
 """
@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-from engine.request import EngineRequest, FinishReason, SamplingParams
-from session.cluster import Cluster
-from session.lease import LeaseConfig
-from session.redis_log import RedisLogConfig, RedisTokenLog
-from session.errors import TokenLogUnavailable
-from session.token_log import LogEntry, StreamEnd, StreamInfo, StreamWrite
+from bargein.engine.request import EngineRequest, FinishReason, SamplingParams
+from bargein.session.cluster import Cluster
+from bargein.session.cluster.lease import LeaseConfig
+from bargein.session.errors import TokenLogUnavailable
+from bargein.session.log import LogEntry, StreamEnd, StreamInfo, StreamWrite
+from bargein.session.log.redis_streams import RedisLogConfig, RedisTokenLog
 
 pytestmark = pytest.mark.redis
 
@@ -204,7 +204,7 @@ async def last_event(log: RedisTokenLog, sid: str) -> LogEntry | StreamEnd | Non
     item = None
     with contextlib.suppress(StopAsyncIteration):
         async with contextlib.aclosing(log.read(sid, 0)) as items:
-            async for item in items:
+            async for item in items:  # noqa: B007 - the last one is returned
                 pass
     return item
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from engine.request import FinishReason, RequestOutput
-from protocol import events as pe
-from session.config import SessionConfig
-from session.connection import Connection
-from session.service import Service
-from session.session import Message, State
+from bargein.engine.request import FinishReason, RequestOutput
+from bargein.protocol import events as pe
+from bargein.session.config import SessionConfig
+from bargein.session.connection import Connection
+from bargein.session.service import Service
+from bargein.session.session import Message, State
 from tests.session.test_service import CountingLog, ThreadedEngine
 
 

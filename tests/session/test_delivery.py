@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from protocol import events as pe
-from session.delivery import Delivery
-from session.token_log import EndError, LogEntry, MemoryTokenLog, StreamEnd, StreamInfo, StreamWrite
+from bargein.protocol import events as pe
+from bargein.session.delivery import Delivery
+from bargein.session.log import EndError, LogEntry, MemoryTokenLog, StreamEnd, StreamInfo, StreamWrite
 
 WORDS = ["Paris", " is", " the", " capital", " of", " France", "."]
 

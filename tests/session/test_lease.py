@@ -11,9 +11,9 @@ import pytest
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
 
-from engine.request import FinishReason
-from session.forward import Forwarder
-from session.lease import VALID_FRACTION, LeaseConfig, Leases
+from bargein.engine.request import FinishReason
+from bargein.session.cluster.forward import Forwarder
+from bargein.session.cluster.lease import VALID_FRACTION, LeaseConfig, Leases
 
 pytestmark = pytest.mark.redis
 

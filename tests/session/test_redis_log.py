@@ -14,9 +14,9 @@ from redis.asyncio.connection import AbstractConnection
 from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from session.errors import StreamTruncated, TokenLogUnavailable
-from session.redis_log import RedisLogConfig, RedisTokenLog
-from session.token_log import LogEntry, StreamEnd
+from bargein.session.errors import StreamTruncated, TokenLogUnavailable
+from bargein.session.log import LogEntry, StreamEnd
+from bargein.session.log.redis_streams import RedisLogConfig, RedisTokenLog
 from tests.session.log_helpers import chunks, collect, entry, finish, live_info, write
 
 pytestmark = pytest.mark.redis

@@ -7,13 +7,13 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from engine.request import FinishReason
-from protocol import events as pe
-from session.actions import GenerationFinished, Message
-from session.config import SessionConfig
-from session.saved import SavedActive, SavedSession, SessionSaver, snapshot
-from session.session import ConversationSettings, IllegalTransition, Session, State
-from session.token_log import MemoryTokenLog
+from bargein.engine.request import FinishReason
+from bargein.protocol import events as pe
+from bargein.session.actions import GenerationFinished, Message
+from bargein.session.config import SessionConfig
+from bargein.session.log import MemoryTokenLog
+from bargein.session.saved import SavedActive, SavedSession, SessionSaver, snapshot
+from bargein.session.session import ConversationSettings, IllegalTransition, Session, State
 from tests.session.log_helpers import FakeClock
 
 SETTINGS = ConversationSettings(instructions="Be brief ✓", defaults={"max_tokens": 8,
@@ -101,7 +101,7 @@ async def test_a_burst_of_requests_is_saved_at_most_once_per_interval() -> None:
 
     saver = SessionSaver(log, state, min_interval_s=INTERVAL_S, clock=clock,
                          sleep=fake_sleep(clock))
-    for current in states:
+    for current in states:  # noqa: B007 - state() returns the current one
         saver.request()
         clock.advance(0.001)
         await asyncio.sleep(0)  # the saver runs between turn changes, as it does live

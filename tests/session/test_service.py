@@ -16,14 +16,14 @@ from typing import Any
 
 import pytest
 
-from engine.request import EngineRequest, FinishReason, RequestOutput, SamplingParams
-from protocol import events as pe
-from session.admission import Admission, AdmissionConfig
-from session.config import SessionConfig
-from session.errors import TokenLogUnavailable
-from session.service import Owner, Service
-from session.session import GenerationFinished, Message, Submit, Submitted, SubmitFailed
-from session.token_log import LogEntry, MemoryTokenLog, StreamEnd, StreamInfo, StreamWrite
+from bargein.engine.request import EngineRequest, FinishReason, RequestOutput, SamplingParams
+from bargein.protocol import events as pe
+from bargein.session.admission import Admission, AdmissionConfig
+from bargein.session.config import SessionConfig
+from bargein.session.errors import TokenLogUnavailable
+from bargein.session.log import LogEntry, MemoryTokenLog, StreamEnd, StreamInfo, StreamWrite
+from bargein.session.service import Owner, Service
+from bargein.session.session import GenerationFinished, Message, Submit, SubmitFailed, Submitted
 
 
 class ChatTemplate:

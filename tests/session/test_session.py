@@ -6,10 +6,10 @@ import itertools
 
 import pytest
 
-from engine.request import FinishReason
-from protocol import events as pe
-from session.config import SessionConfig
-from session.session import (
+from bargein.engine.request import FinishReason
+from bargein.protocol import events as pe
+from bargein.session.config import SessionConfig
+from bargein.session.session import (
     Abort,
     Delivered,
     Disconnected,
@@ -23,8 +23,8 @@ from session.session import (
     State,
     StopDelivery,
     Submit,
-    Submitted,
     SubmitFailed,
+    Submitted,
 )
 
 

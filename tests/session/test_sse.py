@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from session.sse import event_id, format_event, parse_event_id
+from bargein.app.openai.sse import event_id, format_event, parse_event_id
 
 
 def test_an_event_is_id_then_data_then_a_blank_line() -> None:

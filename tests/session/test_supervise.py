@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from session.errors import TokenLogUnavailable
-from session.redis_log import RedisLogConfig, RedisTokenLog
-from session.supervise import TaskHealth, supervised
-from session.token_log import LogEntry, StreamEnd
+from bargein.session.errors import TokenLogUnavailable
+from bargein.session.log import LogEntry, StreamEnd
+from bargein.session.log.redis_streams import RedisLogConfig, RedisTokenLog
+from bargein.session.supervise import TaskHealth, supervised
 from tests.session.log_helpers import entry, finish, live_info, write
 
 HANG_GUARD_S = 30.0  # bounds waits for a state; never a timing assertion

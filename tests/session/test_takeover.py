@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from engine.config import ModelConfig
-from engine.detokenizer import IncrementalDetokenizer
-from engine.model.loader import load_tokenizer
-from engine.request import FinishReason, RequestOutput, SamplingParams
-from session.takeover import Continuation, GenerationRecord, LoggedPrefix
+from bargein.engine.config import ModelConfig
+from bargein.engine.detokenizer import IncrementalDetokenizer
+from bargein.engine.model.loader import load_tokenizer
+from bargein.engine.request import FinishReason, RequestOutput, SamplingParams
+from bargein.session.cluster.takeover import Continuation, GenerationRecord, LoggedPrefix
 
 pytestmark = pytest.mark.slow
 

@@ -13,16 +13,14 @@ import pytest
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 
-from session.errors import (
+from bargein.session.errors import (
     OffsetOutOfRange,
     StreamEnded,
     StreamExists,
     StreamNotFound,
     StreamTruncated,
 )
-from session.lease import Fence
-from session.redis_log import RedisLogConfig, RedisTokenLog
-from session.token_log import (
+from bargein.session.log import (
     EndError,
     LogEntry,
     MemoryTokenLog,
@@ -31,6 +29,8 @@ from session.token_log import (
     StreamWrite,
     TokenLog,
 )
+from bargein.session.log.fence import Fence
+from bargein.session.log.redis_streams import RedisLogConfig, RedisTokenLog
 from tests.session.log_helpers import (
     FakeClock,
     chunks,

@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from session.errors import StreamNotFound, TokenLogUnavailable
-from session.redis_log import RedisTokenLog
-from session.token_log import MemoryTokenLog, open_token_log
+from bargein.session.errors import StreamNotFound, TokenLogUnavailable
+from bargein.session.log import MemoryTokenLog, open_token_log
+from bargein.session.log.redis_streams import RedisTokenLog
 from tests.session.log_helpers import (
     FakeClock,
     collect,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kernels.activation import silu_and_mul, silu_and_mul_ref
+from bargein.engine.kernels.activation import silu_and_mul, silu_and_mul_ref
 from tests.engine.kernels.helpers import DTYPES, assert_close
 
 

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from engine.kernels import TORCH_OPS, get_ops
-from engine.kernels.paged_attention import paged_attention_decode
-from engine.kernels.rms_norm import rms_norm
+from bargein.engine.kernels import TORCH_OPS, get_ops
+from bargein.engine.kernels.paged_attention import paged_attention_decode
+from bargein.engine.kernels.rms_norm import rms_norm
 
 
 def test_get_ops_switches_between_references_and_kernels() -> None:
@@ -26,7 +26,7 @@ def test_package_imports_and_runs_torch_ops_without_triton() -> None:
 import sys
 sys.modules["triton"] = None  # import triton -> ImportError
 import torch
-from engine.kernels import get_ops
+from bargein.engine.kernels import get_ops
 x = torch.randn(2, 8)
 out, _ = get_ops("torch").rms_norm(x, torch.ones(8), 1e-6)
 assert out.shape == (2, 8)

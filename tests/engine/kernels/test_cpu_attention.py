@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.kernels.cpu_attention import paged_attention_decode_cpu
-from engine.kernels.paged_attention import paged_attention_decode_ref
+from bargein.engine.kernels.cpu_attention import paged_attention_decode_cpu
+from bargein.engine.kernels.paged_attention import paged_attention_decode_ref
 
 
 def _inputs(lens: list[int], hq: int, hk: int, d: int, block_size: int, seed: int,

@@ -18,11 +18,11 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
-from engine.config import CacheConfig, ModelConfig, SchedulerConfig
-from engine.engine import LLMEngine
-from engine.kernels import get_ops
-from engine.model_runner import ModelRunner
-from engine.request import EngineRequest, SamplingParams
+from bargein.engine.config import CacheConfig, ModelConfig, SchedulerConfig
+from bargein.engine.engine import LLMEngine
+from bargein.engine.kernels import get_ops
+from bargein.engine.model_runner import ModelRunner
+from bargein.engine.request import EngineRequest, SamplingParams
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kernels.kv_cache_write import write_kv_cache, write_kv_cache_ref
+from bargein.engine.kernels.kv_cache_write import write_kv_cache, write_kv_cache_ref
 from tests.engine.kernels.helpers import DTYPES
 
 

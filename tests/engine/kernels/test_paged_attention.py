@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from engine.kernels.paged_attention import (
+from bargein.engine.kernels.paged_attention import (
     _launch_decode,
     paged_attention_decode,
     paged_attention_decode_ref,

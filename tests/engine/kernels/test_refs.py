@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from engine.kernels import get_ops
+from bargein.engine.kernels import get_ops
 
 OPS = get_ops("torch")
 
@@ -103,7 +103,7 @@ def test_silu_and_mul() -> None:
 
 
 def test_rotary_matches_hf_rotate_half() -> None:
-    from engine.kernels.rotary import build_cos_sin_cache
+    from bargein.engine.kernels.rotary import build_cos_sin_cache
 
     d = 8
     inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kernels.rms_norm import rms_norm, rms_norm_ref
+from bargein.engine.kernels.rms_norm import rms_norm, rms_norm_ref
 from tests.engine.kernels.helpers import DTYPES, assert_close
 
 

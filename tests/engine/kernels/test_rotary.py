@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kernels.rotary import build_cos_sin_cache, rotary_embedding, rotary_embedding_ref
+from bargein.engine.kernels.rotary import build_cos_sin_cache, rotary_embedding, rotary_embedding_ref
 from tests.engine.kernels.helpers import DTYPES, assert_close
 
 

@@ -32,7 +32,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
-from session.errors import (
+from bargein.session.errors import (
     OffsetOutOfRange,
     StreamEnded,
     StreamExists,
@@ -41,8 +41,19 @@ from session.errors import (
     StreamTruncated,
     TokenLogUnavailable,
 )
-from session.lease import Fence
-from session.redis_format import (
+from bargein.session.log import (
+    DEFAULT_LIVE_TTL_S,
+    DEFAULT_RETENTION_S,
+    LogEntry,
+    ReadCursor,
+    StreamCursor,
+    StreamEnd,
+    StreamInfo,
+    StreamWrite,
+    check_writes,
+)
+from bargein.session.log.fence import Fence
+from bargein.session.log.redis_format import (
     CREATE_LUA,
     FENCED,
     FENCED_STEP_LUA,
@@ -56,7 +67,7 @@ from session.redis_format import (
     resp,
     step_commands,
 )
-from session.redis_tail import (
+from bargein.session.log.redis_tail import (
     _TRANSIENT,
     LOGGED,
     RawEntry,
@@ -65,18 +76,7 @@ from session.redis_tail import (
     Subscription,
     parse_id,
 )
-from session.supervise import TaskHealth
-from session.token_log import (
-    DEFAULT_LIVE_TTL_S,
-    DEFAULT_RETENTION_S,
-    LogEntry,
-    ReadCursor,
-    StreamCursor,
-    StreamEnd,
-    StreamInfo,
-    StreamWrite,
-    check_writes,
-)
+from bargein.session.supervise import TaskHealth
 
 T = TypeVar("T")
 
@@ -160,7 +160,7 @@ class _LocalStream:
 
 
 class RedisTokenLog:
-    """:class:`~session.token_log.TokenLog` on Redis Streams; see the module doc.
+    """:class:`~bargein.session.log.TokenLog` on Redis Streams; see the module doc.
 
     Args:
         url: ``redis://host:port/db`` (or rediss://, unix://). Nothing connects

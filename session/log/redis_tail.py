@@ -34,8 +34,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from session.errors import StreamNotFound, StreamTruncated, TokenLogUnavailable
-from session.supervise import TaskHealth, supervised
+from bargein.session.errors import StreamNotFound, StreamTruncated, TokenLogUnavailable
+from bargein.session.supervise import TaskHealth, supervised
 
 log = logging.getLogger(__name__)
 

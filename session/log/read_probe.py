@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 from contextlib import aclosing
 
-from session.errors import TokenLogError
-from session.token_log import TokenLog
+from bargein.session.errors import TokenLogError
+from bargein.session.log import TokenLog
 
 
 async def read_error_soon(log: TokenLog, stream_id: str, from_offset: int,

@@ -1,7 +1,7 @@
 """Several bargein nodes on one Redis: leases, forwarded interrupts, takeover.
 
-One :class:`Cluster` per node, beside its :class:`~session.service.Service`
-and its :class:`~session.redis_log.RedisTokenLog` (same Redis, same key
+One :class:`Cluster` per node, beside its :class:`~bargein.session.service.Service`
+and its :class:`~bargein.session.log.redis_streams.RedisTokenLog` (same Redis, same key
 prefix). The service calls it at these points:
 
 - ``claim`` when it creates a stream: the generation record
@@ -38,15 +38,11 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from engine.errors import EngineError
-from engine.request import EngineRequest, FinishReason, SamplingParams
-from session.errors import TokenLogError, TokenLogUnavailable
-from session.forward import Forwarder
-from session.lease import LeaseConfig, Leases
-from session.redis_client import retrying_client
-from session.redis_format import Keys
-from session.supervise import TaskHealth, supervised
-from session.takeover import (
+from bargein.engine.errors import EngineError
+from bargein.engine.request import EngineRequest, FinishReason, SamplingParams
+from bargein.session.cluster.forward import Forwarder
+from bargein.session.cluster.lease import LeaseConfig, Leases
+from bargein.session.cluster.takeover import (
     Continuation,
     GenerationRecord,
     LoggedPrefix,
@@ -54,8 +50,11 @@ from session.takeover import (
     gen_key,
     read_prefix,
 )
-
-from session.token_log import StreamEnd, StreamInfo, StreamWrite
+from bargein.session.errors import TokenLogError, TokenLogUnavailable
+from bargein.session.log import StreamEnd, StreamInfo, StreamWrite
+from bargein.session.log.redis_client import retrying_client
+from bargein.session.log.redis_format import Keys
+from bargein.session.supervise import TaskHealth, supervised
 
 log = logging.getLogger(__name__)
 

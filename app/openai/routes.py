@@ -15,7 +15,7 @@ Routes (:func:`openai_routes`):
   aborts at its next step and the stream ends with ``finish_reason``
   ``"interrupted"``.
 
-SSE events carry ``id: <stream_id>:<end>`` (:mod:`session.sse`). One chunk is
+SSE events carry ``id: <stream_id>:<end>`` (:mod:`bargein.app.openai.sse`). One chunk is
 sent per log entry (one engine step), so a replay from the same id gives the
 same events; chunks whose tokens complete no text yet are skipped (the next
 id covers their tokens). The closing events (the chunk with ``finish_reason``,
@@ -50,9 +50,9 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from app.event_stream import EventStreamResponse, unless_disconnected
-from app.logging import client_logger
-from app.openai_schema import (
+from bargein.app.event_stream import EventStreamResponse, unless_disconnected
+from bargein.app.logging import client_logger
+from bargein.app.openai.schema import (
     ApiError,
     ChatRequest,
     Completion,
@@ -71,16 +71,16 @@ from app.openai_schema import (
     usage_body,
     usage_chunk,
 )
-from engine.request import FinishReason
-from protocol import events as pe
-from session.config import SessionConfig
-from session.delivery import relayed_code, truncated_message
-from session.errors import OffsetOutOfRange, StreamNotFound, StreamTruncated, TokenLogUnavailable
-from session.read_probe import read_error_soon
-from session.service import Owner, Service
-from session.session import Submit, SubmitFailed
-from session.sse import event_id, format_event, parse_event_id, parse_offset
-from session.token_log import EndError, LogEntry, StreamEnd, StreamInfo, TokenLog
+from bargein.app.openai.sse import event_id, format_event, parse_event_id, parse_offset
+from bargein.engine.request import FinishReason
+from bargein.protocol import events as pe
+from bargein.session.config import SessionConfig
+from bargein.session.delivery import relayed_code, truncated_message
+from bargein.session.errors import OffsetOutOfRange, StreamNotFound, StreamTruncated, TokenLogUnavailable
+from bargein.session.log import EndError, LogEntry, StreamEnd, StreamInfo, TokenLog
+from bargein.session.log.read_probe import read_error_soon
+from bargein.session.service import Owner, Service
+from bargein.session.session import Submit, SubmitFailed
 
 DONE = format_event("[DONE]")
 CANCEL_WAIT_S = 10.0  # a cancel answers once the engine confirmed (one step), or after this

@@ -15,7 +15,7 @@ Text continuity: the log's text ends at a token offset, but the dead node's
 detokenizer may have held text back (a character whose bytes were still
 incomplete, or text that could begin a stop string). :class:`Continuation`
 re-derives everything from token ids: a fresh
-:class:`~engine.detokenizer.IncrementalDetokenizer` on the prompt is fed the
+:class:`~bargein.engine.detokenizer.IncrementalDetokenizer` on the prompt is fed the
 logged ids, and the continuation emits whatever its text holds beyond the
 text already in the log. A stop string that straddles the takeover point is
 caught there too (the engine's own detokenizer sees only the new text), and
@@ -33,9 +33,9 @@ from typing import Any
 
 import msgpack
 
-from engine.detokenizer import IncrementalDetokenizer
-from engine.request import FinishReason, RequestOutput, SamplingParams
-from session.token_log import LogEntry, StreamEnd, TokenLog
+from bargein.engine.detokenizer import IncrementalDetokenizer
+from bargein.engine.request import FinishReason, RequestOutput, SamplingParams
+from bargein.session.log import LogEntry, StreamEnd, TokenLog
 
 
 def gen_key(prefix: str, stream_id: str) -> str:

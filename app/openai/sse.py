@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-from protocol.events import MAX_OFFSET
+from bargein.protocol.events import MAX_OFFSET
 
 MAX_STREAM_ID_CHARS = 128
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")  # the only line ends SSE knows (not str.splitlines')

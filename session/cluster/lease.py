@@ -38,6 +38,8 @@ from typing import Any
 
 from redis.asyncio import Redis
 
+from bargein.session.log.fence import Fence
+
 # Take a free lease and count a new epoch. KEYS[1] lease, KEYS[2] epoch; ARGV[1] node
 # id, ARGV[2] lease ttl ms, ARGV[3] epoch ttl ms. Returns the new epoch, 0 when held.
 ACQUIRE_LUA = """
@@ -102,23 +104,6 @@ class Renewal:
 
     lost: tuple[str, ...]
     flagged: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Fence:
-    """What a write of one stream checks in Redis before it lands.
-
-    Attributes:
-        lease_key: the stream's lease (held by ``node_id``, or expired).
-        epoch_key: the stream's fencing epoch.
-        node_id: the writing node.
-        epoch: the epoch the writer got when it took the lease.
-    """
-
-    lease_key: str
-    epoch_key: str
-    node_id: str
-    epoch: int
 
 
 VALID_FRACTION = 0.75  # of the TTL after a renewal's start that the holder trusts its lease

@@ -38,9 +38,9 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from session.lease import Fence
-from session.redis_tail import LOGGED, StreamId, parse_id
-from session.token_log import EndError, LogEntry, StreamEnd, StreamInfo, StreamWrite
+from bargein.session.log import EndError, LogEntry, StreamEnd, StreamInfo, StreamWrite
+from bargein.session.log.fence import Fence
+from bargein.session.log.redis_tail import LOGGED, StreamId, parse_id
 
 _HEAD = struct.Struct("<II")  # start, number of token ids of a packed entry
 

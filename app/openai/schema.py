@@ -29,10 +29,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from engine.request import SamplingParams
-from session.config import SessionConfig
-from session.session import Message
-from session.token_log import StreamEnd
+from bargein.engine.request import SamplingParams
+from bargein.session.config import SessionConfig
+from bargein.session.log import StreamEnd
+from bargein.session.session import Message
 
 MAX_STOP_STRINGS = 4  # as OpenAI, and as the WebSocket's response.create
 MAX_SEED = 2**63 - 1  # as the WebSocket: an int64 everywhere (torch, Redis, msgpack)

@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Match, Route, WebSocketRoute
 from starlette.types import Receive, Scope, Send
 
-from app.openai_schema import error_body
+from bargein.app.openai.schema import error_body
 
 API_PREFIX = "/v1"
 

@@ -28,8 +28,8 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from engine.request import FinishReason
-from session.supervise import TaskHealth, supervised
+from bargein.engine.request import FinishReason
+from bargein.session.supervise import TaskHealth, supervised
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,41 @@
+"""The token log: the seam between generation and delivery.
+
+The contract every backend keeps is :mod:`bargein.session.log.contract`;
+the backends are :mod:`~bargein.session.log.memory` (in-process) and
+:mod:`~bargein.session.log.redis_streams` (Redis Streams, with its key and
+entry layout in :mod:`~bargein.session.log.redis_format` and its multiplexed
+tail reads in :mod:`~bargein.session.log.redis_tail`);
+:func:`open_token_log` picks one from a URL.
+"""
+
+from bargein.session.log.contract import (
+    DEFAULT_LIVE_TTL_S,
+    DEFAULT_RETENTION_S,
+    EndError,
+    LogEntry,
+    ReadCursor,
+    StreamCursor,
+    StreamEnd,
+    StreamInfo,
+    StreamWrite,
+    TokenLog,
+    check_writes,
+)
+from bargein.session.log.factory import open_token_log
+from bargein.session.log.memory import MemoryTokenLog
+
+__all__ = [
+    "DEFAULT_LIVE_TTL_S",
+    "DEFAULT_RETENTION_S",
+    "EndError",
+    "LogEntry",
+    "MemoryTokenLog",
+    "ReadCursor",
+    "StreamCursor",
+    "StreamEnd",
+    "StreamInfo",
+    "StreamWrite",
+    "TokenLog",
+    "check_writes",
+    "open_token_log",
+]

@@ -1,0 +1,1 @@
+"""The browser client served at ``/`` (HTML, CSS, JavaScript: package data only)."""
