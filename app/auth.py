@@ -73,8 +73,9 @@ ANONYMOUS = "anonymous"
 PROTECTED_PREFIXES = ("/v1", "/debug", "/metrics")
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 # Query parameters that look like a credential: refused with a hint, never used.
-_QUERY_KEY_NAMES = frozenset({"api_key", "api-key", "apikey", "key", "access_token",
-                              "token", "authorization"})
+_QUERY_KEY_NAMES = frozenset(
+    {"api_key", "api-key", "apikey", "key", "access_token", "token", "authorization"}
+)
 # uvicorn (0.54, websockets-sansio) logs this at ERROR after a handshake answered
 # with an HTTP response, as a refusal here is: one line per refused client.
 _UVICORN_DENIAL_LINE = "ASGI callable returned without completing handshake."
@@ -175,8 +176,7 @@ def canonical_path(path: str) -> str:
 
 
 def _headers(scope: Scope) -> dict[str, str]:
-    return {k.decode("latin-1").lower(): v.decode("latin-1")
-            for k, v in scope.get("headers", [])}
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
 
 
 def presented_key(scope: Scope) -> str | None:
@@ -185,8 +185,14 @@ def presented_key(scope: Scope) -> str | None:
     if scheme.lower() == "bearer" and key.strip():
         return key.strip()
     offered: Iterable[str] = scope.get("subprotocols", []) if scope["type"] == "websocket" else ()
-    return next((p[len(BEARER_PREFIX):] for p in offered
-                 if p.startswith(BEARER_PREFIX) and len(p) > len(BEARER_PREFIX)), None)
+    return next(
+        (
+            p[len(BEARER_PREFIX) :]
+            for p in offered
+            if p.startswith(BEARER_PREFIX) and len(p) > len(BEARER_PREFIX)
+        ),
+        None,
+    )
 
 
 class AuthMiddleware:
@@ -199,8 +205,9 @@ class AuthMiddleware:
             ``missing_api_key``, ``invalid_api_key``), for the metrics.
     """
 
-    def __init__(self, app: ASGIApp, config: AuthConfig,
-                 on_refused: Callable[[str], None] = lambda reason: None) -> None:
+    def __init__(
+        self, app: ASGIApp, config: AuthConfig, on_refused: Callable[[str], None] = lambda reason: None
+    ) -> None:
         self.app = app
         self.config = config
         self.on_refused = on_refused
@@ -217,8 +224,7 @@ class AuthMiddleware:
         state["principal"] = principal_for(key)
         # With keys, a valid key is an identity; without, any string passes,
         # so limits count against the address instead (see the module doc).
-        state["limit_key"] = state["principal"] if self.config.key_digests \
-            else address_key(scope)
+        state["limit_key"] = state["principal"] if self.config.key_digests else address_key(scope)
         if self.config.is_protected(scope["path"]):
             refusal = self._refusal(scope, key)
             if refusal is not None:
@@ -252,13 +258,12 @@ def _key_in_query(scope: Scope) -> bool:
     return not names.isdisjoint(_QUERY_KEY_NAMES)
 
 
-async def _deny(scope: Scope, receive: Receive, send: Send, status: int, code: str,
-                message: str) -> None:
+async def _deny(scope: Scope, receive: Receive, send: Send, status: int, code: str, message: str) -> None:
     """Answer with an HTTP error (before the upgrade, for a WebSocket)."""
-    body = json.dumps({"error": {"message": message, "type": "invalid_request_error",
-                                 "param": None, "code": code}}).encode()
-    headers = [(b"content-type", b"application/json"),
-               (b"content-length", str(len(body)).encode())]
+    body = json.dumps(
+        {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
+    ).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
     if scope["type"] == "http":
@@ -267,8 +272,7 @@ async def _deny(scope: Scope, receive: Receive, send: Send, status: int, code: s
         return
     await receive()  # websocket.connect
     if "websocket.http.response" in scope.get("extensions", {}):
-        await send({"type": "websocket.http.response.start", "status": status,
-                    "headers": headers})
+        await send({"type": "websocket.http.response.start", "status": status, "headers": headers})
         await send({"type": "websocket.http.response.body", "body": body})
     else:
         await send({"type": "websocket.close", "code": 1008})

@@ -32,16 +32,22 @@ LOAD_STAGES = ("weights and KV cache", "engine thread", "ready")
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="bargein", description="Realtime LLM serving over WebSockets, with barge-in.")
+        prog="bargein", description="Realtime LLM serving over WebSockets, with barge-in."
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="serve the model on /v1/realtime")
     add_serve_arguments(serve)
     chat = commands.add_parser("chat", help="chat with a running server")
-    chat.add_argument("--url", default=default_chat_url(),
-                      help="the server's realtime endpoint (env BARGEIN_URL; "
-                           "default %(default)s)")
-    chat.add_argument("--api-key", default=os.environ.get("BARGEIN_API_KEY"),
-                      help="key for a server run with --api-keys (env BARGEIN_API_KEY)")
+    chat.add_argument(
+        "--url",
+        default=default_chat_url(),
+        help="the server's realtime endpoint (env BARGEIN_URL; default %(default)s)",
+    )
+    chat.add_argument(
+        "--api-key",
+        default=os.environ.get("BARGEIN_API_KEY"),
+        help="key for a server run with --api-keys (env BARGEIN_API_KEY)",
+    )
     chat.add_argument("--instructions", default=None, help="system prompt")
     chat.add_argument("--max-tokens", type=int, default=256, help="per answer")
     chat.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
@@ -96,8 +102,10 @@ def check_model(settings: Settings) -> None:
             raise FileNotFoundError(f"--model {model.path!r} does not exist")
         is_folder_model = os.path.isfile(os.path.join(path, "config.json"))
         if not (is_folder_model or path.endswith((".gguf", ".safetensors"))):
-            raise SettingsError(f"--model {model.path!r} is not a model: give a .gguf file, "
-                                "a .safetensors file or a folder with config.json")
+            raise SettingsError(
+                f"--model {model.path!r} is not a model: give a .gguf file, "
+                "a .safetensors file or a folder with config.json"
+            )
     _check_device(model.device, model.backend)
 
 
@@ -127,10 +135,8 @@ def serve(settings: Settings) -> int:
     from bargein.app.server import LOAD_FAILED, create_app
 
     config = settings.server
-    configure_logging(fmt=config.log_format, level=config.log_level,
-                      log_prompts=config.log_prompts)
-    bar = tqdm(total=len(LOAD_STAGES), desc="loading model", unit="step",
-               file=sys.stderr, leave=True)
+    configure_logging(fmt=config.log_format, level=config.log_level, log_prompts=config.log_prompts)
+    bar = tqdm(total=len(LOAD_STAGES), desc="loading model", unit="step", file=sys.stderr, leave=True)
     # the stage under way (the first start of a machine converts the GGUF: ~1 min)
     bar.set_postfix_str(LOAD_STAGES[0])
     failed = False
@@ -140,27 +146,36 @@ def serve(settings: Settings) -> int:
         if stage == LOAD_FAILED:
             bar.close()
             failed = True
-            print("bargein serve: error: the model failed to load (see the log above)",
-                  file=sys.stderr)
+            print("bargein serve: error: the model failed to load (see the log above)", file=sys.stderr)
             server.should_exit = True
             return
         bar.update(1)
         if stage == LOAD_STAGES[-1]:
             bar.close()
             # /readyz also needs the token log (Redis) reachable: it says when
-            print(f"bargein serve: model loaded; serving on http://{config.host}:{config.port}/ "
-                  "(GET /readyz says whether requests can be taken)", file=sys.stderr)
+            print(
+                f"bargein serve: model loaded; serving on http://{config.host}:{config.port}/ "
+                "(GET /readyz says whether requests can be taken)",
+                file=sys.stderr,
+            )
             return
         bar.set_postfix_str(LOAD_STAGES[LOAD_STAGES.index(stage) + 1])
 
     app = create_app(settings, progress=progress)
     # websockets' sans-I/O implementation: the legacy one is deprecated.
-    server = uvicorn.Server(uvicorn.Config(
-        app, host=config.host, port=config.port, log_level=config.log_level,
-        ws="websockets-sansio", ws_max_size=settings.session.max_frame_bytes,
-        ws_ping_interval=config.ws_ping_interval_s or None,
-        ws_ping_timeout=config.ws_ping_timeout_s or None,
-        log_config=None))  # keep the structured logging set up above
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=config.host,
+            port=config.port,
+            log_level=config.log_level,
+            ws="websockets-sansio",
+            ws_max_size=settings.session.max_frame_bytes,
+            ws_ping_interval=config.ws_ping_interval_s or None,
+            ws_ping_timeout=config.ws_ping_timeout_s or None,
+            log_config=None,
+        )
+    )  # keep the structured logging set up above
     server.run()
     return 1 if failed else 0
 
@@ -176,8 +191,11 @@ async def _chat(args: argparse.Namespace) -> int:
         async with RealtimeClient(args.url, headers=headers) as client:
             if args.instructions:
                 await client.update(instructions=args.instructions)
-            print(f"connected to {client.session.get('model')}; Ctrl-C interrupts an answer; "
-                  "an empty line, Ctrl-D or Ctrl-C at the prompt quits", file=sys.stderr)
+            print(
+                f"connected to {client.session.get('model')}; Ctrl-C interrupts an answer; "
+                "an empty line, Ctrl-D or Ctrl-C at the prompt quits",
+                file=sys.stderr,
+            )
             lines = ConsoleLines()
             while True:
                 try:
@@ -189,14 +207,16 @@ async def _chat(args: argparse.Namespace) -> int:
                     return 0
                 await _answer(client, line, args)
     except OSError as exc:
-        print(f"bargein chat: cannot reach {args.url} ({exc.strerror or exc}); is `bargein serve` "
-              "running? (--url or BARGEIN_URL)", file=sys.stderr)
+        print(
+            f"bargein chat: cannot reach {args.url} ({exc.strerror or exc}); is `bargein serve` "
+            "running? (--url or BARGEIN_URL)",
+            file=sys.stderr,
+        )
         return 1
     except InvalidStatus as exc:  # refused at the upgrade: a key, the origin
         status = exc.response.status_code
         hint = " (--api-key or BARGEIN_API_KEY)" if status == 401 else ""
-        print(f"bargein chat: {args.url} refused the connection: HTTP {status}{hint}",
-              file=sys.stderr)
+        print(f"bargein chat: {args.url} refused the connection: HTTP {status}{hint}", file=sys.stderr)
         return 1
 
 
@@ -222,8 +242,9 @@ async def _answer(client: Any, line: str, args: argparse.Namespace) -> None:
         loop.add_signal_handler(signal.SIGINT, barge_in)
     printed = 0
     try:
-        async with contextlib.aclosing(client.respond(
-                line, max_tokens=args.max_tokens, temperature=args.temperature)) as deltas:
+        async with contextlib.aclosing(
+            client.respond(line, max_tokens=args.max_tokens, temperature=args.temperature)
+        ) as deltas:
             async for delta in _until(deltas, interrupted):
                 print(delta, end="", flush=True)
                 printed += len(delta)

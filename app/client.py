@@ -70,8 +70,7 @@ class RealtimeClient:
         headers: extra upgrade headers (e.g. ``Authorization``).
     """
 
-    def __init__(self, url: str, *, max_reconnects: int = 5,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(self, url: str, *, max_reconnects: int = 5, headers: dict[str, str] | None = None) -> None:
         self.url = url
         self.max_reconnects = max_reconnects
         self.headers = headers or {}
@@ -90,8 +89,11 @@ class RealtimeClient:
 
     async def connect(self) -> dict[str, Any]:
         """Open the WebSocket and return the ``session.created`` event."""
-        self._ws = await connect(self.url, subprotocols=[SUBPROTOCOL],  # type: ignore[list-item]
-                                 additional_headers=self.headers)
+        self._ws = await connect(
+            self.url,
+            subprotocols=[SUBPROTOCOL],  # type: ignore[list-item]
+            additional_headers=self.headers,
+        )
         self.session = await self._recv()
         return self.session
 
@@ -129,8 +131,9 @@ class RealtimeClient:
             if event["type"] == kind:
                 return event
 
-    async def respond(self, text: str | None = None, *, role: str = "user",
-                      **params: Any) -> AsyncIterator[str]:
+    async def respond(
+        self, text: str | None = None, *, role: str = "user", **params: Any
+    ) -> AsyncIterator[str]:
         """Append ``text`` (as ``role``) and stream the assistant's answer.
 
         Yields:
@@ -142,8 +145,7 @@ class RealtimeClient:
             ConnectionClosed: the connection dropped and resuming failed
                 ``max_reconnects`` times.
         """
-        event: dict[str, Any] = {"type": "response.create",
-                                 "response_id": f"r{next(self._ids)}", **params}
+        event: dict[str, Any] = {"type": "response.create", "response_id": f"r{next(self._ids)}", **params}
         if text is not None:
             event["input"] = [{"role": role, "content": text}]
         await self.send(event)
@@ -192,9 +194,14 @@ class RealtimeClient:
             await asyncio.sleep(0.05 * 2**attempt)
             try:
                 await self.connect()
-                await self.send({"type": "stream.resume", "stream_id": response.stream_id,
-                                 "resume_token": response.resume_token,
-                                 "from": response.end})
+                await self.send(
+                    {
+                        "type": "stream.resume",
+                        "stream_id": response.stream_id,
+                        "resume_token": response.resume_token,
+                        "from": response.end,
+                    }
+                )
                 await self._expect("stream.resumed")
             except (ConnectionClosed, OSError):
                 if attempt == self.max_reconnects - 1:
@@ -214,8 +221,7 @@ class RealtimeClient:
         assert response is not None, "no response to cancel"
         if not response.response_id:
             await self._created(response)
-        event: dict[str, Any] = {"type": "response.cancel",
-                                 "response_id": response.response_id}
+        event: dict[str, Any] = {"type": "response.cancel", "response_id": response.response_id}
         if heard_chars is not None:
             event["heard_chars"] = heard_chars
         await self.send(event)
@@ -240,5 +246,4 @@ def ws_url(host: str, port: int) -> str:
     return f"ws://{host}:{port}/v1/realtime"
 
 
-__all__: Sequence[str] = ("RealtimeClient", "Response", "ServerError", "ws_url",
-                          "drop_connection")
+__all__: Sequence[str] = ("RealtimeClient", "Response", "ServerError", "ws_url", "drop_connection")

@@ -31,8 +31,7 @@ class ConsoleLines:
         self._pending = ""
         self._eof = False
         loop = asyncio.get_running_loop()
-        threading.Thread(target=self._pump, args=(loop,), name="console-lines",
-                         daemon=True).start()
+        threading.Thread(target=self._pump, args=(loop,), name="console-lines", daemon=True).start()
 
     def _pump(self, loop: asyncio.AbstractEventLoop) -> None:
         while True:

@@ -30,8 +30,7 @@ class EmbeddedServer:
             skip loading the model again); it keeps running after :meth:`stop`.
     """
 
-    def __init__(self, settings: Settings, *, sndbuf: int | None = None,
-                 runner: Any = None) -> None:
+    def __init__(self, settings: Settings, *, sndbuf: int | None = None, runner: Any = None) -> None:
         self.settings = settings
         self.app = create_app(settings, runner=runner)
         self.state: AppState = self.app.state.bargein
@@ -41,15 +40,19 @@ class EmbeddedServer:
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
         self._sock.bind(("127.0.0.1", 0))
         self.host, self.port = self._sock.getsockname()
-        config = uvicorn.Config(self.app, ws="websockets-sansio", lifespan="on",
-                                log_level=settings.server.log_level,
-                                ws_max_size=settings.session.max_frame_bytes,
-                                ws_ping_interval=settings.server.ws_ping_interval_s or None,
-                                ws_ping_timeout=settings.server.ws_ping_timeout_s or None)
+        config = uvicorn.Config(
+            self.app,
+            ws="websockets-sansio",
+            lifespan="on",
+            log_level=settings.server.log_level,
+            ws_max_size=settings.session.max_frame_bytes,
+            ws_ping_interval=settings.server.ws_ping_interval_s or None,
+            ws_ping_timeout=settings.server.ws_ping_timeout_s or None,
+        )
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run,
-                                        kwargs={"sockets": [self._sock]},
-                                        name="bargein-server", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, name="bargein-server", daemon=True
+        )
 
     @property
     def ws_url(self) -> str:

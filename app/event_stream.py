@@ -61,17 +61,19 @@ class EventStreamResponse(StreamingResponse):
         headers: more response headers (no-cache headers are always sent).
     """
 
-    def __init__(self, events: AsyncGenerator[bytes, None], *,
-                 on_disconnect: Callable[[], None],
-                 headers: Mapping[str, str] | None = None) -> None:
-        super().__init__(events, headers={**SSE_HEADERS, **(headers or {})},
-                         media_type="text/event-stream")
+    def __init__(
+        self,
+        events: AsyncGenerator[bytes, None],
+        *,
+        on_disconnect: Callable[[], None],
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(events, headers={**SSE_HEADERS, **(headers or {})}, media_type="text/event-stream")
         self._events = events
         self._on_disconnect = on_disconnect
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send({"type": "http.response.start", "status": self.status_code,
-                    "headers": self.raw_headers})
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         completed = await unless_disconnected(receive, self._write(send))
         if not completed:
             self._on_disconnect()

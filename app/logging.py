@@ -42,14 +42,18 @@ CONTEXT_IDS: dict[str, contextvars.ContextVar[str | None]] = {
     for name in ("request_id", "session_id", "stream_id")
 }
 # Conversation text: logged only with --log-prompts.
-CONTENT_FIELDS = frozenset({"prompt", "prompts", "text", "messages", "content", "input",
-                            "instructions", "output", "completion"})
+CONTENT_FIELDS = frozenset(
+    {"prompt", "prompts", "text", "messages", "content", "input", "instructions", "output", "completion"}
+)
 # Credentials: never logged.
-SECRET_FIELDS = frozenset({"api_key", "authorization", "secret", "token", "resume_token",
-                           "session_token", "password"})
+SECRET_FIELDS = frozenset(
+    {"api_key", "authorization", "secret", "token", "resume_token", "session_token", "password"}
+)
 _BEARER = re.compile(r"(?i)\b(bearer[ .])\S+")
-_QUERY_SECRET = re.compile(r"(?i)([?&](?:api[_-]?key|key|access_token|token|authorization"
-                           r"|password|secret)=)[^&\s\"]*")
+_QUERY_SECRET = re.compile(
+    r"(?i)([?&](?:api[_-]?key|key|access_token|token|authorization"
+    r"|password|secret)=)[^&\s\"]*"
+)
 # uvicorn.error's lines about one client's fault -> bargein's line (None: the app
 # logs that fault itself, see bargein.app.server.realtime).
 CLIENT_FAULT_LINES: dict[str, str | None] = {
@@ -59,8 +63,12 @@ CLIENT_FAULT_LINES: dict[str, str | None] = {
 client_logger = logging.getLogger("bargein.client")
 # Attributes every LogRecord has; anything else on a record came from ``extra``.
 # uvicorn's ``color_message`` repeats ``msg`` with terminal colours.
-_RECORD_ATTRS = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime",
-                                                               "taskName", "color_message"}
+_RECORD_ATTRS = frozenset(vars(logging.makeLogRecord({}))) | {
+    "message",
+    "asctime",
+    "taskName",
+    "color_message",
+}
 
 
 @contextlib.contextmanager
@@ -120,7 +128,8 @@ class StructuredFormatter(logging.Formatter):
         """The record as an ordered mapping, ids bound and secrets redacted."""
         fields: dict[str, Any] = {
             "ts": datetime.datetime.fromtimestamp(record.created, datetime.UTC)
-                  .isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            .isoformat(timespec="milliseconds")
+            .replace("+00:00", "Z"),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": _scrub(record.getMessage()),
@@ -185,8 +194,9 @@ def _logfmt_value(value: Any) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
-def configure_logging(*, fmt: LogFormat, level: str, log_prompts: bool = False,
-                      stream: TextIO = sys.stderr) -> logging.Handler:
+def configure_logging(
+    *, fmt: LogFormat, level: str, log_prompts: bool = False, stream: TextIO = sys.stderr
+) -> logging.Handler:
     """Send every logger's records (uvicorn's included) to one structured handler.
 
     Returns the handler. Call once at startup, before uvicorn runs, and run
@@ -204,4 +214,3 @@ def configure_logging(*, fmt: LogFormat, level: str, log_prompts: bool = False,
         uvicorn_logger.setLevel(logging.NOTSET)  # the root's level (uvicorn.run may set it)
         uvicorn_logger.propagate = True
     return handler
-

@@ -39,15 +39,20 @@ if TYPE_CHECKING:
     from bargein.engine.request import RequestOutput
 
 FINISH_REASONS = ("stop", "length", "interrupted", "cancelled", "error")
-REJECTION_REASONS = ("invalid_parameter", "prompt_too_long", "conflict", "overloaded",
-                     "rate_limited", "engine_stopped")
+REJECTION_REASONS = (
+    "invalid_parameter",
+    "prompt_too_long",
+    "conflict",
+    "overloaded",
+    "rate_limited",
+    "engine_stopped",
+)
 
 # Seconds: from a fast GPU step (1 ms) to a loaded CPU box (tens of seconds).
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 STEP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 E2E_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
-LOG_WRITE_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
-                       0.1, 0.25, 1.0)
+LOG_WRITE_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 LAG_BUCKETS_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 
 
@@ -62,8 +67,7 @@ class Metrics:
             :meth:`render` merges every worker's files.
     """
 
-    def __init__(self, registry: CollectorRegistry | None, *,
-                 multiproc_dir: str | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None, *, multiproc_dir: str | None = None) -> None:
         self.registry = registry
         self.multiproc_dir = multiproc_dir
         self._define_latencies(registry)
@@ -79,35 +83,54 @@ class Metrics:
     def _define_latencies(self, r: CollectorRegistry | None) -> None:
         self.ttft = Histogram(
             "bargein_time_to_first_token_seconds",
-            "Request arrival to its first token sampled.", buckets=LATENCY_BUCKETS_S, registry=r)
+            "Request arrival to its first token sampled.",
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
         self.inter_token = Histogram(
             "bargein_inter_token_latency_seconds",
-            "Time between two consecutive tokens of one request.", buckets=STEP_BUCKETS_S,
-            registry=r)
+            "Time between two consecutive tokens of one request.",
+            buckets=STEP_BUCKETS_S,
+            registry=r,
+        )
         self.e2e = Histogram(
             "bargein_e2e_request_latency_seconds",
             "Request arrival to the end of its generation (any finish reason).",
-            buckets=E2E_BUCKETS_S, registry=r)
+            buckets=E2E_BUCKETS_S,
+            registry=r,
+        )
         self.queue_time = Histogram(
             "bargein_request_queue_time_seconds",
-            "Request arrival to its first scheduled engine step.", buckets=LATENCY_BUCKETS_S,
-            registry=r)
+            "Request arrival to its first scheduled engine step.",
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
         self.step_duration = Histogram(
             "bargein_engine_step_duration_seconds",
-            "Wall time of one engine step; phase=prefill if it computed any prompt token, "
-            "else decode.", ["phase"], buckets=STEP_BUCKETS_S, registry=r)
+            "Wall time of one engine step; phase=prefill if it computed any prompt token, else decode.",
+            ["phase"],
+            buckets=STEP_BUCKETS_S,
+            registry=r,
+        )
         self.interrupt_to_free = Histogram(
             "bargein_interrupt_to_free_seconds",
-            "Cancel (or disconnect-cancel) frame received to the engine freeing the "
-            "request's KV blocks.", buckets=STEP_BUCKETS_S, registry=r)
+            "Cancel (or disconnect-cancel) frame received to the engine freeing the request's KV blocks.",
+            buckets=STEP_BUCKETS_S,
+            registry=r,
+        )
         self.delivery_lag = Histogram(
             "bargein_delivery_lag_tokens",
             "Tokens generated but not yet sent to the client when a delta is sent "
-            "(the tokens that delta coalesces).", buckets=LAG_BUCKETS_TOKENS, registry=r)
+            "(the tokens that delta coalesces).",
+            buckets=LAG_BUCKETS_TOKENS,
+            registry=r,
+        )
         self.log_write = Histogram(
             "bargein_token_log_write_seconds",
-            "One token-log write of one engine step's outputs.", buckets=LOG_WRITE_BUCKETS_S,
-            registry=r)
+            "One token-log write of one engine step's outputs.",
+            buckets=LOG_WRITE_BUCKETS_S,
+            registry=r,
+        )
 
     def _define_gauges(self, r: CollectorRegistry | None) -> None:
         def gauge(name: str, doc: str, mode: Any = "livesum") -> Gauge:
@@ -117,53 +140,70 @@ class Metrics:
         self.waiting = gauge("bargein_sequences_waiting", "Sequences waiting for admission.")
         self.kv_blocks_used = gauge("bargein_kv_blocks_used", "KV cache blocks in use.")
         self.kv_blocks_total = gauge("bargein_kv_blocks_total", "KV cache blocks in the pool.")
-        self.sessions_connected = gauge("bargein_sessions_connected",
-                                        "Open /v1/realtime connections.")
-        self.streams_delivering = gauge("bargein_streams_delivering",
-                                        "Streams being sent to a client right now.")
-        self.event_loop_lag = gauge("bargein_event_loop_lag_seconds",
-                                    "How late the event loop ran a timer, last sample.",
-                                    mode="livemax")
+        self.sessions_connected = gauge("bargein_sessions_connected", "Open /v1/realtime connections.")
+        self.streams_delivering = gauge(
+            "bargein_streams_delivering", "Streams being sent to a client right now."
+        )
+        self.event_loop_lag = gauge(
+            "bargein_event_loop_lag_seconds",
+            "How late the event loop ran a timer, last sample.",
+            mode="livemax",
+        )
 
     def _define_counters(self, r: CollectorRegistry | None) -> None:
         self.requests_finished = Counter(
-            "bargein_requests_finished", "Engine requests ended, by finish reason.",
-            ["finish_reason"], registry=r)
+            "bargein_requests_finished",
+            "Engine requests ended, by finish reason.",
+            ["finish_reason"],
+            registry=r,
+        )
         self.disconnects = Counter(
-            "bargein_disconnects", "Realtime clients that closed or dropped the "
+            "bargein_disconnects",
+            "Realtime clients that closed or dropped the "
             "connection; active_response: a response was still generating.",
-            ["active_response"], registry=r)
-        self.resumes = Counter("bargein_stream_resumes", "stream.resume requests accepted.",
-                               registry=r)
+            ["active_response"],
+            registry=r,
+        )
+        self.resumes = Counter("bargein_stream_resumes", "stream.resume requests accepted.", registry=r)
         self.replayed_tokens = Counter(
             "bargein_replayed_tokens",
-            "Tokens sent to resuming clients out of the log (already generated when the "
-            "resume arrived).", registry=r)
+            "Tokens sent to resuming clients out of the log (already generated when the resume arrived).",
+            registry=r,
+        )
         self.admission_rejections = Counter(
             "bargein_admission_rejections",
             "Requests refused before reaching the engine, or dropped from its queue at "
             "their deadline (overloaded), by reason (the error code).",
-            ["reason"], registry=r)
+            ["reason"],
+            registry=r,
+        )
         self.protocol_errors = Counter(
             "bargein_protocol_errors",
             "Client frames refused by the decoder (malformed, unknown type, a field out "
-            "of range), by error code.", ["code"], registry=r)
+            "of range), by error code.",
+            ["code"],
+            registry=r,
+        )
         self.http_errors = Counter(
             "bargein_http_errors",
             "HTTP API requests answered with an OpenAI error body, by status and error "
-            "code (validation, not found, overload...).", ["status", "code"], registry=r)
+            "code (validation, not found, overload...).",
+            ["status", "code"],
+            registry=r,
+        )
         self.auth_refusals = Counter(
             "bargein_auth_refusals",
-            "HTTP requests and WebSocket upgrades refused by the API key or Origin check, "
-            "by reason.", ["reason"], registry=r)
-        self.preemptions = Counter("bargein_preemptions",
-                                   "Sequences preempted to free KV blocks (recomputed later).",
-                                   registry=r)
-        self.prompt_tokens = Counter("bargein_prompt_tokens",
-                                     "Prompt tokens of requests whose prefill finished.",
-                                     registry=r)
-        self.generated_tokens = Counter("bargein_generated_tokens", "Tokens sampled.",
-                                        registry=r)
+            "HTTP requests and WebSocket upgrades refused by the API key or Origin check, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.preemptions = Counter(
+            "bargein_preemptions", "Sequences preempted to free KV blocks (recomputed later).", registry=r
+        )
+        self.prompt_tokens = Counter(
+            "bargein_prompt_tokens", "Prompt tokens of requests whose prefill finished.", registry=r
+        )
+        self.generated_tokens = Counter("bargein_generated_tokens", "Tokens sampled.", registry=r)
 
     # ---- feeding ---------------------------------------------------------------
 
@@ -220,9 +260,9 @@ class Metrics:
             multiprocess.mark_process_dead(os.getpid(), self.multiproc_dir)
 
     @contextlib.asynccontextmanager
-    async def watching_event_loop(self, interval_s: float = 0.25,
-                                  clock: Callable[[], float] = time.monotonic
-                                  ) -> AsyncIterator[None]:
+    async def watching_event_loop(
+        self, interval_s: float = 0.25, clock: Callable[[], float] = time.monotonic
+    ) -> AsyncIterator[None]:
         """While inside, sample the event loop's lag every ``interval_s`` seconds."""
         task = asyncio.create_task(self._watch_loop(interval_s, clock), name="loop-lag")
         try:

@@ -42,12 +42,18 @@ class Observer:
 
     # ---- session hooks (SessionObserver) ---------------------------------------
 
-    def submitted(self, *, response_id: str, stream_id: str, session_id: str,
-                  num_prompt_tokens: int, max_tokens: int,
-                  messages: Sequence[Message]) -> None:
+    def submitted(
+        self,
+        *,
+        response_id: str,
+        stream_id: str,
+        session_id: str,
+        num_prompt_tokens: int,
+        max_tokens: int,
+        messages: Sequence[Message],
+    ) -> None:
         self._streams[stream_id] = _Ids(request_id=response_id, session_id=session_id)
-        extra: dict[str, object] = {"prompt_tokens": num_prompt_tokens,
-                                    "max_tokens": max_tokens}
+        extra: dict[str, object] = {"prompt_tokens": num_prompt_tokens, "max_tokens": max_tokens}
         if self.log_prompts:
             extra["messages"] = [{"role": m.role, "content": m.content} for m in messages]
         with bind(request_id=response_id, session_id=session_id, stream_id=stream_id):
@@ -58,19 +64,28 @@ class Observer:
         with bind(request_id=response_id):
             logger.info("response rejected", extra={"reason": reason})
 
-    def finished(self, *, stream_id: str, finish_reason: str, num_output_tokens: int,
-                 text: str, interrupt_to_free_s: float | None) -> None:
+    def finished(
+        self,
+        *,
+        stream_id: str,
+        finish_reason: str,
+        num_output_tokens: int,
+        text: str,
+        interrupt_to_free_s: float | None,
+    ) -> None:
         if interrupt_to_free_s is not None:
             self.metrics.interrupt_to_free.observe(interrupt_to_free_s)
         ids = self._streams.pop(stream_id, None)
-        extra: dict[str, object] = {"finish_reason": finish_reason,
-                                    "completion_tokens": num_output_tokens}
+        extra: dict[str, object] = {"finish_reason": finish_reason, "completion_tokens": num_output_tokens}
         if interrupt_to_free_s is not None:
             extra["interrupt_to_free_s"] = round(interrupt_to_free_s, 6)
         if self.log_prompts:
             extra["text"] = text
-        with bind(stream_id=stream_id, request_id=ids.request_id if ids else None,
-                  session_id=ids.session_id if ids else None):
+        with bind(
+            stream_id=stream_id,
+            request_id=ids.request_id if ids else None,
+            session_id=ids.session_id if ids else None,
+        ):
             logger.info("response finished", extra=extra)
 
     def log_written(self, seconds: float, num_streams: int) -> None:
@@ -81,8 +96,7 @@ class Observer:
         if num_replayed:
             self.metrics.replayed_tokens.inc(num_replayed)
         with bind(stream_id=stream_id):
-            logger.info("stream resumed", extra={"from": from_offset,
-                                                 "replayed_tokens": num_replayed})
+            logger.info("stream resumed", extra={"from": from_offset, "replayed_tokens": num_replayed})
 
     def delivery_started(self) -> None:
         self.metrics.streams_delivering.inc()

@@ -47,9 +47,15 @@ class Outgoing:
             then on ``send`` returns at once and sends nothing.
     """
 
-    def __init__(self, ws: WebSocket, fmt: Format, *, max_bytes: int = 1 << 20,
-                 slow_timeout_s: float = 0.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        ws: WebSocket,
+        fmt: Format,
+        *,
+        max_bytes: int = 1 << 20,
+        slow_timeout_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._ws = ws
         self._fmt = fmt
         self.max_bytes = max_bytes
@@ -63,8 +69,9 @@ class Outgoing:
         self._closed = False
         self.too_slow = asyncio.Event()
         self.task = asyncio.create_task(self._run(), name="ws-writer")
-        self._watchdog = (asyncio.create_task(self._watch(), name="ws-slow-watchdog")
-                          if slow_timeout_s > 0 else None)
+        self._watchdog = (
+            asyncio.create_task(self._watch(), name="ws-slow-watchdog") if slow_timeout_s > 0 else None
+        )
 
     async def send(self, event: Any) -> None:
         """Queue ``event``; return once it was handed to the transport (at

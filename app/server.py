@@ -125,8 +125,10 @@ async def token_secret(settings: Settings, log: TokenLog) -> bytes:
         return settings.server.secret.encode()
     candidate = secrets.token_bytes(32)
     if settings.server.redis_url is None:
-        logger.info("no --secret: resume and session tokens use a random key of this "
-                    "process (they stop working when it restarts; pass --secret to keep them)")
+        logger.info(
+            "no --secret: resume and session tokens use a random key of this "
+            "process (they stop working when it restarts; pass --secret to keep them)"
+        )
         return candidate
     deadline = time.monotonic() + SECRET_WAIT_S
     while True:
@@ -136,11 +138,9 @@ async def token_secret(settings: Settings, log: TokenLog) -> bytes:
         except TokenLogUnavailable:
             if time.monotonic() > deadline:
                 raise
-            logger.warning("no --secret and Redis does not answer yet: waiting for the "
-                           "shared token key")
+            logger.warning("no --secret and Redis does not answer yet: waiting for the shared token key")
             await asyncio.sleep(1.0)  # a refused connection fails at once: no busy loop
-    logger.info("no --secret: resume and session tokens use the key shared by every node "
-                "on this Redis")
+    logger.info("no --secret: resume and session tokens use the key shared by every node on this Redis")
     return shared
 
 
@@ -149,15 +149,16 @@ async def _load(state: AppState, progress: Progress) -> None:
         assert state.log is not None
         secret = await token_secret(state.settings, state.log)
     except TokenLogUnavailable as exc:
-        logger.error("no --secret, and the shared token key could not be read from Redis: "
-                     "start Redis, or pass --secret")
+        logger.error(
+            "no --secret, and the shared token key could not be read from Redis: "
+            "start Redis, or pass --secret"
+        )
         state.load_error = f"token key unavailable: {exc}"
         state.loaded.set()
         progress(LOAD_FAILED)
         return
     try:
-        runner = state.shared_runner or await asyncio.to_thread(load_runner, state.settings,
-                                                                progress)
+        runner = state.shared_runner or await asyncio.to_thread(load_runner, state.settings, progress)
     except Exception as exc:  # reported by /readyz and the log; the server stays up
         logger.exception("loading the model failed")
         state.load_error = f"{type(exc).__name__}: {exc}"
@@ -166,13 +167,17 @@ async def _load(state: AppState, progress: Progress) -> None:
         return
     state.runner = runner
     state.metrics.attach_runner(runner)
-    service = Service(runner, state.log, state.settings.session,  # type: ignore[arg-type]
-                      secret=secret,
-                      node_id=state.settings.server.node_name,
-                      debug=state.settings.server.debug_endpoints,
-                      observer=state.observer,
-                      admission=Admission(state.settings.admission),
-                      cluster=make_cluster(state.settings))
+    service = Service(
+        runner,
+        state.log,
+        state.settings.session,  # type: ignore[arg-type]
+        secret=secret,
+        node_id=state.settings.server.node_name,
+        debug=state.settings.server.debug_endpoints,
+        observer=state.observer,
+        admission=Admission(state.settings.admission),
+        cluster=make_cluster(state.settings),
+    )
     await service.start()
     state.service = service
     progress("ready")
@@ -191,21 +196,25 @@ def make_cluster(settings: Settings) -> Any:
     return Cluster(server.redis_url, server.node_name, lease=lease)
 
 
-def create_app(settings: Settings, *, progress: Progress = lambda stage: None,
-               runner: Any = None) -> Starlette:
+def create_app(
+    settings: Settings, *, progress: Progress = lambda stage: None, runner: Any = None
+) -> Starlette:
     """The ASGI app for ``settings``; ``progress(stage)`` reports each loading
     stage when it is done (see ``bargein.app.cli.LOAD_STAGES``), or ``LOAD_FAILED``
     (the reason is in ``/readyz`` and the log); ``runner``: serve
     this started engine runner instead of loading the model (never shut down here)."""
     metrics = create_metrics(settings.server.metrics_multiproc_dir)
     quiet_client_faults()  # a hostile client cannot flood the log with tracebacks
-    state = AppState(settings=settings, metrics=metrics, shared_runner=runner,
-                     observer=Observer(metrics, log_prompts=settings.server.log_prompts))
+    state = AppState(
+        settings=settings,
+        metrics=metrics,
+        shared_runner=runner,
+        observer=Observer(metrics, log_prompts=settings.server.log_prompts),
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        state.log = open_token_log(settings.server.redis_url,
-                                   node_id=settings.server.node_name)
+        state.log = open_token_log(settings.server.redis_url, node_id=settings.server.node_name)
         loader = asyncio.create_task(_load(state, progress), name="load-model")
         try:
             async with state.metrics.watching_event_loop():
@@ -213,22 +222,29 @@ def create_app(settings: Settings, *, progress: Progress = lambda stage: None,
         finally:
             await _shutdown(state, loader)
 
-    routes = [Route("/healthz", healthz), Route("/readyz", readyz),
-              Route("/metrics", metrics_endpoint),
-              WebSocketRoute("/v1/realtime", realtime)]
+    routes = [
+        Route("/healthz", healthz),
+        Route("/readyz", readyz),
+        Route("/metrics", metrics_endpoint),
+        WebSocketRoute("/v1/realtime", realtime),
+    ]
     routes += openai_routes()
     routes += fallback_routes(routes)  # JSON 404/405 under /v1, never the static mount's
     if settings.server.debug_endpoints:
         routes.append(Route("/debug/engine", debug_engine))
     routes.append(Mount("/", StaticFiles(directory=STATIC_DIR, html=True), name="static"))
     public = frozenset({"/metrics"}) if settings.server.public_metrics else frozenset()
-    auth = AuthConfig(key_digests=load_api_keys(settings.server.api_keys),
-                      allowed_origins=frozenset(settings.server.allowed_origins),
-                      open_paths=OPEN_PATHS | public)
-    app = Starlette(routes=routes, lifespan=lifespan,
-                    exception_handlers={Exception: internal_error},
-                    middleware=[Middleware(AuthMiddleware, config=auth,
-                                           on_refused=state.observer.auth_refused)])
+    auth = AuthConfig(
+        key_digests=load_api_keys(settings.server.api_keys),
+        allowed_origins=frozenset(settings.server.allowed_origins),
+        open_paths=OPEN_PATHS | public,
+    )
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={Exception: internal_error},
+        middleware=[Middleware(AuthMiddleware, config=auth, on_refused=state.observer.auth_refused)],
+    )
     app.state.bargein = state
     return app
 
@@ -280,8 +296,13 @@ async def readyz(request: Request) -> JSONResponse:
     if log_health is not None:
         not_ready += log_health.not_ready()
     ready = not not_ready
-    body = {"ready": ready, "model_loaded": state.service is not None,
-            "token_log": log_ok, "error": state.load_error, "not_ready": not_ready}
+    body = {
+        "ready": ready,
+        "model_loaded": state.service is not None,
+        "token_log": log_ok,
+        "error": state.load_error,
+        "not_ready": not_ready,
+    }
     return JSONResponse(body, status_code=200 if ready else 503)
 
 
@@ -298,15 +319,19 @@ async def debug_engine(request: Request) -> JSONResponse:
         return JSONResponse({"error": "not ready"}, status_code=503)
     stats = asdict(state.runner.stats())
     stats["num_finished_by_reason"] = dict(stats["num_finished_by_reason"])
-    recent = [{"request_id": r.request_id, "prompt_token_ids": list(r.prompt_token_ids)}
-              for r in state.service.recent_requests]
+    recent = [
+        {"request_id": r.request_id, "prompt_token_ids": list(r.prompt_token_ids)}
+        for r in state.service.recent_requests
+    ]
     service = state.service
-    interrupts = {"count": service.num_interrupts,
-                  "latencies_s": list(service.interrupt_latencies_s)}
+    interrupts = {"count": service.num_interrupts, "latencies_s": list(service.interrupt_latencies_s)}
     body = {"stats": stats, "recent_requests": recent, "interrupts": interrupts}
     if service.cluster is not None:
-        body["cluster"] = {"node_id": service.node_id, "takeovers": service.cluster.num_takeovers,
-                           "leases_held": len(service.cluster.leases.held)}
+        body["cluster"] = {
+            "node_id": service.node_id,
+            "takeovers": service.cluster.num_takeovers,
+            "leases_held": len(service.cluster.leases.held),
+        }
     return JSONResponse(body)
 
 
@@ -322,12 +347,16 @@ async def realtime(ws: WebSocket) -> None:
         await ws.close(CloseCode.TRY_AGAIN_LATER, reason=reason)
         return
     server = state.settings.server
-    writer = Outgoing(ws, fmt, max_bytes=server.max_outgoing_bytes,
-                      slow_timeout_s=server.slow_client_timeout_s)
+    writer = Outgoing(
+        ws, fmt, max_bytes=server.max_outgoing_bytes, slow_timeout_s=server.slow_client_timeout_s
+    )
     scope_state = ws.scope.get("state", {})  # set by bargein.app.auth.AuthMiddleware
-    connection = Connection(state.service, writer.send,
-                            principal=scope_state.get("principal", "anonymous"),
-                            limit_key=scope_state.get("limit_key"))
+    connection = Connection(
+        state.service,
+        writer.send,
+        principal=scope_state.get("principal", "anonymous"),
+        limit_key=scope_state.get("limit_key"),
+    )
     set_ids(session_id=connection.session.session_id)  # on this connection's log lines
     state.observer.connected()
     state.writers.add(writer)
@@ -341,8 +370,7 @@ async def realtime(ws: WebSocket) -> None:
         if writer.too_slow.is_set():
             code = CloseCode.CLIENT_TOO_SLOW
             logger.info("client too slow: closing with 4008")
-        state.observer.disconnected(
-            active_response=connection.session.active_stream_id is not None)
+        state.observer.disconnected(active_response=connection.session.active_stream_id is not None)
     except Exception as exc:
         code = close_code_for(exc)
         if code == CloseCode.INTERNAL_ERROR:
@@ -354,8 +382,9 @@ async def realtime(ws: WebSocket) -> None:
         await writer.close(code)
 
 
-async def _read_loop(ws: WebSocket, connection: Connection, writer: Outgoing,
-                     decoder: Decoder, observer: Observer) -> int | None:
+async def _read_loop(
+    ws: WebSocket, connection: Connection, writer: Outgoing, decoder: Decoder, observer: Observer
+) -> int | None:
     """Decode frames and hand them over, until the client goes away (or
     stayed too slow, see :mod:`bargein.app.outgoing`); returns the close code of the
     disconnect (None when the server stopped reading)."""

@@ -26,6 +26,8 @@ def default_chat_url(env: Mapping[str, str] | None = None) -> str:
     """The endpoint ``bargein chat`` talks to: ``BARGEIN_URL``, else the local server."""
     env = os.environ if env is None else env
     return env.get(ENV_PREFIX + "URL", "ws://127.0.0.1:8000/v1/realtime")
+
+
 LogBackend = Literal["memory", "redis"]
 
 
@@ -129,17 +131,27 @@ def _env_default(env: Mapping[str, str], flag: str, default: Any) -> Any:
     return env.get(ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper(), default)
 
 
-def _add(parser: argparse.ArgumentParser, env: Mapping[str, str], flag: str,
-         default: Any, kind: type, help_text: str) -> None:
+def _add(
+    parser: argparse.ArgumentParser,
+    env: Mapping[str, str],
+    flag: str,
+    default: Any,
+    kind: type,
+    help_text: str,
+) -> None:
     """Add one flag whose default comes from the environment.
 
     A boolean flag works as a switch (``--log-prompts``) and also takes a
     value (``--log-prompts false``), like its environment variable.
     """
     switch: dict[str, Any] = {"nargs": "?", "const": True} if kind is _bool else {}
-    parser.add_argument(flag, type=kind, default=_env_default(env, flag, default),
-                        help=f"{help_text} (env {ENV_PREFIX}"
-                             f"{flag.lstrip('-').replace('-', '_').upper()})", **switch)
+    parser.add_argument(
+        flag,
+        type=kind,
+        default=_env_default(env, flag, default),
+        help=f"{help_text} (env {ENV_PREFIX}{flag.lstrip('-').replace('-', '_').upper()})",
+        **switch,
+    )
 
 
 def _bool(text: str | bool) -> bool:
@@ -154,8 +166,7 @@ def _bool(text: str | bool) -> bool:
     raise argparse.ArgumentTypeError(f"{text!r} is not a boolean")
 
 
-def add_serve_arguments(parser: argparse.ArgumentParser,
-                        env: Mapping[str, str] | None = None) -> None:
+def add_serve_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None = None) -> None:
     """Declare the flags of ``bargein serve`` on ``parser``."""
     env = os.environ if env is None else env
     s, e = ServerConfig(), SessionConfig()
@@ -163,18 +174,35 @@ def add_serve_arguments(parser: argparse.ArgumentParser,
     _add(parser, env, "--port", s.port, int, "TCP port")
     _add_engine_arguments(parser, env)
     _add(parser, env, "--log-backend", s.log_backend, str, "token log: memory or redis")
-    _add(parser, env, "--redis-url", s.redis_url, str,
-         "Redis URL (implies --log-backend redis)")
-    _add(parser, env, "--secret", s.secret, str,
-         "resume and session token key (default: with --redis-url, one shared by the "
-         "nodes through Redis; without, random per process)")
+    _add(parser, env, "--redis-url", s.redis_url, str, "Redis URL (implies --log-backend redis)")
+    _add(
+        parser,
+        env,
+        "--secret",
+        s.secret,
+        str,
+        "resume and session token key (default: with --redis-url, one shared by the "
+        "nodes through Redis; without, random per process)",
+    )
     _add(parser, env, "--max-tokens", e.max_tokens, int, "most tokens of one response")
     _add_session_and_log_arguments(parser, env)
     _add_limit_arguments(parser, env)
-    _add(parser, env, "--node-id", None, str,
-         "this node's unique name among nodes sharing one Redis (default: host:port)")
-    _add(parser, env, "--lease-ttl", s.lease_ttl_s, float,
-         "seconds before a dead node's streams may be taken over by another node")
+    _add(
+        parser,
+        env,
+        "--node-id",
+        None,
+        str,
+        "this node's unique name among nodes sharing one Redis (default: host:port)",
+    )
+    _add(
+        parser,
+        env,
+        "--lease-ttl",
+        s.lease_ttl_s,
+        float,
+        "seconds before a dead node's streams may be taken over by another node",
+    )
     # prometheus-client reads this variable itself, under its own name.
     parser.set_defaults(metrics_multiproc_dir=env.get("PROMETHEUS_MULTIPROC_DIR") or None)
 
@@ -182,87 +210,180 @@ def add_serve_arguments(parser: argparse.ArgumentParser,
 def _add_engine_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     """Flags of the model, the scheduler and the KV cache."""
     c, m = SchedulerConfig(), ModelConfig()
-    _add(parser, env, "--model", m.path, str, "model path: HF folder or .gguf "
-         "(default: the bundled SmolLM2-135M-Instruct)")
+    _add(
+        parser,
+        env,
+        "--model",
+        m.path,
+        str,
+        "model path: HF folder or .gguf (default: the bundled SmolLM2-135M-Instruct)",
+    )
     _add(parser, env, "--device", m.device, str, "auto, cpu or cuda")
     _add(parser, env, "--dtype", m.dtype, str, "float32, bfloat16 or float16")
     _add(parser, env, "--backend", m.backend, str, "kernels: auto, torch or triton")
     _add(parser, env, "--cache-dir", m.cache_dir, str, "converted-weights cache")
     _add(parser, env, "--max-num-seqs", c.max_num_seqs, int, "sequences per step")
-    _add(parser, env, "--max-num-batched-tokens", c.max_num_batched_tokens, int,
-         "tokens per step")
-    _add(parser, env, "--max-model-len", c.max_model_len, int,
-         "prompt + output tokens of one sequence")
-    _add(parser, env, "--prefill-chunk-size", c.prefill_chunk_size, int,
-         "most prompt tokens of one sequence per step")
+    _add(parser, env, "--max-num-batched-tokens", c.max_num_batched_tokens, int, "tokens per step")
+    _add(parser, env, "--max-model-len", c.max_model_len, int, "prompt + output tokens of one sequence")
+    _add(
+        parser,
+        env,
+        "--prefill-chunk-size",
+        c.prefill_chunk_size,
+        int,
+        "most prompt tokens of one sequence per step",
+    )
     _add(parser, env, "--block-size", CacheConfig().block_size, int, "tokens per KV block")
     _add(parser, env, "--num-blocks", None, int, "KV blocks (default: from --kv-cache-bytes)")
     _add(parser, env, "--kv-cache-bytes", CacheConfig().memory_bytes, int, "KV cache budget")
 
 
-def _add_session_and_log_arguments(parser: argparse.ArgumentParser,
-                                   env: Mapping[str, str]) -> None:
+def _add_session_and_log_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     """Flags of the session defaults, debugging and logging."""
     s, e = ServerConfig(), SessionConfig()
-    _add(parser, env, "--default-max-tokens", e.default_max_tokens, int,
-         "max_tokens when a response.create names none")
+    _add(
+        parser,
+        env,
+        "--default-max-tokens",
+        e.default_max_tokens,
+        int,
+        "max_tokens when a response.create names none",
+    )
     _add(parser, env, "--max-frame-bytes", e.max_frame_bytes, int, "largest client frame")
     _add(parser, env, "--instructions", e.instructions, str, "default system prompt")
-    _add(parser, env, "--on-disconnect", e.on_disconnect, str,
-         "a generating response whose client disconnects: continue or cancel")
-    _add(parser, env, "--abandon-grace", e.abandon_grace_s, float,
-         "seconds a generating response nobody reads may run on before it is "
-         "cancelled (0: never)")
-    _add(parser, env, "--debug-endpoints", s.debug_endpoints, _bool,
-         "serve GET /debug/engine (tests only)")
+    _add(
+        parser,
+        env,
+        "--on-disconnect",
+        e.on_disconnect,
+        str,
+        "a generating response whose client disconnects: continue or cancel",
+    )
+    _add(
+        parser,
+        env,
+        "--abandon-grace",
+        e.abandon_grace_s,
+        float,
+        "seconds a generating response nobody reads may run on before it is cancelled (0: never)",
+    )
+    _add(parser, env, "--debug-endpoints", s.debug_endpoints, _bool, "serve GET /debug/engine (tests only)")
     _add(parser, env, "--log-level", s.log_level, str, "debug, info, warning, error")
     _add(parser, env, "--log-format", s.log_format, str, "logfmt or json (one object a line)")
-    _add(parser, env, "--log-prompts", s.log_prompts, _bool,
-         "log prompts and generated text (debugging only)")
+    _add(
+        parser, env, "--log-prompts", s.log_prompts, _bool, "log prompts and generated text (debugging only)"
+    )
 
 
 def _add_limit_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     """Flags of keys, liveness, backpressure and admission (issue 7)."""
     s, a = ServerConfig(), AdmissionConfig()
-    _add(parser, env, "--api-keys", None, str,
-         "API keys: a file (one key a line) or a comma list; unset: no key needed")
+    _add(
+        parser,
+        env,
+        "--api-keys",
+        None,
+        str,
+        "API keys: a file (one key a line) or a comma list; unset: no key needed",
+    )
     _add(parser, env, "--allowed-origins", "", str, "browser Origins allowed (comma list)")
-    _add(parser, env, "--public-metrics", s.public_metrics, _bool,
-         "with --api-keys, serve /metrics without a key (default: it needs one)")
-    _add(parser, env, "--ws-ping-interval", s.ws_ping_interval_s, float,
-         "seconds between WebSocket pings (0: none)")
-    _add(parser, env, "--ws-ping-timeout", s.ws_ping_timeout_s, float,
-         "seconds to wait for a pong before dropping the client")
-    _add(parser, env, "--slow-client-timeout", s.slow_client_timeout_s, float,
-         "seconds a client may stay over its outgoing bound before close 4008 (0: never)")
-    _add(parser, env, "--max-outgoing-bytes", s.max_outgoing_bytes, int,
-         "bytes of frames one connection may have waiting")
-    _add(parser, env, "--max-waiting", a.max_waiting, int,
-         "requests admitted without a first token yet; past it: overloaded (0: no bound)")
-    _add(parser, env, "--max-queue-time", a.max_queue_time_s, float,
-         "seconds a request may wait in the queue for the engine to schedule it: refused "
-         "up front when the expected wait is longer, dropped from the queue (overloaded, "
-         "nothing generated) when it passes; a prefill under way is never dropped (0: no "
-         "bound)")
-    _add(parser, env, "--max-responses-per-key", a.max_active_per_principal, int,
-         "responses one API key (without keys: one client address) has generating at "
-         "once (0: no cap)")
-    _add(parser, env, "--rate-limit-requests", a.rate_limit_requests, float,
-         "requests per second per API key, or per client address without keys (0: off)")
-    _add(parser, env, "--rate-limit-tokens", a.rate_limit_tokens, float,
-         "prompt + max_tokens per second per API key, or per client address without "
-         "keys (0: off)")
+    _add(
+        parser,
+        env,
+        "--public-metrics",
+        s.public_metrics,
+        _bool,
+        "with --api-keys, serve /metrics without a key (default: it needs one)",
+    )
+    _add(
+        parser,
+        env,
+        "--ws-ping-interval",
+        s.ws_ping_interval_s,
+        float,
+        "seconds between WebSocket pings (0: none)",
+    )
+    _add(
+        parser,
+        env,
+        "--ws-ping-timeout",
+        s.ws_ping_timeout_s,
+        float,
+        "seconds to wait for a pong before dropping the client",
+    )
+    _add(
+        parser,
+        env,
+        "--slow-client-timeout",
+        s.slow_client_timeout_s,
+        float,
+        "seconds a client may stay over its outgoing bound before close 4008 (0: never)",
+    )
+    _add(
+        parser,
+        env,
+        "--max-outgoing-bytes",
+        s.max_outgoing_bytes,
+        int,
+        "bytes of frames one connection may have waiting",
+    )
+    _add(
+        parser,
+        env,
+        "--max-waiting",
+        a.max_waiting,
+        int,
+        "requests admitted without a first token yet; past it: overloaded (0: no bound)",
+    )
+    _add(
+        parser,
+        env,
+        "--max-queue-time",
+        a.max_queue_time_s,
+        float,
+        "seconds a request may wait in the queue for the engine to schedule it: refused "
+        "up front when the expected wait is longer, dropped from the queue (overloaded, "
+        "nothing generated) when it passes; a prefill under way is never dropped (0: no "
+        "bound)",
+    )
+    _add(
+        parser,
+        env,
+        "--max-responses-per-key",
+        a.max_active_per_principal,
+        int,
+        "responses one API key (without keys: one client address) has generating at once (0: no cap)",
+    )
+    _add(
+        parser,
+        env,
+        "--rate-limit-requests",
+        a.rate_limit_requests,
+        float,
+        "requests per second per API key, or per client address without keys (0: off)",
+    )
+    _add(
+        parser,
+        env,
+        "--rate-limit-tokens",
+        a.rate_limit_tokens,
+        float,
+        "prompt + max_tokens per second per API key, or per client address without keys (0: off)",
+    )
 
 
 def _limits_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The ``ServerConfig`` fields of :func:`_add_limit_arguments`'s flags."""
     origins = tuple(o.strip() for o in (args.allowed_origins or "").split(",") if o.strip())
-    return {"api_keys": args.api_keys, "allowed_origins": origins,
-            "public_metrics": args.public_metrics,
-            "ws_ping_interval_s": args.ws_ping_interval,
-            "ws_ping_timeout_s": args.ws_ping_timeout,
-            "slow_client_timeout_s": args.slow_client_timeout,
-            "max_outgoing_bytes": args.max_outgoing_bytes}
+    return {
+        "api_keys": args.api_keys,
+        "allowed_origins": origins,
+        "public_metrics": args.public_metrics,
+        "ws_ping_interval_s": args.ws_ping_interval,
+        "ws_ping_timeout_s": args.ws_ping_timeout,
+        "slow_client_timeout_s": args.slow_client_timeout,
+        "max_outgoing_bytes": args.max_outgoing_bytes,
+    }
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -275,35 +396,54 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     try:
         return Settings(
             engine=EngineConfig(
-                model=ModelConfig(path=args.model, dtype=args.dtype, device=args.device,
-                                  backend=args.backend, cache_dir=args.cache_dir),
-                cache=CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks,
-                                  memory_bytes=args.kv_cache_bytes),
+                model=ModelConfig(
+                    path=args.model,
+                    dtype=args.dtype,
+                    device=args.device,
+                    backend=args.backend,
+                    cache_dir=args.cache_dir,
+                ),
+                cache=CacheConfig(
+                    block_size=args.block_size, num_blocks=args.num_blocks, memory_bytes=args.kv_cache_bytes
+                ),
                 scheduler=SchedulerConfig(
                     max_num_seqs=args.max_num_seqs,
                     max_num_batched_tokens=args.max_num_batched_tokens,
                     max_model_len=args.max_model_len,
-                    prefill_chunk_size=args.prefill_chunk_size)),
-            session=SessionConfig(max_tokens=args.max_tokens,
-                                  default_max_tokens=args.default_max_tokens,
-                                  max_frame_bytes=args.max_frame_bytes,
-                                  instructions=args.instructions,
-                                  on_disconnect=args.on_disconnect,
-                                  abandon_grace_s=args.abandon_grace),
+                    prefill_chunk_size=args.prefill_chunk_size,
+                ),
+            ),
+            session=SessionConfig(
+                max_tokens=args.max_tokens,
+                default_max_tokens=args.default_max_tokens,
+                max_frame_bytes=args.max_frame_bytes,
+                instructions=args.instructions,
+                on_disconnect=args.on_disconnect,
+                abandon_grace_s=args.abandon_grace,
+            ),
             server=ServerConfig(
-                host=args.host, port=args.port, secret=args.secret,
+                host=args.host,
+                port=args.port,
+                secret=args.secret,
                 log_backend="redis" if args.redis_url else args.log_backend,
-                redis_url=args.redis_url, debug_endpoints=args.debug_endpoints,
-                log_level=args.log_level, log_format=args.log_format,
+                redis_url=args.redis_url,
+                debug_endpoints=args.debug_endpoints,
+                log_level=args.log_level,
+                log_format=args.log_format,
                 log_prompts=args.log_prompts,
                 metrics_multiproc_dir=args.metrics_multiproc_dir,
-                node_id=args.node_id, lease_ttl_s=args.lease_ttl,
-                **_limits_from_args(args)),
+                node_id=args.node_id,
+                lease_ttl_s=args.lease_ttl,
+                **_limits_from_args(args),
+            ),
             admission=AdmissionConfig(
-                max_waiting=args.max_waiting, max_queue_time_s=args.max_queue_time,
+                max_waiting=args.max_waiting,
+                max_queue_time_s=args.max_queue_time,
                 max_active_per_principal=args.max_responses_per_key,
                 rate_limit_requests=args.rate_limit_requests,
-                rate_limit_tokens=args.rate_limit_tokens))
+                rate_limit_tokens=args.rate_limit_tokens,
+            ),
+        )
     except ValueError as exc:
         raise SettingsError(str(exc)) from exc
 

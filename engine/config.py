@@ -91,16 +91,11 @@ class SchedulerConfig:
         if self.max_num_seqs < 1:
             raise ValueError(f"{self.max_num_seqs=} must be >= 1")
         if self.max_num_batched_tokens < self.max_num_seqs:
-            raise ValueError(
-                f"{self.max_num_batched_tokens=} must be >= {self.max_num_seqs=}"
-            )
+            raise ValueError(f"{self.max_num_batched_tokens=} must be >= {self.max_num_seqs=}")
         if self.max_model_len < 2:
             raise ValueError(f"{self.max_model_len=} must be >= 2")
         if not 1 <= self.prefill_chunk_size <= self.max_num_batched_tokens:
-            raise ValueError(
-                f"{self.prefill_chunk_size=} must be in "
-                f"[1, {self.max_num_batched_tokens=}]"
-            )
+            raise ValueError(f"{self.prefill_chunk_size=} must be in [1, {self.max_num_batched_tokens=}]")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -172,7 +172,9 @@ def _skip_special_decoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[
     cleans_up = getattr(tokenizer, "clean_up_tokenization_spaces", True) and not (
         backend is not None
         and type(backend.model).__name__ == "BPE"
-        and not getattr(tokenizer, "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output", False)
+        and not getattr(
+            tokenizer, "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output", False
+        )
     )
     if backend is None or cleans_up:
         return lambda ids: tokenizer.decode(ids, skip_special_tokens=True)

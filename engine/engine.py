@@ -127,9 +127,7 @@ class LLMEngine:
     def __init__(self, runner: ModelRunnerLike, config: SchedulerConfig) -> None:
         capacity = runner.num_blocks * runner.block_size
         if capacity < config.max_model_len:
-            raise ValueError(
-                f"KV pool holds {capacity} tokens < {config.max_model_len=}"
-            )
+            raise ValueError(f"KV pool holds {capacity} tokens < {config.max_model_len=}")
         self.runner = runner
         self.config = config
         self.pool = BlockPool(runner.num_blocks, runner.block_size)
@@ -198,7 +196,10 @@ class LLMEngine:
         self.scheduler.add(request)
 
     def abort_request(
-        self, request_id: str, reason: FinishReason = FinishReason.INTERRUPTED, *,
+        self,
+        request_id: str,
+        reason: FinishReason = FinishReason.INTERRUPTED,
+        *,
         only_if_waiting: bool = False,
     ) -> None:
         """End a request at the start of the next step (no-op if not live).
@@ -275,8 +276,11 @@ class LLMEngine:
     def _step_stats(self, plan: SchedulerOutput) -> StepStats:
         """The step's :class:`StepStats` (a decode computes one output token)."""
         record = self._record
-        num_decode = sum(1 for item in plan.scheduled if len(item.token_ids) == 1
-                         and item.start_pos >= item.seq.num_prompt_tokens)
+        num_decode = sum(
+            1
+            for item in plan.scheduled
+            if len(item.token_ids) == 1 and item.start_pos >= item.seq.num_prompt_tokens
+        )
         return StepStats(
             duration_s=self._last_step_s,
             num_prefill_tokens=plan.num_batched_tokens - num_decode,

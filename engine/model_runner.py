@@ -82,7 +82,9 @@ class ModelRunner:
         shape = model_shape(loaded.config)
         self.vocab_size = shape.vocab_size
         self.max_model_len = max_model_len
-        self.model = LlamaModel(loaded.config, loaded.weights, get_ops(backend), dtype, self.device, max_model_len)
+        self.model = LlamaModel(
+            loaded.config, loaded.weights, get_ops(backend), dtype, self.device, max_model_len
+        )
         self.eos_token_ids = _eos_token_ids(loaded.config, loaded.folder, self.tokenizer)
         self.block_size = cache_config.block_size
         self.kv_bytes_per_token = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * dtype.itemsize
@@ -92,8 +94,14 @@ class ModelRunner:
         assert self.num_blocks >= 1, f"{cache_config.memory_bytes=} holds no KV block"
         # kv_caches: [L, 2 (k, v), num_blocks, block_size, Hk, D]
         self.kv_caches = torch.zeros(
-            shape.num_layers, 2, self.num_blocks, self.block_size, shape.num_kv_heads, shape.head_dim,
-            dtype=dtype, device=self.device,
+            shape.num_layers,
+            2,
+            self.num_blocks,
+            self.block_size,
+            shape.num_kv_heads,
+            shape.head_dim,
+            dtype=dtype,
+            device=self.device,
         )
         # One decode step before the first request: the kernels compile (numba
         # on the CPU, from its disk cache after the first start; Triton on a
@@ -119,7 +127,9 @@ class ModelRunner:
         rows = [last_row[i] - 1 for i, s in enumerate(seqs) if s.sample]
         if not rows:
             return torch.empty(0, self.vocab_size, dtype=torch.float32, device=self.device)
-        return self.model.compute_logits(torch.index_select(hidden, 0, torch.tensor(rows, device=self.device)))
+        return self.model.compute_logits(
+            torch.index_select(hidden, 0, torch.tensor(rows, device=self.device))
+        )
 
     def _prepare(self, seqs: list[SeqInput]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """Flat input ids, positions and attention metadata; decodes lead ``seqs``."""

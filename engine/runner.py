@@ -140,8 +140,13 @@ class EngineRunner:
             self._submits.append(request)
             self._cond.notify_all()
 
-    def abort(self, request_id: str, reason: FinishReason = FinishReason.INTERRUPTED, *,
-              only_if_waiting: bool = False) -> None:
+    def abort(
+        self,
+        request_id: str,
+        reason: FinishReason = FinishReason.INTERRUPTED,
+        *,
+        only_if_waiting: bool = False,
+    ) -> None:
         """End a request at the start of the next step; no-op if not live.
 
         ``only_if_waiting``: only if the engine has not scheduled it yet

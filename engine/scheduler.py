@@ -170,9 +170,7 @@ class Scheduler:
         self._schedule_running(plan, decodes=False)
         if not plan.preempted:
             self._schedule_waiting(plan)
-        scheduled = tuple(
-            self._slice(seq, n) for seq, n in plan.num_tokens.items()
-        )
+        scheduled = tuple(self._slice(seq, n) for seq, n in plan.num_tokens.items())
         return SchedulerOutput(
             scheduled=scheduled,
             preempted_ids=tuple(s.request_id for s in plan.preempted),
@@ -283,9 +281,7 @@ class Scheduler:
 
     def _token_stop(self, seq: Sequence, token_id: int) -> FinishReason | None:
         params = seq.params
-        if token_id in params.stop_token_ids or (
-            not params.ignore_eos and token_id in self.eos_token_ids
-        ):
+        if token_id in params.stop_token_ids or (not params.ignore_eos and token_id in self.eos_token_ids):
             return FinishReason.STOP
         if seq.num_output_tokens >= params.max_tokens:
             return FinishReason.LENGTH

@@ -80,10 +80,31 @@ class Node:
     def start(self, max_tokens: int) -> None:
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "bargein", "serve", "--port", str(self.port),
-                 "--redis-url", self.redis_url, "--node-id", self.node_id, "--secret", SECRET,
-                 "--lease-ttl", "2", "--max-tokens", str(max_tokens), "--max-num-seqs", "16",
-                 "--log-level", "info"], stdout=out, stderr=subprocess.STDOUT)
+                [
+                    sys.executable,
+                    "-m",
+                    "bargein",
+                    "serve",
+                    "--port",
+                    str(self.port),
+                    "--redis-url",
+                    self.redis_url,
+                    "--node-id",
+                    self.node_id,
+                    "--secret",
+                    SECRET,
+                    "--lease-ttl",
+                    "2",
+                    "--max-tokens",
+                    str(max_tokens),
+                    "--max-num-seqs",
+                    "16",
+                    "--log-level",
+                    "info",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
 
     def kill(self) -> None:
         assert self.proc is not None
@@ -118,15 +139,15 @@ class GaveUp(Exception):
     """No node answered for ``give_up_s``."""
 
 
-async def open_session(nodes: list[Node], rng: random.Random, give_up_s: float
-                       ) -> tuple[ClientConnection, Node]:
+async def open_session(
+    nodes: list[Node], rng: random.Random, give_up_s: float
+) -> tuple[ClientConnection, Node]:
     """A new connection to a random node that accepts it (retrying others)."""
     deadline = time.monotonic() + give_up_s
     while time.monotonic() < deadline:
         node = rng.choice(nodes)
         try:
-            ws = await connect(node.ws_url, open_timeout=5,
-                               subprotocols=[SUBPROTOCOL])  # type: ignore[list-item]
+            ws = await connect(node.ws_url, open_timeout=5, subprotocols=[SUBPROTOCOL])  # type: ignore[list-item]
             first = json.loads(await asyncio.wait_for(ws.recv(), 10))
             if first["type"] == "session.created":
                 return ws, node
@@ -137,14 +158,22 @@ async def open_session(nodes: list[Node], rng: random.Random, give_up_s: float
     raise GaveUp("no node accepted a connection")
 
 
-async def one_response(nodes: list[Node], rng: random.Random, prompt: int, max_tokens: int,
-                       give_up_s: float) -> Outcome:
+async def one_response(
+    nodes: list[Node], rng: random.Random, prompt: int, max_tokens: int, give_up_s: float
+) -> Outcome:
     outcome = Outcome(prompt=prompt)
     ws, node = await open_session(nodes, rng, give_up_s)
     outcome.nodes.append(node.node_id)
-    await ws.send(json.dumps({"type": "response.create", "max_tokens": max_tokens,
-                              "temperature": 0,
-                              "input": [{"role": "user", "content": PROMPTS[prompt]}]}))
+    await ws.send(
+        json.dumps(
+            {
+                "type": "response.create",
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "input": [{"role": "user", "content": PROMPTS[prompt]}],
+            }
+        )
+    )
     created: dict[str, Any] = {}
     while True:
         try:
@@ -174,13 +203,22 @@ async def one_response(nodes: list[Node], rng: random.Random, prompt: int, max_t
             return outcome
 
 
-async def resume(nodes: list[Node], rng: random.Random, created: dict[str, Any],
-                 outcome: Outcome, give_up_s: float) -> tuple[ClientConnection, Node]:
+async def resume(
+    nodes: list[Node], rng: random.Random, created: dict[str, Any], outcome: Outcome, give_up_s: float
+) -> tuple[ClientConnection, Node]:
     ws, node = await open_session(nodes, rng, give_up_s)
     outcome.resumes += 1
     outcome.nodes.append(node.node_id)
-    await ws.send(json.dumps({"type": "stream.resume", "stream_id": created["stream_id"],
-                              "resume_token": created["resume_token"], "from": outcome.end}))
+    await ws.send(
+        json.dumps(
+            {
+                "type": "stream.resume",
+                "stream_id": created["stream_id"],
+                "resume_token": created["resume_token"],
+                "from": outcome.end,
+            }
+        )
+    )
     return ws, node
 
 
@@ -195,8 +233,14 @@ def take(outcome: Outcome, delta: dict[str, Any]) -> None:
     outcome.end = max(outcome.end, end)
 
 
-async def client_loop(nodes: list[Node], rng: random.Random, until: float, max_tokens: int,
-                      give_up_s: float, outcomes: list[Outcome]) -> None:
+async def client_loop(
+    nodes: list[Node],
+    rng: random.Random,
+    until: float,
+    max_tokens: int,
+    give_up_s: float,
+    outcomes: list[Outcome],
+) -> None:
     while time.monotonic() < until:
         prompt = rng.randrange(len(PROMPTS))
         try:
@@ -205,8 +249,15 @@ async def client_loop(nodes: list[Node], rng: random.Random, until: float, max_t
             outcomes.append(Outcome(prompt=prompt, error=str(exc)))
 
 
-async def chaos_loop(nodes: list[Node], rng: random.Random, until: float, kill_every_s: float,
-                     down_s: float, max_tokens: int, events: list[str]) -> None:
+async def chaos_loop(
+    nodes: list[Node],
+    rng: random.Random,
+    until: float,
+    kill_every_s: float,
+    down_s: float,
+    max_tokens: int,
+    events: list[str],
+) -> None:
     started = time.monotonic()
     while time.monotonic() + kill_every_s < until:
         await asyncio.sleep(rng.uniform(0.5, 1.5) * kill_every_s)
@@ -232,13 +283,17 @@ async def references(nodes: list[Node], max_tokens: int) -> list[str]:
     return texts
 
 
-def summarize(outcomes: list[Outcome], refs: list[str], unfinished: int, kills: int,
-              args: argparse.Namespace) -> dict[str, Any]:
+def summarize(
+    outcomes: list[Outcome], refs: list[str], unfinished: int, kills: int, args: argparse.Namespace
+) -> dict[str, Any]:
     done = [o for o in outcomes if o.error is None and o.finish_reason not in (None, "error")]
     exact = [o for o in done if o.text == refs[o.prompt]]
     return {
-        "nodes": args.nodes, "clients": args.clients, "duration_s": args.duration,
-        "max_tokens": args.max_tokens, "kills": kills,
+        "nodes": args.nodes,
+        "clients": args.clients,
+        "duration_s": args.duration,
+        "max_tokens": args.max_tokens,
+        "kills": kills,
         "responses_started": len(outcomes) + unfinished,
         "completed_exactly": len(exact),
         "completed_different_text": len(done) - len(exact),
@@ -248,8 +303,7 @@ def summarize(outcomes: list[Outcome], refs: list[str], unfinished: int, kills: 
         "resumed_and_exact": sum(1 for o in exact if o.resumes),
         "lost_tokens": sum(o.lost_tokens for o in outcomes),
         "duplicated_tokens": sum(o.duplicated_tokens for o in outcomes),
-        "errors": dict(Counter(o.error or o.finish_reason for o in outcomes
-                               if o not in done)),
+        "errors": dict(Counter(o.error or o.finish_reason for o in outcomes if o not in done)),
         "different": [asdict(o) for o in done if o not in exact][:5],
     }
 
@@ -259,8 +313,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     redis = RedisServer()
     redis.start()
     log_dir = tempfile.mkdtemp(prefix="bargein-chaos-")
-    nodes = [Node(node_id=f"n{i}", port=free_port(), redis_url=redis.url,
-                  log_path=f"{log_dir}/n{i}.log") for i in range(args.nodes)]
+    nodes = [
+        Node(node_id=f"n{i}", port=free_port(), redis_url=redis.url, log_path=f"{log_dir}/n{i}.log")
+        for i in range(args.nodes)
+    ]
     try:
         for node in nodes:
             node.start(args.max_tokens)
@@ -270,17 +326,22 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         until = time.monotonic() + args.duration
         outcomes: list[Outcome] = []
         events: list[str] = []
-        clients = [asyncio.create_task(client_loop(nodes, random.Random(rng.random()), until,
-                                                   args.max_tokens, args.give_up, outcomes))
-                   for _ in range(args.clients)]
+        clients = [
+            asyncio.create_task(
+                client_loop(
+                    nodes, random.Random(rng.random()), until, args.max_tokens, args.give_up, outcomes
+                )
+            )
+            for _ in range(args.clients)
+        ]
         await chaos_loop(nodes, rng, until, args.kill_every, args.down, args.max_tokens, events)
-        _, pending = await asyncio.wait(clients, timeout=max(0.0, until - time.monotonic())
-                                        + args.drain)
+        _, pending = await asyncio.wait(clients, timeout=max(0.0, until - time.monotonic()) + args.drain)
         for task in pending:
             task.cancel()
         report = summarize(outcomes, refs, len(pending), sum(n.num_kills for n in nodes), args)
-        report["takeovers"] = sum(Path(n.log_path).read_text(errors="replace").count("took over")
-                                  for n in nodes)
+        report["takeovers"] = sum(
+            Path(n.log_path).read_text(errors="replace").count("took over") for n in nodes
+        )
         report["chaos"] = events
         report["logs"] = log_dir
         return report
@@ -300,8 +361,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kill-every", type=float, default=25.0, help="mean seconds between kills")
     parser.add_argument("--down", type=float, default=3.0, help="seconds a killed node stays down")
     parser.add_argument("--drain", type=float, default=90.0, help="seconds to finish in-flight")
-    parser.add_argument("--give-up", type=float, default=60.0,
-                        help="seconds without any answer before a client gives up")
+    parser.add_argument(
+        "--give-up", type=float, default=60.0, help="seconds without any answer before a client gives up"
+    )
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None)

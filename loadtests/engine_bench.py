@@ -92,7 +92,9 @@ def run_bargein(engine: LLMEngine, prompt: list[int], n: int, new_tokens: int, t
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
     start = time.perf_counter()
     for i in range(n):
-        engine.add_request(EngineRequest(request_id=f"{tag}-{i}", prompt_token_ids=tuple(prompt), params=params))
+        engine.add_request(
+            EngineRequest(request_id=f"{tag}-{i}", prompt_token_ids=tuple(prompt), params=params)
+        )
     first: dict[str, float] = {}
     # (time, tokens) of each step's new tokens, for the decode window below
     produced: list[tuple[float, int]] = []
@@ -187,7 +189,9 @@ def setup_hf() -> tuple[object, object]:
     return model, tokenizer
 
 
-def bench(args: argparse.Namespace, sizes: list[int]) -> tuple[dict[int, Result], dict[int, Result], LLMEngine, int, float]:
+def bench(
+    args: argparse.Namespace, sizes: list[int]
+) -> tuple[dict[int, Result], dict[int, Result], LLMEngine, int, float]:
     """Both systems, alternating per size and run so load drifts hit both alike.
 
     Returns bargein's and transformers' medians, the engine, the prompt length
@@ -212,7 +216,10 @@ def bench(args: argparse.Namespace, sizes: list[int]) -> tuple[dict[int, Result]
 
 
 def _print(system: str, n: int, result: Result) -> None:
-    print(f"{system:12s} N={n:3d}  TTFT {result.ttft_s:7.3f} s  decode {result.decode_tok_s:8.1f} tok/s", flush=True)
+    print(
+        f"{system:12s} N={n:3d}  TTFT {result.ttft_s:7.3f} s  decode {result.decode_tok_s:8.1f} tok/s",
+        flush=True,
+    )
 
 
 def report(
@@ -281,7 +288,9 @@ def _targets(ours: dict[int, Result], theirs: dict[int, Result]) -> list[str]:
     if 1 in ours and 1 in theirs:
         slowdown = theirs[1].decode_tok_s / ours[1].decode_tok_s
         verdict = "met" if slowdown <= 1.2 else "missed"
-        lines.append(f"- Target, single request no slower than 1.2x transformers: {slowdown:.2f}x the time per token, {verdict}.")
+        lines.append(
+            f"- Target, single request no slower than 1.2x transformers: {slowdown:.2f}x the time per token, {verdict}."
+        )
     return lines
 
 

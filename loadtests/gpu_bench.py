@@ -51,13 +51,30 @@ from bargein.engine.request import EngineRequest, SamplingParams  # noqa: E402
 
 TARGET_FRACTION = 0.6  # issue 4: decode attention at 64 x 2048 >= 60% of the copy bandwidth
 SMOLLM2_135M = dict(  # config.json of SmolLM2-135M-Instruct
-    vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-    num_key_value_heads=3, max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=100000.0,
-    tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    max_position_embeddings=8192,
+    rms_norm_eps=1e-5,
+    rope_theta=100000.0,
+    tie_word_embeddings=True,
+    bos_token_id=1,
+    eos_token_id=2,
 )
 TINY_LLAMA = dict(
-    vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+    vocab_size=160,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    tie_word_embeddings=False,
+    bos_token_id=1,
+    eos_token_id=2,
 )
 
 
@@ -90,12 +107,21 @@ class BenchConfig:
 
 
 GPU_RUN = BenchConfig(
-    device="cuda", dtype=torch.bfloat16, batches=(1, 16, 64, 256), contexts=(512, 2048, 8192),
+    device="cuda",
+    dtype=torch.bfloat16,
+    batches=(1, 16, 64, 256),
+    contexts=(512, 2048, 8192),
     model_shape=SMOLLM2_135M,
 )
 DRY_RUN = BenchConfig(
-    device="cpu", dtype=torch.float32, batches=(1, 3), contexts=(17, 130), copy_bytes=1 << 20,
-    prompt_len=5, new_tokens=3, model_shape=TINY_LLAMA,
+    device="cpu",
+    dtype=torch.float32,
+    batches=(1, 3),
+    contexts=(17, 130),
+    copy_bytes=1 << 20,
+    prompt_len=5,
+    new_tokens=3,
+    model_shape=TINY_LLAMA,
 )
 
 
@@ -164,7 +190,10 @@ def bench_attention(cfg: BenchConfig, batch: int, context: int) -> AttentionRow:
     splits, _ = _decode_num_splits(batch * cfg.num_kv_heads, table_tokens, args[0].device)
     kv_bytes = 2 * batch * context * cfg.num_kv_heads * cfg.head_dim * args[1].element_size()
     return AttentionRow(
-        batch=batch, context=context, num_splits=splits, kv_bytes=kv_bytes,
+        batch=batch,
+        context=context,
+        num_splits=splits,
+        kv_bytes=kv_bytes,
         kernel_ms=time_ms(lambda: paged_attention_decode(*args, scale), cfg.device),
         unsplit_ms=time_ms(unsplit, cfg.device),
         ref_ms=time_ms(lambda: paged_attention_decode_ref(*args, scale), cfg.device),
@@ -196,7 +225,9 @@ def model_folder(cfg: BenchConfig, scratch: Path) -> tuple[str, str]:
     LlamaForCausalLM(LlamaConfig(**cfg.model_shape)).save_pretrained(scratch)
     write_word_tokenizer(scratch, cfg.model_shape["vocab_size"])
     layers, hidden = cfg.model_shape["num_hidden_layers"], cfg.model_shape["hidden_size"]
-    return str(scratch), f"random weights, Llama {layers} layers x hidden {hidden} (GGUF package absent or dry run)"
+    return str(
+        scratch
+    ), f"random weights, Llama {layers} layers x hidden {hidden} (GGUF package absent or dry run)"
 
 
 def make_runner(cfg: BenchConfig, folder: str) -> ModelRunner:
@@ -211,8 +242,12 @@ def make_runner(cfg: BenchConfig, folder: str) -> ModelRunner:
 def engine_decode_tps(cfg: BenchConfig, runner: ModelRunner, batch: int, new_tokens: int) -> float:
     """Aggregate decode tokens/s of ``batch`` greedy requests: steps after every prefill ended."""
     max_len = runner.max_model_len
-    sched = SchedulerConfig(max_num_seqs=max(cfg.batches), max_num_batched_tokens=2048, prefill_chunk_size=512,
-                            max_model_len=max_len)
+    sched = SchedulerConfig(
+        max_num_seqs=max(cfg.batches),
+        max_num_batched_tokens=2048,
+        prefill_chunk_size=512,
+        max_model_len=max_len,
+    )
     engine = LLMEngine(runner, sched)
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
     gen = torch.Generator().manual_seed(batch)
@@ -239,8 +274,14 @@ def hf_decode_tps(cfg: BenchConfig, model: torch.nn.Module, batch: int) -> float
         _sync(cfg.device)
         start = time.perf_counter()
         with torch.inference_mode():
-            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                           do_sample=False, pad_token_id=0)
+            model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                pad_token_id=0,
+            )
         _sync(cfg.device)
         return time.perf_counter() - start
 
@@ -265,8 +306,12 @@ def bench_engine(cfg: BenchConfig) -> tuple[str, list[tuple[int, float, float]]]
     rows = []
     for batch in cfg.batches:
         engine_decode_tps(cfg, runner, batch, 3)  # warm-up: compiles this batch's kernel variants
-        rows.append((batch, engine_decode_tps(cfg, runner, batch, cfg.new_tokens), hf_decode_tps(cfg, hf, batch)))
-        print(f"engine batch {batch}: {rows[-1][1]:.0f} tok/s, transformers {rows[-1][2]:.0f} tok/s", flush=True)
+        rows.append(
+            (batch, engine_decode_tps(cfg, runner, batch, cfg.new_tokens), hf_decode_tps(cfg, hf, batch))
+        )
+        print(
+            f"engine batch {batch}: {rows[-1][1]:.0f} tok/s, transformers {rows[-1][2]:.0f} tok/s", flush=True
+        )
     return description, rows
 
 
@@ -275,7 +320,9 @@ def environment(cfg: BenchConfig) -> list[str]:
     import transformers
     import triton
 
-    gpu = torch.cuda.get_device_name() if cfg.device == "cuda" else f"none (CPU dry run, {platform.machine()})"
+    gpu = (
+        torch.cuda.get_device_name() if cfg.device == "cuda" else f"none (CPU dry run, {platform.machine()})"
+    )
     return [
         f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
         f"- GPU: {gpu}",
@@ -284,25 +331,52 @@ def environment(cfg: BenchConfig) -> list[str]:
     ]
 
 
-def report(cfg: BenchConfig, copy_bw: float, rows: list[AttentionRow], model: str,
-           engine_rows: list[tuple[int, float, float]], tests: str) -> str:
+def report(
+    cfg: BenchConfig,
+    copy_bw: float,
+    rows: list[AttentionRow],
+    model: str,
+    engine_rows: list[tuple[int, float, float]],
+    tests: str,
+) -> str:
     """The markdown of docs/perf/gpu.md."""
-    lines = ["# GPU benchmarks (loadtests/gpu_check.sh)", "", *environment(cfg), f"- kernel tests, compiled: {tests}", ""]
-    lines += ["## Decode attention vs device-to-device copy", "",
-              f"Copy bandwidth (bytes read + written / s): **{copy_bw / 1e9:.0f} GB/s**. Attention: "
-              f"{cfg.num_q_heads} query / {cfg.num_kv_heads} KV heads, head dim {cfg.head_dim}, {cfg.dtype}, "
-              f"blocks of {cfg.block_size} scattered at random; bandwidth = K and V bytes read / kernel time.", "",
-              "`splits`: split-K ranges the launcher chose; `1 split µs`: the same kernel forced to one "
-              "range (does split-K pay?); `torch ref µs`: the gather + SDPA reference.", "",
-              "| batch | context | splits | Triton µs | KV GB/s | % of copy | 1 split µs | torch ref µs |",
-              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "# GPU benchmarks (loadtests/gpu_check.sh)",
+        "",
+        *environment(cfg),
+        f"- kernel tests, compiled: {tests}",
+        "",
+    ]
+    lines += [
+        "## Decode attention vs device-to-device copy",
+        "",
+        f"Copy bandwidth (bytes read + written / s): **{copy_bw / 1e9:.0f} GB/s**. Attention: "
+        f"{cfg.num_q_heads} query / {cfg.num_kv_heads} KV heads, head dim {cfg.head_dim}, {cfg.dtype}, "
+        f"blocks of {cfg.block_size} scattered at random; bandwidth = K and V bytes read / kernel time.",
+        "",
+        "`splits`: split-K ranges the launcher chose; `1 split µs`: the same kernel forced to one "
+        "range (does split-K pay?); `torch ref µs`: the gather + SDPA reference.",
+        "",
+        "| batch | context | splits | Triton µs | KV GB/s | % of copy | 1 split µs | torch ref µs |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for r in rows:
-        lines.append(f"| {r.batch} | {r.context} | {r.num_splits} | {r.kernel_ms * 1e3:.1f} | {r.bandwidth / 1e9:.0f} "
-                     f"| {100 * r.bandwidth / copy_bw:.0f}% | {r.unsplit_ms * 1e3:.1f} | {r.ref_ms * 1e3:.1f} |")
-    lines += ["", _target_line(rows, copy_bw), "", "## Engine decode throughput vs transformers generate", "",
-              f"Model: {model}; {cfg.dtype}; prompts of {cfg.prompt_len} tokens, {cfg.new_tokens} new tokens each, "
-              "greedy, EOS ignored; decode time only.", "",
-              "| batch | engine tok/s | transformers tok/s | engine / transformers |", "| ---: | ---: | ---: | ---: |"]
+        lines.append(
+            f"| {r.batch} | {r.context} | {r.num_splits} | {r.kernel_ms * 1e3:.1f} | {r.bandwidth / 1e9:.0f} "
+            f"| {100 * r.bandwidth / copy_bw:.0f}% | {r.unsplit_ms * 1e3:.1f} | {r.ref_ms * 1e3:.1f} |"
+        )
+    lines += [
+        "",
+        _target_line(rows, copy_bw),
+        "",
+        "## Engine decode throughput vs transformers generate",
+        "",
+        f"Model: {model}; {cfg.dtype}; prompts of {cfg.prompt_len} tokens, {cfg.new_tokens} new tokens each, "
+        "greedy, EOS ignored; decode time only.",
+        "",
+        "| batch | engine tok/s | transformers tok/s | engine / transformers |",
+        "| ---: | ---: | ---: | ---: |",
+    ]
     for batch, ours, theirs in engine_rows:
         lines.append(f"| {batch} | {ours:.0f} | {theirs:.0f} | {ours / theirs:.2f}x |")
     return "\n".join(lines) + "\n"
@@ -319,8 +393,12 @@ def _target_line(rows: list[AttentionRow], copy_bw: float) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cpu-dry-run", action="store_true", help="tiny sizes on the CPU, Triton interpreted")
-    parser.add_argument("--out", default=None, help="markdown report (default docs/perf/gpu.md; dry run: a temp file)")
+    parser.add_argument(
+        "--cpu-dry-run", action="store_true", help="tiny sizes on the CPU, Triton interpreted"
+    )
+    parser.add_argument(
+        "--out", default=None, help="markdown report (default docs/perf/gpu.md; dry run: a temp file)"
+    )
     parser.add_argument("--tests", default="not run", help="summary line of the compiled kernel tests")
     args = parser.parse_args()
     cfg = DRY_RUN if args.cpu_dry_run else GPU_RUN
@@ -328,14 +406,20 @@ def main() -> None:
         assert torch.cuda.is_available(), "no CUDA GPU: use --cpu-dry-run"
     else:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is first imported
-    out = Path(args.out or (Path(tempfile.gettempdir()) / "gpu_dry_run.md" if args.cpu_dry_run else "docs/perf/gpu.md"))
+    out = Path(
+        args.out
+        or (Path(tempfile.gettempdir()) / "gpu_dry_run.md" if args.cpu_dry_run else "docs/perf/gpu.md")
+    )
     copy_bw = copy_bandwidth(cfg)
     rows = []
     for batch in cfg.batches:
         for context in cfg.contexts:
             rows.append(bench_attention(cfg, batch, context))
-            print(f"attention batch {batch} context {context}: {rows[-1].bandwidth / 1e9:.0f} GB/s "
-                  f"({100 * rows[-1].bandwidth / copy_bw:.0f}% of copy)", flush=True)
+            print(
+                f"attention batch {batch} context {context}: {rows[-1].bandwidth / 1e9:.0f} GB/s "
+                f"({100 * rows[-1].bandwidth / copy_bw:.0f}% of copy)",
+                flush=True,
+            )
             if cfg.device == "cuda":
                 torch.cuda.empty_cache()
     model, engine_rows = bench_engine(cfg)

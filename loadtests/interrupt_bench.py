@@ -39,8 +39,7 @@ from bargein.app.settings import ServerConfig, Settings  # noqa: E402
 from bargein.engine.config import EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
 from bargein.session.config import SessionConfig  # noqa: E402
 
-TOPICS = ["dragons", "the sea", "a robot", "winter", "a lost key", "the moon", "trains",
-          "a garden"]
+TOPICS = ["dragons", "the sea", "a robot", "winter", "a lost key", "the moon", "trains", "a garden"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,8 +63,9 @@ async def background(url: str, index: int, stop: asyncio.Event, done: list[int])
     while not stop.is_set():
         async with RealtimeClient(url) as client:
             topic = rng.choice(TOPICS)
-            await client.chat(f"Write a long story about {topic}.", max_tokens=64,
-                              temperature=0.8, seed=index)
+            await client.chat(
+                f"Write a long story about {topic}.", max_tokens=64, temperature=0.8, seed=index
+            )
             done.append(1)
 
 
@@ -76,12 +76,16 @@ async def interrupter(url: str, rounds: int, rng: random.Random, max_wait: int) 
             wait = rng.randint(0, max_wait)
             seen = 0
             if wait == 0:
-                await client.send({"type": "response.create", "response_id": f"i{i}",
-                                   "input": [{"role": "user", "content": "Tell me a story."}],
-                                   "max_tokens": 64})
+                await client.send(
+                    {
+                        "type": "response.create",
+                        "response_id": f"i{i}",
+                        "input": [{"role": "user", "content": "Tell me a story."}],
+                        "max_tokens": 64,
+                    }
+                )
                 created = await client._expect("response.created")
-                await client.send({"type": "response.cancel",
-                                   "response_id": created["response_id"]})
+                await client.send({"type": "response.cancel", "response_id": created["response_id"]})
                 await client._expect("response.done")
                 continue
             async for _ in client.respond("Tell me a story.", max_tokens=64):
@@ -108,8 +112,7 @@ async def run(args: argparse.Namespace, server: EmbeddedServer) -> Result:
     stop = asyncio.Event()
     done: list[int] = []
     steps: list[float] = []
-    tasks = [asyncio.create_task(background(server.ws_url, i, stop, done))
-             for i in range(args.streams)]
+    tasks = [asyncio.create_task(background(server.ws_url, i, stop, done)) for i in range(args.streams)]
     sampler = asyncio.create_task(sample_steps(server, stop, steps))
     await asyncio.sleep(args.warmup_s)  # let the background batch fill up
     before_n = service.num_interrupts
@@ -117,30 +120,37 @@ async def run(args: argparse.Namespace, server: EmbeddedServer) -> Result:
     rng = random.Random(args.seed)
     per = args.interrupts // args.interrupters
     start = time.monotonic()
-    await asyncio.gather(*(interrupter(server.ws_url, per, random.Random(rng.random()),
-                                       args.max_wait_deltas)
-                           for _ in range(args.interrupters)))
+    await asyncio.gather(
+        *(
+            interrupter(server.ws_url, per, random.Random(rng.random()), args.max_wait_deltas)
+            for _ in range(args.interrupters)
+        )
+    )
     elapsed = time.monotonic() - start
     num_steps = server.stats().num_steps - before_steps
     stop.set()
     await asyncio.gather(*tasks, sampler)
     num_new = service.num_interrupts - before_n
     latencies = list(service.interrupt_latencies_s)[-num_new:] if num_new else []
-    return Result(latencies_s=latencies, step_s=steps,
-                  num_steps=num_steps, elapsed_s=elapsed, num_background_done=len(done))
+    return Result(
+        latencies_s=latencies,
+        step_s=steps,
+        num_steps=num_steps,
+        elapsed_s=elapsed,
+        num_background_done=len(done),
+    )
 
 
 def report(args: argparse.Namespace, result: Result) -> str:
     lat = [x * 1000 for x in result.latencies_s]
     steps = [x * 1000 for x in result.step_s]
-    p99, step_p50, step_p99 = percentile(lat, 0.99), statistics.median(steps), \
-        percentile(steps, 0.99)
+    p99, step_p50, step_p99 = percentile(lat, 0.99), statistics.median(steps), percentile(steps, 0.99)
     # The cancel lands at a random point of the step in flight, whichever step
     # that is: compare tails with tails.
     verdict = "met" if p99 <= step_p99 + 10 else "NOT met"
     return f"""# Interrupt latency: frame received to KV blocks freed
 
-Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {platform.node()}
+Measured {time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())} on {platform.node()}
 ({os.cpu_count()} CPUs, {platform.machine()}), bundled SmolLM2-135M-Instruct,
 device `{args.device}`, by `python loadtests/interrupt_bench.py --streams {args.streams}
 --interrupts {args.interrupts} --interrupters {args.interrupters}`.
@@ -177,11 +187,15 @@ def main() -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--out", default="docs/perf/interrupt.md")
     args = parser.parse_args()
-    server = EmbeddedServer(Settings(
-        engine=EngineConfig(model=ModelConfig(device=args.device),
-                            scheduler=SchedulerConfig(max_model_len=1024)),
-        session=SessionConfig(max_tokens=64),
-        server=ServerConfig(log_level="warning")))
+    server = EmbeddedServer(
+        Settings(
+            engine=EngineConfig(
+                model=ModelConfig(device=args.device), scheduler=SchedulerConfig(max_model_len=1024)
+            ),
+            session=SessionConfig(max_tokens=64),
+            server=ServerConfig(log_level="warning"),
+        )
+    )
     server.start()
     try:
         result = asyncio.run(run(args, server))

@@ -64,8 +64,10 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 SUBPROTOCOL = "bargein.v1.json"
-WORDS = ("river stone light garden window music paper engine silver morning "
-         "question answer winter market forest letter bridge story number travel").split()
+WORDS = (
+    "river stone light garden window music paper engine silver morning "
+    "question answer winter market forest letter bridge story number travel"
+).split()
 QUESTIONS = ("Tell me about", "Explain", "Write a short note on", "Describe", "Summarise")
 
 
@@ -174,9 +176,13 @@ class Client:
         # pings would wait behind minutes of deltas until the server's
         # liveness timeout closed the connection. (A client slow at the TCP
         # level is the never-reading client of tests/app/test_backpressure.py.)
-        self.ws = await connect(self.cfg.url, subprotocols=[SUBPROTOCOL],  # type: ignore[list-item]
-                                additional_headers=headers, open_timeout=30,
-                                max_queue=None if self.sample.kind == "slow" else 64)
+        self.ws = await connect(
+            self.cfg.url,
+            subprotocols=[SUBPROTOCOL],  # type: ignore[list-item]
+            additional_headers=headers,
+            open_timeout=30,
+            max_queue=None if self.sample.kind == "slow" else 64,
+        )
         first = json.loads(await self.ws.recv())
         assert first["type"] == "session.created", first
 
@@ -198,9 +204,16 @@ class Client:
             return
         assert self.ws is not None
         sent_at = time.perf_counter()
-        await self.ws.send(json.dumps({"type": "response.create", "max_tokens": max_tokens,
-                                       "temperature": 0.0,
-                                       "input": [{"role": "user", "content": prompt}]}))
+        await self.ws.send(
+            json.dumps(
+                {
+                    "type": "response.create",
+                    "max_tokens": max_tokens,
+                    "temperature": 0.0,
+                    "input": [{"role": "user", "content": prompt}],
+                }
+            )
+        )
         self.last_at = sent_at
         await self._read(started, sent_at)
 
@@ -226,8 +239,7 @@ class Client:
                 self._delta(event, now, sent_at)
                 num_deltas += 1
                 if num_deltas == interrupt_after:
-                    await self._send({"type": "response.cancel",
-                                      "response_id": event["response_id"]})
+                    await self._send({"type": "response.cancel", "response_id": event["response_id"]})
                 if num_deltas == drop_after:
                     drop_after = -1
                     self.ws.transport.abort()  # type: ignore[union-attr]
@@ -270,8 +282,14 @@ class Client:
         await asyncio.sleep(0.2)
         await self.open()
         self.sample.resumed = True
-        await self._send({"type": "stream.resume", "stream_id": self.stream["stream_id"],
-                          "resume_token": self.stream["resume_token"], "from": self.end})
+        await self._send(
+            {
+                "type": "stream.resume",
+                "stream_id": self.stream["stream_id"],
+                "resume_token": self.stream["resume_token"],
+                "from": self.end,
+            }
+        )
         self.last_at = time.perf_counter()
 
     async def close(self) -> None:
@@ -279,8 +297,9 @@ class Client:
             await self.ws.close()
 
 
-async def one_request(cfg: LoadConfig, rng: random.Random, sample: Sample, prompt: str,
-                      max_tokens: int) -> None:
+async def one_request(
+    cfg: LoadConfig, rng: random.Random, sample: Sample, prompt: str, max_tokens: int
+) -> None:
     """Run one request into ``sample``; never raises (errors are recorded)."""
     client = Client(cfg, rng, sample)
     try:
@@ -294,8 +313,7 @@ async def one_request(cfg: LoadConfig, rng: random.Random, sample: Sample, promp
             pass
 
 
-async def slow_reader(cfg: LoadConfig, rng: random.Random, until: float,
-                      samples: list[Sample]) -> None:
+async def slow_reader(cfg: LoadConfig, rng: random.Random, until: float, samples: list[Sample]) -> None:
     """Ask for long answers one after another, reading a delta per second, until
     ``until`` (or ``cfg.slow_requests_each`` times)."""
     num_asked = 0
@@ -316,8 +334,10 @@ async def run_load(cfg: LoadConfig, samples: list[Sample] | None = None) -> list
     samples = [] if samples is None else samples
     start = time.perf_counter() + cfg.slow_head_start_s
     until = start + cfg.duration_s
-    tasks = [asyncio.create_task(slow_reader(cfg, random.Random(cfg.seed + 1 + i), until,
-                                             samples)) for i in range(cfg.slow_readers)]
+    tasks = [
+        asyncio.create_task(slow_reader(cfg, random.Random(cfg.seed + 1 + i), until, samples))
+        for i in range(cfg.slow_readers)
+    ]
     next_at = start + rng.expovariate(cfg.rate)
     while next_at < until:
         await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
@@ -326,8 +346,7 @@ async def run_load(cfg: LoadConfig, samples: list[Sample] | None = None) -> list
         max_tokens = lognormal_int(rng, cfg.max_tokens, sigma=0.3)
         request_rng = random.Random(rng.random())
         prompt = make_prompt(request_rng, lognormal_int(request_rng, cfg.prompt_words))
-        tasks.append(asyncio.create_task(one_request(cfg, request_rng, sample, prompt,
-                                                     max_tokens)))
+        tasks.append(asyncio.create_task(one_request(cfg, request_rng, sample, prompt, max_tokens)))
         next_at += rng.expovariate(cfg.rate)
     _, pending = await asyncio.wait(tasks, timeout=cfg.drain_s) if tasks else (set(), set())
     for task in pending:
@@ -338,41 +357,53 @@ async def run_load(cfg: LoadConfig, samples: list[Sample] | None = None) -> list
     return samples
 
 
-def summarize(cfg: LoadConfig, samples: Sequence[Sample], slo_ttft: float,
-              slo_itl: float) -> dict[str, Any]:
+def summarize(cfg: LoadConfig, samples: Sequence[Sample], slo_ttft: float, slo_itl: float) -> dict[str, Any]:
     """The JSON report of one rate: latencies, goodput under the SLO, errors."""
     normal = [s for s in samples if s.kind == "normal"]
     done = [s for s in normal if s.e2e is not None]
-    good = [s for s in done if s.ttft is not None and s.ttft <= slo_ttft
-            and (percentiles(s.itl)["p95"] or 0.0) <= slo_itl]
+    good = [
+        s
+        for s in done
+        if s.ttft is not None and s.ttft <= slo_ttft and (percentiles(s.itl)["p95"] or 0.0) <= slo_itl
+    ]
     rejected = [s for s in normal if s.reject_latency is not None]
     dropped = [s for s in normal if s.error is not None and s.error.endswith("_in_queue")]
-    report = {"offered_rate": cfg.rate, "duration_s": cfg.duration_s,
-              "num_requests": len(normal), "num_completed": len(done),
-              "completed_rate": len(done) / cfg.duration_s,
-              "goodput": len(good) / cfg.duration_s,
-              "slo": {"ttft_s": slo_ttft, "itl_p95_s": slo_itl},
-              "finish_reasons": dict(Counter(s.finish_reason for s in done)),
-              "errors": dict(Counter(s.error for s in normal if s.error)),
-              "resumed": sum(s.resumed for s in normal),
-              "dropped_in_queue": len(dropped)}
+    report = {
+        "offered_rate": cfg.rate,
+        "duration_s": cfg.duration_s,
+        "num_requests": len(normal),
+        "num_completed": len(done),
+        "completed_rate": len(done) / cfg.duration_s,
+        "goodput": len(good) / cfg.duration_s,
+        "slo": {"ttft_s": slo_ttft, "itl_p95_s": slo_itl},
+        "finish_reasons": dict(Counter(s.finish_reason for s in done)),
+        "errors": dict(Counter(s.error for s in normal if s.error)),
+        "resumed": sum(s.resumed for s in normal),
+        "dropped_in_queue": len(dropped),
+    }
     report |= _latencies(normal, "")
-    report["rejection_latency_s"] = percentiles([s.reject_latency for s in rejected
-                                                 if s.reject_latency is not None])
-    report["retry_after_ms"] = sorted({s.retry_after_ms for s in [*rejected, *dropped]
-                                       if s.retry_after_ms is not None})
+    report["rejection_latency_s"] = percentiles(
+        [s.reject_latency for s in rejected if s.reject_latency is not None]
+    )
+    report["retry_after_ms"] = sorted(
+        {s.retry_after_ms for s in [*rejected, *dropped] if s.retry_after_ms is not None}
+    )
     slow = [s for s in samples if s.kind == "slow"]
     if slow:
-        report["slow_readers"] = {"num_requests": len(slow),
-                                  "errors": dict(Counter(s.error for s in slow if s.error)),
-                                  **_latencies(slow, "")}
+        report["slow_readers"] = {
+            "num_requests": len(slow),
+            "errors": dict(Counter(s.error for s in slow if s.error)),
+            **_latencies(slow, ""),
+        }
     return report
 
 
 def _latencies(samples: Sequence[Sample], prefix: str) -> dict[str, Any]:
-    return {f"{prefix}ttft_s": percentiles([s.ttft for s in samples if s.ttft is not None]),
-            f"{prefix}itl_s": percentiles([t for s in samples for t in s.itl]),
-            f"{prefix}e2e_s": percentiles([s.e2e for s in samples if s.e2e is not None])}
+    return {
+        f"{prefix}ttft_s": percentiles([s.ttft for s in samples if s.ttft is not None]),
+        f"{prefix}itl_s": percentiles([t for s in samples for t in s.itl]),
+        f"{prefix}e2e_s": percentiles([s.e2e for s in samples if s.e2e is not None]),
+    }
 
 
 def knee(reports: Sequence[dict[str, Any]]) -> float | None:
@@ -399,10 +430,17 @@ def plot(reports: Sequence[dict[str, Any]], path: Path, title: str) -> None:
             lat.plot(rates, ys, style, marker="o", label=f"{label} {q}")
     rejections = [r["rejection_latency_s"]["p99"] for r in reports]
     if any(v is not None for v in rejections):
-        lat.plot(rates, [math.nan if v is None else v for v in rejections], "-", marker="x",
-                 color="black", label="rejection p99")
-    lat.set(xlabel="offered load (requests/s)", ylabel="seconds", yscale="log",
-            title="latency vs offered load")
+        lat.plot(
+            rates,
+            [math.nan if v is None else v for v in rejections],
+            "-",
+            marker="x",
+            color="black",
+            label="rejection p99",
+        )
+    lat.set(
+        xlabel="offered load (requests/s)", ylabel="seconds", yscale="log", title="latency vs offered load"
+    )
     good.plot(rates, [r["goodput"] for r in reports], marker="o", label="goodput (SLO met)")
     good.plot(rates, [r["completed_rate"] for r in reports], marker="s", label="completed")
     good.plot(rates, rates, ":", color="gray", label="offered")
@@ -430,8 +468,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=48, help="median max_tokens")
     p.add_argument("--slow-readers", type=int, default=0)
     p.add_argument("--slow-max-tokens", type=int, default=64)
-    p.add_argument("--slow-head-start", type=float, default=0.0,
-                   help="seconds the slow readers start before the other arrivals")
+    p.add_argument(
+        "--slow-head-start",
+        type=float,
+        default=0.0,
+        help="seconds the slow readers start before the other arrivals",
+    )
     p.add_argument("--interrupt-rate", type=float, default=0.0)
     p.add_argument("--disconnect-rate", type=float, default=0.0)
     p.add_argument("--slo-ttft", type=float, default=2.0, help="seconds")
@@ -448,18 +490,28 @@ async def sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
     rates = [float(r) for r in args.rates.split(",")] if args.rates else [args.rate]
     reports = []
     for rate in rates:
-        cfg = LoadConfig(url=args.url, rate=rate, duration_s=args.duration,
-                         prompt_words=args.prompt_words, max_tokens=args.max_tokens,
-                         slow_readers=args.slow_readers, slow_max_tokens=args.slow_max_tokens,
-                         slow_head_start_s=args.slow_head_start,
-                         interrupt_rate=args.interrupt_rate,
-                         disconnect_rate=args.disconnect_rate, drain_s=args.drain,
-                         api_key=args.api_key, seed=args.seed)
+        cfg = LoadConfig(
+            url=args.url,
+            rate=rate,
+            duration_s=args.duration,
+            prompt_words=args.prompt_words,
+            max_tokens=args.max_tokens,
+            slow_readers=args.slow_readers,
+            slow_max_tokens=args.slow_max_tokens,
+            slow_head_start_s=args.slow_head_start,
+            interrupt_rate=args.interrupt_rate,
+            disconnect_rate=args.disconnect_rate,
+            drain_s=args.drain,
+            api_key=args.api_key,
+            seed=args.seed,
+        )
         samples = await run_load(cfg)
         reports.append(summarize(cfg, samples, args.slo_ttft, args.slo_itl))
-        print(f"rate {rate:g}/s: {json.dumps(reports[-1]['ttft_s'])} "
-              f"goodput {reports[-1]['goodput']:.2f}/s errors {reports[-1]['errors']}",
-              file=sys.stderr)
+        print(
+            f"rate {rate:g}/s: {json.dumps(reports[-1]['ttft_s'])} "
+            f"goodput {reports[-1]['goodput']:.2f}/s errors {reports[-1]['errors']}",
+            file=sys.stderr,
+        )
     return reports
 
 
@@ -472,9 +524,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"loadgen: {exc}", file=sys.stderr)
         return 2
     reports = asyncio.run(sweep(args))
-    result = {"url": args.url, "runs": reports, "knee_rate": knee(reports),
-              "config": {k: (str(v) if isinstance(v, Path) else v)
-                         for k, v in vars(args).items()}}
+    result = {
+        "url": args.url,
+        "runs": reports,
+        "knee_rate": knee(reports),
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+    }
     text = json.dumps(result, indent=2)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -482,11 +537,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         print(text)
     if args.plot:
-        plot(reports, args.plot, f"bargein loadgen, SLO: TTFT <= {args.slo_ttft} s, "
-                                 f"ITL p95 <= {args.slo_itl} s")
+        plot(
+            reports,
+            args.plot,
+            f"bargein loadgen, SLO: TTFT <= {args.slo_ttft} s, ITL p95 <= {args.slo_itl} s",
+        )
     return 0
 
 
 if __name__ == "__main__":
     sys.exit(main())
-

@@ -45,18 +45,34 @@ TEXT = " token"  # a typical one-token text delta
 
 
 def _info(sid: str) -> StreamInfo:
-    return StreamInfo(stream_id=sid, response_id=f"r-{sid}", principal="bench", session_id=f"s-{sid}",
-                      owner_node="bench", status="live", end=0, finish=None)
+    return StreamInfo(
+        stream_id=sid,
+        response_id=f"r-{sid}",
+        principal="bench",
+        session_id=f"s-{sid}",
+        owner_node="bench",
+        status="live",
+        end=0,
+        finish=None,
+    )
 
 
 def _step(sids: list[str], end: int) -> list[StreamWrite]:
     """One decode step: token ``end - 1`` of every stream."""
-    return [StreamWrite(stream_id=sid, entry=LogEntry(start=end - 1, end=end, text=TEXT,
-                                                     token_ids=(1000 + end,)), finish=None) for sid in sids]
+    return [
+        StreamWrite(
+            stream_id=sid,
+            entry=LogEntry(start=end - 1, end=end, text=TEXT, token_ids=(1000 + end,)),
+            finish=None,
+        )
+        for sid in sids
+    ]
 
 
 def _finish(sids: list[str], end: int) -> list[StreamWrite]:
-    done = StreamEnd(end=end, finish_reason="length", prompt_tokens=10, completion_tokens=end, cached_tokens=0)
+    done = StreamEnd(
+        end=end, finish_reason="length", prompt_tokens=10, completion_tokens=end, cached_tokens=0
+    )
     return [StreamWrite(stream_id=sid, entry=None, finish=done) for sid in sids]
 
 
@@ -207,8 +223,11 @@ async def latencies(run: Run, streams: int, steps: int, step_s: float) -> dict[s
         reader, _ = run.log("node-b", prefix)
         return writer, reader, [writer, reader]
 
-    cases = [("memory", mem), ("redis, reader on the writing node (fan-out)", local),
-             ("redis, reader on another node (XREAD)", remote)]
+    cases = [
+        ("memory", mem),
+        ("redis, reader on the writing node (fan-out)", local),
+        ("redis, reader on another node (XREAD)", remote),
+    ]
     for name, make in cases:
         writer, reader, to_close = await make()
         samples = await latency(writer, reader, streams, steps, step_s)
@@ -221,8 +240,13 @@ async def latencies(run: Run, streams: int, steps: int, step_s: float) -> dict[s
 Append = dict[str, tuple[float, float]]  # writer -> (tokens/s, client CPU us per token)
 
 
-def _report(args: argparse.Namespace, append: Append, replayed: dict[str, float],
-            lat: dict[str, tuple[float, float]], redis_version: str) -> str:
+def _report(
+    args: argparse.Namespace,
+    append: Append,
+    replayed: dict[str, float],
+    lat: dict[str, tuple[float, float]],
+    redis_version: str,
+) -> str:
     pipelined = append["pipelined"][0]
     lines = [
         "# Token log benchmark",
@@ -238,9 +262,11 @@ def _report(args: argparse.Namespace, append: Append, replayed: dict[str, float]
         "| writer | tokens/s | vs pipelined | client CPU per token |",
         "| --- | --- | --- | --- |",
     ]
-    for name, label in [("pipelined", "`write_step`: one pipeline per engine step"),
-                        ("sequential", "one `XADD` per token, awaited in turn"),
-                        ("concurrent", f"one `XADD` per token, {args.streams} concurrent writers")]:
+    for name, label in [
+        ("pipelined", "`write_step`: one pipeline per engine step"),
+        ("sequential", "one `XADD` per token, awaited in turn"),
+        ("concurrent", f"one `XADD` per token, {args.streams} concurrent writers"),
+    ]:
         tok_s, cpu_us = append[name]
         lines.append(f"| {label} | {tok_s:,.0f} | {tok_s / pipelined:.2f}x | {cpu_us:.0f} us |")
     tokens = args.replay_tokens
@@ -268,8 +294,9 @@ def _report(args: argparse.Namespace, append: Append, replayed: dict[str, float]
 
 
 def _notes(args: argparse.Namespace, append: Append, replayed: dict[str, float]) -> list[str]:
-    (pipe, pipe_cpu), (seq, seq_cpu), (conc, conc_cpu) = (append[k] for k in ("pipelined", "sequential",
-                                                                              "concurrent"))
+    (pipe, pipe_cpu), (seq, seq_cpu), (conc, conc_cpu) = (
+        append[k] for k in ("pipelined", "sequential", "concurrent")
+    )
     return [
         f"- One pipeline per step appends {pipe / seq:.1f}x the tokens/s of a per-token `XADD` loop and "
         f"{pipe / conc:.1f}x that of {args.streams} concurrent per-token writers, for "
@@ -287,9 +314,11 @@ def _notes(args: argparse.Namespace, append: Append, replayed: dict[str, float])
 async def _main(args: argparse.Namespace, url: str) -> str:
     run = Run(url)
     append: Append = {}
-    for name, bench in [("pipelined", lambda: append_pipelined(run, args.streams, args.steps)),
-                        ("sequential", lambda: append_per_token(run, args.streams, args.steps, False)),
-                        ("concurrent", lambda: append_per_token(run, args.streams, args.steps, True))]:
+    for name, bench in [
+        ("pipelined", lambda: append_pipelined(run, args.streams, args.steps)),
+        ("sequential", lambda: append_per_token(run, args.streams, args.steps, False)),
+        ("concurrent", lambda: append_per_token(run, args.streams, args.steps, True)),
+    ]:
         rates = [await bench() for _ in range(args.runs)]
         append[name] = (statistics.median(r[0] for r in rates), statistics.median(r[1] for r in rates))
     replayed = await replay(run, args.replay_tokens, args.runs)

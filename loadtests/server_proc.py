@@ -37,8 +37,19 @@ def served(flags: Sequence[str], *, timeout_s: float = 300.0) -> Iterator[str]:
         RuntimeError: the server exited or was not ready within ``timeout_s``.
     """
     port = free_port()
-    cmd = [sys.executable, "-m", "bargein", "serve", "--port", str(port), "--debug-endpoints",
-           "true", "--log-level", "warning", *flags]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bargein",
+        "serve",
+        "--port",
+        str(port),
+        "--debug-endpoints",
+        "true",
+        "--log-level",
+        "warning",
+        *flags,
+    ]
     # stderr to a file, not a pipe nobody reads (a full pipe would stall the server)
     with tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
@@ -54,8 +65,7 @@ def served(flags: Sequence[str], *, timeout_s: float = 300.0) -> Iterator[str]:
                 proc.kill()
 
 
-def _wait_ready(proc: subprocess.Popen[bytes], url: str, timeout_s: float,
-                err: IO[bytes]) -> None:
+def _wait_ready(proc: subprocess.Popen[bytes], url: str, timeout_s: float, err: IO[bytes]) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:

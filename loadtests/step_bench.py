@@ -82,18 +82,26 @@ class Systems:
         blocks_per_seq = -(-(context + 1) // BLOCK_SIZE)
         self.context = context
         self.blocks_per_seq = blocks_per_seq
-        self.runner = ModelRunner(ModelConfig(device="cpu", dtype="float32"),
-                                  CacheConfig(block_size=BLOCK_SIZE, num_blocks=max_batch * blocks_per_seq),
-                                  context + 1)
+        self.runner = ModelRunner(
+            ModelConfig(device="cpu", dtype="float32"),
+            CacheConfig(block_size=BLOCK_SIZE, num_blocks=max_batch * blocks_per_seq),
+            context + 1,
+        )
         folder, _ = resolve_folder(ModelConfig())
         self.hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
 
     def bargein(self, batch: int) -> Callable[[], object]:
         # the KV cache content does not change the cost: the step reads `context` positions
         per = self.blocks_per_seq
-        seqs = [SeqInput(token_ids=[i + 1], start_pos=self.context,
-                         block_table=list(range(i * per, (i + 1) * per)), sample=True)
-                for i in range(batch)]
+        seqs = [
+            SeqInput(
+                token_ids=[i + 1],
+                start_pos=self.context,
+                block_table=list(range(i * per, (i + 1) * per)),
+                sample=True,
+            )
+            for i in range(batch)
+        ]
         return lambda: self.runner.execute(seqs)
 
     @torch.inference_mode()
@@ -108,10 +116,12 @@ class Systems:
 
         @torch.inference_mode()
         def step() -> object:
-            logits = self.hf(input_ids=token, past_key_values=cache, position_ids=position,
-                             use_cache=True).logits
+            logits = self.hf(
+                input_ids=token, past_key_values=cache, position_ids=position, use_cache=True
+            ).logits
             cache.crop(-1)  # drop the new token: every timed step sees the same context
             return logits
+
         return step
 
     def gemm_floor(self, batch: int) -> Callable[[], object]:
@@ -128,6 +138,7 @@ class Systems:
                 layer.gate_up(hidden)
                 layer.down(mlp_in)
             return model.lm_head(hidden)
+
         return gemms
 
 
@@ -140,28 +151,45 @@ def main() -> None:
     systems = Systems(args.context, max(sizes))
     rows = []
     for batch in sizes:
-        fns = {"bargein": systems.bargein(batch), "transformers": systems.transformers(batch),
-               "gemm": systems.gemm_floor(batch)}
+        fns = {
+            "bargein": systems.bargein(batch),
+            "transformers": systems.transformers(batch),
+            "gemm": systems.gemm_floor(batch),
+        }
         times: dict[str, list[float]] = {name: [] for name in fns}
         for _ in range(3):  # alternate, so a load change hits all three
             for name, fn in fns.items():
                 times[name].append(_median_ms(fn, max(1, args.reps // 3)))
         ms = {name: statistics.median(v) for name, v in times.items()}
-        flops = 2 * batch * sum(p.numel() for layer in systems.runner.model.layers
-                                for p in (layer.qkv.weight, layer.o_proj.weight,
-                                          layer.gate_up.weight, layer.down.weight))
+        flops = (
+            2
+            * batch
+            * sum(
+                p.numel()
+                for layer in systems.runner.model.layers
+                for p in (layer.qkv.weight, layer.o_proj.weight, layer.gate_up.weight, layer.down.weight)
+            )
+        )
         flops += 2 * batch * systems.runner.model.lm_head.weight.numel()
         rows.append((batch, ms, flops / ms["gemm"] / 1e6))
-        print(f"B={batch:3d} bargein {ms['bargein']:7.1f} ms  transformers {ms['transformers']:7.1f} ms  "
-              f"GEMM floor {ms['gemm']:7.1f} ms", flush=True)
+        print(
+            f"B={batch:3d} bargein {ms['bargein']:7.1f} ms  transformers {ms['transformers']:7.1f} ms  "
+            f"GEMM floor {ms['gemm']:7.1f} ms",
+            flush=True,
+        )
     load_end = " ".join(f"{x:.1f}" for x in os.getloadavg())
     text = report(args, rows, gflops, copy_gbs, (load_start, load_end))
     print(text)
     Path(args.out).write_text(text)
 
 
-def report(args: argparse.Namespace, rows: list[tuple[int, dict[str, float], float]], gflops: float,
-           copy_gbs: float, load: tuple[str, str]) -> str:
+def report(
+    args: argparse.Namespace,
+    rows: list[tuple[int, dict[str, float], float]],
+    gflops: float,
+    copy_gbs: float,
+    load: tuple[str, str],
+) -> str:
     """The markdown report."""
     lines = [
         "# One decode step: bargein, transformers and the GEMM floor (CPU, fp32)",

@@ -46,8 +46,9 @@ async def run(ws_url: str, rounds: int, clients: int, seed: int) -> tuple[Tally,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=2000)
     parser.add_argument("--clients", type=int, default=6)
     parser.add_argument("--seed", type=int, default=0)
@@ -59,14 +60,22 @@ def main() -> None:
         flags += ["--redis-url", args.redis_url, "--secret", "stream-contract"]
     with served(flags) as http_url:
         started = time.perf_counter()
-        tally, failures = asyncio.run(run(http_url.replace("http", "ws", 1) + "/v1/realtime",
-                                          args.rounds, args.clients, args.seed))
+        tally, failures = asyncio.run(
+            run(http_url.replace("http", "ws", 1) + "/v1/realtime", args.rounds, args.clients, args.seed)
+        )
         wall_s = time.perf_counter() - started
     num_rounds = sum(tally.scenarios.values())
-    result = {"rounds": num_rounds, "failures": len(failures), "wall_s": round(wall_s, 1),
-              "log": "redis" if args.redis_url else "memory", "clients": args.clients,
-              "scenarios": dict(tally.scenarios), "finish_reasons": dict(tally.finish_reasons),
-              "tokens": tally.tokens, "load_average": load_average()}
+    result = {
+        "rounds": num_rounds,
+        "failures": len(failures),
+        "wall_s": round(wall_s, 1),
+        "log": "redis" if args.redis_url else "memory",
+        "clients": args.clients,
+        "scenarios": dict(tally.scenarios),
+        "finish_reasons": dict(tally.finish_reasons),
+        "tokens": tally.tokens,
+        "load_average": load_average(),
+    }
     print(json.dumps(result, indent=2))
     for failure in failures[:20]:
         print("FAIL", failure)

@@ -25,6 +25,7 @@ class Message:
 
 # ---- internal events: what the service reports back -----------------------
 
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Submitted:
     """The engine accepted the active response's request."""
@@ -88,6 +89,7 @@ class Disconnected:
 
 
 # ---- actions: what the service must do ------------------------------------
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Send:

@@ -137,8 +137,7 @@ class _Principal:
 
     def is_idle(self, now: float) -> bool:
         """Nothing generating and full buckets: the same as a new principal."""
-        return self.active == 0 and all(b is None or b.is_full_at(now)
-                                        for b in (self.requests, self.tokens))
+        return self.active == 0 and all(b is None or b.is_full_at(now) for b in (self.requests, self.tokens))
 
 
 class Admission:
@@ -166,8 +165,7 @@ class Admission:
     def check_request(self, principal: str, now: float) -> Refusal | None:
         """Admit a request (counted as waiting and active), or say why not."""
         state = self._principal(principal, now)
-        refusal = (self._rate_limited(state, now) or self._over_cap(state)
-                   or self._overloaded(now))
+        refusal = self._rate_limited(state, now) or self._over_cap(state) or self._overloaded(now)
         if refusal is None:
             if state.requests is not None:
                 state.requests.level -= 1
@@ -184,9 +182,12 @@ class Admission:
         bucket.refill(now)
         wait = bucket.wait_s(num_tokens)
         if wait > 0:
-            return Refusal(code=pe.ErrorCode.RATE_LIMITED, retry_after_ms=_retry_ms(wait),
-                           message=f"token rate limit: {self.config.rate_limit_tokens:g} "
-                                   "tokens/s (prompt plus max_tokens)")
+            return Refusal(
+                code=pe.ErrorCode.RATE_LIMITED,
+                retry_after_ms=_retry_ms(wait),
+                message=f"token rate limit: {self.config.rate_limit_tokens:g} "
+                "tokens/s (prompt plus max_tokens)",
+            )
         bucket.level -= num_tokens
         return None
 
@@ -247,7 +248,8 @@ class Admission:
             cfg = self.config
             state = self._principals[principal] = _Principal(
                 requests=_bucket(cfg.rate_limit_requests, cfg.burst_s, now, minimum=1.0),
-                tokens=_bucket(cfg.rate_limit_tokens, cfg.burst_s, now, minimum=0.0))
+                tokens=_bucket(cfg.rate_limit_tokens, cfg.burst_s, now, minimum=0.0),
+            )
         return state
 
     def _evict_idle(self, now: float) -> None:
@@ -270,15 +272,21 @@ class Admission:
         wait = state.requests.wait_s(1.0)
         if wait <= 0:
             return None
-        return Refusal(code=pe.ErrorCode.RATE_LIMITED, retry_after_ms=_retry_ms(wait),
-                       message=f"request rate limit: {self.config.rate_limit_requests:g}/s")
+        return Refusal(
+            code=pe.ErrorCode.RATE_LIMITED,
+            retry_after_ms=_retry_ms(wait),
+            message=f"request rate limit: {self.config.rate_limit_requests:g}/s",
+        )
 
     def _over_cap(self, state: _Principal) -> Refusal | None:
         cap = self.config.max_active_per_principal
         if not cap or state.active < cap:
             return None
-        return Refusal(code=pe.ErrorCode.RATE_LIMITED, retry_after_ms=1000,
-                       message=f"at most {cap} responses generating at once per API key")
+        return Refusal(
+            code=pe.ErrorCode.RATE_LIMITED,
+            retry_after_ms=1000,
+            message=f"at most {cap} responses generating at once per API key",
+        )
 
     def _overloaded(self, now: float) -> Refusal | None:
         cfg = self.config
@@ -286,15 +294,18 @@ class Admission:
         wait = self._wait_for(gap)
         if cfg.max_waiting and self.num_waiting >= cfg.max_waiting:
             excess = self.num_waiting - cfg.max_waiting + 1
-            return Refusal(code=pe.ErrorCode.OVERLOADED,
-                           retry_after_ms=_retry_ms(excess * gap if gap is not None else 1.0),
-                           message=f"the server is overloaded: {self.num_waiting} requests "
-                                   "are waiting; retry later")
+            return Refusal(
+                code=pe.ErrorCode.OVERLOADED,
+                retry_after_ms=_retry_ms(excess * gap if gap is not None else 1.0),
+                message=f"the server is overloaded: {self.num_waiting} requests are waiting; retry later",
+            )
         if cfg.max_queue_time_s and wait is not None and wait > cfg.max_queue_time_s:
-            return Refusal(code=pe.ErrorCode.OVERLOADED,
-                           retry_after_ms=_retry_ms(wait - cfg.max_queue_time_s),
-                           message=f"the server is overloaded: the expected wait "
-                                   f"({wait:.1f} s) is over {cfg.max_queue_time_s:g} s")
+            return Refusal(
+                code=pe.ErrorCode.OVERLOADED,
+                retry_after_ms=_retry_ms(wait - cfg.max_queue_time_s),
+                message=f"the server is overloaded: the expected wait "
+                f"({wait:.1f} s) is over {cfg.max_queue_time_s:g} s",
+            )
         return None
 
 
@@ -303,4 +314,3 @@ def _bucket(rate: float, burst_s: float, now: float, *, minimum: float) -> Token
         return None
     capacity = max(minimum, rate * burst_s)
     return TokenBucket(rate=rate, capacity=capacity, level=capacity, updated=now)
-

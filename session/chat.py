@@ -24,8 +24,7 @@ if TYPE_CHECKING:
 class ChatTokenizer(Protocol):
     """The part of a transformers tokenizer the chat template needs."""
 
-    def apply_chat_template(self, conversation: list[dict[str, str]], **kwargs: object
-                            ) -> object: ...
+    def apply_chat_template(self, conversation: list[dict[str, str]], **kwargs: object) -> object: ...
 
 
 def render_prompt(tokenizer: ChatTokenizer, messages: Sequence[Message]) -> tuple[int, ...]:
@@ -38,10 +37,8 @@ def render_prompt(tokenizer: ChatTokenizer, messages: Sequence[Message]) -> tupl
     event loop.
     """
     conversation = [{"role": m.role, "content": m.content} for m in messages]
-    encoded = tokenizer.apply_chat_template(conversation, add_generation_prompt=True,
-                                            tokenize=True)
-    ids = encoded["input_ids"] if isinstance(encoded, dict) or hasattr(
-        encoded, "keys") else encoded
+    encoded = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
+    ids = encoded["input_ids"] if isinstance(encoded, dict) or hasattr(encoded, "keys") else encoded
     return tuple(int(i) for i in ids)  # type: ignore[union-attr]
 
 
@@ -57,8 +54,7 @@ def render_text(tokenizer: TextTokenizer, text: str) -> tuple[int, ...]:
     return tuple(int(i) for i in tokenizer.encode(text))
 
 
-def prompt_ids(tokenizer: object, messages: Sequence[Message], text: str | None
-               ) -> tuple[int, ...]:
+def prompt_ids(tokenizer: object, messages: Sequence[Message], text: str | None) -> tuple[int, ...]:
     """``text`` as is when given, else ``messages`` under the chat template."""
     if text is not None:
         return render_text(tokenizer, text)  # type: ignore[arg-type]

@@ -61,5 +61,4 @@ class SessionConfig:
         if self.save_interval_s < 0:
             raise ValueError(f"save_interval_s={self.save_interval_s} must be >= 0")
         if self.on_disconnect not in ("continue", "cancel"):
-            raise ValueError(f"on_disconnect={self.on_disconnect!r} must be 'continue' "
-                             "or 'cancel'")
+            raise ValueError(f"on_disconnect={self.on_disconnect!r} must be 'continue' or 'cancel'")

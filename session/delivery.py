@@ -40,18 +40,25 @@ def relayed_code(error: EndError) -> pe.ErrorCode:
 
 def truncated_message(exc: StreamTruncated) -> str:
     """What a client is told when the log lost offsets it needs (no internals)."""
-    return (f"the stream's log lost its tokens from offset {exc.missing_from} (trimmed, "
-            "evicted or expired); they cannot be replayed")
+    return (
+        f"the stream's log lost its tokens from offset {exc.missing_from} (trimmed, "
+        "evicted or expired); they cannot be replayed"
+    )
 
 
 def done_event(response_id: str, stream_id: str, end: StreamEnd) -> pe.ResponseDone:
     """The ``response.done`` of a stream that ended with ``end``."""
     return pe.ResponseDone(
-        response_id=response_id, stream_id=stream_id, end=end.end,
+        response_id=response_id,
+        stream_id=stream_id,
+        end=end.end,
         finish_reason=end.finish_reason,
-        usage=pe.Usage(prompt_tokens=end.prompt_tokens,
-                       completion_tokens=end.completion_tokens,
-                       cached_tokens=end.cached_tokens))
+        usage=pe.Usage(
+            prompt_tokens=end.prompt_tokens,
+            completion_tokens=end.completion_tokens,
+            cached_tokens=end.cached_tokens,
+        ),
+    )
 
 
 class Delivery:
@@ -74,11 +81,18 @@ class Delivery:
     event, then its ``response.done``.
     """
 
-    def __init__(self, log: TokenLog, *, response_id: str, stream_id: str,
-                 from_offset: int, send: SendEvent,
-                 on_delivered: Callable[[str], None] = lambda text: None,
-                 include_token_ids: bool = False,
-                 observer: SessionObserver | None = None) -> None:
+    def __init__(
+        self,
+        log: TokenLog,
+        *,
+        response_id: str,
+        stream_id: str,
+        from_offset: int,
+        send: SendEvent,
+        on_delivered: Callable[[str], None] = lambda text: None,
+        include_token_ids: bool = False,
+        observer: SessionObserver | None = None,
+    ) -> None:
         self.log = log
         self.response_id = response_id
         self.stream_id = stream_id
@@ -88,8 +102,7 @@ class Delivery:
         self._on_delivered = on_delivered
         self._include_token_ids = include_token_ids
         self._observer: SessionObserver = observer or NullObserver()
-        self._queue: asyncio.Queue[LogEntry | StreamEnd | BaseException] = asyncio.Queue(
-            maxsize=READ_AHEAD)
+        self._queue: asyncio.Queue[LogEntry | StreamEnd | BaseException] = asyncio.Queue(maxsize=READ_AHEAD)
 
     async def run(self) -> None:
         """Deliver until the stream's end has been sent.
@@ -107,18 +120,18 @@ class Delivery:
         try:
             await self._deliver()
         except StreamTruncated as exc:  # before StreamNotFound: a subclass of it
-            await self._send(self._error(pe.ErrorCode.STREAM_TRUNCATED, truncated_message(exc),
-                                         False))
+            await self._send(self._error(pe.ErrorCode.STREAM_TRUNCATED, truncated_message(exc), False))
         except StreamNotFound:
             await self._send(self._error(pe.ErrorCode.NOT_FOUND, "stream not found", False))
         except TokenLogUnavailable:
-            await self._send(self._error(pe.ErrorCode.INTERNAL_ERROR,
-                                         "token log unavailable", True))
+            await self._send(self._error(pe.ErrorCode.INTERNAL_ERROR, "token log unavailable", True))
         except Exception as exc:  # a bug: say so, and end this delivery explicitly
-            logger.error("delivery of stream %s failed (a bug in bargein): %r", self.stream_id,
-                         exc, exc_info=exc)
-            await self._send(self._error(pe.ErrorCode.INTERNAL_ERROR,
-                                         "delivery failed; resume the stream", True))
+            logger.error(
+                "delivery of stream %s failed (a bug in bargein): %r", self.stream_id, exc, exc_info=exc
+            )
+            await self._send(
+                self._error(pe.ErrorCode.INTERNAL_ERROR, "delivery failed; resume the stream", True)
+            )
         finally:
             self._observer.delivery_ended()
             reader.cancel()
@@ -160,14 +173,17 @@ class Delivery:
         text = "".join(e.text for e in entries)
         token_ids = tuple(t for e in entries for t in e.token_ids)
         delta = pe.ResponseDelta(
-            response_id=self.response_id, stream_id=self.stream_id,
-            start=entries[0].start, end=entries[-1].end, text=text,
-            token_ids=token_ids if self._include_token_ids else None)
+            response_id=self.response_id,
+            stream_id=self.stream_id,
+            start=entries[0].start,
+            end=entries[-1].end,
+            text=text,
+            token_ids=token_ids if self._include_token_ids else None,
+        )
         self._observer.delta_sent(delta.end - delta.start)
         await self._send(delta)
         self.sent_end = entries[-1].end
         self._on_delivered(text)
 
     def _error(self, code: pe.ErrorCode, message: str, retryable: bool) -> pe.ErrorEvent:
-        return pe.ErrorEvent(code=code, message=message, retryable=retryable,
-                        response_id=self.response_id)
+        return pe.ErrorEvent(code=code, message=message, retryable=retryable, response_id=self.response_id)

@@ -24,9 +24,16 @@ class SessionObserver(Protocol):
     ``session_id`` the conversation (or, for HTTP, what the HTTP API uses).
     """
 
-    def submitted(self, *, response_id: str, stream_id: str, session_id: str,
-                  num_prompt_tokens: int, max_tokens: int,
-                  messages: Sequence[Message]) -> None:
+    def submitted(
+        self,
+        *,
+        response_id: str,
+        stream_id: str,
+        session_id: str,
+        num_prompt_tokens: int,
+        max_tokens: int,
+        messages: Sequence[Message],
+    ) -> None:
         """A request went to the engine."""
 
     def rejected(self, reason: str, *, response_id: str | None) -> None:
@@ -34,8 +41,15 @@ class SessionObserver(Protocol):
         the error code sent (``invalid_parameter``, ``prompt_too_long``,
         ``conflict``, ...) or ``engine_stopped``."""
 
-    def finished(self, *, stream_id: str, finish_reason: str, num_output_tokens: int,
-                 text: str, interrupt_to_free_s: float | None) -> None:
+    def finished(
+        self,
+        *,
+        stream_id: str,
+        finish_reason: str,
+        num_output_tokens: int,
+        text: str,
+        interrupt_to_free_s: float | None,
+    ) -> None:
         """Generation of a stream ended. ``interrupt_to_free_s``: for an aborted
         one, seconds from the abort's frame to the engine freeing its blocks
         (``None`` for the others)."""
@@ -61,16 +75,30 @@ class SessionObserver(Protocol):
 class NullObserver:
     """Observes nothing (the default, and for tests of the session layer)."""
 
-    def submitted(self, *, response_id: str, stream_id: str, session_id: str,
-                  num_prompt_tokens: int, max_tokens: int,
-                  messages: Sequence[Message]) -> None:
+    def submitted(
+        self,
+        *,
+        response_id: str,
+        stream_id: str,
+        session_id: str,
+        num_prompt_tokens: int,
+        max_tokens: int,
+        messages: Sequence[Message],
+    ) -> None:
         pass
 
     def rejected(self, reason: str, *, response_id: str | None) -> None:
         pass
 
-    def finished(self, *, stream_id: str, finish_reason: str, num_output_tokens: int,
-                 text: str, interrupt_to_free_s: float | None) -> None:
+    def finished(
+        self,
+        *,
+        stream_id: str,
+        finish_reason: str,
+        num_output_tokens: int,
+        text: str,
+        interrupt_to_free_s: float | None,
+    ) -> None:
         pass
 
     def log_written(self, seconds: float, num_streams: int) -> None:

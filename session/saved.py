@@ -68,14 +68,25 @@ class SavedSession:
         """Compact UTF-8 JSON (turns as ``[role, content]`` pairs)."""
         s = self.settings
         body: dict[str, Any] = {
-            "v": FORMAT_VERSION, "session_id": self.session_id, "principal": self.principal,
-            "settings": {"instructions": s.instructions, "defaults": s.defaults,
-                         "on_disconnect": s.on_disconnect,
-                         "include_token_ids": s.include_token_ids},
+            "v": FORMAT_VERSION,
+            "session_id": self.session_id,
+            "principal": self.principal,
+            "settings": {
+                "instructions": s.instructions,
+                "defaults": s.defaults,
+                "on_disconnect": s.on_disconnect,
+                "include_token_ids": s.include_token_ids,
+            },
             "turns": [[t.role, t.content] for t in self.turns],
-            "active": None if self.active is None else [
-                self.active.response_id, self.active.stream_id, self.active.delivered,
-                self.active.num_input_turns]}
+            "active": None
+            if self.active is None
+            else [
+                self.active.response_id,
+                self.active.stream_id,
+                self.active.delivered,
+                self.active.num_input_turns,
+            ],
+        }
         return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
 
     @classmethod
@@ -90,12 +101,20 @@ class SavedSession:
             if body["v"] != FORMAT_VERSION:
                 raise ValueError(f"saved session format {body['v']!r} is not {FORMAT_VERSION}")
             active = body["active"]
-            return cls(session_id=body["session_id"], principal=body["principal"],
-                       settings=ConversationSettings(**body["settings"]),
-                       turns=tuple(Message(role=r, content=c) for r, c in body["turns"]),
-                       active=None if active is None else SavedActive(
-                           response_id=active[0], stream_id=active[1], delivered=active[2],
-                           num_input_turns=active[3] if len(active) > 3 else 0))
+            return cls(
+                session_id=body["session_id"],
+                principal=body["principal"],
+                settings=ConversationSettings(**body["settings"]),
+                turns=tuple(Message(role=r, content=c) for r, c in body["turns"]),
+                active=None
+                if active is None
+                else SavedActive(
+                    response_id=active[0],
+                    stream_id=active[1],
+                    delivered=active[2],
+                    num_input_turns=active[3] if len(active) > 3 else 0,
+                ),
+            )
         except (KeyError, TypeError, IndexError, json.JSONDecodeError) as exc:
             raise ValueError(f"not a saved session: {exc}") from exc
 
@@ -104,11 +123,16 @@ def snapshot(session: Session, principal: str) -> SavedSession:
     """The state of ``session`` now, to save."""
     active = session.active_response
     return SavedSession(
-        session_id=session.session_id, principal=principal, settings=session.settings,
+        session_id=session.session_id,
+        principal=principal,
+        settings=session.settings,
         turns=tuple(session.turns),
-        active=None if active is None else SavedActive(
-            response_id=active[0], stream_id=active[1], delivered=active[2],
-            num_input_turns=active[3]))
+        active=None
+        if active is None
+        else SavedActive(
+            response_id=active[0], stream_id=active[1], delivered=active[2], num_input_turns=active[3]
+        ),
+    )
 
 
 class SessionSaver:
@@ -129,10 +153,15 @@ class SessionSaver:
         sleep: waits that many seconds (tests pass one driven by a fake clock).
     """
 
-    def __init__(self, log: TokenLog, state: Callable[[], SavedSession], *,
-                 min_interval_s: float = DEFAULT_SAVE_INTERVAL_S,
-                 clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+    def __init__(
+        self,
+        log: TokenLog,
+        state: Callable[[], SavedSession],
+        *,
+        min_interval_s: float = DEFAULT_SAVE_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
         if min_interval_s < 0:
             raise ValueError(f"{min_interval_s=} must be >= 0")
         self._log = log

@@ -53,8 +53,7 @@ from bargein.session.tokens import make_resume_token
 logger = logging.getLogger(__name__)
 
 WRITER = "token-log-writer"  # the step writer's task name (the log, /readyz)
-FAILED_MESSAGE = ("the server failed while writing this response (a bug, in its log); "
-                  "it ended here")
+FAILED_MESSAGE = "the server failed while writing this response (a bug, in its log); it ended here"
 RETRY_AFTER_FAILURE_MS = 1000  # a new request may well succeed: the step writer restarted
 
 OnFinish = Callable[[GenerationFinished], None]
@@ -125,15 +124,23 @@ class Service:
             the Redis log (leases, forwarded cancels, takeover); None alone.
     """
 
-    def __init__(self, runner: Any, log: TokenLog, config: SessionConfig, *,
-                 secret: bytes, node_id: str = "node-0",
-                 clock: Callable[[], float] = time.monotonic, debug: bool = False,
-                 observer: SessionObserver | None = None,
-                 admission: Admission | None = None, cluster: Any = None) -> None:
+    def __init__(
+        self,
+        runner: Any,
+        log: TokenLog,
+        config: SessionConfig,
+        *,
+        secret: bytes,
+        node_id: str = "node-0",
+        clock: Callable[[], float] = time.monotonic,
+        debug: bool = False,
+        observer: SessionObserver | None = None,
+        admission: Admission | None = None,
+        cluster: Any = None,
+    ) -> None:
         self.runner = runner
         self.cluster = cluster
-        self.admission = admission or Admission(AdmissionConfig(max_waiting=0,
-                                                                max_queue_time_s=0))
+        self.admission = admission or Admission(AdmissionConfig(max_waiting=0, max_queue_time_s=0))
         self.observer: SessionObserver = observer or NullObserver()
         self.log = log
         self.config = config
@@ -167,12 +174,12 @@ class Service:
         """Attach to the runner, measure its tokenizer (the prompt text bound, see
         session/chat.py) and start the log writer (on the event loop)."""
         self._loop = asyncio.get_running_loop()
-        token_bytes = await asyncio.to_thread(longest_token_bytes,
-                                              getattr(self.runner, "tokenizer", None))
+        token_bytes = await asyncio.to_thread(longest_token_bytes, getattr(self.runner, "tokenizer", None))
         if token_bytes is not None:
             self._max_prompt_bytes = max_prompt_bytes(token_bytes, self.max_model_len)
-        self._writer = supervised(self._write_steps, name=WRITER,
-                                  on_crash=self._writer_crashed, health=self.health)
+        self._writer = supervised(
+            self._write_steps, name=WRITER, on_crash=self._writer_crashed, health=self.health
+        )
         self.runner.add_step_listener(self._on_engine_step)
         if self.cluster is not None:
             await self.cluster.start(self)
@@ -207,8 +214,7 @@ class Service:
         """The waiting queue is full (a new connection gets close 1013)."""
         return self.admission.saturated()
 
-    async def submit(self, action: Submit, owner: Owner, now: float
-                     ) -> Submitted | SubmitFailed:
+    async def submit(self, action: Submit, owner: Owner, now: float) -> Submitted | SubmitFailed:
         """Admit, render the prompt, create the stream, submit the request.
 
         Admission (:mod:`bargein.session.admission`) answers first, before any KV
@@ -231,38 +237,55 @@ class Service:
 
     def _refused(self, action: Submit, refusal: Refusal) -> SubmitFailed:
         self.observer.rejected(refusal.code.value, response_id=action.response_id)
-        return SubmitFailed(response_id=action.response_id, code=refusal.code,
-                            message=refusal.message, retry_after_ms=refusal.retry_after_ms)
+        return SubmitFailed(
+            response_id=action.response_id,
+            code=refusal.code,
+            message=refusal.message,
+            retry_after_ms=refusal.retry_after_ms,
+        )
 
-    async def _submit_admitted(self, action: Submit, owner: Owner, now: float,
-                               admitted_at: float) -> Submitted | SubmitFailed:
+    async def _submit_admitted(
+        self, action: Submit, owner: Owner, now: float, admitted_at: float
+    ) -> Submitted | SubmitFailed:
         num_bytes = prompt_bytes(action.messages, action.prompt)
         if self._max_prompt_bytes is not None and num_bytes > self._max_prompt_bytes:
             return self._too_long_text(action, num_bytes)  # no tokenizing: it cannot fit
         async with self._tokenizing.hold(owner.connection or owner.session_id):
-            ids = await asyncio.to_thread(prompt_ids, self.runner.tokenizer,
-                                          action.messages, action.prompt)
+            ids = await asyncio.to_thread(prompt_ids, self.runner.tokenizer, action.messages, action.prompt)
         if len(ids) >= self.max_model_len:
             return self._too_long(action, len(ids))
         refusal = self.admission.charge_tokens(
-            owner.admission_key, len(ids) + action.params.max_tokens, self.clock())
+            owner.admission_key, len(ids) + action.params.max_tokens, self.clock()
+        )
         if refusal is not None:
             return self._refused(action, refusal)
         try:
             if self.cluster is not None:  # its record and lease exist before the stream
                 await self.cluster.claim(action.stream_id, ids, action.params)
-            await self.log.create_stream(StreamInfo(
-                stream_id=action.stream_id, response_id=action.response_id,
-                principal=owner.principal, session_id=owner.session_id,
-                owner_node=self.node_id, status="live", end=0, finish=None))
+            await self.log.create_stream(
+                StreamInfo(
+                    stream_id=action.stream_id,
+                    response_id=action.response_id,
+                    principal=owner.principal,
+                    session_id=owner.session_id,
+                    owner_node=self.node_id,
+                    status="live",
+                    end=0,
+                    finish=None,
+                )
+            )
         except TokenLogUnavailable:  # nothing was generated: the client may retry
-            logger.warning("stream %s not created: the token log is unavailable",
-                           action.stream_id, exc_info=True)
-            return SubmitFailed(response_id=action.response_id,
-                                code=pe.ErrorCode.INTERNAL_ERROR,
-                                message="the token log is unavailable; retry later")
-        request = EngineRequest(request_id=action.stream_id, prompt_token_ids=ids,
-                                params=action.params, arrival_time=now)
+            logger.warning(
+                "stream %s not created: the token log is unavailable", action.stream_id, exc_info=True
+            )
+            return SubmitFailed(
+                response_id=action.response_id,
+                code=pe.ErrorCode.INTERNAL_ERROR,
+                message="the token log is unavailable; retry later",
+            )
+        request = EngineRequest(
+            request_id=action.stream_id, prompt_token_ids=ids, params=action.params, arrival_time=now
+        )
         try:
             self.runner.submit(request)
         except PromptTooLongError:
@@ -271,45 +294,64 @@ class Service:
         except EngineStoppedError:
             await self._end_unsubmitted(action.stream_id, len(ids))
             self.observer.rejected("engine_stopped", response_id=action.response_id)
-            return SubmitFailed(response_id=action.response_id,
-                                code=pe.ErrorCode.INTERNAL_ERROR,
-                                message="the engine is not running")
-        live = self._live[action.stream_id] = _LiveStream(response_id=action.response_id,
-                                                          on_finish=owner.on_finish,
-                                                          principal=owner.admission_key,
-                                                          num_prompt_tokens=len(ids),
-                                                          admitted_at=admitted_at)
+            return SubmitFailed(
+                response_id=action.response_id,
+                code=pe.ErrorCode.INTERNAL_ERROR,
+                message="the engine is not running",
+            )
+        live = self._live[action.stream_id] = _LiveStream(
+            response_id=action.response_id,
+            on_finish=owner.on_finish,
+            principal=owner.admission_key,
+            num_prompt_tokens=len(ids),
+            admitted_at=admitted_at,
+        )
         queue_time_s = self.admission.config.max_queue_time_s
         if queue_time_s and self._loop is not None:
             live.deadline = self._loop.call_later(queue_time_s, self._expire, action.stream_id)
         self.recent_requests.append(request)
-        self.observer.submitted(response_id=action.response_id, stream_id=action.stream_id,
-                                session_id=owner.session_id, num_prompt_tokens=len(ids),
-                                max_tokens=action.params.max_tokens, messages=action.messages)
-        return Submitted(response_id=action.response_id,
-                         resume_token=make_resume_token(self.secret, action.stream_id,
-                                                        owner.principal))
+        self.observer.submitted(
+            response_id=action.response_id,
+            stream_id=action.stream_id,
+            session_id=owner.session_id,
+            num_prompt_tokens=len(ids),
+            max_tokens=action.params.max_tokens,
+            messages=action.messages,
+        )
+        return Submitted(
+            response_id=action.response_id,
+            resume_token=make_resume_token(self.secret, action.stream_id, owner.principal),
+        )
 
     def _too_long(self, action: Submit, num_tokens: int) -> SubmitFailed:
         return self._prompt_too_long(
-            action, f"the prompt has {num_tokens} tokens; the context holds "
-                    f"{self.max_model_len} (prompt plus at least one new token)")
+            action,
+            f"the prompt has {num_tokens} tokens; the context holds "
+            f"{self.max_model_len} (prompt plus at least one new token)",
+        )
 
     def _too_long_text(self, action: Submit, num_bytes: int) -> SubmitFailed:
         return self._prompt_too_long(
-            action, f"the prompt has {num_bytes} bytes of text: more than the context of "
-                    f"{self.max_model_len} tokens can hold")
+            action,
+            f"the prompt has {num_bytes} bytes of text: more than the context of "
+            f"{self.max_model_len} tokens can hold",
+        )
 
     def _prompt_too_long(self, action: Submit, message: str) -> SubmitFailed:
         self.observer.rejected(pe.ErrorCode.PROMPT_TOO_LONG.value, response_id=action.response_id)
-        return SubmitFailed(response_id=action.response_id, code=pe.ErrorCode.PROMPT_TOO_LONG,
-                            message=message)
+        return SubmitFailed(
+            response_id=action.response_id, code=pe.ErrorCode.PROMPT_TOO_LONG, message=message
+        )
 
     async def _end_unsubmitted(self, stream_id: str, num_prompt_tokens: int) -> None:
         """Close a stream whose request the runner refused (readers must not hang)."""
-        end = StreamEnd(end=0, finish_reason=FinishReason.ERROR.value,
-                        prompt_tokens=num_prompt_tokens, completion_tokens=0,
-                        cached_tokens=0)
+        end = StreamEnd(
+            end=0,
+            finish_reason=FinishReason.ERROR.value,
+            prompt_tokens=num_prompt_tokens,
+            completion_tokens=0,
+            cached_tokens=0,
+        )
         await self.log.write_step([StreamWrite(stream_id=stream_id, entry=None, finish=end)])
         if self.cluster is not None:
             self.cluster.ended(stream_id)
@@ -335,19 +377,21 @@ class Service:
         if self.cluster is not None:
             await self.cluster.follow(stream_id)
 
-    def continue_stream(self, request: EngineRequest, *, response_id: str,
-                        continuation: Any) -> None:
+    def continue_stream(self, request: EngineRequest, *, response_id: str, continuation: Any) -> None:
         """Submit a takeover's request; its outputs go to the stream
         ``request.request_id`` through ``continuation.translate``.
 
         Raises what ``runner.submit`` raises (PromptTooLongError, EngineStoppedError).
         """
         self.runner.submit(request)
-        self._live[request.request_id] = _LiveStream(response_id=response_id, on_finish=None,
-                                                     started=True, continuation=continuation,
-                                                     logged_end=continuation.offset,
-                                                     num_prompt_tokens=len(
-                                                         request.prompt_token_ids))
+        self._live[request.request_id] = _LiveStream(
+            response_id=response_id,
+            on_finish=None,
+            started=True,
+            continuation=continuation,
+            logged_end=continuation.offset,
+            num_prompt_tokens=len(request.prompt_token_ids),
+        )
         self.recent_requests.append(request)
 
     def _expire(self, stream_id: str) -> None:
@@ -370,9 +414,9 @@ class Service:
         queue_time_s = self.admission.config.max_queue_time_s
         live.expired = EndError(
             code=pe.ErrorCode.OVERLOADED.value,
-            message=f"the server is overloaded: still queued after {queue_time_s:g} s; "
-                    "retry later",
-            retry_after_ms=self.admission.drain_retry_ms(self.clock()))
+            message=f"the server is overloaded: still queued after {queue_time_s:g} s; retry later",
+            retry_after_ms=self.admission.drain_retry_ms(self.clock()),
+        )
         self.runner.abort(stream_id, FinishReason.CANCELLED, only_if_waiting=True)
 
     def release(self, stream_id: str) -> None:
@@ -422,8 +466,7 @@ class Service:
         if self.cluster is not None and self.cluster.read_elsewhere(stream_id):
             self._watch_abandoned(stream_id, live)  # a client reads it on another node
             return
-        logger.info("stream %s abandoned for %.1f s: cancelled", stream_id,
-                    self.config.abandon_grace_s)
+        logger.info("stream %s abandoned for %.1f s: cancelled", stream_id, self.config.abandon_grace_s)
         self.runner.abort(stream_id, FinishReason.CANCELLED)
 
     # ---- engine steps -> token log ---------------------------------------------
@@ -467,9 +510,13 @@ class Service:
         try:
             await self._write(writes)
         except Exception as exc:  # a bug, or one broken stream: it must not stop the others
-            logger.error("token log write of %d streams failed (a bug in bargein): %r; "
-                         "failing the streams whose own write fails", len(writes), exc,
-                         exc_info=exc)
+            logger.error(
+                "token log write of %d streams failed (a bug in bargein): %r; "
+                "failing the streams whose own write fails",
+                len(writes),
+                exc,
+                exc_info=exc,
+            )
             self.health.crashed(WRITER, exc)
             await self._write_one_by_one(writes)
             written = False
@@ -507,8 +554,7 @@ class Service:
             try:
                 await self._write([write])
             except Exception:
-                logger.exception("stream %s: its log write failed: ending it with an error",
-                                 write.stream_id)
+                logger.exception("stream %s: its log write failed: ending it with an error", write.stream_id)
                 failed.append(write.stream_id)
         await self.fail_streams(failed)
 
@@ -523,8 +569,7 @@ class Service:
         the engine frees their KV blocks, admission gets their slots back,
         their owners are told, and their readers get an error end (or, when
         even that cannot be written, a retryable read error)."""
-        failed = [(sid, live) for sid in stream_ids
-                  if (live := self._live.pop(sid, None)) is not None]
+        failed = [(sid, live) for sid in stream_ids if (live := self._live.pop(sid, None)) is not None]
         for sid, live in failed:
             self._forget(sid, live)
         for sid, live in failed:
@@ -543,13 +588,18 @@ class Service:
         else:  # still counted as waiting: its first token never came
             self.admission.cancelled(live.principal)
         text = "".join(live.texts)
-        self.observer.finished(stream_id=stream_id, finish_reason=FinishReason.ERROR.value,
-                               num_output_tokens=live.logged_end, text=text,
-                               interrupt_to_free_s=None)
+        self.observer.finished(
+            stream_id=stream_id,
+            finish_reason=FinishReason.ERROR.value,
+            num_output_tokens=live.logged_end,
+            text=text,
+            interrupt_to_free_s=None,
+        )
         if live.on_finish is not None:
             try:
-                live.on_finish(GenerationFinished(stream_id=stream_id, text=text,
-                                                  finish_reason=FinishReason.ERROR))
+                live.on_finish(
+                    GenerationFinished(stream_id=stream_id, text=text, finish_reason=FinishReason.ERROR)
+                )
             except Exception:  # one broken session must not stop the others
                 logger.exception("finish callback of %s failed", stream_id)
 
@@ -560,17 +610,23 @@ class Service:
             info = await self.log.info(stream_id)
             if info is None or info.finish is not None:
                 return  # gone (its readers were told) or ended already
-            end = StreamEnd(end=info.end, finish_reason=FinishReason.ERROR.value,
-                            prompt_tokens=live.num_prompt_tokens, completion_tokens=info.end,
-                            cached_tokens=0,
-                            error=EndError(code=pe.ErrorCode.INTERNAL_ERROR.value,
-                                           message=FAILED_MESSAGE,
-                                           retry_after_ms=RETRY_AFTER_FAILURE_MS))
-            await self.log.write_step([StreamWrite(stream_id=stream_id, entry=None,
-                                                   finish=end)])
+            end = StreamEnd(
+                end=info.end,
+                finish_reason=FinishReason.ERROR.value,
+                prompt_tokens=live.num_prompt_tokens,
+                completion_tokens=info.end,
+                cached_tokens=0,
+                error=EndError(
+                    code=pe.ErrorCode.INTERNAL_ERROR.value,
+                    message=FAILED_MESSAGE,
+                    retry_after_ms=RETRY_AFTER_FAILURE_MS,
+                ),
+            )
+            await self.log.write_step([StreamWrite(stream_id=stream_id, entry=None, finish=end)])
         except Exception:
-            logger.exception("stream %s: its error end could not be logged either; "
-                             "stopping its readers", stream_id)
+            logger.exception(
+                "stream %s: its error end could not be logged either; stopping its readers", stream_id
+            )
             abandon = getattr(self.log, "abandon_stream", None)
             if abandon is not None:
                 abandon(stream_id)
@@ -593,17 +649,19 @@ class Service:
                 live.deadline = None
             if out.new_token_ids:
                 live.expired = None  # scheduled before its deadline: the drop did not apply
-            self.admission.started(self.clock(), admitted_at=live.admitted_at,
-                                   served=live.expired is None)
+            self.admission.started(self.clock(), admitted_at=live.admitted_at, served=live.expired is None)
         cut = live.abort_requested_at is not None
         entry = None
         if out.new_token_ids and not cut:
             # Text that arrives with no token (held back, then flushed by an
             # abort) has no offset to live at; it is dropped from the stream
             # and from the turn alike, so both stay the same text.
-            entry = LogEntry(start=out.num_output_tokens - len(out.new_token_ids),
-                             end=out.num_output_tokens, text=out.text,
-                             token_ids=tuple(out.new_token_ids))
+            entry = LogEntry(
+                start=out.num_output_tokens - len(out.new_token_ids),
+                end=out.num_output_tokens,
+                text=out.text,
+                token_ids=tuple(out.new_token_ids),
+            )
             live.texts.append(out.text)
             live.logged_end = entry.end
         finish = None
@@ -613,8 +671,7 @@ class Service:
             return None
         return StreamWrite(stream_id=out.request_id, entry=entry, finish=finish)
 
-    def _stream_end(self, live: _LiveStream, out: RequestOutput, *,
-                    cut_tokens: bool) -> StreamEnd:
+    def _stream_end(self, live: _LiveStream, out: RequestOutput, *, cut_tokens: bool) -> StreamEnd:
         """The log's end of a finished stream: its ``end`` is what was logged.
 
         Once a cancel is accepted nothing more is logged (the token of the
@@ -628,11 +685,14 @@ class Service:
         assert reason is not None
         if cut_tokens and live.abort_reason is not None:
             reason = live.abort_reason
-        return StreamEnd(end=live.logged_end, finish_reason=reason.value,
-                         prompt_tokens=out.num_prompt_tokens,
-                         completion_tokens=live.logged_end,
-                         cached_tokens=out.num_cached_tokens,
-                         error=self._dropped(live, out))
+        return StreamEnd(
+            end=live.logged_end,
+            finish_reason=reason.value,
+            prompt_tokens=out.num_prompt_tokens,
+            completion_tokens=live.logged_end,
+            cached_tokens=out.num_cached_tokens,
+            error=self._dropped(live, out),
+        )
 
     @staticmethod
     def _dropped(live: _LiveStream, out: RequestOutput) -> EndError | None:
@@ -658,23 +718,28 @@ class Service:
             latency = None
             assert out.finish_reason is not None
             if live.abort_requested_at is not None and out.finish_reason in (
-                    FinishReason.INTERRUPTED, FinishReason.CANCELLED):
+                FinishReason.INTERRUPTED,
+                FinishReason.CANCELLED,
+            ):
                 latency = freed_at - live.abort_requested_at
                 self.num_interrupts += 1
                 self.interrupt_latencies_s.append(latency)
             text = "".join(live.texts)
-            self.observer.finished(stream_id=out.request_id,
-                                   finish_reason=out.finish_reason.value,
-                                   num_output_tokens=out.num_output_tokens, text=text,
-                                   interrupt_to_free_s=latency)
+            self.observer.finished(
+                stream_id=out.request_id,
+                finish_reason=out.finish_reason.value,
+                num_output_tokens=out.num_output_tokens,
+                text=text,
+                interrupt_to_free_s=latency,
+            )
             dropped = self._dropped(live, out) is not None
             if dropped:
                 logger.info("stream %s still queued at its deadline: dropped", out.request_id)
-                self.observer.rejected(pe.ErrorCode.OVERLOADED.value,
-                                       response_id=live.response_id)
+                self.observer.rejected(pe.ErrorCode.OVERLOADED.value, response_id=live.response_id)
             if live.on_finish is not None:
-                event = GenerationFinished(stream_id=out.request_id, text=text,
-                                           finish_reason=out.finish_reason, expired=dropped)
+                event = GenerationFinished(
+                    stream_id=out.request_id, text=text, finish_reason=out.finish_reason, expired=dropped
+                )
                 try:
                     live.on_finish(event)
                 except Exception:  # one broken session must not stop every stream

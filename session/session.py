@@ -74,8 +74,6 @@ class IllegalTransition(SessionError):
         self.event = event
 
 
-
-
 @dataclass(slots=True, kw_only=True)
 class _Response:
     """What the session remembers of one response."""
@@ -99,17 +97,26 @@ class ConversationSettings:
 
     def to_event(self) -> pe.SessionSettings:
         """The settings as ``session.updated`` reports them."""
-        return pe.SessionSettings(instructions=self.instructions,
-                                  defaults=pe.SamplingDefaults(**self.defaults),
-                                  on_disconnect=self.on_disconnect,  # type: ignore[arg-type]
-                                  include_token_ids=self.include_token_ids)
+        return pe.SessionSettings(
+            instructions=self.instructions,
+            defaults=pe.SamplingDefaults(**self.defaults),
+            on_disconnect=self.on_disconnect,  # type: ignore[arg-type]
+            include_token_ids=self.include_token_ids,
+        )
 
 
-def _error(code: pe.ErrorCode, message: str, event: object | None = None,
-           response_id: str | None = None) -> Send:
-    return Send(event=pe.ErrorEvent(code=code, message=message, retryable=code.retryable,
-                               event_id=getattr(event, "event_id", None),
-                               response_id=response_id))
+def _error(
+    code: pe.ErrorCode, message: str, event: object | None = None, response_id: str | None = None
+) -> Send:
+    return Send(
+        event=pe.ErrorEvent(
+            code=code,
+            message=message,
+            retryable=code.retryable,
+            event_id=getattr(event, "event_id", None),
+            response_id=response_id,
+        )
+    )
 
 
 class Session:
@@ -121,13 +128,19 @@ class Session:
         new_id: makes stream ids (default: random UUID hex).
     """
 
-    def __init__(self, config: SessionConfig, *, session_id: str | None = None,
-                 new_id: Callable[[], str] = lambda: uuid.uuid4().hex) -> None:
+    def __init__(
+        self,
+        config: SessionConfig,
+        *,
+        session_id: str | None = None,
+        new_id: Callable[[], str] = lambda: uuid.uuid4().hex,
+    ) -> None:
         self.config = config
         self.session_id = session_id or new_id()
         self.state = State.IDLE
-        self.settings = ConversationSettings(instructions=config.instructions,
-                                 on_disconnect=config.on_disconnect)
+        self.settings = ConversationSettings(
+            instructions=config.instructions, on_disconnect=config.on_disconnect
+        )
         self.turns: list[Message] = []
         self._new_id = new_id
         self._active: _Response | None = None
@@ -149,12 +162,18 @@ class Session:
         return handler(event, now)
 
     def _handlers(self) -> Mapping[type, Callable[[Any, float], list[Action]]]:
-        return {pe.Ping: self._on_ping, pe.SessionUpdate: self._on_update,
-                pe.ResponseCreate: self._on_create, pe.ResponseCancel: self._on_cancel,
-                Submitted: self._on_submitted, SubmitFailed: self._on_submit_failed,
-                Delivered: self._on_delivered, ResumedFrom: self._on_resumed_from,
-                GenerationFinished: self._on_finished,
-                Disconnected: self._on_disconnected}
+        return {
+            pe.Ping: self._on_ping,
+            pe.SessionUpdate: self._on_update,
+            pe.ResponseCreate: self._on_create,
+            pe.ResponseCancel: self._on_cancel,
+            Submitted: self._on_submitted,
+            SubmitFailed: self._on_submit_failed,
+            Delivered: self._on_delivered,
+            ResumedFrom: self._on_resumed_from,
+            GenerationFinished: self._on_finished,
+            Disconnected: self._on_disconnected,
+        }
 
     @property
     def active_stream_id(self) -> str | None:
@@ -171,11 +190,19 @@ class Session:
         the active response (the input turns: what its ``response.create``
         appended, the last of ``turns``)."""
         active = self._active
-        return None if active is None else (active.response_id, active.stream_id,
-                                            active.delivered, active.num_input_turns)
+        return (
+            None
+            if active is None
+            else (active.response_id, active.stream_id, active.delivered, active.num_input_turns)
+        )
 
-    def restore(self, *, settings: ConversationSettings, turns: list[Message],
-                active: tuple[str, str, str, int] | None) -> None:
+    def restore(
+        self,
+        *,
+        settings: ConversationSettings,
+        turns: list[Message],
+        active: tuple[str, str, str, int] | None,
+    ) -> None:
         """Take over the conversation of an earlier connection (``session.resume``).
 
         ``active`` is :attr:`active_response` of a response still generating:
@@ -191,8 +218,12 @@ class Session:
         self.turns = list(turns)
         if active is not None:
             response_id, stream_id, delivered, num_input_turns = active
-            self._active = _Response(response_id=response_id, stream_id=stream_id,
-                                     delivered=delivered, num_input_turns=num_input_turns)
+            self._active = _Response(
+                response_id=response_id,
+                stream_id=stream_id,
+                delivered=delivered,
+                num_input_turns=num_input_turns,
+            )
             self.state = State.GENERATING
 
     def messages(self) -> tuple[Message, ...]:
@@ -212,8 +243,11 @@ class Session:
         if update.instructions is not None:
             new.instructions = update.instructions or None  # "" clears them
         if update.defaults is not None:
-            new.defaults = {k: getattr(update.defaults, k) for k in SAMPLING_FIELDS
-                            if getattr(update.defaults, k) is not None}
+            new.defaults = {
+                k: getattr(update.defaults, k)
+                for k in SAMPLING_FIELDS
+                if getattr(update.defaults, k) is not None
+            }
         if update.on_disconnect is not None:
             new.on_disconnect = update.on_disconnect
         if update.include_token_ids is not None:
@@ -231,29 +265,33 @@ class Session:
         actions: list[Action] = []
         if self._active is not None:
             if not event.interrupt_active:
-                return [_error(pe.ErrorCode.CONFLICT, "a response is already active; "
-                               "cancel it or set interrupt_active", event,
-                               event.response_id)]
+                return [
+                    _error(
+                        pe.ErrorCode.CONFLICT,
+                        "a response is already active; cancel it or set interrupt_active",
+                        event,
+                        event.response_id,
+                    )
+                ]
             actions += self._interrupt(None, now)
         problem, params, items = self._check_create(event)
         if problem:
-            return actions + [_error(pe.ErrorCode.INVALID_PARAMETER, problem, event,
-                                     event.response_id)]
+            return actions + [_error(pe.ErrorCode.INVALID_PARAMETER, problem, event, event.response_id)]
         stream_id = self._new_id()
         response_id = event.response_id or f"resp_{stream_id}"
         self.turns += items
-        self._active = _Response(response_id=response_id, stream_id=stream_id,
-                                 event_id=event.event_id, num_input_turns=len(items))
+        self._active = _Response(
+            response_id=response_id, stream_id=stream_id, event_id=event.event_id, num_input_turns=len(items)
+        )
         self.state = State.SUBMITTING
-        return actions + [Submit(response_id=response_id, stream_id=stream_id,
-                                 messages=self.messages(), params=params)]
+        return actions + [
+            Submit(response_id=response_id, stream_id=stream_id, messages=self.messages(), params=params)
+        ]
 
-    def _check_create(self, event: pe.ResponseCreate
-                      ) -> tuple[str | None, SamplingParams, list[Message]]:
+    def _check_create(self, event: pe.ResponseCreate) -> tuple[str | None, SamplingParams, list[Message]]:
         """Validate a ``response.create``: (problem or None, params, new items)."""
         items = [Message(role=i.role, content=i.content) for i in event.input or ()]
-        overrides = {k: getattr(event, k) for k in SAMPLING_FIELDS
-                     if getattr(event, k, None) is not None}
+        overrides = {k: getattr(event, k) for k in SAMPLING_FIELDS if getattr(event, k, None) is not None}
         try:
             params = self._sampling({**self.settings.defaults, **overrides})
         except ValueError as exc:
@@ -272,15 +310,17 @@ class Session:
         Raises:
             ValueError: a value is out of range (message names the field).
         """
-        max_tokens = fields.get("max_tokens", min(self.config.default_max_tokens,
-                                                  self.config.max_tokens))
+        max_tokens = fields.get("max_tokens", min(self.config.default_max_tokens, self.config.max_tokens))
         if max_tokens > self.config.max_tokens:
-            raise ValueError(f"max_tokens={max_tokens} is above the limit "
-                             f"{self.config.max_tokens}")
+            raise ValueError(f"max_tokens={max_tokens} is above the limit {self.config.max_tokens}")
         return SamplingParams(
-            max_tokens=max_tokens, temperature=fields.get("temperature", 1.0),
-            top_p=fields.get("top_p", 1.0), top_k=fields.get("top_k", 0),
-            seed=fields.get("seed"), stop=tuple(fields.get("stop") or ()))
+            max_tokens=max_tokens,
+            temperature=fields.get("temperature", 1.0),
+            top_p=fields.get("top_p", 1.0),
+            top_k=fields.get("top_k", 0),
+            seed=fields.get("seed"),
+            stop=tuple(fields.get("stop") or ()),
+        )
 
     def _on_cancel(self, event: pe.ResponseCancel, now: float) -> list[Action]:
         active = self._active
@@ -288,8 +328,7 @@ class Session:
             return self._interrupt(event.heard_chars, now)
         known = self._responses.get(event.response_id)
         if known is None:
-            return [_error(pe.ErrorCode.NOT_FOUND, "no such response", event,
-                           event.response_id)]
+            return [_error(pe.ErrorCode.NOT_FOUND, "no such response", event, event.response_id)]
         self._cut_finished(known, event.heard_chars)
         return [StopDelivery(response_id=known.response_id, stream_id=known.stream_id)]
 
@@ -301,8 +340,7 @@ class Session:
             raise IllegalTransition(self.state, "interrupt")
         heard = _clamp(heard_chars, len(active.delivered))
         self._finish_active(active.delivered[:heard])
-        return [Abort(stream_id=active.stream_id, reason=FinishReason.INTERRUPTED,
-                      requested_at=now)]
+        return [Abort(stream_id=active.stream_id, reason=FinishReason.INTERRUPTED, requested_at=now)]
 
     def _cut_finished(self, response: _Response, heard_chars: int | None) -> None:
         """Cut a finished response's turn, if it is still the last one."""
@@ -318,15 +356,17 @@ class Session:
     def _on_submitted(self, event: Submitted, now: float) -> list[Action]:
         active = self._require_submitting(event)
         self.state = State.GENERATING
-        created = pe.ResponseCreated(response_id=active.response_id,
-                                     stream_id=active.stream_id,
-                                     resume_token=event.resume_token)
-        return [Send(event=created),
-                StartDelivery(response_id=active.response_id, stream_id=active.stream_id)]
+        created = pe.ResponseCreated(
+            response_id=active.response_id, stream_id=active.stream_id, resume_token=event.resume_token
+        )
+        return [
+            Send(event=created),
+            StartDelivery(response_id=active.response_id, stream_id=active.stream_id),
+        ]
 
     def _on_submit_failed(self, event: SubmitFailed, now: float) -> list[Action]:
         active = self._require_submitting(event)
-        del self.turns[len(self.turns) - active.num_input_turns:]
+        del self.turns[len(self.turns) - active.num_input_turns :]
         self._active = None
         self.state = State.IDLE
         error = _error(event.code, event.message, active, event.response_id)
@@ -334,8 +374,7 @@ class Session:
 
     def _require_submitting(self, event: Submitted | SubmitFailed) -> _Response:
         active = self._active
-        if self.state is not State.SUBMITTING or active is None \
-                or active.response_id != event.response_id:
+        if self.state is not State.SUBMITTING or active is None or active.response_id != event.response_id:
             raise IllegalTransition(self.state, event)
         return active
 
@@ -362,7 +401,7 @@ class Session:
             # submit, its input leaves the conversation so a retry resends it.
             # The client hears of it from the stream's delivery (``error``
             # ``overloaded``, then ``response.done``), in that order.
-            del self.turns[len(self.turns) - active.num_input_turns:]
+            del self.turns[len(self.turns) - active.num_input_turns :]
             self._active = None
             self.state = State.IDLE
             return []
@@ -374,8 +413,7 @@ class Session:
         self.state = State.CLOSED
         if active is None or self.settings.on_disconnect != "cancel":
             return []
-        return [Abort(stream_id=active.stream_id, reason=FinishReason.CANCELLED,
-                      requested_at=now)]
+        return [Abort(stream_id=active.stream_id, reason=FinishReason.CANCELLED, requested_at=now)]
 
     # ---- bookkeeping -------------------------------------------------------
 
@@ -395,8 +433,7 @@ class Session:
     def _find(self, stream_id: str) -> _Response | None:
         if self._active is not None and self._active.stream_id == stream_id:
             return self._active
-        return next((r for r in self._responses.values() if r.stream_id == stream_id),
-                    None)
+        return next((r for r in self._responses.values() if r.stream_id == stream_id), None)
 
 
 def _clamp(heard_chars: int | None, delivered: int) -> int:
@@ -404,4 +441,3 @@ def _clamp(heard_chars: int | None, delivered: int) -> int:
     if heard_chars is None:
         return delivered
     return max(0, min(heard_chars, delivered))
-

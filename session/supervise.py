@@ -51,9 +51,15 @@ class TaskHealth:
         return [f"{name}: crashed ({why})" for name, why in sorted(self._failing.items())]
 
 
-def supervised(factory: Callable[[], Awaitable[None]], *, name: str,
-               on_crash: OnCrash | None = None, health: TaskHealth | None = None,
-               backoff_s: float = 0.1, max_backoff_s: float = 5.0) -> asyncio.Task[None]:
+def supervised(
+    factory: Callable[[], Awaitable[None]],
+    *,
+    name: str,
+    on_crash: OnCrash | None = None,
+    health: TaskHealth | None = None,
+    backoff_s: float = 0.1,
+    max_backoff_s: float = 5.0,
+) -> asyncio.Task[None]:
     """Run ``factory()`` in a task that restarts it whenever it raises.
 
     Args:
@@ -69,12 +75,18 @@ def supervised(factory: Callable[[], Awaitable[None]], *, name: str,
     The task ends when ``factory()``'s coroutine returns, or when cancelled.
     """
     return asyncio.create_task(
-        _supervise(factory, name, on_crash, health, backoff_s, max_backoff_s), name=name)
+        _supervise(factory, name, on_crash, health, backoff_s, max_backoff_s), name=name
+    )
 
 
-async def _supervise(factory: Callable[[], Awaitable[None]], name: str,
-                     on_crash: OnCrash | None, health: TaskHealth | None,
-                     backoff_s: float, max_backoff_s: float) -> None:
+async def _supervise(
+    factory: Callable[[], Awaitable[None]],
+    name: str,
+    on_crash: OnCrash | None,
+    health: TaskHealth | None,
+    backoff_s: float,
+    max_backoff_s: float,
+) -> None:
     loop = asyncio.get_running_loop()
     delay = backoff_s
     while True:
@@ -83,8 +95,7 @@ async def _supervise(factory: Callable[[], Awaitable[None]], name: str,
             await factory()
             return
         except Exception as exc:  # CancelledError is a BaseException: it stops us
-            logger.error("task %s crashed (a bug in bargein): %r; restarting it", name, exc,
-                         exc_info=exc)
+            logger.error("task %s crashed (a bug in bargein): %r; restarting it", name, exc, exc_info=exc)
             if health is not None:
                 health.crashed(name, exc)
             await _clean_up(name, on_crash, exc)

@@ -24,8 +24,7 @@ def in_ci() -> bool:
 def missing(what: str) -> NoReturn:
     """Skip the calling test (or fixture) because ``what`` is missing; fail it in CI."""
     if in_ci():
-        pytest.fail(f"{what} (CI=true: a missing dependency fails the run, it is not skipped)",
-                    pytrace=False)
+        pytest.fail(f"{what} (CI=true: a missing dependency fails the run, it is not skipped)", pytrace=False)
     pytest.skip(what)
 
 

@@ -54,10 +54,27 @@ class RedisServer:
         """Start the server and wait until it answers PING."""
         assert self._proc is None, "already running"
         self._proc = subprocess.Popen(
-            [self._binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self._dir.name, "--daemonize", "no",
-             "--loglevel", "warning", *self._extra_args],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            [
+                self._binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self._dir.name,
+                "--daemonize",
+                "no",
+                "--loglevel",
+                "warning",
+                *self._extra_args,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         deadline = time.monotonic() + timeout_s
         while not self.ping():
             if self._proc.poll() is not None:

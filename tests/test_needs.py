@@ -16,8 +16,7 @@ def test_in_ci_a_missing_dependency_fails(monkeypatch: pytest.MonkeyPatch, value
 
 
 @pytest.mark.parametrize("value", [None, "", "false", "0"])
-def test_elsewhere_a_missing_dependency_skips(monkeypatch: pytest.MonkeyPatch,
-                                              value: str | None) -> None:
+def test_elsewhere_a_missing_dependency_skips(monkeypatch: pytest.MonkeyPatch, value: str | None) -> None:
     if value is None:
         monkeypatch.delenv("CI", raising=False)
     else:

@@ -41,32 +41,41 @@ class NotRouted:
     a function, so that starlette lets it take every method)."""
 
     def __init__(self, routes: Sequence[BaseRoute]) -> None:
-        self.http_routes = [r for r in routes
-                            if isinstance(r, Route) and r.path.startswith(API_PREFIX)]
+        self.http_routes = [r for r in routes if isinstance(r, Route) and r.path.startswith(API_PREFIX)]
         self.ws_paths = {r.path for r in routes if isinstance(r, WebSocketRoute)}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
         status, code, message, headers = self.answer(request)
         request.app.state.bargein.observer.http_error(status, code)
-        response = JSONResponse(error_body(message, code=code), status_code=status,
-                                headers=headers)
+        response = JSONResponse(error_body(message, code=code), status_code=status, headers=headers)
         await response(scope, receive, send)
 
     def answer(self, request: Request) -> tuple[int, str, str, dict[str, str]]:
         """``(status, code, message, headers)`` for a request no API route took."""
         path = request.url.path
-        allowed = sorted({method for route in self.http_routes
-                          if route.matches(request.scope)[0] is Match.PARTIAL
-                          for method in route.methods or ()})
+        allowed = sorted(
+            {
+                method
+                for route in self.http_routes
+                if route.matches(request.scope)[0] is Match.PARTIAL
+                for method in route.methods or ()
+            }
+        )
         if allowed:
-            return (405, "method_not_allowed",
-                    f"{request.method[:20]} is not allowed on {path}; allowed: "
-                    f"{', '.join(allowed)}", {"Allow": ", ".join(allowed)})
+            return (
+                405,
+                "method_not_allowed",
+                f"{request.method[:20]} is not allowed on {path}; allowed: {', '.join(allowed)}",
+                {"Allow": ", ".join(allowed)},
+            )
         if path in self.ws_paths:
-            return (426, "upgrade_required",
-                    f"{path} is a WebSocket endpoint: upgrade the connection",
-                    {"Upgrade": "websocket"})
+            return (
+                426,
+                "upgrade_required",
+                f"{path} is a WebSocket endpoint: upgrade the connection",
+                {"Upgrade": "websocket"},
+            )
         return 404, "not_found", f"no route {request.method[:20]} {path[:200]}", {}
 
 
@@ -74,6 +83,5 @@ async def internal_error(request: Request, exc: Exception) -> Response:
     """A 500 for an unexpected exception: OpenAI's error body under ``/v1``."""
     if not request.url.path.startswith(API_PREFIX):
         return PlainTextResponse("Internal Server Error", status_code=500)
-    body = error_body("the server failed to answer this request", type_="server_error",
-                      code="internal_error")
+    body = error_body("the server failed to answer this request", type_="server_error", code="internal_error")
     return JSONResponse(body, status_code=500)

@@ -106,17 +106,21 @@ def openai_routes() -> list[Route]:
 
     async def list_models(request: Request) -> Response:
         """``GET /v1/models``: OpenAI's list shape with the served model."""
-        model = {"id": _service(request).runner.model_name, "object": "model",
-                 "created": created, "owned_by": "bargein"}
+        model = {
+            "id": _service(request).runner.model_name,
+            "object": "model",
+            "created": created,
+            "owned_by": "bargein",
+        }
         return JSONResponse({"object": "list", "data": [model]})
 
-    return [Route("/v1/chat/completions", _answering(chat_completions), methods=["POST"]),
-            Route("/v1/completions", _answering(completions), methods=["POST"]),
-            Route("/v1/models", _answering(list_models), methods=["GET"]),
-            Route("/v1/streams/{stream_id}/events", _answering(stream_events),
-                  methods=["GET"]),
-            Route("/v1/streams/{stream_id}/cancel", _answering(cancel_stream),
-                  methods=["POST"])]
+    return [
+        Route("/v1/chat/completions", _answering(chat_completions), methods=["POST"]),
+        Route("/v1/completions", _answering(completions), methods=["POST"]),
+        Route("/v1/models", _answering(list_models), methods=["GET"]),
+        Route("/v1/streams/{stream_id}/events", _answering(stream_events), methods=["GET"]),
+        Route("/v1/streams/{stream_id}/cancel", _answering(cancel_stream), methods=["POST"]),
+    ]
 
 
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -124,6 +128,7 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 
 def _answering(endpoint: Endpoint) -> Endpoint:
     """Wrap an endpoint so an :class:`ApiError` becomes OpenAI's error response."""
+
     @functools.wraps(endpoint)
     async def answer(request: Request) -> Response:
         try:
@@ -141,8 +146,12 @@ def _answering(endpoint: Endpoint) -> Endpoint:
 def _service(request: Request) -> Service:
     service: Service | None = request.app.state.bargein.service
     if service is None:
-        raise ApiError("the model is still loading; retry shortly", status=503,
-                       code="model_loading", type_="server_error")
+        raise ApiError(
+            "the model is still loading; retry shortly",
+            status=503,
+            code="model_loading",
+            type_="server_error",
+        )
     return service
 
 
@@ -161,8 +170,7 @@ async def _read_json(request: Request, limit: int) -> Any:
 
 
 def _too_large(limit: int) -> ApiError:
-    return ApiError(f"the request body is larger than {limit} bytes", status=413,
-                    code="request_too_large")
+    return ApiError(f"the request body is larger than {limit} bytes", status=413, code="request_too_large")
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -178,6 +186,7 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 # ---- POST /v1/chat/completions ---------------------------------------------------
 
+
 async def chat_completions(request: Request) -> Response:
     """``POST /v1/chat/completions``: validate, submit, answer (JSON or SSE)."""
     return await _complete(request, parse_chat_request)
@@ -191,15 +200,17 @@ async def completions(request: Request) -> Response:
 AnyRequest = ChatRequest | CompletionRequest
 
 
-async def _complete(request: Request,
-                    parse: Callable[[Any, SessionConfig], AnyRequest]) -> Response:
+async def _complete(request: Request, parse: Callable[[Any, SessionConfig], AnyRequest]) -> Response:
     """Validate with ``parse``, submit, answer (JSON or SSE)."""
     service = _service(request)
     body = await _read_json(request, service.config.max_frame_bytes)
     chat = parse(body, service.config)
-    owner = Owner(principal=principal_of(request.headers), session_id="",
-                  limit_key=request.scope.get("state", {}).get("limit_key"),
-                  connection=_connection_of(request))
+    owner = Owner(
+        principal=principal_of(request.headers),
+        session_id="",
+        limit_key=request.scope.get("state", {}).get("limit_key"),
+        connection=_connection_of(request),
+    )
     completion, stream_id = await _submit(service, chat, owner)
     policy = chat.on_disconnect or service.config.on_disconnect
 
@@ -213,8 +224,9 @@ async def _complete(request: Request,
 
     if chat.stream:
         events = sse_events(service, stream_id, completion, from_offset=0, role=True)
-        return EventStreamResponse(events, on_disconnect=on_disconnect,
-                                   headers={"X-Bargein-Stream-Id": stream_id})
+        return EventStreamResponse(
+            events, on_disconnect=on_disconnect, headers={"X-Bargein-Stream-Id": stream_id}
+        )
     collect = _collect(service.log, stream_id, completion)
     body_or_gone = await unless_disconnected(request.receive, collect)
     if body_or_gone is None:
@@ -230,8 +242,7 @@ def _connection_of(request: Request) -> str:
     return f"http:{client[0]}:{client[1]}" if client else f"http:{uuid.uuid4().hex}"
 
 
-async def _submit(service: Service, chat: AnyRequest, caller: Owner
-                  ) -> tuple[Completion, str]:
+async def _submit(service: Service, chat: AnyRequest, caller: Owner) -> tuple[Completion, str]:
     """Create the stream and submit its request for ``caller`` (its principal and
     limit key), as a ``response.create`` would.
 
@@ -244,33 +255,46 @@ async def _submit(service: Service, chat: AnyRequest, caller: Owner
         legacy, prefix, messages, prompt = True, "cmpl", (), chat.prompt
     else:
         legacy, prefix, messages, prompt = False, "chatcmpl", chat.messages, None
-    completion = Completion(completion_id=f"{prefix}-{stream_id}", created=int(time.time()),
-                            model=service.runner.model_name,
-                            include_usage=chat.include_usage,
-                            kind="text" if legacy else "chat")
-    action = Submit(response_id=completion.completion_id, stream_id=stream_id,
-                    messages=messages, params=chat.params, prompt=prompt)
-    owner = dataclasses.replace(
-        caller, session_id=origin_session_id(completion.created, chat.include_usage))
+    completion = Completion(
+        completion_id=f"{prefix}-{stream_id}",
+        created=int(time.time()),
+        model=service.runner.model_name,
+        include_usage=chat.include_usage,
+        kind="text" if legacy else "chat",
+    )
+    action = Submit(
+        response_id=completion.completion_id,
+        stream_id=stream_id,
+        messages=messages,
+        params=chat.params,
+        prompt=prompt,
+    )
+    owner = dataclasses.replace(caller, session_id=origin_session_id(completion.created, chat.include_usage))
     result = await service.submit(action, owner, service.clock())
     if isinstance(result, SubmitFailed):
         if result.code is pe.ErrorCode.PROMPT_TOO_LONG:
-            raise ApiError(result.message, param="prompt" if legacy else "messages",
-                           code="context_length_exceeded")
+            raise ApiError(
+                result.message, param="prompt" if legacy else "messages", code="context_length_exceeded"
+            )
         if result.retry_after_ms is not None:
             raise _retry_later(result.code, result.message, result.retry_after_ms)
-        raise ApiError(result.message, status=503, code=result.code.value,
-                       type_="server_error")
+        raise ApiError(result.message, status=503, code=result.code.value, type_="server_error")
     return completion, stream_id
 
 
 def _retry_later(code: pe.ErrorCode, message: str, retry_after_ms: int) -> ApiError:
     """``rate_limited`` (429) or ``overloaded`` (503), with ``Retry-After``."""
     limited = code is pe.ErrorCode.RATE_LIMITED
-    return ApiError(message, status=429 if limited else 503, code=code.value,
-                    type_="rate_limit_error" if limited else "server_error",
-                    headers={"Retry-After": str(-(-retry_after_ms // 1000)),
-                             "X-Bargein-Retry-After-Ms": str(retry_after_ms)})
+    return ApiError(
+        message,
+        status=429 if limited else 503,
+        code=code.value,
+        type_="rate_limit_error" if limited else "server_error",
+        headers={
+            "Retry-After": str(-(-retry_after_ms // 1000)),
+            "X-Bargein-Retry-After-Ms": str(retry_after_ms),
+        },
+    )
 
 
 def _end_error(error: EndError) -> ApiError:
@@ -293,15 +317,17 @@ async def _collect(log: TokenLog, stream_id: str, completion: Completion) -> dic
                 if isinstance(item, LogEntry):
                     parts.append(item.text)
                 elif item.finish_reason == FinishReason.ERROR.value:
-                    raise ApiError("generation failed", status=500, code="internal_error",
-                                   type_="server_error")
+                    raise ApiError(
+                        "generation failed", status=500, code="internal_error", type_="server_error"
+                    )
                 elif item.error is not None:
                     raise _end_error(item.error)
                 else:
                     return _whole_body(completion, "".join(parts), item)
     except (StreamNotFound, TokenLogUnavailable) as exc:
-        raise ApiError("the token log could not be read", status=500,
-                       code="internal_error", type_="server_error") from exc
+        raise ApiError(
+            "the token log could not be read", status=500, code="internal_error", type_="server_error"
+        ) from exc
     raise AssertionError("a token log read ends with its StreamEnd")
 
 
@@ -314,8 +340,10 @@ def _whole_body(completion: Completion, text: str, end: StreamEnd) -> dict[str, 
 
 # ---- SSE ---------------------------------------------------------------------------
 
-async def sse_events(service: Service, stream_id: str, completion: Completion, *,
-                     from_offset: int, role: bool) -> AsyncGenerator[bytes, None]:
+
+async def sse_events(
+    service: Service, stream_id: str, completion: Completion, *, from_offset: int, role: bool
+) -> AsyncGenerator[bytes, None]:
     """The SSE events of a stream from ``from_offset``: chunks, then ``[DONE]``.
 
     ``role``: start with the chunk that announces the assistant role (id
@@ -330,9 +358,9 @@ async def sse_events(service: Service, stream_id: str, completion: Completion, *
     service.reader_started(stream_id)
     service.observer.delivery_started()
     try:
-        async with contextlib.aclosing(_sse_events(service.log, stream_id, completion,
-                                                   from_offset=from_offset,
-                                                   role=role)) as events:
+        async with contextlib.aclosing(
+            _sse_events(service.log, stream_id, completion, from_offset=from_offset, role=role)
+        ) as events:
             async for event in events:
                 yield event
     finally:
@@ -340,8 +368,9 @@ async def sse_events(service: Service, stream_id: str, completion: Completion, *
         service.reader_ended(stream_id)
 
 
-async def _sse_events(log: TokenLog, stream_id: str, completion: Completion, *,
-                      from_offset: int, role: bool) -> AsyncGenerator[bytes, None]:
+async def _sse_events(
+    log: TokenLog, stream_id: str, completion: Completion, *, from_offset: int, role: bool
+) -> AsyncGenerator[bytes, None]:
     if role and completion.kind == "chat":  # legacy streams start with text
         first = chunk_body(completion, {"role": "assistant", "content": ""})
         yield format_event(dumps(first), event_id=event_id(stream_id, 0))
@@ -351,8 +380,7 @@ async def _sse_events(log: TokenLog, stream_id: str, completion: Completion, *,
                 if isinstance(item, LogEntry):
                     if item.text:
                         chunk = _content_chunk(completion, item.text)
-                        yield format_event(dumps(chunk),
-                                           event_id=event_id(stream_id, item.end))
+                        yield format_event(dumps(chunk), event_id=event_id(stream_id, item.end))
                 elif item.error is not None:
                     yield format_event(dumps(_end_error(item.error).body()))
                     return
@@ -368,14 +396,16 @@ async def _sse_events(log: TokenLog, stream_id: str, completion: Completion, *,
 def _read_error(exc: StreamNotFound | TokenLogUnavailable) -> ApiError:
     """What a reader is told when its stream cannot be read any further."""
     if isinstance(exc, OffsetOutOfRange):
-        return ApiError(f"position {exc.from_offset} is past the stream's end {exc.end}",
-                        code="offset_out_of_range")
+        return ApiError(
+            f"position {exc.from_offset} is past the stream's end {exc.end}", code="offset_out_of_range"
+        )
     if isinstance(exc, StreamTruncated):
         return ApiError(truncated_message(exc), status=410, code="stream_truncated")
     if isinstance(exc, StreamNotFound):
         return ApiError("the stream expired", code="stream_not_found")
-    return ApiError("the token log is unavailable; resume later", code="internal_error",
-                    status=503, type_="server_error")
+    return ApiError(
+        "the token log is unavailable; resume later", code="internal_error", status=503, type_="server_error"
+    )
 
 
 def _content_chunk(completion: Completion, text: str) -> dict[str, Any]:
@@ -398,6 +428,7 @@ def _closing(completion: Completion, end: StreamEnd) -> list[dict[str, Any]]:
 
 # ---- GET /v1/streams/{stream_id}/events and POST .../cancel ---------------------
 
+
 async def _owned_stream(request: Request, service: Service) -> StreamInfo:
     """The stream named in the path, if it exists and the caller created it.
 
@@ -408,12 +439,20 @@ async def _owned_stream(request: Request, service: Service) -> StreamInfo:
     try:
         info = await service.log.info(stream_id)
     except TokenLogUnavailable as exc:
-        raise ApiError("the token log is unavailable; retry later", status=503,
-                       code="internal_error", type_="server_error") from exc
+        raise ApiError(
+            "the token log is unavailable; retry later",
+            status=503,
+            code="internal_error",
+            type_="server_error",
+        ) from exc
     if info is None or info.principal != principal_of(request.headers):
-        raise ApiError(f"stream {stream_id!r} not found: unknown, expired (streams are "
-                       "kept for a while after they end), or not yours", status=404,
-                       code="stream_not_found", param="stream_id")
+        raise ApiError(
+            f"stream {stream_id!r} not found: unknown, expired (streams are "
+            "kept for a while after they end), or not yours",
+            status=404,
+            code="stream_not_found",
+            param="stream_id",
+        )
     return info
 
 
@@ -430,8 +469,9 @@ def _resume_position(request: Request, stream_id: str) -> tuple[int, bool]:
         except ValueError as exc:
             raise ApiError(str(exc), param="Last-Event-ID") from exc
         if last_stream != stream_id:
-            raise ApiError(f"Last-Event-ID names stream {last_stream!r}, not {stream_id!r}",
-                           param="Last-Event-ID")
+            raise ApiError(
+                f"Last-Event-ID names stream {last_stream!r}, not {stream_id!r}", param="Last-Event-ID"
+            )
         return end, False
     try:
         from_offset = parse_offset(request.query_params.get("from", "0"), "'from'")
@@ -453,27 +493,31 @@ async def stream_events(request: Request) -> Response:
     from_offset, role = _resume_position(request, stream_id)
     info = await _owned_stream(request, service)
     if info.status == "complete" and from_offset > info.end:
-        raise ApiError(f"position {from_offset} is past the stream's end {info.end}",
-                       param="Last-Event-ID" if "last-event-id" in request.headers
-                       else "from", code="offset_out_of_range")
+        raise ApiError(
+            f"position {from_offset} is past the stream's end {info.end}",
+            param="Last-Event-ID" if "last-event-id" in request.headers else "from",
+            code="offset_out_of_range",
+        )
     if info.status == "live":
         await service.follow(stream_id)  # continued here if its node died
     lost = await read_error_soon(service.log, stream_id, from_offset, FIRST_EVENT_WAIT_S)
     if isinstance(lost, StreamTruncated):
         raise _read_error(lost)
-    events = sse_events(service, stream_id, _completion_of(info, service),
-                        from_offset=from_offset, role=role)
-    return EventStreamResponse(events, on_disconnect=lambda: None,
-                               headers={"X-Bargein-Stream-Id": stream_id})
+    events = sse_events(service, stream_id, _completion_of(info, service), from_offset=from_offset, role=role)
+    return EventStreamResponse(events, on_disconnect=lambda: None, headers={"X-Bargein-Stream-Id": stream_id})
 
 
 def _completion_of(info: StreamInfo, service: Service) -> Completion:
     """The ids a stream's chunks carry, as when it was created (any node)."""
     created, include_usage = parse_origin(info.session_id) or (int(time.time()), False)
     legacy = info.response_id.startswith("cmpl-")  # see _submit
-    return Completion(completion_id=info.response_id, created=created,
-                      model=service.runner.model_name, include_usage=include_usage,
-                      kind="text" if legacy else "chat")
+    return Completion(
+        completion_id=info.response_id,
+        created=created,
+        model=service.runner.model_name,
+        include_usage=include_usage,
+        kind="text" if legacy else "chat",
+    )
 
 
 async def cancel_stream(request: Request) -> Response:
@@ -494,8 +538,11 @@ async def cancel_stream(request: Request) -> Response:
                 async for item in items:
                     if isinstance(item, StreamEnd):
                         end = item
-    body: dict[str, Any] = {"object": "bargein.stream", "id": info.stream_id,
-                            "status": "live" if end is None else "complete"}
+    body: dict[str, Any] = {
+        "object": "bargein.stream",
+        "id": info.stream_id,
+        "status": "live" if end is None else "complete",
+    }
     if end is not None:
         body |= {"finish_reason": end.finish_reason, "end": end.end, "usage": usage_body(end)}
     return JSONResponse(body, status_code=202 if end is None else 200)

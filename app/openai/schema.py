@@ -53,10 +53,16 @@ class ApiError(Exception):
         headers: extra response headers (``Retry-After``).
     """
 
-    def __init__(self, message: str, *, param: str | None = None,
-                 code: str | None = "invalid_value", status: int = 400,
-                 type_: str = "invalid_request_error",
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = "invalid_value",
+        status: int = 400,
+        type_: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.headers = headers
         self.message = message
@@ -70,8 +76,9 @@ class ApiError(Exception):
         return error_body(self.message, type_=self.type_, param=self.param, code=self.code)
 
 
-def error_body(message: str, *, type_: str = "invalid_request_error",
-               param: str | None = None, code: str | None = None) -> dict[str, Any]:
+def error_body(
+    message: str, *, type_: str = "invalid_request_error", param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
     """OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}``."""
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
@@ -126,8 +133,11 @@ def check_content_type(value: str | None) -> None:
     main, _, sub = media_type.partition("/")
     if main == "application" and (sub == "json" or sub.endswith("+json")):
         return
-    raise ApiError(f"the request body must be JSON (Content-Type: application/json), not "
-                   f"{value[:80]!r}", status=415, code="unsupported_media_type")
+    raise ApiError(
+        f"the request body must be JSON (Content-Type: application/json), not {value[:80]!r}",
+        status=415,
+        code="unsupported_media_type",
+    )
 
 
 def decode_json(raw: bytes) -> Any:
@@ -137,20 +147,22 @@ def decode_json(raw: bytes) -> Any:
     will not parse (over 4,300 digits) or is nested deeper than the parser's
     recursion limit (about a thousand levels).
     """
+
     def refuse(constant: str) -> None:
         raise ValueError(f"{constant} is not JSON")
 
     try:
         return json.loads(raw, parse_constant=refuse)
     except RecursionError as exc:  # a hostile body, not a bug: a 400, not a traceback
-        raise ApiError("the request body is not valid JSON: it is nested too deeply",
-                       code="invalid_json") from exc
+        raise ApiError(
+            "the request body is not valid JSON: it is nested too deeply", code="invalid_json"
+        ) from exc
     except UnicodeDecodeError as exc:
-        raise ApiError("the request body is not valid JSON: it is not UTF-8 text",
-                       code="invalid_json") from exc
+        raise ApiError(
+            "the request body is not valid JSON: it is not UTF-8 text", code="invalid_json"
+        ) from exc
     except ValueError as exc:
-        raise ApiError(f"the request body is not valid JSON: {str(exc)[:200]}",
-                       code="invalid_json") from exc
+        raise ApiError(f"the request body is not valid JSON: {str(exc)[:200]}", code="invalid_json") from exc
 
 
 def parse_chat_request(body: Any, config: SessionConfig) -> ChatRequest:
@@ -187,27 +199,37 @@ def _common(body: Mapping[str, Any], config: SessionConfig) -> dict[str, Any]:
     include_usage = _stream_options(body, stream)
     on_disconnect = _optional(body, "bargein_on_disconnect", str, "a string")
     if on_disconnect not in (None, "continue", "cancel"):
-        raise ApiError("'bargein_on_disconnect' must be 'continue' or 'cancel'",
-                             param="bargein_on_disconnect")
-    return {"params": _sampling(body, config), "stream": stream,
-            "include_usage": include_usage, "on_disconnect": on_disconnect,
-            "user": _optional(body, "user", str, "a string")}
+        raise ApiError(
+            "'bargein_on_disconnect' must be 'continue' or 'cancel'", param="bargein_on_disconnect"
+        )
+    return {
+        "params": _sampling(body, config),
+        "stream": stream,
+        "include_usage": include_usage,
+        "on_disconnect": on_disconnect,
+        "user": _optional(body, "user", str, "a string"),
+    }
 
 
 def _prompt(value: Any) -> str:
     """The one prompt of a legacy request: a non-empty string or a list of one."""
     if value is None:
-        raise ApiError("'prompt' is required", param="prompt",
-                       code="missing_required_parameter")
+        raise ApiError("'prompt' is required", param="prompt", code="missing_required_parameter")
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
         value = value[0]
     elif isinstance(value, list) and len(value) > 1:
-        raise ApiError("'prompt' holds one prompt here: bargein generates one choice per "
-                       "request (send several requests)", param="prompt",
-                       code="unsupported_value")
+        raise ApiError(
+            "'prompt' holds one prompt here: bargein generates one choice per "
+            "request (send several requests)",
+            param="prompt",
+            code="unsupported_value",
+        )
     if not isinstance(value, str) or not value:
-        raise ApiError("'prompt' must be a non-empty string (token id arrays are not "
-                       "supported)", param="prompt", code="invalid_type")
+        raise ApiError(
+            "'prompt' must be a non-empty string (token id arrays are not supported)",
+            param="prompt",
+            code="invalid_type",
+        )
     return value
 
 
@@ -216,17 +238,23 @@ def _check_unsupported_legacy(body: Mapping[str, Any]) -> None:
     for name in ("n", "best_of"):
         value = _optional(body, name, int, "an integer")
         if value is not None and value != 1:
-            raise ApiError(f"'{name}' must be 1: bargein generates one choice per request, "
-                           f"got {value}", param=name, code="unsupported_value")
-    asks = {"echo": lambda v: v is not False, "logprobs": lambda v: True,
-            "suffix": lambda v: True, "logit_bias": lambda v: bool(v),
-            "presence_penalty": lambda v: v not in (0, 0.0),
-            "frequency_penalty": lambda v: v not in (0, 0.0)}
+            raise ApiError(
+                f"'{name}' must be 1: bargein generates one choice per request, got {value}",
+                param=name,
+                code="unsupported_value",
+            )
+    asks = {
+        "echo": lambda v: v is not False,
+        "logprobs": lambda v: True,
+        "suffix": lambda v: True,
+        "logit_bias": lambda v: bool(v),
+        "presence_penalty": lambda v: v not in (0, 0.0),
+        "frequency_penalty": lambda v: v not in (0, 0.0),
+    }
     for name, asks_for in asks.items():
         value = body.get(name)
         if value is not None and asks_for(value):
-            raise ApiError(f"'{name}' is not supported by bargein", param=name,
-                           code="unsupported_parameter")
+            raise ApiError(f"'{name}' is not supported by bargein", param=name, code="unsupported_parameter")
 
 
 def _optional(body: Mapping[str, Any], name: str, kind: type, what: str) -> Any:
@@ -235,19 +263,25 @@ def _optional(body: Mapping[str, Any], name: str, kind: type, what: str) -> Any:
     if value is None:
         return None
     if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-        raise ApiError(f"'{name}' must be {what}, not {_json_type(value)}",
-                             param=name, code="invalid_type")
+        raise ApiError(f"'{name}' must be {what}, not {_json_type(value)}", param=name, code="invalid_type")
     return value
 
 
 def _json_type(value: Any) -> str:
-    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
-             list: "an array", dict: "an object"}
+    names = {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "an array",
+        dict: "an object",
+    }
     return names.get(type(value), "null" if value is None else type(value).__name__)
 
 
-def _number(body: Mapping[str, Any], name: str, low: float, high: float,
-            low_open: bool = False) -> float | None:
+def _number(
+    body: Mapping[str, Any], name: str, low: float, high: float, low_open: bool = False
+) -> float | None:
     value = _optional(body, name, (int, float), "a number")  # type: ignore[arg-type]
     if value is None:
         return None
@@ -263,8 +297,7 @@ def _number(body: Mapping[str, Any], name: str, low: float, high: float,
 def _integer(body: Mapping[str, Any], name: str, low: int, high: int) -> int | None:
     value = _optional(body, name, int, "an integer")
     if value is not None and not low <= value <= high:
-        raise ApiError(f"'{name}' must be in [{low}, {high}], got {str(value)[:40]}",
-                             param=name)
+        raise ApiError(f"'{name}' must be in [{low}, {high}], got {str(value)[:40]}", param=name)
     return value  # type: ignore[no-any-return]
 
 
@@ -274,12 +307,14 @@ def _stream_options(body: Mapping[str, Any], stream: bool) -> bool:
     if options is None:
         return False
     if not stream:
-        raise ApiError("'stream_options' is only allowed when 'stream' is true",
-                             param="stream_options")
+        raise ApiError("'stream_options' is only allowed when 'stream' is true", param="stream_options")
     include = options.get("include_usage")
     if include is not None and not isinstance(include, bool):
-        raise ApiError("'stream_options.include_usage' must be a boolean",
-                             param="stream_options.include_usage", code="invalid_type")
+        raise ApiError(
+            "'stream_options.include_usage' must be a boolean",
+            param="stream_options.include_usage",
+            code="invalid_type",
+        )
     return bool(include)
 
 
@@ -287,20 +322,25 @@ def _check_unsupported(body: Mapping[str, Any]) -> None:
     """Refuse OpenAI fields whose value asks for something bargein does not do."""
     n = _optional(body, "n", int, "an integer")
     if n is not None and n != 1:
-        raise ApiError(f"'n' must be 1: bargein generates one choice per request, "
-                             f"got {n}", param="n", code="unsupported_value")
-    asks = {"tools": lambda v: bool(v), "functions": lambda v: bool(v),
-            "logprobs": lambda v: v is True, "top_logprobs": lambda v: bool(v),
-            "logit_bias": lambda v: bool(v),
-            "presence_penalty": lambda v: v not in (0, 0.0),
-            "frequency_penalty": lambda v: v not in (0, 0.0),
-            "response_format": lambda v: not (isinstance(v, dict)
-                                              and v.get("type") == "text")}
+        raise ApiError(
+            f"'n' must be 1: bargein generates one choice per request, got {n}",
+            param="n",
+            code="unsupported_value",
+        )
+    asks = {
+        "tools": lambda v: bool(v),
+        "functions": lambda v: bool(v),
+        "logprobs": lambda v: v is True,
+        "top_logprobs": lambda v: bool(v),
+        "logit_bias": lambda v: bool(v),
+        "presence_penalty": lambda v: v not in (0, 0.0),
+        "frequency_penalty": lambda v: v not in (0, 0.0),
+        "response_format": lambda v: not (isinstance(v, dict) and v.get("type") == "text"),
+    }
     for name, asks_for in asks.items():
         value = body.get(name)
         if value is not None and asks_for(value):
-            raise ApiError(f"'{name}' is not supported by bargein", param=name,
-                                 code="unsupported_parameter")
+            raise ApiError(f"'{name}' is not supported by bargein", param=name, code="unsupported_parameter")
 
 
 def _sampling(body: Mapping[str, Any], config: SessionConfig) -> SamplingParams:
@@ -311,14 +351,19 @@ def _sampling(body: Mapping[str, Any], config: SessionConfig) -> SamplingParams:
         if value is not None:
             max_tokens, name = value, field
     if max_tokens > config.max_tokens:
-        raise ApiError(f"'{name}' is {max_tokens}, above this server's limit of "
-                             f"{config.max_tokens} tokens per response", param=name)
+        raise ApiError(
+            f"'{name}' is {max_tokens}, above this server's limit of {config.max_tokens} tokens per response",
+            param=name,
+        )
     temperature = _number(body, "temperature", 0.0, 2.0)
     top_p = _number(body, "top_p", 0.0, 1.0, low_open=True)
-    return SamplingParams(max_tokens=max_tokens,
-                          temperature=1.0 if temperature is None else temperature,
-                          top_p=1.0 if top_p is None else top_p,
-                          seed=_integer(body, "seed", 0, MAX_SEED), stop=_stop(body))
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=1.0 if temperature is None else temperature,
+        top_p=1.0 if top_p is None else top_p,
+        seed=_integer(body, "seed", 0, MAX_SEED),
+        stop=_stop(body),
+    )
 
 
 def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
@@ -327,23 +372,19 @@ def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
         return ()
     stops = [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise ApiError("'stop' must be a string or an array of strings",
-                             param="stop", code="invalid_type")
+        raise ApiError("'stop' must be a string or an array of strings", param="stop", code="invalid_type")
     if len(stops) > MAX_STOP_STRINGS or not all(stops):
-        raise ApiError(f"'stop' holds 1 to {MAX_STOP_STRINGS} non-empty strings",
-                             param="stop")
+        raise ApiError(f"'stop' holds 1 to {MAX_STOP_STRINGS} non-empty strings", param="stop")
     return tuple(stops)
 
 
 def _messages(value: Any, config: SessionConfig) -> tuple[Message, ...]:
     if value is None:
-        raise ApiError("'messages' is required", param="messages",
-                             code="missing_required_parameter")
+        raise ApiError("'messages' is required", param="messages", code="missing_required_parameter")
     if not isinstance(value, list) or not value:
         raise ApiError("'messages' must be a non-empty array", param="messages")
     if len(value) > config.max_input_items:
-        raise ApiError(f"'messages' holds more than {config.max_input_items} items",
-                             param="messages")
+        raise ApiError(f"'messages' holds more than {config.max_input_items} items", param="messages")
     return tuple(_message(item, f"messages[{i}]") for i, item in enumerate(value))
 
 
@@ -352,8 +393,9 @@ def _message(item: Any, where: str) -> Message:
         raise ApiError(f"'{where}' must be an object", param=where, code="invalid_type")
     role = item.get("role")
     if not isinstance(role, str) or role not in ROLES:  # a list would not even hash
-        raise ApiError(f"'{where}.role' must be one of {', '.join(ROLES)}; "
-                             f"got {repr(role)[:60]}", param=f"{where}.role")
+        raise ApiError(
+            f"'{where}.role' must be one of {', '.join(ROLES)}; got {repr(role)[:60]}", param=f"{where}.role"
+        )
     return Message(role=ROLES[role], content=_content(item.get("content"), f"{where}.content"))
 
 
@@ -362,15 +404,17 @@ def _content(content: Any, where: str) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list) and content:
-        texts = [p.get("text") for p in content
-                 if isinstance(p, dict) and p.get("type") == "text"]
+        texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
         if len(texts) == len(content) and all(isinstance(t, str) for t in texts):
             return "\n".join(texts)
-    raise ApiError(f"'{where}' must be a string or an array of text parts "
-                         f"({{\"type\": \"text\", \"text\": ...}})", param=where)
+    raise ApiError(
+        f'\'{where}\' must be a string or an array of text parts ({{"type": "text", "text": ...}})',
+        param=where,
+    )
 
 
 # ---- response bodies ---------------------------------------------------------
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Completion:
@@ -393,7 +437,7 @@ def parse_origin(session_id: str) -> tuple[int, bool] | None:
     """``(created, include_usage)`` of an HTTP stream; None for another stream."""
     if not session_id.startswith(_ORIGIN_PREFIX):
         return None
-    created, _, usage = session_id[len(_ORIGIN_PREFIX):].partition(":")
+    created, _, usage = session_id[len(_ORIGIN_PREFIX) :].partition(":")
     if not created.isdecimal() or usage not in ("0", "1"):
         return None
     return int(created), usage == "1"
@@ -401,46 +445,74 @@ def parse_origin(session_id: str) -> tuple[int, bool] | None:
 
 def usage_body(end: StreamEnd) -> dict[str, Any]:
     """OpenAI's ``usage`` of a finished stream."""
-    return {"prompt_tokens": end.prompt_tokens, "completion_tokens": end.completion_tokens,
-            "total_tokens": end.prompt_tokens + end.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": end.cached_tokens}}
+    return {
+        "prompt_tokens": end.prompt_tokens,
+        "completion_tokens": end.completion_tokens,
+        "total_tokens": end.prompt_tokens + end.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": end.cached_tokens},
+    }
 
 
 def completion_body(c: Completion, text: str, end: StreamEnd) -> dict[str, Any]:
     """The ``chat.completion`` object of a non-streamed answer."""
-    choice = {"index": 0, "message": {"role": "assistant", "content": text},
-              "logprobs": None, "finish_reason": end.finish_reason}
-    return {"id": c.completion_id, "object": "chat.completion", "created": c.created,
-            "model": c.model, "system_fingerprint": None, "choices": [choice],
-            "usage": usage_body(end)}
+    choice = {
+        "index": 0,
+        "message": {"role": "assistant", "content": text},
+        "logprobs": None,
+        "finish_reason": end.finish_reason,
+    }
+    return {
+        "id": c.completion_id,
+        "object": "chat.completion",
+        "created": c.created,
+        "model": c.model,
+        "system_fingerprint": None,
+        "choices": [choice],
+        "usage": usage_body(end),
+    }
 
 
 def text_completion_body(c: Completion, text: str, end: StreamEnd) -> dict[str, Any]:
     """The ``text_completion`` object of a non-streamed legacy answer."""
     choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": end.finish_reason}
-    return {"id": c.completion_id, "object": "text_completion", "created": c.created,
-            "model": c.model, "system_fingerprint": None, "choices": [choice],
-            "usage": usage_body(end)}
+    return {
+        "id": c.completion_id,
+        "object": "text_completion",
+        "created": c.created,
+        "model": c.model,
+        "system_fingerprint": None,
+        "choices": [choice],
+        "usage": usage_body(end),
+    }
 
 
-def text_chunk_body(c: Completion, text: str, finish_reason: str | None = None
-                    ) -> dict[str, Any]:
+def text_chunk_body(c: Completion, text: str, finish_reason: str | None = None) -> dict[str, Any]:
     """One streamed ``text_completion`` chunk (legacy streams have no role chunk)."""
     choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-    body = {"id": c.completion_id, "object": "text_completion", "created": c.created,
-            "model": c.model, "system_fingerprint": None, "choices": [choice]}
+    body = {
+        "id": c.completion_id,
+        "object": "text_completion",
+        "created": c.created,
+        "model": c.model,
+        "system_fingerprint": None,
+        "choices": [choice],
+    }
     if c.include_usage:
         body["usage"] = None
     return body
 
 
-def chunk_body(c: Completion, delta: Mapping[str, str],
-               finish_reason: str | None = None) -> dict[str, Any]:
+def chunk_body(c: Completion, delta: Mapping[str, str], finish_reason: str | None = None) -> dict[str, Any]:
     """One ``chat.completion.chunk`` with one choice (``usage`` null when it will come)."""
-    choice = {"index": 0, "delta": dict(delta), "logprobs": None,
-              "finish_reason": finish_reason}
-    body = {"id": c.completion_id, "object": "chat.completion.chunk", "created": c.created,
-            "model": c.model, "system_fingerprint": None, "choices": [choice]}
+    choice = {"index": 0, "delta": dict(delta), "logprobs": None, "finish_reason": finish_reason}
+    body = {
+        "id": c.completion_id,
+        "object": "chat.completion.chunk",
+        "created": c.created,
+        "model": c.model,
+        "system_fingerprint": None,
+        "choices": [choice],
+    }
     if c.include_usage:
         body["usage"] = None
     return body
@@ -449,9 +521,15 @@ def chunk_body(c: Completion, delta: Mapping[str, str],
 def usage_chunk(c: Completion, end: StreamEnd) -> dict[str, Any]:
     """The last chunk with ``include_usage``: no choices, the usage."""
     kind = "text_completion" if c.kind == "text" else "chat.completion.chunk"
-    return {"id": c.completion_id, "object": kind, "created": c.created,
-            "model": c.model, "system_fingerprint": None, "choices": [],
-            "usage": usage_body(end)}
+    return {
+        "id": c.completion_id,
+        "object": kind,
+        "created": c.created,
+        "model": c.model,
+        "system_fingerprint": None,
+        "choices": [],
+        "usage": usage_body(end),
+    }
 
 
 def dumps(body: Any) -> str:

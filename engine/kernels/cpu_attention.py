@@ -30,9 +30,15 @@ _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 
 
 @numba.njit(parallel=True, fastmath=_FASTMATH, cache=True, nogil=True)
-def _decode_kernel(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
-                   block_tables: np.ndarray, seq_lens: np.ndarray, scale: float,
-                   out: np.ndarray) -> None:  # pragma: no cover - compiled, tested through the wrapper
+def _decode_kernel(
+    q: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    block_tables: np.ndarray,
+    seq_lens: np.ndarray,
+    scale: float,
+    out: np.ndarray,
+) -> None:  # pragma: no cover - compiled, tested through the wrapper
     num_seqs, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -87,7 +93,13 @@ def paged_attention_decode_cpu(
     if q.dtype != torch.float32 or q.device.type != "cpu" or k_cache.dtype != torch.float32:
         return paged_attention_decode_ref(q, k_cache, v_cache, block_tables, seq_lens, scale)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    _decode_kernel(q.contiguous().numpy(), k_cache.numpy(), v_cache.numpy(),
-                   block_tables.to(torch.int32).contiguous().numpy(),
-                   seq_lens.to(torch.int32).contiguous().numpy(), float(scale), out.numpy())
+    _decode_kernel(
+        q.contiguous().numpy(),
+        k_cache.numpy(),
+        v_cache.numpy(),
+        block_tables.to(torch.int32).contiguous().numpy(),
+        seq_lens.to(torch.int32).contiguous().numpy(),
+        float(scale),
+        out.numpy(),
+    )
     return out

@@ -81,14 +81,28 @@ def write_kv_cache(
     num_tokens, num_heads, head_dim = k.shape
     assert v.shape == k.shape, f"v {tuple(v.shape)} != k {tuple(k.shape)}"
     assert k_cache.shape[2:] == (num_heads, head_dim), f"cache {tuple(k_cache.shape)} vs k {tuple(k.shape)}"
-    assert v_cache.shape == k_cache.shape and v_cache.stride() == k_cache.stride(), "K and V caches must match"
+    assert v_cache.shape == k_cache.shape and v_cache.stride() == k_cache.stride(), (
+        "K and V caches must match"
+    )
     assert slot_mapping.shape == (num_tokens,), f"slot_mapping {tuple(slot_mapping.shape)} != ({num_tokens},)"
     if num_tokens == 0:
         return
     _write_kv_cache_kernel[(num_tokens,)](
-        k, v, k_cache, v_cache, slot_mapping,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        num_heads, head_dim, k_cache.shape[1],
-        BLOCK_H=next_power_of_2(num_heads), BLOCK_D=next_power_of_2(head_dim),
+        k,
+        v,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        num_heads,
+        head_dim,
+        k_cache.shape[1],
+        BLOCK_H=next_power_of_2(num_heads),
+        BLOCK_D=next_power_of_2(head_dim),
     )

@@ -61,15 +61,17 @@ def paged_attention_decode_ref(
     positions = torch.arange(k.shape[2], device=q.device)
     mask = (positions[None, :] < seq_lens[:, None]).view(q.shape[0], 1, 1, -1)
     out = F.scaled_dot_product_attention(
-        q.unsqueeze(2), k, v, attn_mask=mask, scale=scale,
+        q.unsqueeze(2),
+        k,
+        v,
+        attn_mask=mask,
+        scale=scale,
         enable_gqa=q.shape[1] != k.shape[1],
     )
     return out.squeeze(2)
 
 
-def _prefill_one(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
-) -> torch.Tensor:
+def _prefill_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """Causal SDPA of ``q [n, Hq, D]`` over ``k, v [L, Hk, D]``, ``L >= n``."""
     n, seq_len = q.shape[0], k.shape[0]
     gqa = q.shape[1] != k.shape[1]
@@ -120,6 +122,7 @@ def paged_attention_prefill_ref(
         v = _gather(v_cache, block_ids)[:seq_len]
         out[starts[s] : starts[s + 1]] = _prefill_one(q[starts[s] : starts[s + 1]], k, v, scale)
     return out
+
 
 # log2(e): the kernels use exp2, so the softmax scale is folded into the scores.
 _LOG2E = 1.4426950408889634
@@ -177,7 +180,9 @@ def _paged_attention_decode_kernel(
     dims = tl.arange(0, BLOCK_D)
     heads = kv_head * group_size + groups
     q_mask = (groups[:, None] < group_size) & (dims[None, :] < head_dim)
-    q = tl.load(q_ptr + seq * q_seq_stride + heads[:, None] * q_head_stride + dims[None, :], mask=q_mask, other=0.0)
+    q = tl.load(
+        q_ptr + seq * q_seq_stride + heads[:, None] * q_head_stride + dims[None, :], mask=q_mask, other=0.0
+    )
     q = q.to(DOT_DTYPE)
     m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
@@ -185,7 +190,9 @@ def _paged_attention_decode_kernel(
     for n0 in range(start, end, BLOCK_N):
         tokens = n0 + tl.arange(0, BLOCK_N)
         t_mask = tokens < end
-        block_ids = tl.load(block_tables_ptr + seq * table_row_stride + tokens // block_size, mask=t_mask, other=0)
+        block_ids = tl.load(
+            block_tables_ptr + seq * table_row_stride + tokens // block_size, mask=t_mask, other=0
+        )
         rows = block_ids.to(tl.int64) * cache_block_stride + (tokens % block_size) * cache_slot_stride
         kv_off = rows[:, None] + kv_head * cache_head_stride + dims[None, :]
         kv_mask = t_mask[:, None] & (dims[None, :] < head_dim)
@@ -235,19 +242,26 @@ def _paged_attention_reduce_kernel(
     # a split past its sequence's end has m = -inf and l = 0: weight 0
     weight = tl.where(m > float("-inf"), tl.exp2(m - m_max), 0.0)
     mask = s_mask[:, None] & (dims[None, :] < head_dim)
-    acc = tl.load(partial_ptr + row * partial_head_stride + splits[:, None] * partial_split_stride + dims[None, :],
-                  mask=mask, other=0.0)
+    acc = tl.load(
+        partial_ptr + row * partial_head_stride + splits[:, None] * partial_split_stride + dims[None, :],
+        mask=mask,
+        other=0.0,
+    )
     out = tl.sum(acc * weight[:, None], axis=0) / tl.sum(l * weight, axis=0)
     tl.store(out_ptr + row * out_head_stride + dims, out.to(out_ptr.dtype.element_ty), mask=dims < head_dim)
 
 
-def _check_paged_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor) -> None:
+def _check_paged_inputs(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor
+) -> None:
     """Shared asserts of both attention launchers."""
     check_tensor("q", q, 3)
     check_tensor("k_cache", k_cache, 4, q.dtype)
     check_tensor("v_cache", v_cache, 4, q.dtype)
     check_tensor("block_tables", block_tables, 2, torch.int32)
-    assert v_cache.shape == k_cache.shape and v_cache.stride() == k_cache.stride(), "K and V caches must match"
+    assert v_cache.shape == k_cache.shape and v_cache.stride() == k_cache.stride(), (
+        "K and V caches must match"
+    )
     num_q_heads, head_dim, num_kv_heads = q.shape[1], q.shape[2], k_cache.shape[2]
     assert k_cache.shape[3] == head_dim, f"cache {tuple(k_cache.shape)} vs q {tuple(q.shape)}"
     assert num_q_heads % num_kv_heads == 0, f"{num_q_heads=} must be a multiple of {num_kv_heads=}"
@@ -306,14 +320,18 @@ def paged_attention_decode(
     check_tensor("seq_lens", seq_lens, 1, torch.int32)
     num_seqs, num_q_heads, head_dim = q.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
-    assert block_tables.shape[0] == num_seqs and seq_lens.shape == (num_seqs,), "one table row and length per query"
+    assert block_tables.shape[0] == num_seqs and seq_lens.shape == (num_seqs,), (
+        "one table row and length per query"
+    )
     out = torch.empty((num_seqs, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
     if num_seqs == 0:
         return out
     num_splits, tokens_per_split = _decode_num_splits(
         num_seqs * num_kv_heads, block_tables.shape[1] * block_size, q.device
     )
-    return _launch_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, out, num_splits, tokens_per_split)
+    return _launch_decode(
+        q, k_cache, v_cache, block_tables, seq_lens, scale, out, num_splits, tokens_per_split
+    )
 
 
 def _launch_decode(
@@ -330,28 +348,62 @@ def _launch_decode(
     """Run the decode kernel (and the reduce kernel when ``num_splits > 1``) into ``out``."""
     num_seqs, num_q_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
-    assert num_splits * tokens_per_split >= block_tables.shape[1] * k_cache.shape[1], "splits must cover the table"
+    assert num_splits * tokens_per_split >= block_tables.shape[1] * k_cache.shape[1], (
+        "splits must cover the table"
+    )
     block_d = max(16, next_power_of_2(head_dim))
     split = num_splits > 1
     target = out
     m = l = out  # unused without split
     if split:
-        target = torch.empty((num_seqs, num_q_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
+        target = torch.empty(
+            (num_seqs, num_q_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
+        )
         m = torch.empty((num_seqs, num_q_heads, num_splits), dtype=torch.float32, device=q.device)
         l = torch.empty_like(m)
     _paged_attention_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, target, m, l,
-        scale * _LOG2E, q.stride(0), q.stride(1), target.stride(0), target.stride(1),
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        target,
+        m,
+        l,
+        scale * _LOG2E,
+        q.stride(0),
+        q.stride(1),
+        target.stride(0),
+        target.stride(1),
         target.stride(2) if split else 0,
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        num_q_heads // num_kv_heads, head_dim, k_cache.shape[1], tokens_per_split,
-        SPLIT=split, BLOCK_G=max(16, next_power_of_2(num_q_heads // num_kv_heads)), BLOCK_N=64,
-        BLOCK_D=block_d, DOT_DTYPE=dot_dtype(q), DOT_PRECISION=_dot_precision(q),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        block_tables.stride(0),
+        num_q_heads // num_kv_heads,
+        head_dim,
+        k_cache.shape[1],
+        tokens_per_split,
+        SPLIT=split,
+        BLOCK_G=max(16, next_power_of_2(num_q_heads // num_kv_heads)),
+        BLOCK_N=64,
+        BLOCK_D=block_d,
+        DOT_DTYPE=dot_dtype(q),
+        DOT_PRECISION=_dot_precision(q),
     )
     if split:
         _paged_attention_reduce_kernel[(num_seqs * num_q_heads,)](
-            target, m, l, out, target.stride(1), target.stride(2), out.stride(1), num_splits, head_dim,
-            BLOCK_S=next_power_of_2(num_splits), BLOCK_D=block_d,
+            target,
+            m,
+            l,
+            out,
+            target.stride(1),
+            target.stride(2),
+            out.stride(1),
+            num_splits,
+            head_dim,
+            BLOCK_S=next_power_of_2(num_splits),
+            BLOCK_D=block_d,
         )
     return out
 
@@ -413,7 +465,9 @@ def _paged_attention_prefill_kernel(
     for n0 in range(0, end, BLOCK_N):
         tokens = n0 + tl.arange(0, BLOCK_N)
         t_mask = tokens < end
-        block_ids = tl.load(block_tables_ptr + seq * table_row_stride + tokens // block_size, mask=t_mask, other=0)
+        block_ids = tl.load(
+            block_tables_ptr + seq * table_row_stride + tokens // block_size, mask=t_mask, other=0
+        )
         slots = block_ids.to(tl.int64) * cache_block_stride + (tokens % block_size) * cache_slot_stride
         kv_off = slots[:, None] + kv_head * cache_head_stride + dims[None, :]
         kv_mask = t_mask[:, None] & (dims[None, :] < head_dim)
@@ -455,19 +509,41 @@ def paged_attention_prefill(
     check_tensor("seq_lens", seq_lens, 1, torch.int32)
     num_tokens, num_q_heads, head_dim = q.shape
     num_seqs, num_kv_heads = seq_lens.shape[0], k_cache.shape[2]
-    assert query_start_loc.shape == (num_seqs + 1,), f"query_start_loc {tuple(query_start_loc.shape)} != ({num_seqs + 1},)"
-    assert block_tables.shape[0] == num_seqs, f"block_tables {tuple(block_tables.shape)} vs {num_seqs} sequences"
+    assert query_start_loc.shape == (num_seqs + 1,), (
+        f"query_start_loc {tuple(query_start_loc.shape)} != ({num_seqs + 1},)"
+    )
+    assert block_tables.shape[0] == num_seqs, (
+        f"block_tables {tuple(block_tables.shape)} vs {num_seqs} sequences"
+    )
     out = torch.empty((num_tokens, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
     if num_tokens == 0:
         return out
     block_m = 64 if q.is_cuda else 16
     grid = (num_seqs, -(-num_tokens // block_m), num_q_heads)
     _paged_attention_prefill_kernel[grid](
-        q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out,
-        scale * _LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        num_q_heads // num_kv_heads, head_dim, k_cache.shape[1],
-        BLOCK_M=block_m, BLOCK_N=block_m, BLOCK_D=max(16, next_power_of_2(head_dim)),
-        DOT_DTYPE=dot_dtype(q), DOT_PRECISION=_dot_precision(q),
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        query_start_loc,
+        seq_lens,
+        out,
+        scale * _LOG2E,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        block_tables.stride(0),
+        num_q_heads // num_kv_heads,
+        head_dim,
+        k_cache.shape[1],
+        BLOCK_M=block_m,
+        BLOCK_N=block_m,
+        BLOCK_D=max(16, next_power_of_2(head_dim)),
+        DOT_DTYPE=dot_dtype(q),
+        DOT_PRECISION=_dot_precision(q),
     )
     return out

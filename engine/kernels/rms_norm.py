@@ -72,7 +72,9 @@ def _rms_norm_kernel(
         h = h.to(tl.float32)
     inv_rms = tl.rsqrt(tl.sum(h * h, axis=0) / hidden_size + eps)
     weight = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * out_row_stride + cols, (h * inv_rms * weight).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(
+        out_ptr + row * out_row_stride + cols, (h * inv_rms * weight).to(out_ptr.dtype.element_ty), mask=mask
+    )
 
 
 def rms_norm(
@@ -99,9 +101,17 @@ def rms_norm(
     if num_tokens == 0:
         return out, residual_out
     _rms_norm_kernel[(num_tokens,)](
-        x, x if residual is None else residual, weight, out, residual_out,
-        x.stride(0), x.stride(0) if residual is None else residual.stride(0), out.stride(0),
-        hidden_size, eps,
-        HAS_RESIDUAL=residual is not None, BLOCK_SIZE=next_power_of_2(hidden_size),
+        x,
+        x if residual is None else residual,
+        weight,
+        out,
+        residual_out,
+        x.stride(0),
+        x.stride(0) if residual is None else residual.stride(0),
+        out.stride(0),
+        hidden_size,
+        eps,
+        HAS_RESIDUAL=residual is not None,
+        BLOCK_SIZE=next_power_of_2(hidden_size),
     )
     return out, residual_out

@@ -96,10 +96,19 @@ def _rotate(x: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tenso
     if num_tokens == 0:
         return out
     _rotary_embedding_kernel[(num_tokens,)](
-        x, out, positions, cos_sin_cache,
-        x.stride(0), x.stride(1), out.stride(0), out.stride(1), cos_sin_cache.stride(0),
-        num_heads, head_dim // 2,
-        BLOCK_H=next_power_of_2(num_heads), BLOCK_D=next_power_of_2(head_dim // 2),
+        x,
+        out,
+        positions,
+        cos_sin_cache,
+        x.stride(0),
+        x.stride(1),
+        out.stride(0),
+        out.stride(1),
+        cos_sin_cache.stride(0),
+        num_heads,
+        head_dim // 2,
+        BLOCK_H=next_power_of_2(num_heads),
+        BLOCK_D=next_power_of_2(head_dim // 2),
     )
     return out
 
@@ -124,5 +133,7 @@ def rotary_embedding(
     assert head_dim % 2 == 0, f"head dim {head_dim} must be even"
     assert k.shape[0] == num_tokens and k.shape[2] == head_dim, f"k {tuple(k.shape)} vs q {tuple(q.shape)}"
     assert positions.shape == (num_tokens,), f"positions {tuple(positions.shape)} != ({num_tokens},)"
-    assert cos_sin_cache.shape[1] == head_dim, f"cos_sin_cache {tuple(cos_sin_cache.shape)} vs head dim {head_dim}"
+    assert cos_sin_cache.shape[1] == head_dim, (
+        f"cos_sin_cache {tuple(cos_sin_cache.shape)} vs head dim {head_dim}"
+    )
     return _rotate(q, positions, cos_sin_cache), _rotate(k, positions, cos_sin_cache)

@@ -38,10 +38,14 @@ class Linear:
 
     __slots__ = ("weight", "bias", "packed")
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, prepack: bool = True) -> None:
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, prepack: bool = True
+    ) -> None:
         self.weight = weight
         self.bias = bias
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight) if prepack and _can_pack(weight) else None
+        self.packed = (
+            torch.ops.mkldnn._reorder_linear_weight(weight) if prepack and _can_pack(weight) else None
+        )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None and x.shape[0] >= PACKED_MIN_ROWS:

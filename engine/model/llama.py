@@ -75,7 +75,9 @@ def _check_supported(config: PretrainedConfig, max_model_len: int) -> None:
         raise ValueError(f"unsupported: sliding_window={window} < {max_model_len=}")
 
 
-def _fused_layer(weights: dict[str, torch.Tensor], i: int, to: Callable[[torch.Tensor], torch.Tensor]) -> LayerWeights:
+def _fused_layer(
+    weights: dict[str, torch.Tensor], i: int, to: Callable[[torch.Tensor], torch.Tensor]
+) -> LayerWeights:
     """Layer ``i``'s weights, q/k/v and gate/up fused; biases where the checkpoint has them
     (Qwen2: q/k/v; Llama with ``attention_bias``: q/k/v and o)."""
     p = f"model.layers.{i}."
@@ -132,7 +134,9 @@ class LlamaModel:
         tied = getattr(config, "tie_word_embeddings", False) or "lm_head.weight" not in weights
         self.lm_head = Linear(self.embed if tied else to(weights["lm_head.weight"]))
         inv_freq, scaling = _rope_inv_freq(config)
-        self.cos_sin_cache = build_cos_sin_cache(max_model_len, self.shape.head_dim, inv_freq, scaling).to(device)
+        self.cos_sin_cache = build_cos_sin_cache(max_model_len, self.shape.head_dim, inv_freq, scaling).to(
+            device
+        )
         self.scale = self.shape.head_dim**-0.5
 
     def forward(
@@ -178,7 +182,9 @@ class LlamaModel:
         s = self.shape
         num_tokens = h.shape[0]
         qkv = layer.qkv(h)
-        q, k, v = qkv.split([s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim, s.num_kv_heads * s.head_dim], -1)
+        q, k, v = qkv.split(
+            [s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim, s.num_kv_heads * s.head_dim], -1
+        )
         q, k = self.ops.rotary_embedding(
             q.view(num_tokens, s.num_heads, s.head_dim),
             k.view(num_tokens, s.num_kv_heads, s.head_dim),
@@ -196,8 +202,13 @@ class LlamaModel:
         if meta.num_prefill_seqs == 0:
             return self._decode_attention(q, meta, kv)
         prefill = self.ops.paged_attention_prefill(
-            q[num_decode:], kv[0], kv[1], meta.prefill_block_tables,
-            meta.prefill_query_start_loc, meta.prefill_seq_lens, self.scale,
+            q[num_decode:],
+            kv[0],
+            kv[1],
+            meta.prefill_block_tables,
+            meta.prefill_query_start_loc,
+            meta.prefill_seq_lens,
+            self.scale,
         )
         if num_decode == 0:
             return prefill

@@ -120,8 +120,7 @@ def _load_config(folder: str) -> PretrainedConfig:
     config = AutoConfig.from_pretrained(folder)
     if config.model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(
-            f"unsupported architecture {config.model_type!r}; "
-            f"supported: {sorted(SUPPORTED_MODEL_TYPES)}"
+            f"unsupported architecture {config.model_type!r}; supported: {sorted(SUPPORTED_MODEL_TYPES)}"
         )
     return config
 

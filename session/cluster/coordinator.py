@@ -82,17 +82,31 @@ class Cluster:
             (the token log's live TTL).
     """
 
-    def __init__(self, url: str, node_id: str, *, key_prefix: str = "bargein:",
-                 lease: LeaseConfig = LeaseConfig(), record_ttl_s: float = 3600.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        node_id: str,
+        *,
+        key_prefix: str = "bargein:",
+        lease: LeaseConfig = LeaseConfig(),
+        record_ttl_s: float = 3600.0,
+    ) -> None:
         self.node_id = node_id
         # Every command of this client is safe to send twice (session/redis_client.py).
         self.redis = retrying_client(url)
         self.health = TaskHealth()  # the tick's and the abort listener's crashes
-        self.forwarder = Forwarder(self.redis, node_id, self._on_forwarded_abort,
-                                   key_prefix=key_prefix, health=self.health)
+        self.forwarder = Forwarder(
+            self.redis, node_id, self._on_forwarded_abort, key_prefix=key_prefix, health=self.health
+        )
         # The epoch outlives every key of the stream (the record lives as long as they do).
-        self.leases = Leases(self.redis, node_id, key_prefix=key_prefix, config=lease,
-                             flag_key=self.forwarder.flag_key, epoch_ttl_s=2 * record_ttl_s)
+        self.leases = Leases(
+            self.redis,
+            node_id,
+            key_prefix=key_prefix,
+            config=lease,
+            flag_key=self.forwarder.flag_key,
+            epoch_ttl_s=2 * record_ttl_s,
+        )
         self._prefix = key_prefix
         self._keys = Keys(key_prefix)
         self._record_ttl_ms = int(record_ttl_s * 1000)
@@ -134,8 +148,7 @@ class Cluster:
     async def stop(self) -> None:
         """Stop ticking and listening (leases are left to expire: another node
         takes the streams over if this one does not come back)."""
-        tasks = [t for t in (self._ticker, *self._tasks, *self._taking.values())
-                 if t is not None]
+        tasks = [t for t in (self._ticker, *self._tasks, *self._taking.values()) if t is not None]
         for task in tasks:
             task.cancel()
         await self.forwarder.stop()
@@ -147,8 +160,7 @@ class Cluster:
 
     # ---- hooks of the service --------------------------------------------------
 
-    async def claim(self, stream_id: str, prompt_token_ids: tuple[int, ...],
-                    params: SamplingParams) -> None:
+    async def claim(self, stream_id: str, prompt_token_ids: tuple[int, ...], params: SamplingParams) -> None:
         """Store the generation record and take the lease of a new stream.
 
         Raises TokenLogUnavailable when Redis refuses or fails (the stream
@@ -156,11 +168,11 @@ class Cluster:
         """
         record = GenerationRecord(prompt_token_ids=prompt_token_ids, params=params)
         try:
-            taken = await self.leases.acquire(stream_id, set_also=(
-                gen_key(self._prefix, stream_id), record.encode(), self._record_ttl_ms))
+            taken = await self.leases.acquire(
+                stream_id, set_also=(gen_key(self._prefix, stream_id), record.encode(), self._record_ttl_ms)
+            )
         except _REDIS_ERRORS as exc:
-            raise TokenLogUnavailable(f"cannot claim stream {stream_id}: {exc!r}",
-                                      (stream_id,)) from exc
+            raise TokenLogUnavailable(f"cannot claim stream {stream_id}: {exc!r}", (stream_id,)) from exc
         if not taken:
             raise TokenLogUnavailable(f"stream {stream_id} already has a lease", (stream_id,))
         self._claimed_at[stream_id] = self._service.clock()
@@ -173,8 +185,11 @@ class Cluster:
         """
         if self._handing_over:
             return []
-        lapsed = {w.stream_id for w in writes
-                  if self.leases.holds(w.stream_id) and not self.leases.valid(w.stream_id)}
+        lapsed = {
+            w.stream_id
+            for w in writes
+            if self.leases.holds(w.stream_id) and not self.leases.valid(w.stream_id)
+        }
         if lapsed:
             try:
                 renewal = await self.leases.renew(lapsed)
@@ -287,14 +302,17 @@ class Cluster:
             for sid in held:
                 pipe.exists(readers_key(self._prefix, sid))
             results = await pipe.execute()
-        self._read_elsewhere = {sid for sid, n in zip(held, results[len(remote):]) if n}
+        self._read_elsewhere = {sid for sid, n in zip(held, results[len(remote) :]) if n}
 
     def _orphans(self, service: Any) -> list[str]:
         """Held leases of streams that never started generating here (their
         creation failed after the claim), past a grace period."""
         now = service.clock()
-        orphans = [sid for sid, at in self._claimed_at.items()
-                   if now - at > ORPHAN_GRACE_S and not service.is_generating(sid)]
+        orphans = [
+            sid
+            for sid, at in self._claimed_at.items()
+            if now - at > ORPHAN_GRACE_S and not service.is_generating(sid)
+        ]
         for sid in orphans:
             del self._claimed_at[sid]
         return [sid for sid in orphans if self.leases.holds(sid)]
@@ -318,7 +336,8 @@ class Cluster:
         task = self._taking.get(stream_id)
         if task is None:
             task = self._taking[stream_id] = asyncio.create_task(
-                self._take_over(stream_id), name=f"takeover-{stream_id}")
+                self._take_over(stream_id), name=f"takeover-{stream_id}"
+            )
             task.add_done_callback(lambda _: self._taking.pop(stream_id, None))
         try:
             outcome = await asyncio.shield(task)
@@ -326,8 +345,7 @@ class Cluster:
             log.warning("takeover of %s failed: %r", stream_id, exc)
             return "failed"
         except Exception as exc:  # a bug: the resuming client still gets its delivery
-            log.error("takeover of %s failed (a bug in bargein): %r", stream_id, exc,
-                      exc_info=exc)
+            log.error("takeover of %s failed (a bug in bargein): %r", stream_id, exc, exc_info=exc)
             return "failed"
         if outcome != "owned":
             self._watched.discard(stream_id)
@@ -375,13 +393,14 @@ class Cluster:
             return "ended"
         record = GenerationRecord.decode(raw_record)
         continuation = Continuation(service.runner.tokenizer, record, prefix, service.runner.abort)
-        request = EngineRequest(request_id=stream_id,
-                                prompt_token_ids=record.prompt_token_ids + prefix.token_ids,
-                                params=continuation_params(record.params, prefix.end),
-                                arrival_time=service.clock())
+        request = EngineRequest(
+            request_id=stream_id,
+            prompt_token_ids=record.prompt_token_ids + prefix.token_ids,
+            params=continuation_params(record.params, prefix.end),
+            arrival_time=service.clock(),
+        )
         try:
-            service.continue_stream(request, response_id=info.response_id,
-                                    continuation=continuation)
+            service.continue_stream(request, response_id=info.response_id, continuation=continuation)
         except EngineError as exc:
             log.error("continuing %s failed: %r", stream_id, exc)
             await self._finish(stream_id, info, raw_record, prefix, FinishReason.ERROR)
@@ -390,8 +409,9 @@ class Cluster:
         log.info("took over %s at offset %d", stream_id, prefix.end)
         return "continued"
 
-    def _end_reason(self, raw_record: bytes | None, flag: bytes | None,
-                    prefix: LoggedPrefix, info: StreamInfo) -> FinishReason | None:
+    def _end_reason(
+        self, raw_record: bytes | None, flag: bytes | None, prefix: LoggedPrefix, info: StreamInfo
+    ) -> FinishReason | None:
         """Why the stream ends here without generating, or None to continue it."""
         if flag is not None:
             return FinishReason(flag.decode())
@@ -403,15 +423,24 @@ class Cluster:
             return FinishReason.LENGTH
         return None
 
-    async def _finish(self, stream_id: str, info: StreamInfo, raw_record: bytes | None,
-                      prefix: LoggedPrefix, reason: FinishReason) -> None:
+    async def _finish(
+        self,
+        stream_id: str,
+        info: StreamInfo,
+        raw_record: bytes | None,
+        prefix: LoggedPrefix,
+        reason: FinishReason,
+    ) -> None:
         """End an adopted stream at its logged end, then release its lease."""
-        num_prompt = 0 if raw_record is None else len(
-            GenerationRecord.decode(raw_record).prompt_token_ids)
-        end = StreamEnd(end=prefix.end, finish_reason=reason.value, prompt_tokens=num_prompt,
-                        completion_tokens=prefix.end, cached_tokens=0)
-        await self._service.log.write_step([StreamWrite(stream_id=stream_id, entry=None,
-                                                        finish=end)])
+        num_prompt = 0 if raw_record is None else len(GenerationRecord.decode(raw_record).prompt_token_ids)
+        end = StreamEnd(
+            end=prefix.end,
+            finish_reason=reason.value,
+            prompt_tokens=num_prompt,
+            completion_tokens=prefix.end,
+            cached_tokens=0,
+        )
+        await self._service.log.write_step([StreamWrite(stream_id=stream_id, entry=None, finish=end)])
         await self._release_now(stream_id)
 
     async def _release_now(self, stream_id: str) -> None:
@@ -437,6 +466,4 @@ class Cluster:
         at once, not as "exception never retrieved" when it is collected."""
         self._tasks.discard(task)
         if not task.cancelled() and (exc := task.exception()) is not None:
-            log.error("task %s failed (a bug in bargein): %r", task.get_name(), exc,
-                      exc_info=exc)
-
+            log.error("task %s failed (a bug in bargein): %r", task.get_name(), exc, exc_info=exc)

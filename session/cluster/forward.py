@@ -61,8 +61,15 @@ class Forwarder:
             a bug that crashes it is logged and it resubscribes).
     """
 
-    def __init__(self, redis: Redis, node_id: str, on_abort: OnAbort, *,
-                 key_prefix: str = "bargein:", health: TaskHealth | None = None) -> None:
+    def __init__(
+        self,
+        redis: Redis,
+        node_id: str,
+        on_abort: OnAbort,
+        *,
+        key_prefix: str = "bargein:",
+        health: TaskHealth | None = None,
+    ) -> None:
         self.redis = redis
         self.health = health or TaskHealth()
         self.node_id = node_id

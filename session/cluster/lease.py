@@ -136,11 +136,17 @@ class Leases:
             counted again from 1 while a stalled holder of an old one lives.
     """
 
-    def __init__(self, redis: Redis, node_id: str, *, key_prefix: str = "bargein:",
-                 config: LeaseConfig = LeaseConfig(),
-                 clock: Callable[[], float] = time.monotonic,
-                 flag_key: Callable[[str], str] | None = None,
-                 epoch_ttl_s: float = 7200.0) -> None:
+    def __init__(
+        self,
+        redis: Redis,
+        node_id: str,
+        *,
+        key_prefix: str = "bargein:",
+        config: LeaseConfig = LeaseConfig(),
+        clock: Callable[[], float] = time.monotonic,
+        flag_key: Callable[[str], str] | None = None,
+        epoch_ttl_s: float = 7200.0,
+    ) -> None:
         self.redis = redis
         self.node_id = node_id
         self.config = config
@@ -163,8 +169,12 @@ class Leases:
         epoch = self._epochs.get(stream_id)
         if epoch is None or stream_id not in self._valid_until:
             return None
-        return Fence(lease_key=self.key(stream_id), epoch_key=self.epoch_key(stream_id),
-                     node_id=self.node_id, epoch=epoch)
+        return Fence(
+            lease_key=self.key(stream_id),
+            epoch_key=self.epoch_key(stream_id),
+            node_id=self.node_id,
+            epoch=epoch,
+        )
 
     @property
     def held(self) -> list[str]:
@@ -179,8 +189,7 @@ class Leases:
         until = self._valid_until.get(stream_id)
         return until is not None and self._clock() < until
 
-    async def acquire(self, stream_id: str, *,
-                      set_also: tuple[str, bytes, int] | None = None) -> bool:
+    async def acquire(self, stream_id: str, *, set_also: tuple[str, bytes, int] | None = None) -> bool:
         """Take the lease if nobody holds it (``SET NX PX``, and a new epoch,
         in one script); True if taken.
 
@@ -193,8 +202,15 @@ class Leases:
             if set_also is not None:
                 key, value, px_ms = set_also
                 pipe.set(key, value, px=px_ms)
-            pipe.eval(ACQUIRE_LUA, 2, self.key(stream_id), self.epoch_key(stream_id),
-                      self.node_id, int(self.config.ttl_s * 1000), self._epoch_ttl_ms)
+            pipe.eval(
+                ACQUIRE_LUA,
+                2,
+                self.key(stream_id),
+                self.epoch_key(stream_id),
+                self.node_id,
+                int(self.config.ttl_s * 1000),
+                self._epoch_ttl_ms,
+            )
             epoch = int((await pipe.execute())[-1])
         if epoch:
             self._valid_until[stream_id] = started + VALID_FRACTION * self.config.ttl_s
@@ -232,8 +248,15 @@ class Leases:
         ttl_ms = int(self.config.ttl_s * 1000)
         async with self.redis.pipeline(transaction=False) as pipe:
             for sid in sids:  # EVAL, not EVALSHA: no SCRIPT EXISTS round trip per tick
-                pipe.eval(RENEW_LUA, 2, self.key(sid), self.epoch_key(sid), self.node_id,
-                          ttl_ms, self._epochs.get(sid, NO_EPOCH))
+                pipe.eval(
+                    RENEW_LUA,
+                    2,
+                    self.key(sid),
+                    self.epoch_key(sid),
+                    self.node_id,
+                    ttl_ms,
+                    self._epochs.get(sid, NO_EPOCH),
+                )
                 if self._flag_key is not None:
                     pipe.exists(self._flag_key(sid))
             results: list[Any] = await pipe.execute()
@@ -256,8 +279,13 @@ class Leases:
         self._valid_until.pop(stream_id, None)
         self._epochs.pop(stream_id, None)
 
-    async def release(self, stream_ids: Sequence[str], *, also_delete: Sequence[str] = (),
-                      with_lease: Callable[[str], Sequence[str]] | None = None) -> None:
+    async def release(
+        self,
+        stream_ids: Sequence[str],
+        *,
+        also_delete: Sequence[str] = (),
+        with_lease: Callable[[str], Sequence[str]] | None = None,
+    ) -> None:
         """Delete the leases of ended streams, and the keys ``also_delete``, in
         one pipeline.
 
@@ -273,8 +301,11 @@ class Leases:
             return
         async with self.redis.pipeline(transaction=False) as pipe:
             for sid in stream_ids:
-                keys = [self.key(sid), self.epoch_key(sid),
-                        *(with_lease(sid) if with_lease is not None else ())]
+                keys = [
+                    self.key(sid),
+                    self.epoch_key(sid),
+                    *(with_lease(sid) if with_lease is not None else ()),
+                ]
                 pipe.eval(RELEASE_LUA, len(keys), *keys, self.node_id, epochs[sid])
             for key in also_delete:
                 pipe.delete(key)

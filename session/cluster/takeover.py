@@ -53,8 +53,7 @@ class GenerationRecord:
     def encode(self) -> bytes:
         """msgpack: ``p`` prompt ids as little-endian uint32, ``s`` the params."""
         ids = struct.pack(f"<{len(self.prompt_token_ids)}I", *self.prompt_token_ids)
-        params = {f.name: getattr(self.params, f.name)
-                  for f in dataclasses.fields(SamplingParams)}
+        params = {f.name: getattr(self.params, f.name) for f in dataclasses.fields(SamplingParams)}
         params["stop"] = list(params["stop"])
         params["stop_token_ids"] = list(params["stop_token_ids"])
         return msgpack.packb({"p": ids, "s": params})  # type: ignore[no-any-return]
@@ -122,12 +121,16 @@ class Continuation:
             request when a stop string straddling the takeover point matched.
     """
 
-    def __init__(self, tokenizer: Any, record: GenerationRecord, prefix: LoggedPrefix,
-                 abort: Callable[[str, FinishReason], None]) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        record: GenerationRecord,
+        prefix: LoggedPrefix,
+        abort: Callable[[str, FinishReason], None],
+    ) -> None:
         self.offset = prefix.end
         self.num_prompt_tokens = len(record.prompt_token_ids)
-        self._detok = IncrementalDetokenizer(tokenizer, record.prompt_token_ids,
-                                             record.params.stop)
+        self._detok = IncrementalDetokenizer(tokenizer, record.prompt_token_ids, record.params.stop)
         self._detok.add(prefix.token_ids)
         self._sent = len(prefix.text)  # characters of the stream's text already logged
         self._abort = abort
@@ -147,13 +150,18 @@ class Continuation:
             self._abort(out.request_id, FinishReason.STOP)
         if finished:
             self._detok.flush()
-        return replace(out, text=self._delta(), num_prompt_tokens=self.num_prompt_tokens,
-                       num_output_tokens=out.num_output_tokens + self.offset,
-                       finished=finished, finish_reason=reason)
+        return replace(
+            out,
+            text=self._delta(),
+            num_prompt_tokens=self.num_prompt_tokens,
+            num_output_tokens=out.num_output_tokens + self.offset,
+            finished=finished,
+            finish_reason=reason,
+        )
 
     def _delta(self) -> str:
         full = self._detok.text
-        delta = full[self._sent:]
+        delta = full[self._sent :]
         self._sent = max(self._sent, len(full))
         return delta
 
@@ -161,4 +169,3 @@ class Continuation:
 def continuation_params(params: SamplingParams, logged: int) -> SamplingParams:
     """The params of a continuation after ``logged`` tokens (``logged < max_tokens``)."""
     return replace(params, max_tokens=params.max_tokens - logged)
-

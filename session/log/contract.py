@@ -195,8 +195,10 @@ class StreamCursor:
                     f"non-empty and start at the stream's end {end}"
                 )
             if len(entry.token_ids) != entry.end - entry.start:
-                raise ValueError(f"entry of {self.stream_id!r} has {len(entry.token_ids)} ids "
-                                 f"for {entry.end - entry.start} tokens")
+                raise ValueError(
+                    f"entry of {self.stream_id!r} has {len(entry.token_ids)} ids "
+                    f"for {entry.end - entry.start} tokens"
+                )
             end = entry.end
         if write.finish is not None and write.finish.end != end:
             raise ValueError(f"finish end {write.finish.end} of {self.stream_id!r} != {end}")
@@ -256,9 +258,7 @@ class ReadCursor:
             raise StreamTruncated(self.stream_id, self.pos)
 
 
-def check_writes(
-    writes: Sequence[StreamWrite], cursor_of: Callable[[str], StreamCursor]
-) -> None:
+def check_writes(writes: Sequence[StreamWrite], cursor_of: Callable[[str], StreamCursor]) -> None:
     """Validate a whole step before any of it is written (all or nothing).
 
     A stream may appear more than once in a step; each write is checked

@@ -33,8 +33,7 @@ _MIN_COMPACT = 64  # stale expiry items the memory log tolerates before any rebu
 class _MemStream:
     """One stream of the memory backend."""
 
-    __slots__ = ("info", "cursor", "entries", "ends", "finish", "changed", "expires_at", "gone",
-                 "abandoned")
+    __slots__ = ("info", "cursor", "entries", "ends", "finish", "changed", "expires_at", "gone", "abandoned")
 
     def __init__(self, info: StreamInfo, expires_at: float) -> None:
         self.info = info
@@ -212,8 +211,7 @@ class MemoryTokenLog:
         """
         heapq.heappush(self._expiry, (expires_at, is_session, key))
         if len(self._expiry) > 2 * (len(self._streams) + len(self._sessions)) + _MIN_COMPACT:
-            self._expiry = [(stream.expires_at, False, sid)
-                            for sid, stream in self._streams.items()]
+            self._expiry = [(stream.expires_at, False, sid) for sid, stream in self._streams.items()]
             self._expiry += [(saved[1], True, sid) for sid, saved in self._sessions.items()]
             heapq.heapify(self._expiry)
 

@@ -17,8 +17,9 @@ from bargein.session.errors import TokenLogError
 from bargein.session.log import TokenLog
 
 
-async def read_error_soon(log: TokenLog, stream_id: str, from_offset: int,
-                          timeout_s: float) -> TokenLogError | None:
+async def read_error_soon(
+    log: TokenLog, stream_id: str, from_offset: int, timeout_s: float
+) -> TokenLogError | None:
     """The error a read from ``from_offset`` raises before its first item, if it
     does within ``timeout_s``; None when an item came first, or nothing yet
     (a live stream waiting for its next token).

@@ -49,6 +49,9 @@ def retrying_client(url: str) -> Redis:
     ResponseError) when the retry fails too, or at once for an error reply.
     """
     retry = Retry(ExponentialBackoff(cap=BACKOFF_CAP_S, base=BACKOFF_BASE_S), RETRIES)
-    return Redis.from_url(url, retry=retry,
-                          retry_on_error=[RedisConnectionError, RedisTimeoutError],
-                          health_check_interval=HEALTH_CHECK_INTERVAL_S)
+    return Redis.from_url(
+        url,
+        retry=retry,
+        retry_on_error=[RedisConnectionError, RedisTimeoutError],
+        health_check_interval=HEALTH_CHECK_INTERVAL_S,
+    )

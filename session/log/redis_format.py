@@ -156,14 +156,21 @@ def decode(entry_id: StreamId, fields: Mapping[bytes, bytes]) -> LogEntry | Stre
     if seq == 1:
         error = None
         if b"e" in fields:
-            error = EndError(code=fields[b"e"].decode(), message=fields[b"m"].decode(),
-                             retry_after_ms=int(fields[b"r"]))
-        return StreamEnd(end=end, finish_reason=fields[b"f"].decode(), prompt_tokens=int(fields[b"p"]),
-                         completion_tokens=int(fields[b"c"]), cached_tokens=int(fields[b"k"]), error=error)
+            error = EndError(
+                code=fields[b"e"].decode(), message=fields[b"m"].decode(), retry_after_ms=int(fields[b"r"])
+            )
+        return StreamEnd(
+            end=end,
+            finish_reason=fields[b"f"].decode(),
+            prompt_tokens=int(fields[b"p"]),
+            completion_tokens=int(fields[b"c"]),
+            cached_tokens=int(fields[b"k"]),
+            error=error,
+        )
     data = fields[b"d"]
     start, count = _HEAD.unpack_from(data)
     ids = struct.unpack_from(f"<{count}I", data, _HEAD.size)
-    text = data[_HEAD.size + 4 * count:].decode("utf-8")
+    text = data[_HEAD.size + 4 * count :].decode("utf-8")
     return LogEntry(start=start, end=end, text=text, token_ids=ids)
 
 
@@ -192,13 +199,18 @@ def step_commands(
             commands.append(resp("EXISTS", meta_key))
             owners.append(sid)
         if write.entry is not None:
-            commands.append(resp(*_xadd(log_key, end), f"{write.entry.end}-0", "d", encode_entry(write.entry)))
+            commands.append(
+                resp(*_xadd(log_key, end), f"{write.entry.end}-0", "d", encode_entry(write.entry))
+            )
             owners.append(sid)
             if end == 0:
                 # After the log exists: a reader seeing the mark without the log knows it was
                 # lost (before the first token there is no log, and nothing to miss).
-                commands += [resp("PEXPIRE", log_key, live_ttl_ms),
-                             resp("HSET", meta_key, LOGGED, 1), resp("PEXPIRE", meta_key, live_ttl_ms)]
+                commands += [
+                    resp("PEXPIRE", log_key, live_ttl_ms),
+                    resp("HSET", meta_key, LOGGED, 1),
+                    resp("PEXPIRE", meta_key, live_ttl_ms),
+                ]
                 owners += [None, None, None]
             end = write.entry.end
         if (finish := write.finish) is not None:
@@ -206,7 +218,9 @@ def step_commands(
             commands += [
                 resp(*_xadd(log_key, end), f"{end}-1", *entry_fields),
                 resp("HSET", meta_key, *meta_fields),
-                resp("PEXPIRE", log_key, retention_ms), resp("PEXPIRE", meta_key, retention_ms)]
+                resp("PEXPIRE", log_key, retention_ms),
+                resp("PEXPIRE", meta_key, retention_ms),
+            ]
             owners += [sid, None, None, None]  # HSET's count is 0 on a retry: not a check
         step_ends[sid] = end
     return commands, owners
@@ -215,22 +229,50 @@ def step_commands(
 def finish_fields(finish: StreamEnd) -> tuple[tuple[str | int, ...], tuple[str | int, ...]]:
     """The field/value arguments of a finish: its log entry's, then the metadata's."""
     entry: tuple[str | int, ...] = (
-        "f", finish.finish_reason, "p", finish.prompt_tokens, "c", finish.completion_tokens,
-        "k", finish.cached_tokens)
+        "f",
+        finish.finish_reason,
+        "p",
+        finish.prompt_tokens,
+        "c",
+        finish.completion_tokens,
+        "k",
+        finish.cached_tokens,
+    )
     meta: tuple[str | int, ...] = (
-        "status", "complete", "end", finish.end, "finish_reason", finish.finish_reason,
-        "prompt_tokens", finish.prompt_tokens, "completion_tokens", finish.completion_tokens,
-        "cached_tokens", finish.cached_tokens)
+        "status",
+        "complete",
+        "end",
+        finish.end,
+        "finish_reason",
+        finish.finish_reason,
+        "prompt_tokens",
+        finish.prompt_tokens,
+        "completion_tokens",
+        finish.completion_tokens,
+        "cached_tokens",
+        finish.cached_tokens,
+    )
     if (error := finish.error) is not None:
         entry += ("e", error.code, "m", error.message, "r", error.retry_after_ms)
-        meta += ("error_code", error.code, "error_message", error.message,
-                 "retry_after_ms", error.retry_after_ms)
+        meta += (
+            "error_code",
+            error.code,
+            "error_message",
+            error.message,
+            "retry_after_ms",
+            error.retry_after_ms,
+        )
     return entry, meta
 
 
 def fenced_step_calls(
-    writes: Sequence[StreamWrite], ends: Mapping[str, int], keys: Keys,
-    fence_of: Callable[[str], Fence | None], *, retention_ms: int, live_ttl_ms: int
+    writes: Sequence[StreamWrite],
+    ends: Mapping[str, int],
+    keys: Keys,
+    fence_of: Callable[[str], Fence | None],
+    *,
+    retention_ms: int,
+    live_ttl_ms: int,
 ) -> tuple[list[tuple[str, list[bytes | str | int]]], list[str]]:
     """One ``FENCED_STEP_LUA`` call per stream of a step, in first-write order.
 
@@ -250,8 +292,16 @@ def fenced_step_calls(
             unfenced.append(sid)
             continue
         args: list[bytes | str | int] = [
-            fence.lease_key, fence.epoch_key, keys.log(sid), keys.meta(sid), fence.node_id,
-            fence.epoch, ends[sid], live_ttl_ms, retention_ms]
+            fence.lease_key,
+            fence.epoch_key,
+            keys.log(sid),
+            keys.meta(sid),
+            fence.node_id,
+            fence.epoch,
+            ends[sid],
+            live_ttl_ms,
+            retention_ms,
+        ]
         entries = [w.entry for w in stream_writes if w.entry is not None]
         args.append(len(entries))
         for entry in entries:
@@ -279,14 +329,28 @@ def info_from_meta(stream_id: str, meta: Mapping[bytes, bytes], newest: Sequence
         end = int(text["end"])
         error = None
         if "error_code" in text:
-            error = EndError(code=text["error_code"], message=text["error_message"],
-                             retry_after_ms=int(text["retry_after_ms"]))
-        finish = StreamEnd(end=end, finish_reason=text["finish_reason"],
-                           prompt_tokens=int(text["prompt_tokens"]),
-                           completion_tokens=int(text["completion_tokens"]),
-                           cached_tokens=int(text["cached_tokens"]), error=error)
+            error = EndError(
+                code=text["error_code"],
+                message=text["error_message"],
+                retry_after_ms=int(text["retry_after_ms"]),
+            )
+        finish = StreamEnd(
+            end=end,
+            finish_reason=text["finish_reason"],
+            prompt_tokens=int(text["prompt_tokens"]),
+            completion_tokens=int(text["completion_tokens"]),
+            cached_tokens=int(text["cached_tokens"]),
+            error=error,
+        )
     else:
         end = parse_id(newest[0][0])[0] if newest else 0
-    return StreamInfo(stream_id=stream_id, response_id=text["response_id"], principal=text["principal"],
-                      session_id=text["session_id"], owner_node=text["owner_node"],
-                      status="complete" if finish else "live", end=end, finish=finish)
+    return StreamInfo(
+        stream_id=stream_id,
+        response_id=text["response_id"],
+        principal=text["principal"],
+        session_id=text["session_id"],
+        owner_node=text["owner_node"],
+        status="complete" if finish else "live",
+        end=end,
+        finish=finish,
+    )

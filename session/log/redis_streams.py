@@ -173,7 +173,9 @@ class RedisTokenLog:
     the other in call order.
     """
 
-    def __init__(self, url: str, *, node_id: str = "node-0", config: RedisLogConfig = RedisLogConfig()) -> None:
+    def __init__(
+        self, url: str, *, node_id: str = "node-0", config: RedisLogConfig = RedisLogConfig()
+    ) -> None:
         self._cfg = config
         self._node_id = node_id
         no_retry = Retry(NoBackoff(), 0)  # retries are ours, bounded by retry_for_s
@@ -181,19 +183,27 @@ class RedisTokenLog:
         # No redis-py socket_timeout: with one set, redis-py sends through asyncio.wait_for,
         # which on Python 3.11 can swallow a cancellation racing the send (CPython gh-86296):
         # a cancelled reader would run on. Every call is timed here with asyncio.timeout.
-        self._redis = Redis.from_url(url, socket_timeout=None, socket_connect_timeout=timeout,
-                                     retry=no_retry)
+        self._redis = Redis.from_url(url, socket_timeout=None, socket_connect_timeout=timeout, retry=no_retry)
         self._create = self._redis.register_script(CREATE_LUA)
         self._keys = Keys(config.key_prefix)
         wake_key = self._wake_key = self._keys.wake(node_id)
         self.health = TaskHealth()  # the tailer's crashes (a bug): /readyz lists them
         self._tailer = StreamTailer(
             make_client=lambda: Redis.from_url(
-                url, single_connection_client=True, retry=no_retry, socket_connect_timeout=timeout,
-                socket_timeout=None),
-            wake=self._wake, wake_key=wake_key, block_ms=config.block_ms, timeout_s=timeout,
-            unavailable_after_s=config.retry_for_s, count=config.replay_batch,
-            health=self.health)
+                url,
+                single_connection_client=True,
+                retry=no_retry,
+                socket_connect_timeout=timeout,
+                socket_timeout=None,
+            ),
+            wake=self._wake,
+            wake_key=wake_key,
+            block_ms=config.block_ms,
+            timeout_s=timeout,
+            unavailable_after_s=config.retry_for_s,
+            count=config.replay_batch,
+            health=self.health,
+        )
         self._live: dict[str, _LocalStream] = {}
         # Recently broken (log incomplete after a failure) and ended stream ids, oldest first,
         # bounded: late writes to them get TokenLogUnavailable / StreamEnded.
@@ -206,7 +216,9 @@ class RedisTokenLog:
 
     # -- bounded retries ------------------------------------------------------
 
-    async def _call(self, what: str, fn: Callable[[Redis], Awaitable[T]], stream_ids: tuple[str, ...] = ()) -> T:
+    async def _call(
+        self, what: str, fn: Callable[[Redis], Awaitable[T]], stream_ids: tuple[str, ...] = ()
+    ) -> T:
         """Run ``fn`` until it succeeds, retrying connection failures for ``retry_for_s``.
 
         Raises TokenLogUnavailable (naming ``stream_ids``) past the bound, at
@@ -241,8 +253,13 @@ class RedisTokenLog:
         sid = info.stream_id
         if sid in self._live or sid in self._broken:
             raise StreamExists(sid)
-        meta = {"response_id": info.response_id, "principal": info.principal,
-                "session_id": info.session_id, "owner_node": info.owner_node, "status": "live"}
+        meta = {
+            "response_id": info.response_id,
+            "principal": info.principal,
+            "session_id": info.session_id,
+            "owner_node": info.owner_node,
+            "status": "live",
+        }
         args: list[Any] = [int(self._cfg.live_ttl_s * 1000)]
         for key, value in meta.items():
             args += [key, value]
@@ -256,8 +273,9 @@ class RedisTokenLog:
         if not await self._call("create_stream", create, (sid,)):
             if attempts == 1 or not await self._created_by_us(sid, meta):
                 raise StreamExists(sid)
-        self._live[sid] = _LocalStream(replace(info, status="live", end=0, finish=None),
-                                       self._cfg.fanout_entries)
+        self._live[sid] = _LocalStream(
+            replace(info, status="live", end=0, finish=None), self._cfg.fanout_entries
+        )
 
     async def _created_by_us(self, sid: str, meta: dict[str, str]) -> bool:
         """After a retried create found the hash: was it our own first attempt?"""
@@ -292,8 +310,7 @@ class RedisTokenLog:
         """Stop writing a stream another node may now continue: late writes
         are refused and local readers get a retryable TokenLogUnavailable
         (their clients resume it, on any node)."""
-        self._break((stream_id,), TokenLogUnavailable("another node continues this stream",
-                                                      (stream_id,)))
+        self._break((stream_id,), TokenLogUnavailable("another node continues this stream", (stream_id,)))
 
     def _cursor(self, stream_id: str) -> StreamCursor:
         local = self._live.get(stream_id)
@@ -319,14 +336,15 @@ class RedisTokenLog:
             elif healthy:
                 failed += await self._write_healthy(healthy)
             if failed:
-                raise TokenLogUnavailable("these streams' log is incomplete after a redis failure",
-                                          failed + fenced)
+                raise TokenLogUnavailable(
+                    "these streams' log is incomplete after a redis failure", failed + fenced
+                )
             if fenced:
                 raise StreamFenced(fenced)
 
-    async def _write_fenced(self, writes: Sequence[StreamWrite],
-                            fence_of: Callable[[str], Fence | None]
-                            ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    async def _write_fenced(
+        self, writes: Sequence[StreamWrite], fence_of: Callable[[str], Fence | None]
+    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """Write validated writes through the fence; returns the streams lost
         and those fenced off (both now broken here).
 
@@ -335,17 +353,22 @@ class RedisTokenLog:
         """
         sids = tuple(dict.fromkeys(w.stream_id for w in writes))
         calls, unfenced = fenced_step_calls(
-            writes, {sid: self._live[sid].cursor.end for sid in sids}, self._keys, fence_of,
-            retention_ms=int(self._cfg.retention_s * 1000), live_ttl_ms=int(self._cfg.live_ttl_s * 1000))
+            writes,
+            {sid: self._live[sid].cursor.end for sid in sids},
+            self._keys,
+            fence_of,
+            retention_ms=int(self._cfg.retention_s * 1000),
+            live_ttl_ms=int(self._cfg.live_ttl_s * 1000),
+        )
         try:
             results = await self._call("write_step", lambda r: self._run_fenced(r, calls), sids)
         except TokenLogUnavailable as exc:
             self._break(sids, exc)
             return sids, ()
-        lost = tuple(sid for (sid, _), result in zip(calls, results)
-                     if result not in (WRITTEN, FENCED))  # LOST, or an error reply
-        fenced = tuple(unfenced) + tuple(sid for (sid, _), result in zip(calls, results)
-                                         if result == FENCED)
+        lost = tuple(
+            sid for (sid, _), result in zip(calls, results) if result not in (WRITTEN, FENCED)
+        )  # LOST, or an error reply
+        fenced = tuple(unfenced) + tuple(sid for (sid, _), result in zip(calls, results) if result == FENCED)
         self._apply(writes, lost + fenced)
         if fenced:
             self._break(fenced, StreamFenced(fenced))
@@ -359,12 +382,14 @@ class RedisTokenLog:
         """Run the step's fenced scripts by SHA in one round trip; a Redis that
         does not know the script yet (first use, restarted, flushed) gets the
         refused calls again in full, in a second one (a refused EVALSHA ran nothing)."""
-        results = await cls._run_step(redis, [resp("EVALSHA", FENCED_STEP_SHA, 4, *args)
-                                              for _, args in calls])
+        results = await cls._run_step(
+            redis, [resp("EVALSHA", FENCED_STEP_SHA, 4, *args) for _, args in calls]
+        )
         retry = [i for i, result in enumerate(results) if isinstance(result, NoScriptError)]
         if retry:
-            again = await cls._run_step(redis, [resp("EVAL", FENCED_STEP_LUA, 4, *calls[i][1])
-                                                for i in retry])
+            again = await cls._run_step(
+                redis, [resp("EVAL", FENCED_STEP_LUA, 4, *calls[i][1]) for i in retry]
+            )
             for i, result in zip(retry, again):
                 results[i] = result
         return results
@@ -373,15 +398,22 @@ class RedisTokenLog:
         """Write validated writes; returns the streams that failed (now broken)."""
         sids = tuple(dict.fromkeys(w.stream_id for w in writes))
         commands, owners = step_commands(
-            writes, {sid: self._live[sid].cursor.end for sid in sids}, self._keys,
-            retention_ms=int(self._cfg.retention_s * 1000), live_ttl_ms=int(self._cfg.live_ttl_s * 1000))
+            writes,
+            {sid: self._live[sid].cursor.end for sid in sids},
+            self._keys,
+            retention_ms=int(self._cfg.retention_s * 1000),
+            live_ttl_ms=int(self._cfg.live_ttl_s * 1000),
+        )
         try:
             results = await self._call("write_step", lambda r: self._run_step(r, commands), sids)
         except TokenLogUnavailable as exc:
             self._break(sids, exc)
             return sids
-        lost = tuple(dict.fromkeys(
-            sid for sid, result in zip(owners, results) if sid is not None and self._failed(result)))
+        lost = tuple(
+            dict.fromkeys(
+                sid for sid, result in zip(owners, results) if sid is not None and self._failed(result)
+            )
+        )
         self._apply(writes, lost)
         if lost:
             self._break(lost, TokenLogUnavailable("redis lost these streams (restarted without data?)", lost))
@@ -463,6 +495,7 @@ class RedisTokenLog:
 
     async def _fetch_meta(self, stream_id: str) -> tuple[dict[bytes, bytes], list[Any]]:
         """The metadata hash and the log's newest raw entry (empty list if none)."""
+
         async def fetch(redis: Redis) -> list[Any]:
             async with redis.pipeline(transaction=False) as pipe:
                 pipe.hgetall(self._keys.meta(stream_id))
@@ -479,17 +512,27 @@ class RedisTokenLog:
 
     async def _read(self, stream_id: str, from_offset: int) -> AsyncIterator[LogEntry | StreamEnd]:
         local = self._live.get(stream_id)
-        inner = (self._read_local(local, from_offset) if local is not None
-                 else self._read_remote(stream_id, from_offset))
+        inner = (
+            self._read_local(local, from_offset)
+            if local is not None
+            else self._read_remote(stream_id, from_offset)
+        )
         async with aclosing(inner) as events:
             async for event in events:
                 yield event
 
     async def _fetch(self, stream_id: str, after: StreamId) -> list[RawEntry]:
         """Up to ``replay_batch`` raw entries with ids after ``after``."""
-        raw = await self._call("read", lambda r: r.xrange(
-            self._keys.log(stream_id), min=f"({after[0]}-{after[1]}", max="+", count=self._cfg.replay_batch),
-            (stream_id,))
+        raw = await self._call(
+            "read",
+            lambda r: r.xrange(
+                self._keys.log(stream_id),
+                min=f"({after[0]}-{after[1]}",
+                max="+",
+                count=self._cfg.replay_batch,
+            ),
+            (stream_id,),
+        )
         return [(parse_id(rid), fields) for rid, fields in raw]
 
     async def _read_local(self, local: _LocalStream, from_offset: int) -> AsyncIterator[LogEntry | StreamEnd]:
@@ -563,10 +606,15 @@ class RedisTokenLog:
             async for event in events:
                 yield event
 
-    async def _follow(self, stream_id: str, cursor: ReadCursor,
-                      last: StreamId) -> AsyncIterator[LogEntry | StreamEnd]:
-        sub = Subscription(stream_id=stream_id, log_key=self._keys.log(stream_id),
-                           meta_key=self._keys.meta(stream_id), last_id=last)
+    async def _follow(
+        self, stream_id: str, cursor: ReadCursor, last: StreamId
+    ) -> AsyncIterator[LogEntry | StreamEnd]:
+        sub = Subscription(
+            stream_id=stream_id,
+            log_key=self._keys.log(stream_id),
+            meta_key=self._keys.meta(stream_id),
+            last_id=last,
+        )
         try:
             await self._tailer.subscribe(sub)
             while True:
@@ -585,6 +633,7 @@ class RedisTokenLog:
 
     async def _wake(self) -> None:
         """Make the tailer's blocked XREAD return so it picks up a new subscription."""
+
         async def wake(redis: Redis) -> None:
             async with redis.pipeline(transaction=False) as pipe:
                 pipe.xadd(self._wake_key, {"w": 1}, maxlen=16, approximate=True)
@@ -600,7 +649,9 @@ class RedisTokenLog:
         await self._call("save_session", lambda r: r.set(self._keys.session(session_id), state, px=px))
 
     async def load_session(self, session_id: str) -> bytes | None:
-        state: bytes | None = await self._call("load_session", lambda r: r.get(self._keys.session(session_id)))
+        state: bytes | None = await self._call(
+            "load_session", lambda r: r.get(self._keys.session(session_id))
+        )
         return state
 
     async def shared_secret(self, candidate: bytes) -> bytes:
@@ -652,5 +703,3 @@ class RedisTokenLog:
             local.notify()
         self._live.clear()
         await self._redis.aclose()
-
-

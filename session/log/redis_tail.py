@@ -126,8 +126,7 @@ class StreamTailer:
         self._subs.setdefault(sub.log_key, set()).add(sub)
         self._has_subs.set()
         if self._task is None or self._task.done():
-            self._task = supervised(self._run, name=TAILER, on_crash=self._crashed,
-                                    health=self.health)
+            self._task = supervised(self._run, name=TAILER, on_crash=self._crashed, health=self.health)
         else:
             await self._wake()  # a blocked XREAD returns and re-reads with this key
 

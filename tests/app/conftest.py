@@ -86,11 +86,13 @@ class LiveServer:
 @pytest.fixture(scope="session")
 def live_server() -> Iterator[LiveServer]:
     """The bundled model behind a real uvicorn server on a free loopback port."""
-    server = EmbeddedServer(Settings(
-        engine=EngineConfig(scheduler=SchedulerConfig(max_model_len=MAX_MODEL_LEN)),
-        session=SessionConfig(max_tokens=64, default_max_tokens=32,
-                              max_frame_bytes=MAX_FRAME_BYTES),
-        server=ServerConfig(port=0, debug_endpoints=True, log_level="warning")))
+    server = EmbeddedServer(
+        Settings(
+            engine=EngineConfig(scheduler=SchedulerConfig(max_model_len=MAX_MODEL_LEN)),
+            session=SessionConfig(max_tokens=64, default_max_tokens=32, max_frame_bytes=MAX_FRAME_BYTES),
+            server=ServerConfig(port=0, debug_endpoints=True, log_level="warning"),
+        )
+    )
     try:
         server.start()
         yield LiveServer(host=server.host, port=server.port, state=server.state)
@@ -99,8 +101,9 @@ def live_server() -> Iterator[LiveServer]:
 
 
 @contextlib.contextmanager
-def node_on_engine(live_server: LiveServer, settings: Settings, *,
-                   sndbuf: int | None = None) -> Iterator[EmbeddedServer]:
+def node_on_engine(
+    live_server: LiveServer, settings: Settings, *, sndbuf: int | None = None
+) -> Iterator[EmbeddedServer]:
     """Another server with its own ``settings`` on ``live_server``'s engine
     (no second model load), on a free port; stopped at exit.
 
@@ -116,13 +119,16 @@ def node_on_engine(live_server: LiveServer, settings: Settings, *,
 
 
 @contextlib.contextmanager
-def redis_node_on_engine(live_server: LiveServer, redis_url: str,
-                         node_id: str) -> Iterator[EmbeddedServer]:
+def redis_node_on_engine(live_server: LiveServer, redis_url: str, node_id: str) -> Iterator[EmbeddedServer]:
     """A node on ``live_server``'s engine whose token log is the Redis at
     ``redis_url``, with ``live_server``'s session limits; stopped at exit."""
-    with node_on_engine(live_server, Settings(
-            session=SessionConfig(max_tokens=64, default_max_tokens=32,
-                                  max_frame_bytes=MAX_FRAME_BYTES),
-            server=ServerConfig(port=0, log_level="warning", redis_url=redis_url,
-                                log_backend="redis", node_id=node_id))) as server:
+    with node_on_engine(
+        live_server,
+        Settings(
+            session=SessionConfig(max_tokens=64, default_max_tokens=32, max_frame_bytes=MAX_FRAME_BYTES),
+            server=ServerConfig(
+                port=0, log_level="warning", redis_url=redis_url, log_backend="redis", node_id=node_id
+            ),
+        ),
+    ) as server:
         yield server

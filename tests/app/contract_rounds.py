@@ -30,8 +30,13 @@ from typing import Any
 
 from tests.app.resume_helpers import Conn, Received, assert_tiles
 
-PROMPTS = ["Tell me a story about a cat.", "Count from one to twenty.",
-           "Describe the sea.", "Name some colors.", "Write a poem about rain."]
+PROMPTS = [
+    "Tell me a story about a cat.",
+    "Count from one to twenty.",
+    "Describe the sea.",
+    "Name some colors.",
+    "Write a poem about rain.",
+]
 SCENARIOS = ("read", "cancel", "cancel_heard", "interrupt_active", "drop_resume")
 
 
@@ -52,8 +57,9 @@ def _texts_by_offset(deltas: list[dict[str, Any]]) -> dict[int, str]:
     return tails
 
 
-async def _read_live(conn: Conn, response_id: str, received: Received,
-                     max_deltas: int | None = None) -> list[dict[str, Any]]:
+async def _read_live(
+    conn: Conn, response_id: str, received: Received, max_deltas: int | None = None
+) -> list[dict[str, Any]]:
     """Read ``response_id``'s deltas and done into ``received``; return other events."""
     others: list[dict[str, Any]] = []
     await conn.read(received, max_deltas, response_id=response_id, others=others)
@@ -82,8 +88,11 @@ async def run_round(url: str, rng: random.Random, tally: Tally) -> None:
     """One random round; raises AssertionError when a view disagrees."""
     scenario = rng.choice(SCENARIOS)
     tally.scenarios[scenario] += 1
-    params = {"max_tokens": rng.randint(2, 24), "temperature": rng.choice([0, 1]),
-              "seed": rng.randint(0, 1000)}
+    params = {
+        "max_tokens": rng.randint(2, 24),
+        "temperature": rng.choice([0, 1]),
+        "seed": rng.randint(0, 1000),
+    }
     conn = await Conn.open(url)
     live = Received()
     try:
@@ -92,16 +101,20 @@ async def run_round(url: str, rng: random.Random, tally: Tally) -> None:
         await _read_live(conn, rid, live, max_deltas=rng.randint(0, 4))
         await asyncio.sleep(rng.uniform(0, 0.08))
         if scenario in ("cancel", "cancel_heard") and live.done is None:
-            heard = {"heard_chars": rng.randint(0, len(live.text))} \
-                if scenario == "cancel_heard" else {}
+            heard = {"heard_chars": rng.randint(0, len(live.text))} if scenario == "cancel_heard" else {}
             await conn.send(type="response.cancel", response_id=rid, **heard)
         elif scenario == "interrupt_active" and live.done is None:
-            await conn.send(type="response.create", interrupt_active=True, max_tokens=2,
-                            temperature=0, input=[{"role": "user", "content": "Stop."}])
+            await conn.send(
+                type="response.create",
+                interrupt_active=True,
+                max_tokens=2,
+                temperature=0,
+                input=[{"role": "user", "content": "Stop."}],
+            )
             others = await _read_live(conn, rid, live)
             assert all(e["type"] != "response.created" for e in others), (
-                "an event of the interrupted response came after the next "
-                f"response.created: {others}")
+                f"an event of the interrupted response came after the next response.created: {others}"
+            )
             nxt = await conn.expect("response.created") if not others else others[0]
             assert nxt["type"] == "response.created", nxt
             await conn.read(Received())  # the new response to its end
@@ -122,7 +135,8 @@ async def run_round(url: str, rng: random.Random, tally: Tally) -> None:
     _check_done(full)
     assert full.text == live.text, (full.text, live.text)
     assert {k: full.done[k] for k in ("end", "finish_reason", "usage")} == {  # type: ignore[index]
-        k: live.done[k] for k in ("end", "finish_reason", "usage")}
+        k: live.done[k] for k in ("end", "finish_reason", "usage")
+    }
     held = rng.choice([0] + [d["end"] for d in live.deltas])
     part = await _replay(url, created, held)
     _check_done(part, held)

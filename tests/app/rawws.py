@@ -27,10 +27,14 @@ def raw_upgrade(port: int, *, key: str | None = None, rcvbuf: int | None = None)
     sock.connect(("127.0.0.1", port))
     nonce = base64.b64encode(os.urandom(16)).decode()
     auth = f"Authorization: Bearer {key}\r\n" if key else ""
-    sock.sendall((f"GET /v1/realtime HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-                  "Upgrade: websocket\r\nConnection: Upgrade\r\n"
-                  f"Sec-WebSocket-Key: {nonce}\r\nSec-WebSocket-Version: 13\r\n"
-                  f"{auth}\r\n").encode())
+    sock.sendall(
+        (
+            f"GET /v1/realtime HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+            f"Sec-WebSocket-Key: {nonce}\r\nSec-WebSocket-Version: 13\r\n"
+            f"{auth}\r\n"
+        ).encode()
+    )
     head = b""
     while b"\r\n\r\n" not in head:
         head += sock.recv(1)  # byte by byte: leave the first frame unread
@@ -42,9 +46,8 @@ def masked_text(payload: bytes) -> bytes:
     """One masked client text frame (any length: 7-, 16- or 64-bit length field)."""
     mask = os.urandom(4)
     # XOR through one big integer: a per-byte loop is slow on frames of 100s of KB
-    repeated = (mask * (len(payload) // 4 + 1))[:len(payload)]
-    body = (int.from_bytes(payload, "big") ^ int.from_bytes(repeated, "big")).to_bytes(
-        len(payload), "big")
+    repeated = (mask * (len(payload) // 4 + 1))[: len(payload)]
+    body = (int.from_bytes(payload, "big") ^ int.from_bytes(repeated, "big")).to_bytes(len(payload), "big")
     if len(payload) < 126:
         return bytes([0x81, 0x80 | len(payload)]) + mask + body
     if len(payload) < 65536:
@@ -98,6 +101,6 @@ class ServerFrames:
             length = int.from_bytes(buf[2:start], "big")
         if len(buf) < start + length:
             return None
-        payload = bytes(buf[start:start + length])
-        del buf[:start + length]
+        payload = bytes(buf[start : start + length])
+        del buf[: start + length]
         return opcode, payload

@@ -39,8 +39,11 @@ class Conn:
 
     @classmethod
     async def open(cls, url: str) -> Conn:
-        ws = await connect(url, subprotocols=["bargein.v1.json"],  # type: ignore[list-item]
-                           max_size=None)
+        ws = await connect(
+            url,
+            subprotocols=["bargein.v1.json"],  # type: ignore[list-item]
+            max_size=None,
+        )
         created = json.loads(await asyncio.wait_for(ws.recv(), RECV_TIMEOUT_S))
         assert created["type"] == "session.created", created
         return cls(ws, created)
@@ -49,8 +52,7 @@ class Conn:
         await self.ws.send(json.dumps(event))
 
     async def recv(self) -> dict[str, Any]:
-        event: dict[str, Any] = json.loads(await asyncio.wait_for(self.ws.recv(),
-                                                                  RECV_TIMEOUT_S))
+        event: dict[str, Any] = json.loads(await asyncio.wait_for(self.ws.recv(), RECV_TIMEOUT_S))
         return event
 
     async def expect(self, kind: str) -> dict[str, Any]:
@@ -60,19 +62,24 @@ class Conn:
 
     async def create(self, prompt: str, **params: Any) -> dict[str, Any]:
         """Send a ``response.create``; return its ``response.created``."""
-        await self.send(type="response.create", input=[{"role": "user", "content": prompt}],
-                        **params)
+        await self.send(type="response.create", input=[{"role": "user", "content": prompt}], **params)
         return await self.expect("response.created")
 
     async def resume(self, stream_id: str, resume_token: str, from_: int) -> dict[str, Any]:
         """Send ``stream.resume``; return its ``stream.resumed``."""
-        await self.send(type="stream.resume", stream_id=stream_id, resume_token=resume_token,
-                        **{"from": from_})
+        await self.send(
+            type="stream.resume", stream_id=stream_id, resume_token=resume_token, **{"from": from_}
+        )
         return await self.expect("stream.resumed")
 
-    async def read(self, received: Received, max_deltas: int | None = None, *,
-                   response_id: str | None = None,
-                   others: list[dict[str, Any]] | None = None) -> Received:
+    async def read(
+        self,
+        received: Received,
+        max_deltas: int | None = None,
+        *,
+        response_id: str | None = None,
+        others: list[dict[str, Any]] | None = None,
+    ) -> Received:
         """Read deltas into ``received`` until ``response.done`` (or ``max_deltas``).
 
         With ``response_id``, events of other responses go to ``others``

@@ -45,9 +45,14 @@ FILLER = "x" * (96 * 1024)
 def small_buffers(live_server: LiveServer) -> Iterator[EmbeddedServer]:
     """A node on live_server's engine with a small kernel send buffer (4 KiB):
     its buffers toward a silent client fill at a known size."""
-    with node_on_engine(live_server, Settings(
+    with node_on_engine(
+        live_server,
+        Settings(
             session=SessionConfig(max_tokens=64, default_max_tokens=32),
-            server=ServerConfig(port=0, log_level="warning")), sndbuf=4096) as server:
+            server=ServerConfig(port=0, log_level="warning"),
+        ),
+        sndbuf=4096,
+    ) as server:
         yield server
 
 
@@ -56,8 +61,13 @@ def _silent_client(server: EmbeddedServer) -> tuple[socket.socket, Outgoing]:
     reads a byte; with the server's writer of its connection."""
     before = set(server.state.writers)
     sock = raw_upgrade(server.port, rcvbuf=4096)
-    create = json.dumps({"type": "response.create", "max_tokens": 64, "input": [
-        {"role": "user", "content": "Tell me a long story."}]}).encode()
+    create = json.dumps(
+        {
+            "type": "response.create",
+            "max_tokens": 64,
+            "input": [{"role": "user", "content": "Tell me a long story."}],
+        }
+    ).encode()
     update = json.dumps({"type": "session.update", "session": {"instructions": FILLER}})
     sock.sendall(masked_text(create) + masked_text(update.encode()))
     deadline = time.monotonic() + 30  # a hang guard: the handler starts at once
@@ -75,7 +85,8 @@ async def _read_an_answer(url: str) -> None:
 
 @pytest.mark.slow
 async def test_clients_that_never_read_leave_memory_flat_and_others_unaffected(
-        live_server: LiveServer, small_buffers: EmbeddedServer) -> None:
+    live_server: LiveServer, small_buffers: EmbeddedServer
+) -> None:
     server = small_buffers
     async with RealtimeClient(server.ws_url) as client:
         baseline = await client.chat(PROMPT, max_tokens=24, temperature=0.0)
@@ -172,10 +183,16 @@ SLOW_S = 0.3  # the writer's slow_timeout_s: its watchdog ticks every SLOW_S / 8
 
 
 async def test_a_client_stuck_over_its_bound_is_flagged_after_the_timeout(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     ws, clock = StuckSocket(), WatchedClock()
-    out = Outgoing(ws, "json", max_bytes=4096, slow_timeout_s=SLOW_S,  # type: ignore[arg-type]
-                   clock=clock)
+    out = Outgoing(
+        ws,
+        "json",
+        max_bytes=4096,
+        slow_timeout_s=SLOW_S,  # type: ignore[arg-type]
+        clock=clock,
+    )
     sender = asyncio.create_task(_send_forever(out))
     await _until(out.over_bound)  # the third frame's write never returns
     clock.now += 0.05  # past a tick: the write is stalled, over the bound from here
@@ -199,8 +216,13 @@ async def test_a_client_stuck_over_its_bound_is_flagged_after_the_timeout(
 
 async def test_a_slow_but_moving_client_is_not_flagged() -> None:
     ws, clock = StuckSocket(), WatchedClock()
-    out = Outgoing(ws, "json", max_bytes=4096, slow_timeout_s=SLOW_S,  # type: ignore[arg-type]
-                   clock=clock)
+    out = Outgoing(
+        ws,
+        "json",
+        max_bytes=4096,
+        slow_timeout_s=SLOW_S,  # type: ignore[arg-type]
+        clock=clock,
+    )
     sender = asyncio.create_task(_send_forever(out))
     for _ in range(8):  # the client takes a frame every 0.1 s of the writer's clock
         await _until(out.over_bound)

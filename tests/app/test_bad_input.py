@@ -21,24 +21,40 @@ BAD_FRAMES: list[tuple[str, str, str]] = [
     ("invalid json", '{"type": "ping"', "invalid_message"),
     ("json not an object", '["ping"]', "invalid_message"),
     ("unknown type", '{"type": "response.explode"}', "unknown_type"),
-    ("wrong field type", json.dumps({"type": "response.create", "input": USER_HI,
-                                     "max_tokens": "ten"}), "invalid_message"),
-    ("input not a list", json.dumps({"type": "response.create", "input": "hi"}),
-     "invalid_message"),
-    ("max_tokens 0", json.dumps({"type": "response.create", "input": USER_HI,
-                                 "max_tokens": 0}), "invalid_parameter"),
-    ("temperature -1", json.dumps({"type": "response.create", "input": USER_HI,
-                                   "temperature": -1}), "invalid_parameter"),
-    ("top_p 1.5", json.dumps({"type": "response.create", "input": USER_HI,
-                              "top_p": 1.5}), "invalid_parameter"),
-    ("empty input", json.dumps({"type": "response.create", "input": []}),
-     "invalid_parameter"),
-    ("max_tokens over the limit", json.dumps({"type": "response.create", "input": USER_HI,
-                                              "max_tokens": 100_000}), "invalid_parameter"),
-    ("prompt longer than the context",
-     json.dumps({"type": "response.create",
-                 "input": [{"role": "user", "content": "word " * (2 * MAX_MODEL_LEN)}]}),
-     "prompt_too_long"),
+    (
+        "wrong field type",
+        json.dumps({"type": "response.create", "input": USER_HI, "max_tokens": "ten"}),
+        "invalid_message",
+    ),
+    ("input not a list", json.dumps({"type": "response.create", "input": "hi"}), "invalid_message"),
+    (
+        "max_tokens 0",
+        json.dumps({"type": "response.create", "input": USER_HI, "max_tokens": 0}),
+        "invalid_parameter",
+    ),
+    (
+        "temperature -1",
+        json.dumps({"type": "response.create", "input": USER_HI, "temperature": -1}),
+        "invalid_parameter",
+    ),
+    (
+        "top_p 1.5",
+        json.dumps({"type": "response.create", "input": USER_HI, "top_p": 1.5}),
+        "invalid_parameter",
+    ),
+    ("empty input", json.dumps({"type": "response.create", "input": []}), "invalid_parameter"),
+    (
+        "max_tokens over the limit",
+        json.dumps({"type": "response.create", "input": USER_HI, "max_tokens": 100_000}),
+        "invalid_parameter",
+    ),
+    (
+        "prompt longer than the context",
+        json.dumps(
+            {"type": "response.create", "input": [{"role": "user", "content": "word " * (2 * MAX_MODEL_LEN)}]}
+        ),
+        "prompt_too_long",
+    ),
 ]
 
 
@@ -50,16 +66,16 @@ async def still_serving(ws: ClientConnection) -> None:
     """The same connection answers a ping and then a real response."""
     await ws.send(json.dumps({"type": "ping"}))
     assert (await recv(ws))["type"] == "pong"
-    await ws.send(json.dumps({"type": "response.create", "input": USER_HI,
-                              "max_tokens": 3, "temperature": 0}))
+    await ws.send(
+        json.dumps({"type": "response.create", "input": USER_HI, "max_tokens": 3, "temperature": 0})
+    )
     kinds = []
     while not kinds or kinds[-1] != "response.done":
         kinds.append((await recv(ws))["type"])
     assert kinds[0] == "response.created" and "response.delta" in kinds
 
 
-async def test_bad_events_get_error_events_and_the_connection_stays_open(
-        live_server: LiveServer) -> None:
+async def test_bad_events_get_error_events_and_the_connection_stays_open(live_server: LiveServer) -> None:
     async with connect(live_server.ws_url, subprotocols=["bargein.v1.json"]) as ws:  # type: ignore[list-item]
         assert (await recv(ws))["type"] == "session.created"
         for name, frame, code in BAD_FRAMES:
@@ -76,13 +92,20 @@ async def test_bad_events_get_error_events_and_the_connection_stays_open(
         await still_serving(ws)
 
 
-async def test_a_second_response_while_one_is_active_is_a_conflict(
-        live_server: LiveServer) -> None:
+async def test_a_second_response_while_one_is_active_is_a_conflict(live_server: LiveServer) -> None:
     async with RealtimeClient(live_server.ws_url) as client:
-        await client.send({"type": "response.create", "input": USER_HI, "max_tokens": 24,
-                           "temperature": 0, "response_id": "first"})
-        await client.send({"type": "response.create", "input": USER_HI, "max_tokens": 4,
-                           "response_id": "second"})
+        await client.send(
+            {
+                "type": "response.create",
+                "input": USER_HI,
+                "max_tokens": 24,
+                "temperature": 0,
+                "response_id": "first",
+            }
+        )
+        await client.send(
+            {"type": "response.create", "input": USER_HI, "max_tokens": 4, "response_id": "second"}
+        )
         events = []
         while not events or events[-1]["type"] != "response.done":
             events.append(await client._recv())

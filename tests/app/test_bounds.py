@@ -34,8 +34,7 @@ def redis_node(live_server: LiveServer, redis_server: str) -> Iterator[EmbeddedS
 async def live_stream(redis_node: EmbeddedServer) -> AsyncIterator[tuple[Conn, dict]]:
     """A WebSocket response still generating: (its connection, its response.created)."""
     conn = await Conn.open(redis_node.ws_url)
-    created = await conn.create("Write a long story about a dragon.", temperature=0,
-                                max_tokens=64)
+    created = await conn.create("Write a long story about a dragon.", temperature=0, max_tokens=64)
     await conn.read(Received(), max_deltas=1)
     try:
         yield conn, created
@@ -44,16 +43,18 @@ async def live_stream(redis_node: EmbeddedServer) -> AsyncIterator[tuple[Conn, d
         await conn.close()
 
 
-async def test_huge_sse_positions_are_a_400(redis_node: EmbeddedServer,
-                                            live_stream: tuple[Conn, dict]) -> None:
+async def test_huge_sse_positions_are_a_400(
+    redis_node: EmbeddedServer, live_stream: tuple[Conn, dict]
+) -> None:
     _, created = live_stream
     stream_id = created["stream_id"]
     url = f"/v1/streams/{stream_id}/events"
     async with httpx.AsyncClient(base_url=redis_node.http_url, timeout=30) as http:
         for offset in HUGE_OFFSETS:
             for params, headers, param in (
-                    ({"from": offset}, {}, "from"),
-                    ({}, {"Last-Event-ID": f"{stream_id}:{offset}"}, "Last-Event-ID")):
+                ({"from": offset}, {}, "from"),
+                ({}, {"Last-Event-ID": f"{stream_id}:{offset}"}, "Last-Event-ID"),
+            ):
                 response = await http.get(url, params=params, headers=headers)
                 assert response.status_code == 400, (offset[:30], param, response.text)
                 error = response.json()["error"]
@@ -62,13 +63,18 @@ async def test_huge_sse_positions_are_a_400(redis_node: EmbeddedServer,
 
 
 async def test_huge_resume_offsets_are_invalid_parameter(
-        redis_node: EmbeddedServer, live_stream: tuple[Conn, dict]) -> None:
+    redis_node: EmbeddedServer, live_stream: tuple[Conn, dict]
+) -> None:
     conn, created = live_stream
     other = await Conn.open(redis_node.ws_url)
     try:
         for offset in (2**63 - 1, 2**31):
-            await other.send(type="stream.resume", stream_id=created["stream_id"],
-                             resume_token=created["resume_token"], **{"from": offset})
+            await other.send(
+                type="stream.resume",
+                stream_id=created["stream_id"],
+                resume_token=created["resume_token"],
+                **{"from": offset},
+            )
             error = await other.expect("error")
             assert error["code"] == "invalid_parameter" and "from" in error["message"]
         await other.send(type="ping")

@@ -89,7 +89,9 @@ class Page:
                 return answer && answer.dataset.status === 'streaming'
                     && answer.querySelector('.text').textContent.length >= min;
             }""",
-            arg=min_chars, timeout=60_000, polling=10,
+            arg=min_chars,
+            timeout=60_000,
+            polling=10,
         )
 
     def wait_for_end(self) -> str:
@@ -255,9 +257,18 @@ def test_client_resumes_without_repeating_or_losing_text(open_page: Any) -> None
     assert result["create"]["input"] == [{"role": "user", "content": "hi"}]
     assert result["create"]["max_tokens"] == 9
     assert result["sessionResume"] | {"event_id": None} == {
-        "type": "session.resume", "session_id": "s1", "session_token": "t1", "event_id": None}
+        "type": "session.resume",
+        "session_id": "s1",
+        "session_token": "t1",
+        "event_id": None,
+    }
     assert result["streamResume"] | {"event_id": None} == {
-        "type": "stream.resume", "stream_id": "st", "resume_token": "rt", "from": 3, "event_id": None}
+        "type": "stream.resume",
+        "stream_id": "st",
+        "resume_token": "rt",
+        "from": 3,
+        "event_id": None,
+    }
     assert result["pieces"] == ["Hello", " wor", "ld!", " \N{SLIGHTLY SMILING FACE}"]
     assert result["text"] == "Hello world! \N{SLIGHTLY SMILING FACE}"
     assert result["chars"] == len(result["text"])
@@ -347,7 +358,7 @@ def test_talking_over_the_voice_cuts_the_turn_to_what_was_spoken(open_page: Any,
     assert first_text.startswith(spoken) and len(first_text) > len(spoken)
     # The next turn's prompt holds the answer cut to what was spoken, not more.
     prompt = live_server.tokenizer.decode(live_server.recent_requests()[-1].prompt_token_ids)
-    unheard = first_text[len(spoken):].strip()
+    unheard = first_text[len(spoken) :].strip()
     assert spoken.strip() in prompt
     assert spoken.strip() + " " + unheard.split()[0] not in prompt
     assert "Name one color." in prompt

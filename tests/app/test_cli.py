@@ -23,10 +23,28 @@ def test_defaults_serve_the_bundled_model_on_loopback() -> None:
 
 def test_flags_reach_every_component() -> None:
     settings = parse_serve_args(
-        ["--port", "9001", "--model", "/models/x.gguf", "--max-num-seqs", "8",
-         "--max-model-len", "1024", "--num-blocks", "300", "--max-tokens", "128",
-         "--default-max-tokens", "64", "--redis-url", "redis://localhost:6379/0",
-         "--debug-endpoints", "true"], env={})
+        [
+            "--port",
+            "9001",
+            "--model",
+            "/models/x.gguf",
+            "--max-num-seqs",
+            "8",
+            "--max-model-len",
+            "1024",
+            "--num-blocks",
+            "300",
+            "--max-tokens",
+            "128",
+            "--default-max-tokens",
+            "64",
+            "--redis-url",
+            "redis://localhost:6379/0",
+            "--debug-endpoints",
+            "true",
+        ],
+        env={},
+    )
     assert settings.server.port == 9001
     assert settings.engine.model.path == "/models/x.gguf"
     assert settings.engine.scheduler.max_num_seqs == 8
@@ -44,8 +62,7 @@ def test_environment_gives_defaults_and_flags_win() -> None:
     assert settings.session.max_tokens == 99
 
 
-@pytest.mark.parametrize("argv", [["--port", "70000"], ["--max-num-seqs", "0"],
-                                  ["--log-backend", "redis"]])
+@pytest.mark.parametrize("argv", [["--port", "70000"], ["--max-num-seqs", "0"], ["--log-backend", "redis"]])
 def test_out_of_range_values_are_refused_with_the_field_named(argv: list[str]) -> None:
     with pytest.raises(SettingsError) as refused:
         parse_serve_args(argv, env={})
@@ -54,8 +71,9 @@ def test_out_of_range_values_are_refused_with_the_field_named(argv: list[str]) -
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "bargein", *args], capture_output=True,
-                          text=True, timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "bargein", *args], capture_output=True, text=True, timeout=120, check=False
+    )
 
 
 def test_serve_refuses_a_bad_flag_and_a_missing_model_clearly() -> None:
@@ -67,12 +85,15 @@ def test_serve_refuses_a_bad_flag_and_a_missing_model_clearly() -> None:
     assert "Traceback" not in missing.stderr + bad_flag.stderr
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--device", "tpu"], "device='tpu' must be one of auto, cpu, cuda"),
-    (["--dtype", "float13"], "dtype='float13' must be one of"),
-    (["--model", "README.md"], "is not a model"),
-    (["--model", "/tmp"], "is not a model"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--device", "tpu"], "device='tpu' must be one of auto, cpu, cuda"),
+        (["--dtype", "float13"], "dtype='float13' must be one of"),
+        (["--model", "README.md"], "is not a model"),
+        (["--model", "/tmp"], "is not a model"),
+    ],
+)
 def test_serve_refuses_what_cannot_serve_before_starting(argv: list[str], message: str) -> None:
     out = run_cli("serve", "--port", "1", *argv)
     assert out.returncode == 2, out.stderr
@@ -81,7 +102,8 @@ def test_serve_refuses_what_cannot_serve_before_starting(argv: list[str], messag
 
 @pytest.mark.parametrize(("given", "expected"), [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
 def test_serve_lets_openmp_threads_sleep_unless_told_otherwise(
-        monkeypatch: pytest.MonkeyPatch, given: str | None, expected: str) -> None:
+    monkeypatch: pytest.MonkeyPatch, given: str | None, expected: str
+) -> None:
     if given is None:
         monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     else:
@@ -100,11 +122,12 @@ def test_chat_says_when_the_server_is_not_there() -> None:
 
 
 def test_client_imports_without_torch_or_the_engine() -> None:
-    code = ("import sys, bargein.app.client; "
-            "bad = [m for m in ('torch', 'engine', 'transformers') if m in sys.modules]; "
-            "print(bad)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60, check=True)
+    code = (
+        "import sys, bargein.app.client; "
+        "bad = [m for m in ('torch', 'engine', 'transformers') if m in sys.modules]; "
+        "print(bad)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
 
 
@@ -112,20 +135,27 @@ def test_client_imports_without_torch_or_the_engine() -> None:
 def test_chat_command_talks_to_a_live_server(live_server: LiveServer) -> None:
     chat = subprocess.run(
         [sys.executable, "-m", "bargein", "chat", "--url", live_server.ws_url, "--max-tokens", "16"],
-        input="What is the capital of France?\n\n", capture_output=True, text=True,
-        timeout=120, check=False)
+        input="What is the capital of France?\n\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert chat.returncode == 0, chat.stderr
     assert "Paris" in chat.stdout
 
 
 @pytest.mark.slow
 def test_ctrl_c_in_chat_barges_in_and_the_conversation_keeps_what_was_printed(
-        live_server: LiveServer) -> None:
+    live_server: LiveServer,
+) -> None:
     interrupted_before = live_server.stats().num_finished_by_reason.get("interrupted", 0)
     with subprocess.Popen(
-            [sys.executable, "-m", "bargein", "chat", "--url", live_server.ws_url,
-             "--max-tokens", "64"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as chat:
+        [sys.executable, "-m", "bargein", "chat", "--url", live_server.ws_url, "--max-tokens", "64"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    ) as chat:
         assert chat.stdin is not None and chat.stdout is not None
         chat.stdin.write(b"Count from one to one hundred, in words.\n")
         chat.stdin.flush()
@@ -138,8 +168,7 @@ def test_ctrl_c_in_chat_barges_in_and_the_conversation_keeps_what_was_printed(
         out, err = chat.communicate(b"Say hi.\n\n", timeout=120)
     assert chat.returncode == 0, err
     assert b"[interrupted]" in err and b"Traceback" not in err
-    assert live_server.stats().num_finished_by_reason.get("interrupted", 0) == \
-        interrupted_before + 1
+    assert live_server.stats().num_finished_by_reason.get("interrupted", 0) == interrupted_before + 1
     # The second question's prompt holds the first answer as printed, cut there.
     prompt = live_server.tokenizer.decode(live_server.recent_requests()[-1].prompt_token_ids)
     assert "Say hi." in prompt
@@ -149,9 +178,12 @@ def test_ctrl_c_in_chat_barges_in_and_the_conversation_keeps_what_was_printed(
 
 @pytest.mark.slow
 def test_ctrl_c_at_the_prompt_quits_at_once(live_server: LiveServer) -> None:
-    with subprocess.Popen([sys.executable, "-m", "bargein", "chat", "--url", live_server.ws_url],
-                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE) as chat:
+    with subprocess.Popen(
+        [sys.executable, "-m", "bargein", "chat", "--url", live_server.ws_url],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    ) as chat:
         assert chat.stderr is not None and chat.stdout is not None
         assert chat.stderr.readline().startswith(b"connected to")
         assert chat.stdout.read(2) == b"> "  # now at the prompt
@@ -160,4 +192,3 @@ def test_ctrl_c_at_the_prompt_quits_at_once(live_server: LiveServer) -> None:
         # says SIGINT ended it (the bound only guards against a hang: on a
         # loaded box the socket's close handshake can take seconds)
         assert chat.wait(timeout=60) == 130
-

@@ -69,9 +69,15 @@ async def session_resume(url: str, created: dict[str, Any]) -> dict[str, Any]:
     deadline = time.monotonic() + HANG_GUARD_S
     while True:
         reader, _ = await open_session(url)
-        await reader.ws.send(json.dumps({"type": "session.resume",
-                                         "session_id": created["session_id"],
-                                         "session_token": created["session_token"]}))
+        await reader.ws.send(
+            json.dumps(
+                {
+                    "type": "session.resume",
+                    "session_id": created["session_id"],
+                    "session_token": created["session_token"],
+                }
+            )
+        )
         answer: dict[str, Any] = json.loads(await asyncio.wait_for(reader.ws.recv(), 60))
         await reader.ws.close()
         if answer.get("code") != "not_found" or time.monotonic() > deadline:
@@ -87,8 +93,7 @@ async def wait_for(condition: Callable[[], bool], what: str) -> None:
         await asyncio.sleep(0.1)
 
 
-async def test_nodes_without_a_secret_accept_each_others_tokens(
-        nodes: dict[str, Node]) -> None:
+async def test_nodes_without_a_secret_accept_each_others_tokens(nodes: dict[str, Node]) -> None:
     x, y = nodes["x"], nodes["y"]
     on_x, created = await create(x.ws_url)
     on_y = await resume(y.ws_url, created, 0)  # forbidden if y had a key of its own
@@ -100,8 +105,9 @@ async def test_nodes_without_a_secret_accept_each_others_tokens(
     assert answer["type"] == "session.resumed", answer
 
 
-def raw_log(redis_url: str, stream_id: str) -> tuple[list[tuple[int, int]], list[tuple[int, str]],
-                                                     dict[bytes, bytes]]:
+def raw_log(
+    redis_url: str, stream_id: str
+) -> tuple[list[tuple[int, int]], list[tuple[int, str]], dict[bytes, bytes]]:
     """The stream as Redis holds it: entries ``(start, end)`` and finishes
     ``(end, finish_reason)`` in log order, and the metadata hash."""
     entries: list[tuple[int, int]] = []
@@ -134,7 +140,8 @@ async def events_until_quiet(reader: Reader) -> list[dict[str, Any]]:
 
 
 async def test_a_node_paused_past_its_lease_never_writes_the_stream_taken_over(
-        nodes: dict[str, Node], redis_server: str) -> None:
+    nodes: dict[str, Node], redis_server: str
+) -> None:
     x, y = nodes["x"], nodes["y"]
     takeovers = y.debug()["cluster"]["takeovers"]
     on_x, created = await create(x.ws_url)
@@ -144,10 +151,8 @@ async def test_a_node_paused_past_its_lease_never_writes_the_stream_taken_over(
     try:
         await wait_for(lambda: lease_holder(redis_server, sid) is None, "x's lease expired")
         on_y = await resume(y.ws_url, created, on_x.end)
-        await wait_for(lambda: y.debug()["cluster"]["takeovers"] == takeovers + 1,
-                       "y took the stream over")
-        await on_y.ws.send(json.dumps({"type": "response.cancel",
-                                       "response_id": created["response_id"]}))
+        await wait_for(lambda: y.debug()["cluster"]["takeovers"] == takeovers + 1, "y took the stream over")
+        await on_y.ws.send(json.dumps({"type": "response.cancel", "response_id": created["response_id"]}))
         done = await on_y.until_done()
         assert done["finish_reason"] == "interrupted" and contiguous(on_y.deltas, on_x.end)
         # y released the lease of the ended stream: nobody holds it when x wakes.
@@ -159,8 +164,9 @@ async def test_a_node_paused_past_its_lease_never_writes_the_stream_taken_over(
 
     entries, finishes, meta = raw_log(redis_server, sid)
     assert finishes == [(done["end"], "interrupted")], "x wrote after the takeover"
-    assert entries[-1][1] == done["end"] and [s for s, _ in entries] == [
-        0] + [e for _, e in entries[:-1]], "entries not contiguous"
+    assert entries[-1][1] == done["end"] and [s for s, _ in entries] == [0] + [e for _, e in entries[:-1]], (
+        "entries not contiguous"
+    )
     assert meta[b"end"] == str(done["end"]).encode() and meta[b"owner_node"] == b"y"
     assert meta[b"finish_reason"] == b"interrupted"
     # x's client never hears an end the log contradicts; it is told to resume.
@@ -172,11 +178,20 @@ async def test_a_node_paused_past_its_lease_never_writes_the_stream_taken_over(
 
 
 async def test_a_restarted_node_accepts_the_tokens_it_gave_out(
-        nodes: dict[str, Node], redis_server: str, log_dir: str) -> None:
+    nodes: dict[str, Node], redis_server: str, log_dir: str
+) -> None:
     x = nodes["x"]
     on_x, session = await open_session(x.ws_url)
-    await on_x.ws.send(json.dumps({"type": "response.create", "max_tokens": 8, "temperature": 0,
-                                   "input": [{"role": "user", "content": "Say hi."}]}))
+    await on_x.ws.send(
+        json.dumps(
+            {
+                "type": "response.create",
+                "max_tokens": 8,
+                "temperature": 0,
+                "input": [{"role": "user", "content": "Say hi."}],
+            }
+        )
+    )
     created = await on_x.next_event()
     assert created["type"] == "response.created", created
     await on_x.until_done()

@@ -35,17 +35,26 @@ STORY = "Write a very long story about a dragon who learns to cook. Use many cha
 
 @pytest.fixture(scope="module")
 def graced(live_server: LiveServer) -> Iterator[EmbeddedServer]:
-    with node_on_engine(live_server, Settings(
-            session=SessionConfig(max_tokens=MAX_TOKENS, default_max_tokens=32,
-                                  on_disconnect="continue", abandon_grace_s=GRACE_S),
-            server=ServerConfig(port=0, debug_endpoints=True, log_level="warning"))) as server:
+    with node_on_engine(
+        live_server,
+        Settings(
+            session=SessionConfig(
+                max_tokens=MAX_TOKENS,
+                default_max_tokens=32,
+                on_disconnect="continue",
+                abandon_grace_s=GRACE_S,
+            ),
+            server=ServerConfig(port=0, debug_endpoints=True, log_level="warning"),
+        ),
+    ) as server:
         yield server
 
 
 @pytest.fixture
 async def client(graced: EmbeddedServer) -> AsyncIterator[openai.AsyncOpenAI]:
-    async with openai.AsyncOpenAI(base_url=graced.http_url + "/v1", api_key="sk-grace",
-                                  max_retries=0) as client:
+    async with openai.AsyncOpenAI(
+        base_url=graced.http_url + "/v1", api_key="sk-grace", max_retries=0
+    ) as client:
         yield client
 
 
@@ -57,8 +66,9 @@ def _generating(server: EmbeddedServer, stream_id: str) -> bool:
 async def _final_event(server: EmbeddedServer, stream_id: str) -> dict[str, Any]:
     """Replay the whole (ended) stream over SSE; its chunk with the finish reason."""
     finish: dict[str, Any] | None = None
-    async with httpx.AsyncClient(base_url=server.http_url, timeout=60,
-                                 headers={"Authorization": "Bearer sk-grace"}) as http:
+    async with httpx.AsyncClient(
+        base_url=server.http_url, timeout=60, headers={"Authorization": "Bearer sk-grace"}
+    ) as http:
         async with http.stream("GET", f"/v1/streams/{stream_id}/events?from=0") as response:
             assert response.status_code == 200, await response.aread()
             async for line in response.aiter_lines():
@@ -71,11 +81,16 @@ async def _final_event(server: EmbeddedServer, stream_id: str) -> dict[str, Any]
 
 
 async def test_a_streamed_completion_whose_client_left_is_cancelled_after_the_grace(
-        graced: EmbeddedServer, live_server: LiveServer, client: openai.AsyncOpenAI) -> None:
+    graced: EmbeddedServer, live_server: LiveServer, client: openai.AsyncOpenAI
+) -> None:
     await live_server.wait_idle()
     stream = await client.chat.completions.create(
-        model="bargein", messages=[{"role": "user", "content": STORY}],
-        max_tokens=MAX_TOKENS, temperature=0, stream=True)
+        model="bargein",
+        messages=[{"role": "user", "content": STORY}],
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        stream=True,
+    )
     stream_id = ""
     async for chunk in stream:
         stream_id = chunk.id.removeprefix("chatcmpl-")
@@ -90,18 +105,22 @@ async def test_a_streamed_completion_whose_client_left_is_cancelled_after_the_gr
 
 
 async def test_a_completion_whose_client_left_before_the_answer_is_cancelled_too(
-        graced: EmbeddedServer, live_server: LiveServer) -> None:
+    graced: EmbeddedServer, live_server: LiveServer
+) -> None:
     await live_server.wait_idle()
     before = {r.request_id for r in graced.state.service.recent_requests}  # type: ignore[union-attr]
-    async with openai.AsyncOpenAI(base_url=graced.http_url + "/v1", api_key="sk-grace",
-                                  max_retries=0, timeout=0.3) as impatient:
+    async with openai.AsyncOpenAI(
+        base_url=graced.http_url + "/v1", api_key="sk-grace", max_retries=0, timeout=0.3
+    ) as impatient:
         with pytest.raises(openai.APITimeoutError):
             await impatient.chat.completions.create(
-                model="bargein", messages=[{"role": "user", "content": STORY}],
-                max_tokens=MAX_TOKENS, temperature=0)
+                model="bargein",
+                messages=[{"role": "user", "content": STORY}],
+                max_tokens=MAX_TOKENS,
+                temperature=0,
+            )
     assert graced.state.service is not None
-    new = [r.request_id for r in graced.state.service.recent_requests
-           if r.request_id not in before]
+    new = [r.request_id for r in graced.state.service.recent_requests if r.request_id not in before]
     assert len(new) == 1
     stats = await live_server.wait_idle()
     assert stats.num_free_blocks == stats.num_total_blocks
@@ -110,7 +129,8 @@ async def test_a_completion_whose_client_left_before_the_answer_is_cancelled_too
 
 
 async def test_a_websocket_stream_followed_over_sse_is_not_abandoned(
-        graced: EmbeddedServer, live_server: LiveServer) -> None:
+    graced: EmbeddedServer, live_server: LiveServer
+) -> None:
     await live_server.wait_idle()
     conn = await Conn.open(graced.ws_url)
     created = await conn.create(STORY, temperature=0.0, max_tokens=FOLLOWED_TOKENS)

@@ -35,12 +35,19 @@ BEARER = {"Authorization": f"Bearer {KEY}"}
 
 
 def _keyed(live_server: LiveServer, *, public_metrics: bool) -> EmbeddedServer:
-    return EmbeddedServer(Settings(
-        session=SessionConfig(max_tokens=64, default_max_tokens=8,
-                              max_frame_bytes=MAX_FRAME_BYTES),
-        server=ServerConfig(port=0, debug_endpoints=True, log_level="warning", api_keys=KEY,
-                            **({"public_metrics": True} if public_metrics else {}))),
-        runner=live_server.state.runner)
+    return EmbeddedServer(
+        Settings(
+            session=SessionConfig(max_tokens=64, default_max_tokens=8, max_frame_bytes=MAX_FRAME_BYTES),
+            server=ServerConfig(
+                port=0,
+                debug_endpoints=True,
+                log_level="warning",
+                api_keys=KEY,
+                **({"public_metrics": True} if public_metrics else {}),
+            ),
+        ),
+        runner=live_server.state.runner,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -62,11 +69,16 @@ class Raw:
     body: bytes
 
 
-def raw_request(server: EmbeddedServer, method: str, target: str,
-                headers: dict[str, str] | None = None) -> Raw:
+def raw_request(
+    server: EmbeddedServer, method: str, target: str, headers: dict[str, str] | None = None
+) -> Raw:
     """Send ``method target`` exactly as written; read the whole response."""
-    lines = [f"{method} {target} HTTP/1.1", f"Host: {server.host}:{server.port}",
-             "Connection: close", *(f"{k}: {v}" for k, v in (headers or {}).items())]
+    lines = [
+        f"{method} {target} HTTP/1.1",
+        f"Host: {server.host}:{server.port}",
+        "Connection: close",
+        *(f"{k}: {v}" for k, v in (headers or {}).items()),
+    ]
     with socket.create_connection((server.host, server.port), timeout=30) as sock:
         sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
         data = b""
@@ -78,18 +90,41 @@ def raw_request(server: EmbeddedServer, method: str, target: str,
     return Raw(int(status_line.split()[1]), {k.lower(): v for k, v in fields.items()}, body)
 
 
-PROTECTED = ["/v1/models", "/v1/models/", "//v1/models", "/v1//models", "///v1///models",
-             "/V1/models", "/v1/MODELS", "/%76%31/models", "/v1%2Fmodels", "/v1/./models",
-             "/./v1/models", "/v1/x/../models", "/v1/models?api_key=" + KEY,
-             "/v1/models?key=" + KEY, "/v1", "/v1/",
-             "/v1/chat/completions", "/v1/completions", "/v1/streams/s/events",
-             "/v1/realtime", "/debug/engine", "/DEBUG/engine/", "//debug//engine",
-             "/metrics", "/metrics/", "//metrics", "/METRICS", "/metrics?x=1", "/%6Detrics"]
+PROTECTED = [
+    "/v1/models",
+    "/v1/models/",
+    "//v1/models",
+    "/v1//models",
+    "///v1///models",
+    "/V1/models",
+    "/v1/MODELS",
+    "/%76%31/models",
+    "/v1%2Fmodels",
+    "/v1/./models",
+    "/./v1/models",
+    "/v1/x/../models",
+    "/v1/models?api_key=" + KEY,
+    "/v1/models?key=" + KEY,
+    "/v1",
+    "/v1/",
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/streams/s/events",
+    "/v1/realtime",
+    "/debug/engine",
+    "/DEBUG/engine/",
+    "//debug//engine",
+    "/metrics",
+    "/metrics/",
+    "//metrics",
+    "/METRICS",
+    "/metrics?x=1",
+    "/%6Detrics",
+]
 
 
 @pytest.mark.parametrize("method", ["GET", "HEAD", "OPTIONS", "POST"])
-def test_no_spelling_of_a_protected_route_answers_without_a_key(keyed: EmbeddedServer,
-                                                                method: str) -> None:
+def test_no_spelling_of_a_protected_route_answers_without_a_key(keyed: EmbeddedServer, method: str) -> None:
     for target in PROTECTED:
         response = raw_request(keyed, method, target, {"Content-Length": "0"})
         assert response.status == 401, (method, target, response.status, response.body[:200])
@@ -105,8 +140,7 @@ def test_a_key_in_the_query_string_is_refused_with_a_hint(keyed: EmbeddedServer)
     assert "query string" in json.loads(response.body)["error"]["message"]
 
 
-def test_probes_and_the_page_stay_open_and_a_key_opens_the_rest(
-        keyed: EmbeddedServer) -> None:
+def test_probes_and_the_page_stay_open_and_a_key_opens_the_rest(keyed: EmbeddedServer) -> None:
     for path in ("/healthz", "/readyz", "/"):
         assert raw_request(keyed, "GET", path).status == 200, path
     for path in ("/v1/models", "/metrics", "/debug/engine"):
@@ -127,10 +161,10 @@ def test_public_metrics_opens_metrics_alone(live_server: LiveServer) -> None:
         server.stop()
 
 
-@pytest.mark.parametrize("path", ["/v1/realtime", "/v1/realtime/", "//v1/realtime",
-                                  "/V1/realtime", "/v1/realtime?api_key=" + KEY])
-async def test_no_websocket_variant_opens_a_session_without_a_key(keyed: EmbeddedServer,
-                                                                  path: str) -> None:
+@pytest.mark.parametrize(
+    "path", ["/v1/realtime", "/v1/realtime/", "//v1/realtime", "/V1/realtime", "/v1/realtime?api_key=" + KEY]
+)
+async def test_no_websocket_variant_opens_a_session_without_a_key(keyed: EmbeddedServer, path: str) -> None:
     with pytest.raises(InvalidStatus) as refused:
         await connect(f"ws://{keyed.host}:{keyed.port}{path}")
     assert refused.value.response.status_code == 401
@@ -138,8 +172,11 @@ async def test_no_websocket_variant_opens_a_session_without_a_key(keyed: Embedde
 
 def _sessions_connected(server: EmbeddedServer) -> float:
     text = httpx.get(server.http_url + "/metrics", headers=BEARER).text
-    values = [float(line.rpartition(" ")[2]) for line in text.splitlines()
-              if line.startswith("bargein_sessions_connected")]
+    values = [
+        float(line.rpartition(" ")[2])
+        for line in text.splitlines()
+        if line.startswith("bargein_sessions_connected")
+    ]
     return sum(values)
 
 
@@ -152,10 +189,12 @@ async def test_refused_requests_allocate_nothing(keyed: EmbeddedServer) -> None:
     async with httpx.AsyncClient(base_url=keyed.http_url, timeout=30) as http:
         for headers in ({}, {"Authorization": "Bearer wrong"}):
             for _ in range(10):
-                assert (await http.post("/v1/chat/completions", json=body,
-                                        headers=headers)).status_code == 401
-                assert (await http.post("/v1/completions", json={"prompt": "Hi"},
-                                        headers=headers)).status_code == 401
+                assert (
+                    await http.post("/v1/chat/completions", json=body, headers=headers)
+                ).status_code == 401
+                assert (
+                    await http.post("/v1/completions", json={"prompt": "Hi"}, headers=headers)
+                ).status_code == 401
                 with pytest.raises(InvalidStatus):
                     await connect(keyed.ws_url, additional_headers=headers)
     assert len(service.recent_requests) == requests  # nothing reached the engine

@@ -27,30 +27,80 @@ from tests.app.log_capture import Records, server_log
 pytestmark = pytest.mark.slow
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
-VALID = {"/v1/chat/completions": {"messages": [{"role": "user", "content": "Hi"}],
-                                  "max_tokens": 1, "temperature": 0},
-         "/v1/completions": {"prompt": "Hi", "max_tokens": 1, "temperature": 0}}
-FIELDS = ("model", "messages", "prompt", "max_tokens", "max_completion_tokens",
-          "temperature", "top_p", "seed", "stop", "stream", "stream_options", "n", "user",
-          "echo", "logprobs", "top_logprobs", "logit_bias", "presence_penalty",
-          "frequency_penalty", "response_format", "tools", "suffix", "best_of",
-          "bargein_on_disconnect")
-CONTENT_TYPES = (None, "application/json", "application/json; charset=utf-8",
-                 "APPLICATION/JSON", "application/vnd.api+json", "text/plain",
-                 "application/x-www-form-urlencoded", "multipart/form-data; boundary=x",
-                 "application/octet-stream", "text/html; charset=latin-1", ";;=garbage")
-FUZZ = settings(max_examples=80, deadline=None,
-                suppress_health_check=[HealthCheck.too_slow])
+VALID = {
+    "/v1/chat/completions": {
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 1,
+        "temperature": 0,
+    },
+    "/v1/completions": {"prompt": "Hi", "max_tokens": 1, "temperature": 0},
+}
+FIELDS = (
+    "model",
+    "messages",
+    "prompt",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "n",
+    "user",
+    "echo",
+    "logprobs",
+    "top_logprobs",
+    "logit_bias",
+    "presence_penalty",
+    "frequency_penalty",
+    "response_format",
+    "tools",
+    "suffix",
+    "best_of",
+    "bargein_on_disconnect",
+)
+CONTENT_TYPES = (
+    None,
+    "application/json",
+    "application/json; charset=utf-8",
+    "APPLICATION/JSON",
+    "application/vnd.api+json",
+    "text/plain",
+    "application/x-www-form-urlencoded",
+    "multipart/form-data; boundary=x",
+    "application/octet-stream",
+    "text/html; charset=latin-1",
+    ";;=garbage",
+)
+FUZZ = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
-json_scalars = (st.none() | st.booleans() | st.integers() | st.text(max_size=20)
-                | st.floats(allow_nan=False, allow_infinity=False))
-json_values = st.recursive(json_scalars,
-                           lambda inner: st.lists(inner, max_size=4)
-                           | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-                           max_leaves=12)
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.text(max_size=20)
+    | st.floats(allow_nan=False, allow_infinity=False)
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
 # Numbers JSON's grammar allows that overflow a float or Python's int parsing.
-huge_numbers = st.sampled_from([b"1e400", b"-1e400", b"1e-400", b"9" * 5000, b"-" + b"9" * 5000,
-                                b"1" + b"0" * 4299, b"0.0000000000000000000001", b"-0"])
+huge_numbers = st.sampled_from(
+    [
+        b"1e400",
+        b"-1e400",
+        b"1e-400",
+        b"9" * 5000,
+        b"-" + b"9" * 5000,
+        b"1" + b"0" * 4299,
+        b"0.0000000000000000000001",
+        b"-0",
+    ]
+)
 
 
 @pytest.fixture
@@ -79,26 +129,28 @@ def assert_no_server_fault(log: Records) -> None:
 def assert_still_serving(live_server: LiveServer) -> None:
     """Health is fine and the official client still gets a completion."""
     assert httpx.get(live_server.http_url + "/healthz").status_code == 200
-    with openai.OpenAI(base_url=live_server.http_url + "/v1", api_key="sk-any",
-                       max_retries=0) as client:
-        answer = client.chat.completions.create(model="bargein", max_tokens=2,
-                                                messages=[{"role": "user", "content": "Hi"}])
+    with openai.OpenAI(base_url=live_server.http_url + "/v1", api_key="sk-any", max_retries=0) as client:
+        answer = client.chat.completions.create(
+            model="bargein", max_tokens=2, messages=[{"role": "user", "content": "Hi"}]
+        )
     assert answer.choices[0].finish_reason in ("stop", "length")
 
 
-def post(http: httpx.Client, path: str, body: bytes,
-         content_type: str | None = "application/json") -> httpx.Response:
+def post(
+    http: httpx.Client, path: str, body: bytes, content_type: str | None = "application/json"
+) -> httpx.Response:
     headers = {} if content_type is None else {"Content-Type": content_type}
     return http.post(path, content=body, headers=headers)
 
 
 # ---- regressions, one case each ------------------------------------------------
 
+
 @pytest.mark.parametrize("path", ENDPOINTS)
 @pytest.mark.parametrize("opener,closer", [(b"[", b"]"), (b'{"a":', b"}")])
-def test_deeply_nested_json_is_a_400_not_a_500(live_server: LiveServer, http: httpx.Client,
-                                               path: str, opener: bytes,
-                                               closer: bytes) -> None:
+def test_deeply_nested_json_is_a_400_not_a_500(
+    live_server: LiveServer, http: httpx.Client, path: str, opener: bytes, closer: bytes
+) -> None:
     depth = 10_000  # under the body limit, far over Python's recursion limit
     body = opener * depth + b"1" + closer * depth
     assert len(body) < MAX_FRAME_BYTES
@@ -109,20 +161,21 @@ def test_deeply_nested_json_is_a_400_not_a_500(live_server: LiveServer, http: ht
 
 
 @pytest.mark.parametrize("path", ENDPOINTS)
-def test_a_role_or_field_of_the_wrong_json_type_is_a_400(http: httpx.Client,
-                                                         path: str) -> None:
-    bad = {"/v1/chat/completions": {"messages": [{"role": ["user"], "content": "Hi"}]},
-           "/v1/completions": {"prompt": {"text": "Hi"}}}[path]
+def test_a_role_or_field_of_the_wrong_json_type_is_a_400(http: httpx.Client, path: str) -> None:
+    bad = {
+        "/v1/chat/completions": {"messages": [{"role": ["user"], "content": "Hi"}]},
+        "/v1/completions": {"prompt": {"text": "Hi"}},
+    }[path]
     with server_log() as log:
         error = assert_openai_error(post(http, path, json.dumps(bad).encode()))
     assert error["param"] in ("messages[0].role", "prompt")
     assert_no_server_fault(log)
 
 
-@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded",
-                                          "multipart/form-data; boundary=x"])
-def test_a_body_that_is_not_declared_json_is_a_415(http: httpx.Client,
-                                                    content_type: str) -> None:
+@pytest.mark.parametrize(
+    "content_type", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"]
+)
+def test_a_body_that_is_not_declared_json_is_a_415(http: httpx.Client, content_type: str) -> None:
     # A browser page can send these cross-origin without a CORS preflight.
     body = json.dumps(VALID["/v1/chat/completions"]).encode()
     response = post(http, "/v1/chat/completions", body, content_type)
@@ -130,8 +183,7 @@ def test_a_body_that_is_not_declared_json_is_a_415(http: httpx.Client,
     assert assert_openai_error(response)["code"] == "unsupported_media_type"
 
 
-def test_json_without_a_content_type_or_with_a_json_subtype_is_accepted(
-        http: httpx.Client) -> None:
+def test_json_without_a_content_type_or_with_a_json_subtype_is_accepted(http: httpx.Client) -> None:
     body = json.dumps(VALID["/v1/chat/completions"]).encode()
     for content_type in (None, "application/json; charset=utf-8", "application/vnd.x+json"):
         assert post(http, "/v1/chat/completions", body, content_type).status_code == 200
@@ -153,25 +205,31 @@ def test_non_utf8_json_is_a_400(http: httpx.Client) -> None:
 
 # ---- fuzzing ---------------------------------------------------------------------
 
+
 @FUZZ
-@given(path=st.sampled_from(ENDPOINTS), body=st.binary(max_size=300),
-       content_type=st.sampled_from(CONTENT_TYPES))
-def test_random_bytes_under_any_content_type_are_4xx(live_server: LiveServer,
-                                                     path: str, body: bytes,
-                                                     content_type: str | None) -> None:
+@given(
+    path=st.sampled_from(ENDPOINTS), body=st.binary(max_size=300), content_type=st.sampled_from(CONTENT_TYPES)
+)
+def test_random_bytes_under_any_content_type_are_4xx(
+    live_server: LiveServer, path: str, body: bytes, content_type: str | None
+) -> None:
     with server_log() as log, httpx.Client(base_url=live_server.http_url, timeout=60) as http:
         assert_openai_error(post(http, path, body, content_type))
     assert_no_server_fault(log)
 
 
 @FUZZ
-@given(path=st.sampled_from(ENDPOINTS), depth=st.integers(1, 70_000),
-       kinds=st.lists(st.sampled_from([(b"[", b"]"), (b'{"k":', b"}"),
-                                       (b'{"messages":', b"}")]), min_size=1, max_size=3),
-       leaf=st.sampled_from([b"1", b'"x"', b"null", b"", b"1e400"]))
-def test_nesting_at_any_depth_is_never_a_5xx(live_server: LiveServer, path: str, depth: int,
-                                             kinds: list[tuple[bytes, bytes]],
-                                             leaf: bytes) -> None:
+@given(
+    path=st.sampled_from(ENDPOINTS),
+    depth=st.integers(1, 70_000),
+    kinds=st.lists(
+        st.sampled_from([(b"[", b"]"), (b'{"k":', b"}"), (b'{"messages":', b"}")]), min_size=1, max_size=3
+    ),
+    leaf=st.sampled_from([b"1", b'"x"', b"null", b"", b"1e400"]),
+)
+def test_nesting_at_any_depth_is_never_a_5xx(
+    live_server: LiveServer, path: str, depth: int, kinds: list[tuple[bytes, bytes]], leaf: bytes
+) -> None:
     opened = [kinds[i % len(kinds)] for i in range(depth)]
     body = b"".join(o for o, _ in opened) + leaf + b"".join(c for _, c in reversed(opened))
     with server_log() as log, httpx.Client(base_url=live_server.http_url, timeout=60) as http:
@@ -181,8 +239,9 @@ def test_nesting_at_any_depth_is_never_a_5xx(live_server: LiveServer, path: str,
 
 @FUZZ
 @given(path=st.sampled_from(ENDPOINTS), field=st.sampled_from(FIELDS), number=huge_numbers)
-def test_huge_numbers_in_any_field_are_never_a_5xx(live_server: LiveServer, path: str,
-                                                   field: str, number: bytes) -> None:
+def test_huge_numbers_in_any_field_are_never_a_5xx(
+    live_server: LiveServer, path: str, field: str, number: bytes
+) -> None:
     body = json.dumps({k: v for k, v in VALID[path].items() if k != field})[:-1].encode()
     body += b', "' + field.encode() + b'": ' + number + b"}"
     with server_log() as log, httpx.Client(base_url=live_server.http_url, timeout=60) as http:
@@ -193,13 +252,14 @@ def test_huge_numbers_in_any_field_are_never_a_5xx(live_server: LiveServer, path
 
 
 @FUZZ
-@given(path=st.sampled_from(ENDPOINTS), field=st.sampled_from(FIELDS + ("messages[0]",
-                                                                         "messages[0].role",
-                                                                         "messages[0].content")),
-       value=json_values)
-def test_any_field_of_any_json_type_is_answered_without_a_5xx(live_server: LiveServer,
-                                                              path: str, field: str,
-                                                              value: Any) -> None:
+@given(
+    path=st.sampled_from(ENDPOINTS),
+    field=st.sampled_from(FIELDS + ("messages[0]", "messages[0].role", "messages[0].content")),
+    value=json_values,
+)
+def test_any_field_of_any_json_type_is_answered_without_a_5xx(
+    live_server: LiveServer, path: str, field: str, value: Any
+) -> None:
     body: dict[str, Any] = json.loads(json.dumps(VALID[path]))
     if field.startswith("messages[0]"):
         body["messages"] = [{"role": "user", "content": "Hi"}]
@@ -219,19 +279,36 @@ def test_any_field_of_any_json_type_is_answered_without_a_5xx(live_server: LiveS
     assert_no_server_fault(log)
 
 
-SEGMENTS = ("chat", "completions", "models", "streams", "events", "cancel", "realtime",
-            "x", "", ".", "..", "%00", "%2F", "é", "v1", "0" * 300)
+SEGMENTS = (
+    "chat",
+    "completions",
+    "models",
+    "streams",
+    "events",
+    "cancel",
+    "realtime",
+    "x",
+    "",
+    ".",
+    "..",
+    "%00",
+    "%2F",
+    "é",
+    "v1",
+    "0" * 300,
+)
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "PURGE")
 
 
 @FUZZ
-@given(method=st.sampled_from(METHODS), segments=st.lists(st.sampled_from(SEGMENTS),
-                                                           max_size=4),
-       body=st.binary(max_size=64))
-def test_any_method_on_any_v1_path_is_answered_in_openai_shape(live_server: LiveServer,
-                                                               method: str,
-                                                               segments: list[str],
-                                                               body: bytes) -> None:
+@given(
+    method=st.sampled_from(METHODS),
+    segments=st.lists(st.sampled_from(SEGMENTS), max_size=4),
+    body=st.binary(max_size=64),
+)
+def test_any_method_on_any_v1_path_is_answered_in_openai_shape(
+    live_server: LiveServer, method: str, segments: list[str], body: bytes
+) -> None:
     path = "/v1/" + "/".join(segments)
     with server_log() as log, httpx.Client(base_url=live_server.http_url, timeout=60) as http:
         response = http.request(method, path, content=body)

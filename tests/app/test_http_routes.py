@@ -22,8 +22,9 @@ PROMPT = "The capital of France is"
 
 @pytest.fixture
 async def client(live_server: LiveServer) -> AsyncIterator[openai.AsyncOpenAI]:
-    async with openai.AsyncOpenAI(base_url=live_server.http_url + "/v1", api_key="sk-any",
-                                  max_retries=0) as client:
+    async with openai.AsyncOpenAI(
+        base_url=live_server.http_url + "/v1", api_key="sk-any", max_retries=0
+    ) as client:
         yield client
 
 
@@ -35,25 +36,32 @@ async def http(live_server: LiveServer) -> AsyncIterator[httpx.AsyncClient]:
 
 # ---- unknown routes and methods ---------------------------------------------------
 
-@pytest.mark.parametrize(("method", "path", "allow"), [
-    ("GET", "/v1/chat/completions", "POST"),
-    ("PUT", "/v1/completions", "POST"),
-    ("POST", "/v1/models", "GET, HEAD"),
-    ("DELETE", "/v1/models", "GET, HEAD"),
-    ("OPTIONS", "/v1/chat/completions", "POST"),
-    ("GET", "/v1/streams/abc/cancel", "POST"),
-    ("POST", "/v1/streams/abc/events", "GET, HEAD"),
-])
-async def test_a_wrong_method_is_a_json_405_with_allow(http: httpx.AsyncClient, method: str,
-                                                       path: str, allow: str) -> None:
+
+@pytest.mark.parametrize(
+    ("method", "path", "allow"),
+    [
+        ("GET", "/v1/chat/completions", "POST"),
+        ("PUT", "/v1/completions", "POST"),
+        ("POST", "/v1/models", "GET, HEAD"),
+        ("DELETE", "/v1/models", "GET, HEAD"),
+        ("OPTIONS", "/v1/chat/completions", "POST"),
+        ("GET", "/v1/streams/abc/cancel", "POST"),
+        ("POST", "/v1/streams/abc/events", "GET, HEAD"),
+    ],
+)
+async def test_a_wrong_method_is_a_json_405_with_allow(
+    http: httpx.AsyncClient, method: str, path: str, allow: str
+) -> None:
     response = await http.request(method, path)
     assert response.status_code == 405
     assert response.headers["allow"] == allow
     assert assert_openai_error(response)["code"] == "method_not_allowed"
 
 
-@pytest.mark.parametrize("path", ["/v1", "/v1/", "/v1/nope", "/v1/chat", "/v1/models/",
-                                  "/v1/chat/completions/extra", "/v1/embeddings"])
+@pytest.mark.parametrize(
+    "path",
+    ["/v1", "/v1/", "/v1/nope", "/v1/chat", "/v1/models/", "/v1/chat/completions/extra", "/v1/embeddings"],
+)
 async def test_an_unknown_v1_path_is_a_json_404(http: httpx.AsyncClient, path: str) -> None:
     for method in ("GET", "POST"):
         response = await http.request(method, path, json={})
@@ -62,14 +70,14 @@ async def test_an_unknown_v1_path_is_a_json_404(http: httpx.AsyncClient, path: s
 
 
 async def test_the_official_client_sees_not_found_for_an_unknown_model_route(
-        client: openai.AsyncOpenAI) -> None:
+    client: openai.AsyncOpenAI,
+) -> None:
     with pytest.raises(openai.NotFoundError) as caught:
         await client.models.retrieve("no-such-model")
     assert caught.value.code == "not_found"
 
 
-async def test_the_websocket_endpoint_over_plain_http_says_upgrade(
-        http: httpx.AsyncClient) -> None:
+async def test_the_websocket_endpoint_over_plain_http_says_upgrade(http: httpx.AsyncClient) -> None:
     response = await http.get("/v1/realtime")
     assert response.status_code == 426 and response.headers["upgrade"] == "websocket"
     assert assert_openai_error(response)["code"] == "upgrade_required"
@@ -83,10 +91,11 @@ async def test_the_static_page_is_still_served(http: httpx.AsyncClient) -> None:
 
 # ---- POST /v1/completions ----------------------------------------------------------
 
+
 async def test_legacy_completion_streamed_equals_non_streamed(
-        client: openai.AsyncOpenAI, live_server: LiveServer) -> None:
-    whole = await client.completions.create(model="bargein", prompt=PROMPT, max_tokens=8,
-                                            temperature=0)
+    client: openai.AsyncOpenAI, live_server: LiveServer
+) -> None:
+    whole = await client.completions.create(model="bargein", prompt=PROMPT, max_tokens=8, temperature=0)
     assert whole.object == "text_completion" and whole.id.startswith("cmpl-")
     assert len(whole.choices) == 1 and whole.choices[0].finish_reason == "length"
     # The prompt went to the engine as is, without the chat template.
@@ -97,9 +106,14 @@ async def test_legacy_completion_streamed_equals_non_streamed(
     text = whole.choices[0].text
     assert text.strip()
 
-    stream = await client.completions.create(model="bargein", prompt=[PROMPT], max_tokens=8,
-                                             temperature=0, stream=True,
-                                             stream_options={"include_usage": True})
+    stream = await client.completions.create(
+        model="bargein",
+        prompt=[PROMPT],
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = [c async for c in stream]
     assert all(c.object == "text_completion" and c.id == chunks[0].id for c in chunks)
     assert "".join(c.choices[0].text for c in chunks if c.choices) == text
@@ -109,15 +123,15 @@ async def test_legacy_completion_streamed_equals_non_streamed(
 
 async def test_legacy_completion_honours_stop(client: openai.AsyncOpenAI) -> None:
     prompt = "1, 2, 3, 4, 5, 6,"
-    full = await client.completions.create(model="bargein", prompt=prompt, max_tokens=12,
-                                           temperature=0)
+    full = await client.completions.create(model="bargein", prompt=prompt, max_tokens=12, temperature=0)
     text = full.choices[0].text
     stop = text.strip()[:1]
     assert stop, text
-    cut = await client.completions.create(model="bargein", prompt=prompt, max_tokens=12,
-                                          temperature=0, stop=[stop])
+    cut = await client.completions.create(
+        model="bargein", prompt=prompt, max_tokens=12, temperature=0, stop=[stop]
+    )
     assert cut.choices[0].finish_reason == "stop"
-    assert cut.choices[0].text == text[:text.index(stop)]
+    assert cut.choices[0].text == text[: text.index(stop)]
 
 
 async def test_a_legacy_stream_resumes_in_its_own_shape(http: httpx.AsyncClient) -> None:
@@ -133,20 +147,24 @@ async def test_a_legacy_stream_resumes_in_its_own_shape(http: httpx.AsyncClient)
     assert all(json.loads(d)["object"] == "text_completion" for d in datas[:-1])
 
 
-@pytest.mark.parametrize(("fields", "param"), [
-    ({"echo": True}, "echo"),
-    ({"logprobs": 1}, "logprobs"),
-    ({"n": 2}, "n"),
-    ({"best_of": 3}, "best_of"),
-    ({"suffix": "!"}, "suffix"),
-    ({"prompt": ["one", "two"]}, "prompt"),
-    ({"prompt": [1, 2, 3]}, "prompt"),
-    ({"prompt": ""}, "prompt"),
-    ({"max_tokens": 0}, "max_tokens"),
-    ({"prompt": "word " * 600}, "prompt"),
-])
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"echo": True}, "echo"),
+        ({"logprobs": 1}, "logprobs"),
+        ({"n": 2}, "n"),
+        ({"best_of": 3}, "best_of"),
+        ({"suffix": "!"}, "suffix"),
+        ({"prompt": ["one", "two"]}, "prompt"),
+        ({"prompt": [1, 2, 3]}, "prompt"),
+        ({"prompt": ""}, "prompt"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"prompt": "word " * 600}, "prompt"),
+    ],
+)
 async def test_legacy_requests_bargein_does_not_do_are_clear_400s(
-        client: openai.AsyncOpenAI, fields: dict[str, object], param: str) -> None:
+    client: openai.AsyncOpenAI, fields: dict[str, object], param: str
+) -> None:
     request = {"model": "bargein", "prompt": PROMPT, "max_tokens": 4, **fields}
     with pytest.raises(openai.BadRequestError) as caught:
         await client.completions.create(**request)  # type: ignore[call-overload]

@@ -43,9 +43,24 @@ from tests.app.rawws import masked_text, raw_upgrade
 
 pytestmark = pytest.mark.slow
 
-KEYS = ("k-alice", "k-bob", "k-sub", "k-origin", "k-rate", "k-http", "k-cap", "k-busy",
-        "k-gone", "k-logs", "k-slow", "k-late", "k-late-http", "k-late-busy",
-        "k-chat", "k-stall")
+KEYS = (
+    "k-alice",
+    "k-bob",
+    "k-sub",
+    "k-origin",
+    "k-rate",
+    "k-http",
+    "k-cap",
+    "k-busy",
+    "k-gone",
+    "k-logs",
+    "k-slow",
+    "k-late",
+    "k-late-http",
+    "k-late-busy",
+    "k-chat",
+    "k-stall",
+)
 SLOW_CLIENT_S = 0.5
 GOOD_ORIGIN = "http://chat.example"
 PING_INTERVAL_S = 4.0
@@ -55,16 +70,26 @@ GREEDY = {"temperature": 0.0}
 
 @pytest.fixture(scope="module")
 def guarded() -> Iterator[EmbeddedServer]:
-    server = EmbeddedServer(Settings(
-        engine=EngineConfig(scheduler=SchedulerConfig(max_model_len=512)),
-        session=SessionConfig(max_tokens=64, default_max_tokens=16),
-        server=ServerConfig(port=0, debug_endpoints=True, log_level="warning",
-                            api_keys=",".join(KEYS), allowed_origins=(GOOD_ORIGIN,),
-                            ws_ping_interval_s=PING_INTERVAL_S,
-                            ws_ping_timeout_s=PING_TIMEOUT_S,
-                            slow_client_timeout_s=SLOW_CLIENT_S),
-        admission=AdmissionConfig(max_waiting=64, rate_limit_requests=1.0, burst_s=2.0,
-                                  max_active_per_principal=2)), sndbuf=8192)
+    server = EmbeddedServer(
+        Settings(
+            engine=EngineConfig(scheduler=SchedulerConfig(max_model_len=512)),
+            session=SessionConfig(max_tokens=64, default_max_tokens=16),
+            server=ServerConfig(
+                port=0,
+                debug_endpoints=True,
+                log_level="warning",
+                api_keys=",".join(KEYS),
+                allowed_origins=(GOOD_ORIGIN,),
+                ws_ping_interval_s=PING_INTERVAL_S,
+                ws_ping_timeout_s=PING_TIMEOUT_S,
+                slow_client_timeout_s=SLOW_CLIENT_S,
+            ),
+            admission=AdmissionConfig(
+                max_waiting=64, rate_limit_requests=1.0, burst_s=2.0, max_active_per_principal=2
+            ),
+        ),
+        sndbuf=8192,
+    )
     server.start()
     try:
         yield server
@@ -77,6 +102,7 @@ def bearer(key: str) -> dict[str, str]:
 
 
 # ---- API keys ------------------------------------------------------------------
+
 
 def _series(server: EmbeddedServer, series: str) -> float:
     """The value of one series (name and labels as exposed) in /metrics; 0 if absent."""
@@ -92,10 +118,8 @@ def _refusals(server: EmbeddedServer, reason: str) -> float:
     return _series(server, f'bargein_auth_refusals_total{{reason="{reason}"}}')
 
 
-async def test_missing_or_wrong_key_is_refused_with_401_before_the_upgrade(
-        guarded: EmbeddedServer) -> None:
-    missing, invalid = _refusals(guarded, "missing_api_key"), _refusals(guarded,
-                                                                         "invalid_api_key")
+async def test_missing_or_wrong_key_is_refused_with_401_before_the_upgrade(guarded: EmbeddedServer) -> None:
+    missing, invalid = _refusals(guarded, "missing_api_key"), _refusals(guarded, "invalid_api_key")
     for headers in ({}, bearer("not-a-key")):
         with pytest.raises(InvalidStatus) as refused:
             await connect(guarded.ws_url, additional_headers=headers)
@@ -115,22 +139,25 @@ async def test_missing_or_wrong_key_is_refused_with_401_before_the_upgrade(
 def test_chat_command_takes_a_key_and_says_when_it_is_missing(guarded: EmbeddedServer) -> None:
     chat = [sys.executable, "-m", "bargein", "chat", "--url", guarded.ws_url, "--max-tokens", "2"]
     env = {k: v for k, v in os.environ.items() if k != "BARGEIN_API_KEY"}
-    refused = subprocess.run(chat, input="Hi\n\n", capture_output=True, text=True,
-                             timeout=60, env=env)
+    refused = subprocess.run(chat, input="Hi\n\n", capture_output=True, text=True, timeout=60, env=env)
     assert refused.returncode == 1 and "Traceback" not in refused.stderr
     assert "HTTP 401" in refused.stderr and "--api-key" in refused.stderr
-    keyed = subprocess.run(chat, input="Hi\n\n", capture_output=True, text=True,
-                           timeout=60, env=env | {"BARGEIN_API_KEY": "k-chat"})
+    keyed = subprocess.run(
+        chat,
+        input="Hi\n\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env | {"BARGEIN_API_KEY": "k-chat"},
+    )
     assert keyed.returncode == 0, keyed.stderr
     assert keyed.stderr.startswith("connected to")
 
 
-async def test_good_key_in_header_or_subprotocol_opens_a_session(
-        guarded: EmbeddedServer) -> None:
+async def test_good_key_in_header_or_subprotocol_opens_a_session(guarded: EmbeddedServer) -> None:
     async with RealtimeClient(guarded.ws_url, headers=bearer("k-sub")) as client:
         assert client.session["type"] == "session.created"
-    async with connect(guarded.ws_url,
-                       subprotocols=["bargein.v1.json", "bearer.k-sub"]) as ws:  # type: ignore[list-item]
+    async with connect(guarded.ws_url, subprotocols=["bargein.v1.json", "bearer.k-sub"]) as ws:  # type: ignore[list-item]
         assert ws.subprotocol == "bargein.v1.json"
         echoed = ws.response.headers.get_all("Sec-WebSocket-Protocol")
         assert echoed == ["bargein.v1.json"]  # the key is never echoed
@@ -140,29 +167,44 @@ async def test_good_key_in_header_or_subprotocol_opens_a_session(
     assert refused.value.response.status_code == 401
 
 
-async def test_keys_never_reach_the_logs(guarded: EmbeddedServer,
-                                         caplog: pytest.LogCaptureFixture) -> None:
+async def test_keys_never_reach_the_logs(guarded: EmbeddedServer, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
     async with RealtimeClient(guarded.ws_url, headers=bearer("k-logs")) as client:
         await client.chat("Hi", max_tokens=2, **GREEDY)
     with pytest.raises(InvalidStatus):
         await connect(guarded.ws_url, subprotocols=["bearer.k-wrong-secret"])  # type: ignore[list-item]
-    lines = [r.getMessage() + str(r.__dict__) for r in caplog.records  # the server's lines
-             if r.name.startswith(("bargein", "uvicorn"))]
+    lines = [
+        r.getMessage() + str(r.__dict__)
+        for r in caplog.records  # the server's lines
+        if r.name.startswith(("bargein", "uvicorn"))
+    ]
     assert any("request refused" in line for line in lines)
     assert not any("k-logs" in line or "k-wrong-secret" in line for line in lines)
 
 
 # ---- ownership -----------------------------------------------------------------
 
+
 async def test_another_key_cannot_resume_or_cancel_a_stream(guarded: EmbeddedServer) -> None:
     async with RealtimeClient(guarded.ws_url, headers=bearer("k-alice")) as alice:
-        await alice.send({"type": "response.create", "response_id": "mine", "max_tokens": 48,
-                          "input": [{"role": "user", "content": "Count to twenty."}]})
+        await alice.send(
+            {
+                "type": "response.create",
+                "response_id": "mine",
+                "max_tokens": 48,
+                "input": [{"role": "user", "content": "Count to twenty."}],
+            }
+        )
         created = await alice._expect("response.created")
         async with RealtimeClient(guarded.ws_url, headers=bearer("k-bob")) as bob:
-            await bob.send({"type": "stream.resume", "stream_id": created["stream_id"],
-                            "resume_token": created["resume_token"], "from": 0})
+            await bob.send(
+                {
+                    "type": "stream.resume",
+                    "stream_id": created["stream_id"],
+                    "resume_token": created["resume_token"],
+                    "from": 0,
+                }
+            )
             with pytest.raises(ServerError) as resumed:
                 await bob._expect("stream.resumed")
             assert resumed.value.code == "forbidden"
@@ -176,36 +218,50 @@ async def test_another_key_cannot_resume_or_cancel_a_stream(guarded: EmbeddedSer
             assert (await http.post(stream + "/cancel")).status_code == 404
         # The owner still can, from another connection.
         async with RealtimeClient(guarded.ws_url, headers=bearer("k-alice")) as again:
-            await again.send({"type": "stream.resume", "stream_id": created["stream_id"],
-                              "resume_token": created["resume_token"], "from": 0})
+            await again.send(
+                {
+                    "type": "stream.resume",
+                    "stream_id": created["stream_id"],
+                    "resume_token": created["resume_token"],
+                    "from": 0,
+                }
+            )
             assert (await again._expect("stream.resumed"))["stream_id"] == created["stream_id"]
             assert (await again._expect("response.done"))["finish_reason"] in ("stop", "length")
 
 
 # ---- origin --------------------------------------------------------------------
 
+
 async def test_origin_outside_the_allow_list_gets_403(guarded: EmbeddedServer) -> None:
     before = _refusals(guarded, "origin_not_allowed")
     with pytest.raises(InvalidStatus) as refused:
-        await connect(guarded.ws_url, origin="http://evil.example",  # type: ignore[arg-type]
-                      additional_headers=bearer("k-origin"))
+        await connect(
+            guarded.ws_url,
+            origin="http://evil.example",  # type: ignore[arg-type]
+            additional_headers=bearer("k-origin"),
+        )
     assert refused.value.response.status_code == 403
     assert _refusals(guarded, "origin_not_allowed") == before + 1
-    async with connect(guarded.ws_url, origin=GOOD_ORIGIN,  # type: ignore[arg-type]
-                       additional_headers=bearer("k-origin")) as ws:
+    async with connect(
+        guarded.ws_url,
+        origin=GOOD_ORIGIN,  # type: ignore[arg-type]
+        additional_headers=bearer("k-origin"),
+    ) as ws:
         assert '"session.created"' in str(await ws.recv())
 
 
 # ---- rate limits and admission ---------------------------------------------------
 
-async def test_request_rate_limit_answers_rate_limited_with_retry_after(
-        guarded: EmbeddedServer) -> None:
+
+async def test_request_rate_limit_answers_rate_limited_with_retry_after(guarded: EmbeddedServer) -> None:
     clients = [RealtimeClient(guarded.ws_url, headers=bearer("k-rate")) for _ in range(3)]
     for client in clients:
         await client.connect()
     try:  # three at once on a bucket of two: one is refused
-        answers = await asyncio.gather(*(c.chat("Hi", max_tokens=1, **GREEDY) for c in clients),
-                                       return_exceptions=True)
+        answers = await asyncio.gather(
+            *(c.chat("Hi", max_tokens=1, **GREEDY) for c in clients), return_exceptions=True
+        )
     finally:
         for client in clients:
             await client.close()
@@ -217,12 +273,9 @@ async def test_request_rate_limit_answers_rate_limited_with_retry_after(
 
 
 async def test_http_rate_limit_is_a_429_with_retry_after(guarded: EmbeddedServer) -> None:
-    body = {"model": "m", "max_tokens": 1, "temperature": 0,
-            "messages": [{"role": "user", "content": "Hi"}]}
-    async with httpx.AsyncClient(base_url=guarded.http_url, headers=bearer("k-http"),
-                                 timeout=120) as http:
-        answers = await asyncio.gather(*(http.post("/v1/chat/completions", json=body)
-                                         for _ in range(4)))
+    body = {"model": "m", "max_tokens": 1, "temperature": 0, "messages": [{"role": "user", "content": "Hi"}]}
+    async with httpx.AsyncClient(base_url=guarded.http_url, headers=bearer("k-http"), timeout=120) as http:
+        answers = await asyncio.gather(*(http.post("/v1/chat/completions", json=body) for _ in range(4)))
     limited = [a for a in answers if a.status_code == 429]
     assert limited, [a.status_code for a in answers]
     assert limited[0].json()["error"]["code"] == "rate_limited"
@@ -256,8 +309,14 @@ async def test_cap_on_responses_generating_per_key(guarded: EmbeddedServer) -> N
     service.runner.add_step_listener(hold)
     try:
         for client in clients[:2]:  # two answers generating
-            await client.send({"type": "response.create", "max_tokens": 64, **GREEDY,
-                               "input": [{"role": "user", "content": "Tell me a long story."}]})
+            await client.send(
+                {
+                    "type": "response.create",
+                    "max_tokens": 64,
+                    **GREEDY,
+                    "input": [{"role": "user", "content": "Tell me a long story."}],
+                }
+            )
             await client._expect("response.created")
         # The engine stepped (the first answer is generating) and is held there.
         assert await asyncio.to_thread(held.wait, 60)  # a hang guard, not a bound
@@ -277,7 +336,8 @@ async def test_cap_on_responses_generating_per_key(guarded: EmbeddedServer) -> N
 
 
 async def test_full_queue_answers_overloaded_and_1013_at_connect(
-        guarded: EmbeddedServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    guarded: EmbeddedServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Real requests fill the queue, and it empties again when they run.
 
     A server of its own with a queue of two, on this module's engine runner
@@ -286,11 +346,14 @@ async def test_full_queue_answers_overloaded_and_1013_at_connect(
     stay queued (admitted, no first token) by construction, not by the
     machine being slow: the queue is full until the test lets the engine go.
     """
-    queued = EmbeddedServer(Settings(
-        session=SessionConfig(max_tokens=64, default_max_tokens=16),
-        server=ServerConfig(port=0, debug_endpoints=True, log_level="warning",
-                            api_keys=",".join(KEYS)),
-        admission=AdmissionConfig(max_waiting=2)), runner=guarded.state.runner)
+    queued = EmbeddedServer(
+        Settings(
+            session=SessionConfig(max_tokens=64, default_max_tokens=16),
+            server=ServerConfig(port=0, debug_endpoints=True, log_level="warning", api_keys=",".join(KEYS)),
+            admission=AdmissionConfig(max_waiting=2),
+        ),
+        runner=guarded.state.runner,
+    )
     await asyncio.to_thread(queued.start)
     service = queued.state.service
     assert service is not None
@@ -312,19 +375,33 @@ async def test_full_queue_answers_overloaded_and_1013_at_connect(
         for client in clients:
             await client.connect()
         stats = guarded.stats
-        await until(lambda: stats().num_running == stats().num_waiting == 0,
-                    "the engine is busy with another test's answers")
+        await until(
+            lambda: stats().num_running == stats().num_waiting == 0,
+            "the engine is busy with another test's answers",
+        )
         rejected_before = _overloaded_count(queued)
         service.runner.add_step_listener(hold)
         try:
-            await clients[0].send({"type": "response.create", "max_tokens": 4, **GREEDY,
-                                   "input": [{"role": "user", "content": "Hi"}]})
+            await clients[0].send(
+                {
+                    "type": "response.create",
+                    "max_tokens": 4,
+                    **GREEDY,
+                    "input": [{"role": "user", "content": "Hi"}],
+                }
+            )
             await clients[0]._expect("response.created")
             assert await asyncio.to_thread(held.wait, 60)  # its first token: engine held
             await until(lambda: admission.num_waiting == 0, "the first answer never started")
             for client in clients[1:3]:  # two more fill the queue: never scheduled while held
-                await client.send({"type": "response.create", "max_tokens": 4, **GREEDY,
-                                   "input": [{"role": "user", "content": "Hello"}]})
+                await client.send(
+                    {
+                        "type": "response.create",
+                        "max_tokens": 4,
+                        **GREEDY,
+                        "input": [{"role": "user", "content": "Hello"}],
+                    }
+                )
                 await client._expect("response.created")
             assert admission.num_waiting == admission.config.max_waiting == 2
             # "Refused before any work" is seen as work not done (no prompt
@@ -342,10 +419,11 @@ async def test_full_queue_answers_overloaded_and_1013_at_connect(
             ws = await connect(queued.ws_url, additional_headers=bearer("k-busy"))
             with pytest.raises(ConnectionClosed) as closed:
                 await ws.recv()
-            async with httpx.AsyncClient(base_url=queued.http_url,
-                                         headers=bearer("k-busy")) as http:
-                answer = await http.post("/v1/chat/completions", json={
-                    "model": "m", "messages": [{"role": "user", "content": "Hi"}]})
+            async with httpx.AsyncClient(base_url=queued.http_url, headers=bearer("k-busy")) as http:
+                answer = await http.post(
+                    "/v1/chat/completions",
+                    json={"model": "m", "messages": [{"role": "user", "content": "Hi"}]},
+                )
             assert rendered == [] and list(service.recent_requests) == submitted_before
         finally:
             release.set()
@@ -368,7 +446,8 @@ async def test_full_queue_answers_overloaded_and_1013_at_connect(
 
 
 async def test_request_still_queued_at_its_deadline_is_dropped_with_overloaded(
-        guarded: EmbeddedServer) -> None:
+    guarded: EmbeddedServer,
+) -> None:
     """The up-front estimate is a mean; the deadline holds for each request."""
     service = guarded.state.service  # type: ignore[union-attr]
     admission = service.admission
@@ -383,8 +462,9 @@ async def test_request_still_queued_at_its_deadline_is_dropped_with_overloaded(
     generating = asyncio.Event()
 
     async def long_answer() -> None:
-        async for _ in busy.respond("Write a long, detailed story about a river and a stone.",
-                                    max_tokens=64, **GREEDY):
+        async for _ in busy.respond(
+            "Write a long, detailed story about a river and a stone.", max_tokens=64, **GREEDY
+        ):
             generating.set()
 
     background = asyncio.create_task(long_answer())
@@ -396,14 +476,23 @@ async def test_request_still_queued_at_its_deadline_is_dropped_with_overloaded(
                 await client.chat("Name a plum variety.", max_tokens=4)
             assert client.current is not None
             stream_id, token = client.current.stream_id, client.current.resume_token
-            async with httpx.AsyncClient(base_url=guarded.http_url,  # a burst of 2 per key
-                                         headers=bearer("k-late-http")) as http:
-                answer = await http.post("/v1/chat/completions", json={
-                    "model": "m", "messages": [{"role": "user", "content": "Hi"}],
-                    "max_tokens": 4})
-                streamed = await http.post("/v1/chat/completions", json={
-                    "model": "m", "messages": [{"role": "user", "content": "Hi"}],
-                    "max_tokens": 4, "stream": True})
+            async with httpx.AsyncClient(
+                base_url=guarded.http_url,  # a burst of 2 per key
+                headers=bearer("k-late-http"),
+            ) as http:
+                answer = await http.post(
+                    "/v1/chat/completions",
+                    json={"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
+                )
+                streamed = await http.post(
+                    "/v1/chat/completions",
+                    json={
+                        "model": "m",
+                        "messages": [{"role": "user", "content": "Hi"}],
+                        "max_tokens": 4,
+                        "stream": True,
+                    },
+                )
             admission.config = saved
             # nothing of the dropped request stayed in the conversation: the
             # retry's prompt holds the question once
@@ -411,8 +500,9 @@ async def test_request_still_queued_at_its_deadline_is_dropped_with_overloaded(
         # A later reader of the dropped stream (a resume, here or on any other
         # node) hears why from the log, not from this node's memory.
         async with RealtimeClient(guarded.ws_url, headers=bearer("k-late")) as again:
-            await again.send({"type": "stream.resume", "stream_id": stream_id,
-                              "resume_token": token, "from": 0})
+            await again.send(
+                {"type": "stream.resume", "stream_id": stream_id, "resume_token": token, "from": 0}
+            )
             assert (await again._expect("stream.resumed"))["stream_id"] == stream_id
             with pytest.raises(ServerError) as resumed:
                 await again._expect("response.done")
@@ -438,13 +528,15 @@ async def test_request_still_queued_at_its_deadline_is_dropped_with_overloaded(
 
 def _overloaded_count(server: EmbeddedServer) -> float:
     text = httpx.get(server.http_url + "/metrics", headers=bearer("k-alice")).text
-    match = re.search(r'^bargein_admission_rejections_total\{reason="overloaded"\} (\S+)$',
-                      text, re.MULTILINE)
+    match = re.search(
+        r'^bargein_admission_rejections_total\{reason="overloaded"\} (\S+)$', text, re.MULTILINE
+    )
     assert match is not None
     return float(match.group(1))
 
 
 # ---- liveness --------------------------------------------------------------------
+
 
 def _connected(server: EmbeddedServer) -> float:
     text = httpx.get(server.http_url + "/metrics", headers=bearer("k-alice")).text
@@ -454,7 +546,8 @@ def _connected(server: EmbeddedServer) -> float:
 
 
 async def test_silently_vanished_client_is_closed_by_its_first_unanswered_ping(
-        guarded: EmbeddedServer) -> None:
+    guarded: EmbeddedServer,
+) -> None:
     """A client that went silent (no pongs, no close frame) is dropped by the
     keepalive, and the session's disconnect policy ends its response.
 
@@ -488,8 +581,10 @@ async def test_silently_vanished_client_is_closed_by_its_first_unanswered_ping(
     sock = raw_upgrade(guarded.port, key="k-gone")
     try:
         update = b'{"type":"session.update","session":{"on_disconnect":"cancel"}}'
-        create = (b'{"type":"response.create","max_tokens":64,'
-                  b'"input":[{"role":"user","content":"Write a long poem."}]}')
+        create = (
+            b'{"type":"response.create","max_tokens":64,'
+            b'"input":[{"role":"user","content":"Write a long poem."}]}'
+        )
         sock.sendall(masked_text(update) + masked_text(create))
         sock.settimeout(60)  # a hang guard ("never closed"), not a bound on when
         frames = _frames_until_close(sock)
@@ -536,12 +631,12 @@ async def _wait_cancelled(server: EmbeddedServer, before: int) -> Any:
 
 # ---- slow clients ------------------------------------------------------------------
 
+
 def _flood_of_updates(sock: socket.socket) -> None:
     """Send ``session.update`` frames until the server stops reading them: each
     is answered with the 4 KB of instructions it set, the client reads none of
     it, so the server's read loop ends up blocked writing an answer."""
-    update = json.dumps({"type": "session.update",
-                         "session": {"instructions": "x" * 4000}}).encode()
+    update = json.dumps({"type": "session.update", "session": {"instructions": "x" * 4000}}).encode()
     flood = masked_text(update) * 100
     sock.setblocking(False)
     sent = 0
@@ -558,19 +653,25 @@ def _long_answer_then_one_big_update(sock: socket.socket) -> None:
     instructions echoed) fills the server's buffers: the read loop gets its
     frame on the wire and goes back to waiting for the client, while the
     answer's next delta waits for a client that reads nothing."""
-    create = json.dumps({"type": "response.create", "max_tokens": 64, "input": [
-        {"role": "user", "content": "Write a long poem about the sea."}]}).encode()
-    update = json.dumps({"type": "session.update",
-                         "session": {"instructions": "x" * (256 * 1024)}}).encode()
+    create = json.dumps(
+        {
+            "type": "response.create",
+            "max_tokens": 64,
+            "input": [{"role": "user", "content": "Write a long poem about the sea."}],
+        }
+    ).encode()
+    update = json.dumps({"type": "session.update", "session": {"instructions": "x" * (256 * 1024)}}).encode()
     sock.sendall(masked_text(create) + masked_text(update))
 
 
-@pytest.mark.parametrize(("key", "stop_reading"), [
-    ("k-slow", _flood_of_updates),
-    ("k-stall", _long_answer_then_one_big_update)], ids=["read_loop_blocked", "read_loop_idle"])
+@pytest.mark.parametrize(
+    ("key", "stop_reading"),
+    [("k-slow", _flood_of_updates), ("k-stall", _long_answer_then_one_big_update)],
+    ids=["read_loop_blocked", "read_loop_idle"],
+)
 async def test_client_that_stops_reading_is_closed_with_4008(
-        guarded: EmbeddedServer, monkeypatch: pytest.MonkeyPatch, key: str,
-        stop_reading: Any) -> None:
+    guarded: EmbeddedServer, monkeypatch: pytest.MonkeyPatch, key: str, stop_reading: Any
+) -> None:
     """A client over its outgoing bound for ``slow_client_timeout_s`` is closed
     with 4008 (it may reconnect and ``stream.resume``), counted as a
     disconnect, without a traceback: whether the read loop was itself stuck
@@ -579,8 +680,9 @@ async def test_client_that_stops_reading_is_closed_with_4008(
     # for this test to read (a hang guard; the server's default is 5 s).
     monkeypatch.setattr(outgoing, "CLOSE_TIMEOUT_S", 60.0)
     baseline = _connected(guarded)
-    disconnects = sum(_series(guarded, f'bargein_disconnects_total{{active_response="{a}"}}')
-                      for a in ("true", "false"))
+    disconnects = sum(
+        _series(guarded, f'bargein_disconnects_total{{active_response="{a}"}}') for a in ("true", "false")
+    )
     with server_log("bargein") as log:
         sock = raw_upgrade(guarded.port, key=key, rcvbuf=4096)
         try:
@@ -594,8 +696,12 @@ async def test_client_that_stops_reading_is_closed_with_4008(
         finally:
             sock.close()
     assert code == 4008
-    assert sum(_series(guarded, f'bargein_disconnects_total{{active_response="{a}"}}')
-               for a in ("true", "false")) == disconnects + 1
+    assert (
+        sum(
+            _series(guarded, f'bargein_disconnects_total{{active_response="{a}"}}') for a in ("true", "false")
+        )
+        == disconnects + 1
+    )
     assert not log.with_traceback(), [r.getMessage() for r in log.with_traceback()]
 
 
@@ -617,8 +723,8 @@ def _frames_until_close(sock: socket.socket) -> list[tuple[int, bytes]]:
                 length = int.from_bytes(buf[2:start], "big")
             if len(buf) < start + length:
                 break
-            frames.append((opcode, buf[start:start + length]))
-            buf = buf[start + length:]
+            frames.append((opcode, buf[start : start + length]))
+            buf = buf[start + length :]
             if opcode == _CLOSE:
                 return frames
         chunk = sock.recv(65536)

@@ -61,11 +61,23 @@ def own_redis() -> Iterator[RedisServer]:
 def outage_node(live_server: LiveServer, own_redis: RedisServer) -> Iterator[EmbeddedServer]:
     """A node on ``own_redis``; no keepalive pings and no 4008 (the raw client
     answers no ping and stops reading on purpose)."""
-    with node_on_engine(live_server, Settings(
+    with node_on_engine(
+        live_server,
+        Settings(
             session=SessionConfig(max_tokens=64, default_max_tokens=32),
-            server=ServerConfig(port=0, log_level="warning", redis_url=own_redis.url,
-                                log_backend="redis", node_id="outage-a", ws_ping_interval_s=0,
-                                slow_client_timeout_s=0, debug_endpoints=True)), sndbuf=8192) as server:
+            server=ServerConfig(
+                port=0,
+                log_level="warning",
+                redis_url=own_redis.url,
+                log_backend="redis",
+                node_id="outage-a",
+                ws_ping_interval_s=0,
+                slow_client_timeout_s=0,
+                debug_endpoints=True,
+            ),
+        ),
+        sndbuf=8192,
+    ) as server:
         yield server
 
 
@@ -119,8 +131,7 @@ class Client:
     def create(self, prompt: str, **params: Any) -> Stream:
         """Send a ``response.create`` and read its answer to ``response.done``."""
         before = set(self.streams)
-        self.send(type="response.create", input=[{"role": "user", "content": prompt}],
-                  **params)
+        self.send(type="response.create", input=[{"role": "user", "content": prompt}], **params)
         others = self.read_until(lambda: bool(set(self.streams) - before))
         assert not others, others  # a refusal would be an error here
         (new,) = set(self.streams) - before
@@ -129,16 +140,24 @@ class Client:
         return stream
 
     def resume(self, stream: Stream, from_: int, event_id: str) -> None:
-        self.send(type="stream.resume", stream_id=stream.created["stream_id"],
-                  resume_token=stream.created["resume_token"], event_id=event_id,
-                  **{"from": from_})
+        self.send(
+            type="stream.resume",
+            stream_id=stream.created["stream_id"],
+            resume_token=stream.created["resume_token"],
+            event_id=event_id,
+            **{"from": from_},
+        )
 
 
 def _log_failure_answered(log: Records) -> bool:
     """The server gave up on the log for an event: it answered it (fixed) or
     failed the whole connection (the bug this test guards against)."""
-    return any(r.name == "bargein.session.connection" and "token log" in r.getMessage()
-               or r.getMessage() == "connection failed" for r in log.records)
+    return any(
+        r.name == "bargein.session.connection"
+        and "token log" in r.getMessage()
+        or r.getMessage() == "connection failed"
+        for r in log.records
+    )
 
 
 async def _wait_logged_to_end(node: EmbeddedServer, redis_url: str, num_before: int) -> None:
@@ -161,7 +180,8 @@ async def _until(condition: Callable[[], bool], what: str) -> None:
 
 
 async def test_a_log_outage_fails_the_event_and_keeps_the_connection(
-        live_server: LiveServer, outage_node: EmbeddedServer, own_redis: RedisServer) -> None:
+    live_server: LiveServer, outage_node: EmbeddedServer, own_redis: RedisServer
+) -> None:
     sock = raw_upgrade(outage_node.port, rcvbuf=4096)
     sock.settimeout(HANG_GUARD_S)
     client = Client(sock)
@@ -172,8 +192,12 @@ async def test_a_log_outage_fails_the_event_and_keeps_the_connection(
         # second stream's delivery waits to write while the client reads nothing.
         assert outage_node.state.service is not None
         num_before = len(outage_node.state.service.recent_requests)
-        client.send(type="response.create", max_tokens=48, temperature=0.0,
-                    input=[{"role": "user", "content": "Name ten rivers of Europe."}])
+        client.send(
+            type="response.create",
+            max_tokens=48,
+            temperature=0.0,
+            input=[{"role": "user", "content": "Name ten rivers of Europe."}],
+        )
         client.send(type="session.update", session={"instructions": BIG_INSTRUCTIONS})
         await _wait_logged_to_end(outage_node, own_redis.url, num_before)
         with server_log("bargein", "bargein.session.connection", level=logging.WARNING) as log:
@@ -183,15 +207,20 @@ async def test_a_log_outage_fails_the_event_and_keeps_the_connection(
                 await _until(lambda: _log_failure_answered(log), "the resume never failed")
                 # Now the client reads: the update's answer, the second stream, the error.
                 others = client.read_until(lambda: "resume-in-outage" in client.errors)
-                client.send(type="response.cancel", response_id=first.created["response_id"],
-                            event_id="cancel-in-outage")
+                client.send(
+                    type="response.cancel",
+                    response_id=first.created["response_id"],
+                    event_id="cancel-in-outage",
+                )
                 client.read_until(lambda: "cancel-in-outage" in client.errors)
             finally:
                 own_redis.resume()
         (second,) = (s for s in client.streams.values() if s is not first)
         assert [e["type"] for e in others] == ["session.updated"]
-        for event_id, response_id in (("resume-in-outage", None),
-                                      ("cancel-in-outage", first.created["response_id"])):
+        for event_id, response_id in (
+            ("resume-in-outage", None),
+            ("cancel-in-outage", first.created["response_id"]),
+        ):
             error = client.errors[event_id]
             assert (error["code"], error["retryable"]) == ("internal_error", True), error
             assert error.get("response_id") == response_id, error
@@ -201,8 +230,7 @@ async def test_a_log_outage_fails_the_event_and_keeps_the_connection(
         failed_at = client.order.index(client.errors["resume-in-outage"])
         ended = second.done if second.done is not None else second.errors[0]
         assert client.order.index(ended) > failed_at
-        assert second.done is not None or [e["code"] for e in second.errors] == [
-            "internal_error"], second
+        assert second.done is not None or [e["code"] for e in second.errors] == ["internal_error"], second
         # Redis is back: the same connection resumes, cancels and generates.
         if second.done is None:
             client.resume(second, second.end, event_id="resume-second")

@@ -23,8 +23,9 @@ from tests.app.log_capture import server_log
 
 
 def record(msg: str, *args: object, **extra: object) -> logging.LogRecord:
-    rec = logging.makeLogRecord({"name": "bargein.test", "levelno": logging.INFO,
-                                 "levelname": "INFO", "msg": msg, "args": args})
+    rec = logging.makeLogRecord(
+        {"name": "bargein.test", "levelno": logging.INFO, "levelname": "INFO", "msg": msg, "args": args}
+    )
     rec.__dict__.update(extra)
     return rec
 
@@ -32,28 +33,34 @@ def record(msg: str, *args: object, **extra: object) -> logging.LogRecord:
 def parse_logfmt(line: str) -> dict[str, str]:
     """A logfmt line back into its fields (quoted values are JSON strings)."""
     pairs = re.findall(r'(\w+)=("(?:[^"\\]|\\.)*"|\S*)', line)
-    return {key: json.loads(value) if value.startswith('"') else value
-            for key, value in pairs}
+    return {key: json.loads(value) if value.startswith('"') else value for key, value in pairs}
 
 
 def test_json_line_has_time_level_ids_and_extras() -> None:
     formatter = StructuredFormatter("json")
     with bind(request_id="resp_1", session_id="sess_1", stream_id="str_1"):
-        line = formatter.format(record("response %s", "finished", finish_reason="stop",
-                                       completion_tokens=12))
+        line = formatter.format(record("response %s", "finished", finish_reason="stop", completion_tokens=12))
     assert "\n" not in line
     fields = json.loads(line)
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", fields.pop("ts"))
-    assert fields == {"level": "info", "logger": "bargein.test", "msg": "response finished",
-                      "request_id": "resp_1", "session_id": "sess_1", "stream_id": "str_1",
-                      "finish_reason": "stop", "completion_tokens": 12}
+    assert fields == {
+        "level": "info",
+        "logger": "bargein.test",
+        "msg": "response finished",
+        "request_id": "resp_1",
+        "session_id": "sess_1",
+        "stream_id": "str_1",
+        "finish_reason": "stop",
+        "completion_tokens": 12,
+    }
 
 
 def test_logfmt_quotes_only_what_needs_quoting() -> None:
     formatter = StructuredFormatter("logfmt")
     with bind(session_id="sess_1"):
-        line = formatter.format(record('two words and "quotes"\nand a newline',
-                                       ratio=0.5, flag=True, empty=""))
+        line = formatter.format(
+            record('two words and "quotes"\nand a newline', ratio=0.5, flag=True, empty="")
+        )
     assert "\n" not in line
     assert " session_id=sess_1 " in line and " ratio=0.5 " in line and " flag=true " in line
     fields = parse_logfmt(line)
@@ -80,8 +87,12 @@ def test_ids_stay_inside_their_block_and_their_task() -> None:
 
 
 def test_conversation_text_only_with_the_debug_flag() -> None:
-    rec = record("response submitted", messages=[{"role": "user", "content": "my secret plan"}],
-                 text="the answer", prompt_tokens=7)
+    rec = record(
+        "response submitted",
+        messages=[{"role": "user", "content": "my secret plan"}],
+        text="the answer",
+        prompt_tokens=7,
+    )
     quiet = json.loads(StructuredFormatter("json").format(rec))
     assert quiet["messages"] == quiet["text"] == REDACTED and quiet["prompt_tokens"] == 7
     assert "secret plan" not in json.dumps(quiet)
@@ -92,16 +103,20 @@ def test_conversation_text_only_with_the_debug_flag() -> None:
 @pytest.mark.parametrize("fmt", ["json", "logfmt"])
 def test_keys_are_never_logged_even_with_the_debug_flag(fmt: str) -> None:
     formatter = StructuredFormatter(fmt, log_prompts=True)  # type: ignore[arg-type]
-    line = formatter.format(record("upgrade with Authorization: Bearer sk-live-123 and "
-                                   "subprotocol bearer.sk-live-456", api_key="sk-live-789",
-                                   resume_token="rt-1", authorization="Bearer sk-live-000"))
+    line = formatter.format(
+        record(
+            "upgrade with Authorization: Bearer sk-live-123 and subprotocol bearer.sk-live-456",
+            api_key="sk-live-789",
+            resume_token="rt-1",
+            authorization="Bearer sk-live-000",
+        )
+    )
     assert "sk-live" not in line and "rt-1" not in line
     assert "Bearer [redacted]" in line and "bearer.[redacted]" in line
 
 
 def test_configure_logging_sends_uvicorn_through_one_handler() -> None:
-    loggers = [logging.getLogger(name) for name in ("", "uvicorn", "uvicorn.error",
-                                                    "uvicorn.access")]
+    loggers = [logging.getLogger(name) for name in ("", "uvicorn", "uvicorn.error", "uvicorn.access")]
     saved = [(lg.handlers[:], lg.level, lg.propagate) for lg in loggers]
     out = io.StringIO()
     try:
@@ -135,8 +150,7 @@ def request_log() -> Iterator[io.StringIO]:
 
 
 @pytest.mark.slow
-async def test_a_request_logs_its_ids_and_no_text(live_server: LiveServer,
-                                                  request_log: io.StringIO) -> None:
+async def test_a_request_logs_its_ids_and_no_text(live_server: LiveServer, request_log: io.StringIO) -> None:
     question = "Please describe the zebra named Quintessa-Marigold in one sentence."
     async with RealtimeClient(live_server.ws_url) as client:
         answer = await client.chat(question, max_tokens=12, temperature=0)
@@ -149,20 +163,19 @@ async def test_a_request_logs_its_ids_and_no_text(live_server: LiveServer,
         return [json.loads(line) for line in request_log.getvalue().splitlines()]
 
     def disconnected() -> bool:  # the disconnect line comes after the client left
-        return any(f["msg"] == "client disconnected" and f.get("session_id") == session_id
-                   for f in lines())
+        return any(f["msg"] == "client disconnected" and f.get("session_id") == session_id for f in lines())
 
     def finished() -> bool:
-        return any(f["msg"] == "response finished" and f.get("stream_id") == response.stream_id
-                   for f in lines())
+        return any(
+            f["msg"] == "response finished" and f.get("stream_id") == response.stream_id for f in lines()
+        )
 
     await _until(lambda: disconnected() and finished())
     text = request_log.getvalue()
     mine = [f for f in lines() if f.get("stream_id") == response.stream_id]
     assert [f["msg"] for f in mine] == ["response submitted", "response finished"]
     for fields in mine:
-        assert (fields["request_id"], fields["session_id"]) == (response.response_id,
-                                                                session_id)
+        assert (fields["request_id"], fields["session_id"]) == (response.response_id, session_id)
     assert mine[1]["finish_reason"] == response.done["finish_reason"]
     assert mine[1]["completion_tokens"] == response.done["end"]
     assert "Quintessa" not in text
@@ -171,9 +184,16 @@ async def test_a_request_logs_its_ids_and_no_text(live_server: LiveServer,
 
 # ---- faults of one client: one quiet line, never a traceback ---------------------
 
+
 def test_a_key_in_a_query_string_is_scrubbed_from_access_lines() -> None:
-    rec = record('%s - "%s %s HTTP/%s" %d', "127.0.0.1:5", "GET",
-                 "/v1/models?x=1&api_key=sk-live-1&token=rt-2&Key=sk-live-3", "1.1", 401)
+    rec = record(
+        '%s - "%s %s HTTP/%s" %d',
+        "127.0.0.1:5",
+        "GET",
+        "/v1/models?x=1&api_key=sk-live-1&token=rt-2&Key=sk-live-3",
+        "1.1",
+        401,
+    )
     line = StructuredFormatter("logfmt").format(rec)
     assert "sk-live" not in line and "rt-2" not in line
     assert "x=1&api_key=[redacted]&token=[redacted]&Key=[redacted]" in line
@@ -181,7 +201,8 @@ def test_a_key_in_a_query_string_is_scrubbed_from_access_lines() -> None:
 
 @pytest.mark.slow
 async def test_invalid_utf8_frames_log_one_info_line_per_connection_no_traceback(
-        live_server: LiveServer, request_log: io.StringIO) -> None:
+    live_server: LiveServer, request_log: io.StringIO
+) -> None:
     num_connections = 4
     with server_log("uvicorn.error", "bargein") as log:
         for _ in range(num_connections):
@@ -204,15 +225,17 @@ async def test_invalid_utf8_frames_log_one_info_line_per_connection_no_traceback
 
 
 @pytest.mark.slow
-async def test_a_client_that_leaves_mid_body_leaves_no_traceback(
-        live_server: LiveServer) -> None:
+async def test_a_client_that_leaves_mid_body_leaves_no_traceback(live_server: LiveServer) -> None:
     with server_log("uvicorn.error", "bargein") as log:
         with socket.create_connection((live_server.host, live_server.port)) as sock:
-            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-                         b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
-                         b'{"messages"')
-        await _until(lambda: any("whole request body" in m for m in log.messages())
-                     or bool(log.with_traceback()))
+            sock.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+                b'{"messages"'
+            )
+        await _until(
+            lambda: any("whole request body" in m for m in log.messages()) or bool(log.with_traceback())
+        )
     assert not log.with_traceback() and not log.at_least(logging.WARNING), log.messages()
 
 

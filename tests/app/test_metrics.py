@@ -33,16 +33,31 @@ REPO = Path(__file__).resolve().parents[2]
 GREEDY = {"temperature": 0.0}
 FINISH_REASONS = ("stop", "length", "interrupted", "cancelled", "error")
 EXPECTED_FAMILIES = {
-    "bargein_time_to_first_token_seconds", "bargein_inter_token_latency_seconds",
-    "bargein_e2e_request_latency_seconds", "bargein_request_queue_time_seconds",
-    "bargein_engine_step_duration_seconds", "bargein_interrupt_to_free_seconds",
-    "bargein_delivery_lag_tokens", "bargein_token_log_write_seconds",
-    "bargein_sequences_running", "bargein_sequences_waiting", "bargein_kv_blocks_used",
-    "bargein_kv_blocks_total", "bargein_sessions_connected", "bargein_streams_delivering",
-    "bargein_event_loop_lag_seconds", "bargein_requests_finished", "bargein_disconnects",
-    "bargein_stream_resumes", "bargein_replayed_tokens", "bargein_admission_rejections",
-    "bargein_protocol_errors", "bargein_http_errors", "bargein_auth_refusals",
-    "bargein_preemptions", "bargein_prompt_tokens",
+    "bargein_time_to_first_token_seconds",
+    "bargein_inter_token_latency_seconds",
+    "bargein_e2e_request_latency_seconds",
+    "bargein_request_queue_time_seconds",
+    "bargein_engine_step_duration_seconds",
+    "bargein_interrupt_to_free_seconds",
+    "bargein_delivery_lag_tokens",
+    "bargein_token_log_write_seconds",
+    "bargein_sequences_running",
+    "bargein_sequences_waiting",
+    "bargein_kv_blocks_used",
+    "bargein_kv_blocks_total",
+    "bargein_sessions_connected",
+    "bargein_streams_delivering",
+    "bargein_event_loop_lag_seconds",
+    "bargein_requests_finished",
+    "bargein_disconnects",
+    "bargein_stream_resumes",
+    "bargein_replayed_tokens",
+    "bargein_admission_rejections",
+    "bargein_protocol_errors",
+    "bargein_http_errors",
+    "bargein_auth_refusals",
+    "bargein_preemptions",
+    "bargein_prompt_tokens",
     "bargein_generated_tokens",
 }
 
@@ -52,8 +67,9 @@ class Samples:
 
     def __init__(self, text: str) -> None:
         self.families = {f.name: f for f in text_string_to_metric_families(text)}
-        self._values = {(s.name, frozenset(s.labels.items())): s.value
-                        for f in self.families.values() for s in f.samples}
+        self._values = {
+            (s.name, frozenset(s.labels.items())): s.value for f in self.families.values() for s in f.samples
+        }
 
     def get(self, name: str, **labels: str) -> float:
         return self._values.get((name, frozenset(labels.items())), 0.0)
@@ -74,8 +90,7 @@ async def scrape(live: LiveServer) -> Samples:
     return Samples(response.text)
 
 
-async def scrape_when(live: LiveServer, ready: Callable[[Samples], bool],
-                      timeout_s: float = 10.0) -> Samples:
+async def scrape_when(live: LiveServer, ready: Callable[[Samples], bool], timeout_s: float = 10.0) -> Samples:
     """Scrape until ``ready`` holds (what a connection's end updates lands a
     moment after the client saw it), then once more a little later, so a
     series that moves too far is caught too."""
@@ -88,8 +103,10 @@ async def scrape_when(live: LiveServer, ready: Callable[[Samples], bool],
 
 
 def num_finished(samples: Samples, before: Samples) -> dict[str, float]:
-    return {reason: samples.moved(before, "bargein_requests_finished_total",
-                                  finish_reason=reason) for reason in FINISH_REASONS}
+    return {
+        reason: samples.moved(before, "bargein_requests_finished_total", finish_reason=reason)
+        for reason in FINISH_REASONS
+    }
 
 
 @pytest.mark.slow
@@ -109,8 +126,13 @@ async def test_ready_and_alive_say_what_is_ready(live_server: LiveServer) -> Non
         ready = await http.get("/readyz")
     assert (alive.status_code, alive.json()) == (200, {"status": "ok"})
     assert ready.status_code == 200
-    assert ready.json() == {"ready": True, "model_loaded": True, "token_log": True,
-                            "error": None, "not_ready": []}
+    assert ready.json() == {
+        "ready": True,
+        "model_loaded": True,
+        "token_log": True,
+        "error": None,
+        "not_ready": [],
+    }
 
 
 @pytest.mark.slow
@@ -126,8 +148,9 @@ async def test_responses_move_latency_and_token_series(live_server: LiveServer) 
 
     dones = await asyncio.gather(*(ask(f"What is {n} plus {n}?") for n in (1, 2, 3)))
     await live_server.wait_idle()
-    after = await scrape_when(live_server, lambda s: s.moved(
-        before, "bargein_disconnects_total", active_response="false") >= 3)
+    after = await scrape_when(
+        live_server, lambda s: s.moved(before, "bargein_disconnects_total", active_response="false") >= 3
+    )
     ends = [done["end"] for done in dones]
     assert after.moved(before, "bargein_time_to_first_token_seconds_count") == 3
     assert after.moved(before, "bargein_request_queue_time_seconds_count") == 3
@@ -135,17 +158,16 @@ async def test_responses_move_latency_and_token_series(live_server: LiveServer) 
     # Every token but each response's first comes some time after the one before.
     assert after.moved(before, "bargein_inter_token_latency_seconds_count") == sum(ends) - 3
     assert after.moved(before, "bargein_generated_tokens_total") == sum(ends)
-    assert after.moved(before, "bargein_prompt_tokens_total") == \
-        sum(done["usage"]["prompt_tokens"] for done in dones)
+    assert after.moved(before, "bargein_prompt_tokens_total") == sum(
+        done["usage"]["prompt_tokens"] for done in dones
+    )
     finished = num_finished(after, before)
     assert finished["stop"] + finished["length"] == 3
     assert finished["interrupted"] == finished["cancelled"] == finished["error"] == 0
     # Every token went out once, in some delta: the lag histogram sums them.
     assert after.moved(before, "bargein_delivery_lag_tokens_sum") == sum(ends)
-    assert after.moved(before, "bargein_engine_step_duration_seconds_count",
-                       phase="prefill") >= 1
-    assert after.moved(before, "bargein_engine_step_duration_seconds_count",
-                       phase="decode") >= 1
+    assert after.moved(before, "bargein_engine_step_duration_seconds_count", phase="prefill") >= 1
+    assert after.moved(before, "bargein_engine_step_duration_seconds_count", phase="decode") >= 1
     assert after.moved(before, "bargein_token_log_write_seconds_count") >= 1
     assert after.get("bargein_sessions_connected") == before.get("bargein_sessions_connected")
     assert after.get("bargein_streams_delivering") == 0
@@ -161,18 +183,23 @@ async def test_an_interrupted_response_counts_once(live_server: LiveServer) -> N
         during = await scrape(live_server)
         assert during.moved(before, "bargein_sessions_connected") == 1
         received: list[str] = []
-        async for delta in client.respond("Write a long story about a dragon.",
-                                          max_tokens=64, **GREEDY):
+        async for delta in client.respond("Write a long story about a dragon.", max_tokens=64, **GREEDY):
             received.append(delta)
             if len(received) == 3:
                 break
         done = await client.cancel(heard_chars=len("".join(received)))
     assert done["finish_reason"] == "interrupted"
     await live_server.wait_idle()
-    after = await scrape_when(live_server, lambda s: s.moved(
-        before, "bargein_disconnects_total", active_response="false") >= 1)
-    assert num_finished(after, before) == {"stop": 0, "length": 0, "interrupted": 1,
-                                           "cancelled": 0, "error": 0}
+    after = await scrape_when(
+        live_server, lambda s: s.moved(before, "bargein_disconnects_total", active_response="false") >= 1
+    )
+    assert num_finished(after, before) == {
+        "stop": 0,
+        "length": 0,
+        "interrupted": 1,
+        "cancelled": 0,
+        "error": 0,
+    }
     assert after.moved(before, "bargein_interrupt_to_free_seconds_count") == 1
     assert 0 < after.moved(before, "bargein_interrupt_to_free_seconds_sum") < 5
     assert after.moved(before, "bargein_time_to_first_token_seconds_count") == 1
@@ -195,15 +222,22 @@ async def test_a_resume_adds_the_tokens_it_replays(live_server: LiveServer) -> N
     await live_server.wait_idle()
     before = await scrape(live_server)
     async with RealtimeClient(live_server.ws_url) as client:
-        await client.send({"type": "stream.resume", "stream_id": response.stream_id,
-                           "resume_token": response.resume_token, "from": from_offset})
+        await client.send(
+            {
+                "type": "stream.resume",
+                "stream_id": response.stream_id,
+                "resume_token": response.resume_token,
+                "from": from_offset,
+            }
+        )
         replayed = 0
         while (event := await client._recv())["type"] != "response.done":
             if event["type"] == "response.delta":
                 replayed += event["end"] - event["start"]
     assert replayed == end - from_offset
-    after = await scrape_when(live_server, lambda s: s.moved(
-        before, "bargein_disconnects_total", active_response="false") >= 1)
+    after = await scrape_when(
+        live_server, lambda s: s.moved(before, "bargein_disconnects_total", active_response="false") >= 1
+    )
     assert after.moved(before, "bargein_stream_resumes_total") == 1
     assert after.moved(before, "bargein_replayed_tokens_total") == end - from_offset
     assert after.moved(before, "bargein_delivery_lag_tokens_sum") == end - from_offset
@@ -213,8 +247,7 @@ async def test_a_resume_adds_the_tokens_it_replays(live_server: LiveServer) -> N
 
 
 @pytest.mark.slow
-async def test_refused_requests_count_as_rejections_by_reason(
-        live_server: LiveServer) -> None:
+async def test_refused_requests_count_as_rejections_by_reason(live_server: LiveServer) -> None:
     await live_server.wait_idle()
     before = await scrape(live_server)
     hi = [{"role": "user", "content": "Hi."}]
@@ -222,13 +255,13 @@ async def test_refused_requests_count_as_rejections_by_reason(
     async with RealtimeClient(live_server.ws_url) as client:
         await client.send({"type": "response.create", "max_tokens": 1000, "input": hi})
         assert (await client._recv())["code"] == "invalid_parameter"
-        await client.send({"type": "response.create",
-                           "input": [{"role": "user", "content": long_prompt}]})
+        await client.send({"type": "response.create", "input": [{"role": "user", "content": long_prompt}]})
         assert (await client._recv())["code"] == "prompt_too_long"
         await client.send({"type": "response.create", "temperature": -1, "input": hi})
         assert (await client._recv())["code"] == "invalid_parameter"
-        await client.send({"type": "response.create", "response_id": "a", "input": hi,
-                           "max_tokens": 64, **GREEDY})
+        await client.send(
+            {"type": "response.create", "response_id": "a", "input": hi, "max_tokens": 64, **GREEDY}
+        )
         await client.send({"type": "response.create", "input": hi})
         await client.send({"type": "response.cancel", "response_id": "a"})
         codes = []
@@ -242,8 +275,13 @@ async def test_refused_requests_count_as_rejections_by_reason(
     assert after.moved(before, rejections, reason="prompt_too_long") == 1
     assert after.moved(before, rejections, reason="conflict") == 1
     assert after.moved(before, "bargein_protocol_errors_total", code="invalid_parameter") == 1
-    assert num_finished(after, before) == {"stop": 0, "length": 0, "interrupted": 1,
-                                           "cancelled": 0, "error": 0}
+    assert num_finished(after, before) == {
+        "stop": 0,
+        "length": 0,
+        "interrupted": 1,
+        "cancelled": 0,
+        "error": 0,
+    }
 
 
 async def test_http_errors_and_sse_streams_are_counted(live_server: LiveServer) -> None:
@@ -251,12 +289,13 @@ async def test_http_errors_and_sse_streams_are_counted(live_server: LiveServer) 
     before = await scrape(live_server)
     hi = [{"role": "user", "content": "Hi."}]
     async with httpx.AsyncClient(base_url=live_server.http_url, timeout=60) as http:
-        bad = await http.post("/v1/chat/completions",
-                              json={"model": "m", "messages": hi, "temperature": 9})
+        bad = await http.post("/v1/chat/completions", json={"model": "m", "messages": hi, "temperature": 9})
         missing = await http.get("/v1/streams/no-such-stream/events")
-        async with http.stream("POST", "/v1/chat/completions", json={
-                "model": "m", "messages": hi, "max_tokens": 16, "stream": True,
-                **GREEDY}) as streamed:
+        async with http.stream(
+            "POST",
+            "/v1/chat/completions",
+            json={"model": "m", "messages": hi, "max_tokens": 16, "stream": True, **GREEDY},
+        ) as streamed:
             lines = streamed.aiter_lines()
             assert (await anext(lines)).startswith("id:")  # the role chunk
             during = await scrape(live_server)
@@ -265,12 +304,10 @@ async def test_http_errors_and_sse_streams_are_counted(live_server: LiveServer) 
     assert "data: [DONE]" in rest
     delivering = "bargein_streams_delivering"
     assert during.get(delivering) == before.get(delivering) + 1
-    after = await scrape_when(live_server,
-                              lambda s: s.get(delivering) == before.get(delivering))
+    after = await scrape_when(live_server, lambda s: s.get(delivering) == before.get(delivering))
     errors = "bargein_http_errors_total"
     assert after.moved(before, errors, status="400", code=bad.json()["error"]["code"]) == 1
-    assert after.moved(before, errors, status="404",
-                       code=missing.json()["error"]["code"]) == 1
+    assert after.moved(before, errors, status="404", code=missing.json()["error"]["code"]) == 1
 
 
 WORKER = """
@@ -291,8 +328,13 @@ def test_several_workers_add_up_in_one_scrape(tmp_path: Path) -> None:
     out of the live gauges but its counts stay."""
     env = {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
     for connected, fate in ((3, "runs"), (5, "stops")):
-        subprocess.run([sys.executable, "-c", WORKER, str(tmp_path), str(connected), fate],
-                       cwd=REPO, env=env, check=True, timeout=60)
+        subprocess.run(
+            [sys.executable, "-c", WORKER, str(tmp_path), str(connected), fate],
+            cwd=REPO,
+            env=env,
+            check=True,
+            timeout=60,
+        )
     body, content_type = Metrics(None, multiproc_dir=str(tmp_path)).render()
     assert content_type.startswith("text/plain")
     samples = Samples(body.decode())
@@ -303,25 +345,62 @@ def test_several_workers_add_up_in_one_scrape(tmp_path: Path) -> None:
 
 def test_engine_steps_feed_histograms_counters_and_gauges() -> None:
     metrics = Metrics(CollectorRegistry())
-    engine = EngineStats(num_free_blocks=90, num_total_blocks=100, num_running=3,
-                         num_waiting=2, num_generated_tokens=0, num_prompt_tokens=0,
-                         num_preemptions=1, num_steps=2, last_step_s=0.02,
-                         num_finished_by_reason={})
-    prefill = StepStats(duration_s=0.05, num_prefill_tokens=40, num_decode_tokens=2,
-                        num_preempted=1, num_prompt_tokens=40, num_generated_tokens=3,
-                        queue_times_s=(0.5,), ttfts_s=(0.7,), inter_token_s=(0.02, 0.03),
-                        e2e_s=(), engine=engine)
-    decode = StepStats(duration_s=0.01, num_prefill_tokens=0, num_decode_tokens=3,
-                       num_preempted=0, num_prompt_tokens=0, num_generated_tokens=3,
-                       queue_times_s=(), ttfts_s=(), inter_token_s=(0.01,) * 3,
-                       e2e_s=(1.5,), engine=engine)
+    engine = EngineStats(
+        num_free_blocks=90,
+        num_total_blocks=100,
+        num_running=3,
+        num_waiting=2,
+        num_generated_tokens=0,
+        num_prompt_tokens=0,
+        num_preemptions=1,
+        num_steps=2,
+        last_step_s=0.02,
+        num_finished_by_reason={},
+    )
+    prefill = StepStats(
+        duration_s=0.05,
+        num_prefill_tokens=40,
+        num_decode_tokens=2,
+        num_preempted=1,
+        num_prompt_tokens=40,
+        num_generated_tokens=3,
+        queue_times_s=(0.5,),
+        ttfts_s=(0.7,),
+        inter_token_s=(0.02, 0.03),
+        e2e_s=(),
+        engine=engine,
+    )
+    decode = StepStats(
+        duration_s=0.01,
+        num_prefill_tokens=0,
+        num_decode_tokens=3,
+        num_preempted=0,
+        num_prompt_tokens=0,
+        num_generated_tokens=3,
+        queue_times_s=(),
+        ttfts_s=(),
+        inter_token_s=(0.01,) * 3,
+        e2e_s=(1.5,),
+        engine=engine,
+    )
     metrics.on_step(prefill)
     metrics.on_step(decode)
-    metrics.on_outputs([RequestOutput(request_id="a", new_token_ids=(7,), text="x",
-                                      num_prompt_tokens=40, num_output_tokens=9,
-                                      finished=True, finish_reason=FinishReason.LENGTH),
-                        RequestOutput(request_id="b", new_token_ids=(8,), text="y",
-                                      num_prompt_tokens=4, num_output_tokens=2)])
+    metrics.on_outputs(
+        [
+            RequestOutput(
+                request_id="a",
+                new_token_ids=(7,),
+                text="x",
+                num_prompt_tokens=40,
+                num_output_tokens=9,
+                finished=True,
+                finish_reason=FinishReason.LENGTH,
+            ),
+            RequestOutput(
+                request_id="b", new_token_ids=(8,), text="y", num_prompt_tokens=4, num_output_tokens=2
+            ),
+        ]
+    )
     samples = Samples(metrics.render()[0].decode())
     steps = "bargein_engine_step_duration_seconds"
     assert samples.get(f"{steps}_count", phase="prefill") == 1
@@ -335,8 +414,13 @@ def test_engine_steps_feed_histograms_counters_and_gauges() -> None:
     assert samples.get("bargein_prompt_tokens_total") == 40
     assert samples.get("bargein_generated_tokens_total") == 6
     assert samples.get("bargein_requests_finished_total", finish_reason="length") == 1
-    assert sum(samples.get("bargein_requests_finished_total", finish_reason=reason)
-               for reason in FINISH_REASONS) == 1
-    assert (samples.get("bargein_kv_blocks_used"), samples.get("bargein_kv_blocks_total"),
-            samples.get("bargein_sequences_running"),
-            samples.get("bargein_sequences_waiting")) == (10, 100, 3, 2)
+    assert (
+        sum(samples.get("bargein_requests_finished_total", finish_reason=reason) for reason in FINISH_REASONS)
+        == 1
+    )
+    assert (
+        samples.get("bargein_kv_blocks_used"),
+        samples.get("bargein_kv_blocks_total"),
+        samples.get("bargein_sequences_running"),
+        samples.get("bargein_sequences_waiting"),
+    ) == (10, 100, 3, 2)

@@ -65,8 +65,9 @@ class Node:
         return body
 
 
-def start_node(name: str, redis_url: str, log_dir: str, *, secret: str | None = SECRET,
-               port: int | None = None) -> Node:
+def start_node(
+    name: str, redis_url: str, log_dir: str, *, secret: str | None = SECRET, port: int | None = None
+) -> Node:
     """Start ``bargein serve`` as node ``name`` (``secret=None``: no ``--secret``,
     the nodes share the key kept in Redis); its output goes to ``<log_dir>/<name>.log``
     (appended to, so a restarted node keeps one log)."""
@@ -75,11 +76,34 @@ def start_node(name: str, redis_url: str, log_dir: str, *, secret: str | None = 
     key = [] if secret is None else ["--secret", secret]
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "bargein", "serve", "--port", str(port), "--redis-url", redis_url,
-             "--node-id", name, *key, "--debug-endpoints", "true",
-             "--lease-ttl", str(LEASE_TTL_S), "--max-model-len", "1024", "--max-tokens", "256",
-             "--max-num-seqs", "8", "--log-level", "warning"],
-            stdout=out, stderr=subprocess.STDOUT)
+            [
+                sys.executable,
+                "-m",
+                "bargein",
+                "serve",
+                "--port",
+                str(port),
+                "--redis-url",
+                redis_url,
+                "--node-id",
+                name,
+                *key,
+                "--debug-endpoints",
+                "true",
+                "--lease-ttl",
+                str(LEASE_TTL_S),
+                "--max-model-len",
+                "1024",
+                "--max-tokens",
+                "256",
+                "--max-num-seqs",
+                "8",
+                "--log-level",
+                "warning",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     return Node(name=name, port=port, proc=proc, log_path=log_path)
 
 
@@ -168,9 +192,16 @@ async def create(url: str) -> tuple[Reader, dict[str, Any]]:
     """Open a session and start the long greedy answer; returns its ``response.created``."""
     reader = Reader(await connect(url, subprotocols=["bargein.v1.json"]))  # type: ignore[list-item]
     await reader.next_event()  # session.created
-    await reader.ws.send(json.dumps({"type": "response.create", "max_tokens": MAX_TOKENS,
-                                     "temperature": 0, "input": [
-                                         {"role": "user", "content": PROMPT}]}))
+    await reader.ws.send(
+        json.dumps(
+            {
+                "type": "response.create",
+                "max_tokens": MAX_TOKENS,
+                "temperature": 0,
+                "input": [{"role": "user", "content": PROMPT}],
+            }
+        )
+    )
     while True:
         event = await reader.next_event()
         if event["type"] == "response.created":
@@ -180,8 +211,16 @@ async def create(url: str) -> tuple[Reader, dict[str, Any]]:
 async def resume(url: str, created: dict[str, Any], from_: int) -> Reader:
     reader = Reader(await connect(url, subprotocols=["bargein.v1.json"]))  # type: ignore[list-item]
     await reader.next_event()  # session.created
-    await reader.ws.send(json.dumps({"type": "stream.resume", "stream_id": created["stream_id"],
-                                     "resume_token": created["resume_token"], "from": from_}))
+    await reader.ws.send(
+        json.dumps(
+            {
+                "type": "stream.resume",
+                "stream_id": created["stream_id"],
+                "resume_token": created["resume_token"],
+                "from": from_,
+            }
+        )
+    )
     event = await reader.next_event()
     assert event["type"] == "stream.resumed", event
     return reader
@@ -190,12 +229,12 @@ async def resume(url: str, created: dict[str, Any], from_: int) -> Reader:
 def contiguous(deltas: list[dict[str, Any]], start: int) -> bool:
     """Each delta starts where the previous one ended (no gap, no duplicate)."""
     ends = [start] + [d["end"] for d in deltas]
-    return all(d["start"] == e for d, e in zip(deltas, ends)) and all(
-        d["end"] > d["start"] for d in deltas)
+    return all(d["start"] == e for d, e in zip(deltas, ends)) and all(d["end"] > d["start"] for d in deltas)
 
 
 async def test_a_resume_on_another_node_replays_and_follows_without_generating(
-        nodes: dict[str, Node]) -> None:
+    nodes: dict[str, Node],
+) -> None:
     a, b = nodes["a"], nodes["b"]
     on_a, created = await create(a.ws_url)
     await on_a.until_end(10)
@@ -216,8 +255,7 @@ async def test_a_cancel_on_another_node_frees_the_owners_blocks(nodes: dict[str,
     on_a, created = await create(a.ws_url)
     await on_a.until_end(5)
     on_b = await resume(b.ws_url, created, on_a.end)
-    await on_b.ws.send(json.dumps({"type": "response.cancel",
-                                   "response_id": created["response_id"]}))
+    await on_b.ws.send(json.dumps({"type": "response.cancel", "response_id": created["response_id"]}))
     done_b, done_a = await asyncio.gather(on_b.until_done(), on_a.until_done())
     assert done_b["finish_reason"] == done_a["finish_reason"] == "interrupted"
     assert done_b["end"] == done_a["end"] < MAX_TOKENS
@@ -228,8 +266,7 @@ async def test_a_cancel_on_another_node_frees_the_owners_blocks(nodes: dict[str,
     await on_b.ws.close()
 
 
-async def test_an_http_cancel_on_another_node_interrupts_the_stream(
-        nodes: dict[str, Node]) -> None:
+async def test_an_http_cancel_on_another_node_interrupts_the_stream(nodes: dict[str, Node]) -> None:
     a, b = nodes["a"], nodes["b"]
     on_a, created = await create(a.ws_url)
     await on_a.until_end(5)
@@ -257,7 +294,8 @@ def reference(nodes: dict[str, Node]) -> Reader:
 
 
 async def test_a_node_shutting_down_hands_its_streams_to_the_node_they_resume_on(
-        nodes: dict[str, Node], reference: Reader) -> None:
+    nodes: dict[str, Node], reference: Reader
+) -> None:
     b, c = nodes["b"], nodes["c"]
     takeovers = b.debug()["cluster"]["takeovers"]
     on_c, created = await create(c.ws_url)
@@ -277,7 +315,8 @@ async def test_a_node_shutting_down_hands_its_streams_to_the_node_they_resume_on
 
 
 async def test_when_the_owner_is_killed_the_resuming_node_continues_the_stream_exactly(
-        nodes: dict[str, Node], reference: Reader, redis_server: str) -> None:
+    nodes: dict[str, Node], reference: Reader, redis_server: str
+) -> None:
     a, b = nodes["a"], nodes["b"]
     takeovers = b.debug()["cluster"]["takeovers"]
 
@@ -312,7 +351,7 @@ async def sse_resume(node: Node, stream_id: str, from_: int) -> tuple[str, list[
                 ends.append(int(line.rpartition(":")[2]))
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            choice = json.loads(line[len("data: "):])["choices"][0]
+            choice = json.loads(line[len("data: ") :])["choices"][0]
             text += choice["delta"].get("content", "")
             finish_reason = choice.get("finish_reason") or finish_reason
     return text, ends, finish_reason

@@ -25,15 +25,15 @@ STORY = [{"role": "user", "content": "Write a long story about a dragon."}]
 
 @pytest.fixture
 async def client(live_server: LiveServer) -> AsyncIterator[openai.AsyncOpenAI]:
-    async with openai.AsyncOpenAI(base_url=live_server.http_url + "/v1", api_key=KEY,
-                                  max_retries=0) as client:
+    async with openai.AsyncOpenAI(
+        base_url=live_server.http_url + "/v1", api_key=KEY, max_retries=0
+    ) as client:
         yield client
 
 
 @pytest.fixture
 async def http(live_server: LiveServer) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=live_server.http_url, headers=AUTH,
-                                 timeout=60) as http:
+    async with httpx.AsyncClient(base_url=live_server.http_url, headers=AUTH, timeout=60) as http:
         yield http
 
 
@@ -68,10 +68,15 @@ async def sse(response: httpx.Response) -> AsyncIterator[Event]:
             data.append(line[5:].removeprefix(" "))
 
 
-def stream_body(messages: list[dict[str, str]], max_tokens: int, **extra: Any
-                ) -> dict[str, Any]:
-    return {"model": "bargein", "messages": messages, "max_tokens": max_tokens,
-            "temperature": 0, "stream": True, **extra}
+def stream_body(messages: list[dict[str, str]], max_tokens: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "model": "bargein",
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        **extra,
+    }
 
 
 async def read_until(events_in: AsyncIterator[Event], num_contents: int) -> list[Event]:
@@ -91,8 +96,13 @@ def stream_id_of(events: list[Event]) -> str:
 
 
 def finish_of(events: list[Event]) -> str:
-    reasons = [c["finish_reason"] for e in events if e.data != "[DONE]"
-               for c in json.loads(e.data)["choices"] if c["finish_reason"]]
+    reasons = [
+        c["finish_reason"]
+        for e in events
+        if e.data != "[DONE]"
+        for c in json.loads(e.data)["choices"]
+        if c["finish_reason"]
+    ]
     assert len(reasons) == 1, events
     return str(reasons[0])
 
@@ -103,20 +113,26 @@ def finished(stats: Any) -> int:
 
 # ---- the openai SDK ----------------------------------------------------------
 
-async def test_models_lists_the_served_model(client: openai.AsyncOpenAI,
-                                             live_server: LiveServer) -> None:
+
+async def test_models_lists_the_served_model(client: openai.AsyncOpenAI, live_server: LiveServer) -> None:
     models = [m async for m in client.models.list()]
     assert [m.id for m in models] == [live_server.state.runner.model_name]
     assert models[0].object == "model"
 
 
 async def test_streamed_greedy_answer_equals_the_non_streamed_one(
-        client: openai.AsyncOpenAI, live_server: LiveServer) -> None:
-    prompt_ids = live_server.tokenizer.apply_chat_template(
-        SKY, add_generation_prompt=True, tokenize=True)["input_ids"]
+    client: openai.AsyncOpenAI, live_server: LiveServer
+) -> None:
+    prompt_ids = live_server.tokenizer.apply_chat_template(SKY, add_generation_prompt=True, tokenize=True)[
+        "input_ids"
+    ]
     before = await live_server.wait_idle()
-    whole = await client.chat.completions.create(model="bargein", messages=SKY,  # type: ignore[arg-type]
-                                                 max_tokens=24, temperature=0)
+    whole = await client.chat.completions.create(
+        model="bargein",
+        messages=SKY,  # type: ignore[arg-type]
+        max_tokens=24,
+        temperature=0,
+    )
     after = await live_server.wait_idle()
     choice = whole.choices[0]
     assert whole.object == "chat.completion" and whole.id.startswith("chatcmpl-")
@@ -129,9 +145,17 @@ async def test_streamed_greedy_answer_equals_the_non_streamed_one(
     text = choice.message.content or ""
     assert len(live_server.tokenizer.encode(text, add_special_tokens=False)) == 24
 
-    chunks = [c async for c in await client.chat.completions.create(  # type: ignore[call-overload]
-        model="bargein", messages=SKY, max_tokens=24, temperature=0, stream=True,
-        stream_options={"include_usage": True})]
+    chunks = [
+        c
+        async for c in await client.chat.completions.create(  # type: ignore[call-overload]
+            model="bargein",
+            messages=SKY,
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    ]
     assert all(c.object == "chat.completion.chunk" and c.id == chunks[0].id for c in chunks)
     assert chunks[0].choices[0].delta.role == "assistant"
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -144,46 +168,66 @@ async def test_streamed_greedy_answer_equals_the_non_streamed_one(
     assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
 
 
-async def test_without_include_usage_no_chunk_carries_usage(
-        client: openai.AsyncOpenAI) -> None:
-    chunks = [c async for c in await client.chat.completions.create(  # type: ignore[call-overload]
-        model="bargein", messages=SKY, max_tokens=6, temperature=0, stream=True)]
+async def test_without_include_usage_no_chunk_carries_usage(client: openai.AsyncOpenAI) -> None:
+    chunks = [
+        c
+        async for c in await client.chat.completions.create(  # type: ignore[call-overload]
+            model="bargein", messages=SKY, max_tokens=6, temperature=0, stream=True
+        )
+    ]
     assert all(c.usage is None and c.choices for c in chunks)
     assert chunks[-1].choices[0].finish_reason == "length"
 
 
 async def test_stop_seed_user_and_unknown_fields(client: openai.AsyncOpenAI) -> None:
     messages = [{"role": "user", "content": "Count from 1 to 10, separated by commas."}]
-    full = await client.chat.completions.create(model="bargein", messages=messages,  # type: ignore[arg-type]
-                                                max_tokens=16, temperature=0)
+    full = await client.chat.completions.create(
+        model="bargein",
+        messages=messages,  # type: ignore[arg-type]
+        max_tokens=16,
+        temperature=0,
+    )
     text = full.choices[0].message.content or ""
     assert "4" in text, text
     cut = await client.chat.completions.create(  # type: ignore[call-overload]
-        model="bargein", messages=messages, max_tokens=16, temperature=0, stop=["4"],
-        user="u-7", n=1, extra_body={"frobnicate": True, "top_k": "ignored"})
+        model="bargein",
+        messages=messages,
+        max_tokens=16,
+        temperature=0,
+        stop=["4"],
+        user="u-7",
+        n=1,
+        extra_body={"frobnicate": True, "top_k": "ignored"},
+    )
     assert cut.choices[0].finish_reason == "stop"
-    assert cut.choices[0].message.content == text[:text.index("4")]
-    sampled = [await client.chat.completions.create(  # type: ignore[call-overload]
-        model="bargein", messages=messages, max_tokens=8, temperature=1.0, top_p=0.9,
-        seed=1234) for _ in range(2)]
+    assert cut.choices[0].message.content == text[: text.index("4")]
+    sampled = [
+        await client.chat.completions.create(  # type: ignore[call-overload]
+            model="bargein", messages=messages, max_tokens=8, temperature=1.0, top_p=0.9, seed=1234
+        )
+        for _ in range(2)
+    ]
     assert sampled[0].choices[0].message.content == sampled[1].choices[0].message.content
 
 
-@pytest.mark.parametrize(("fields", "param"), [
-    ({"n": 2}, "n"),
-    ({"temperature": 3}, "temperature"),
-    ({"top_p": 0}, "top_p"),
-    ({"max_tokens": 0}, "max_tokens"),
-    ({"max_tokens": 65}, "max_tokens"),  # the server's limit is 64
-    ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
-    ({"seed": -1}, "seed"),
-    ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),
-    ({"messages": [{"role": "user", "content": "word " * 600}]}, "messages"),
-    ({"stream_options": {"include_usage": True}}, "stream_options"),
-])
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"n": 2}, "n"),
+        ({"temperature": 3}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": 65}, "max_tokens"),  # the server's limit is 64
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"seed": -1}, "seed"),
+        ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),
+        ({"messages": [{"role": "user", "content": "word " * 600}]}, "messages"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ],
+)
 async def test_bad_parameters_are_400s_naming_the_parameter(
-        client: openai.AsyncOpenAI, live_server: LiveServer, fields: dict[str, Any],
-        param: str) -> None:
+    client: openai.AsyncOpenAI, live_server: LiveServer, fields: dict[str, Any], param: str
+) -> None:
     start = await live_server.wait_idle()
     request = {"model": "bargein", "messages": SKY, "max_tokens": 4, **fields}
     with pytest.raises(openai.BadRequestError) as caught:
@@ -198,22 +242,27 @@ async def test_bad_parameters_are_400s_naming_the_parameter(
 
 
 async def test_malformed_json_is_a_400(http: httpx.AsyncClient) -> None:
-    response = await http.post("/v1/chat/completions", content=b"{nope",
-                               headers={"Content-Type": "application/json"})
+    response = await http.post(
+        "/v1/chat/completions", content=b"{nope", headers={"Content-Type": "application/json"}
+    )
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "invalid_json"
 
 
 # ---- resumable SSE -------------------------------------------------------------
 
+
 async def test_a_dropped_stream_resumes_from_last_event_id(
-        client: openai.AsyncOpenAI, http: httpx.AsyncClient,
-        live_server: LiveServer) -> None:
-    reference = await client.chat.completions.create(model="bargein", messages=SKY,  # type: ignore[arg-type]
-                                                     max_tokens=32, temperature=0)
+    client: openai.AsyncOpenAI, http: httpx.AsyncClient, live_server: LiveServer
+) -> None:
+    reference = await client.chat.completions.create(
+        model="bargein",
+        messages=SKY,  # type: ignore[arg-type]
+        max_tokens=32,
+        temperature=0,
+    )
     before = await live_server.wait_idle()
-    async with http.stream("POST", "/v1/chat/completions",
-                           json=stream_body(SKY, 32)) as response:
+    async with http.stream("POST", "/v1/chat/completions", json=stream_body(SKY, 32)) as response:
         assert response.status_code == 200
         stream_id = response.headers["x-bargein-stream-id"]
         first = await read_until(sse(response), 3)
@@ -238,15 +287,19 @@ async def test_a_dropped_stream_resumes_from_last_event_id(
     # The same id again gives the same events, byte for byte (now from the log only).
     assert await resume(http, stream_id, last_id) == resumed
     # ?from= works as Last-Event-ID does; from 0 replays everything with the role chunk.
-    assert await resume(http, stream_id, query=f"from={last_id.rpartition(':')[2]}") \
-        == resumed
+    assert await resume(http, stream_id, query=f"from={last_id.rpartition(':')[2]}") == resumed
     everything = await resume(http, stream_id, query="from=0")
     assert everything[0] == first[0]
     assert "".join(e.content for e in everything) == reference.choices[0].message.content
 
 
-async def resume(http: httpx.AsyncClient, stream_id: str, last_id: str | None = None,
-                 query: str = "", headers: dict[str, str] | None = None) -> list[Event]:
+async def resume(
+    http: httpx.AsyncClient,
+    stream_id: str,
+    last_id: str | None = None,
+    query: str = "",
+    headers: dict[str, str] | None = None,
+) -> list[Event]:
     """Every event of ``GET /v1/streams/{stream_id}/events`` from a position."""
     sent = dict(headers or {})
     if last_id is not None:
@@ -257,18 +310,18 @@ async def resume(http: httpx.AsyncClient, stream_id: str, last_id: str | None = 
         return [e async for e in sse(response)]
 
 
-async def test_resume_errors_are_clear(http: httpx.AsyncClient,
-                                       live_server: LiveServer) -> None:
-    async with http.stream("POST", "/v1/chat/completions",
-                           json=stream_body(SKY, 4)) as response:
+async def test_resume_errors_are_clear(http: httpx.AsyncClient, live_server: LiveServer) -> None:
+    async with http.stream("POST", "/v1/chat/completions", json=stream_body(SKY, 4)) as response:
         events = [e async for e in sse(response)]
     stream_id = stream_id_of(events)
     url = f"/v1/streams/{stream_id}/events"
-    cases = [({"Last-Event-ID": f"{stream_id}:99"}, 400, "offset_out_of_range"),
-             ({"Last-Event-ID": "garbage"}, 400, "invalid_value"),
-             ({"Last-Event-ID": "otherstream:1"}, 400, "invalid_value"),
-             ({"Authorization": "Bearer sk-mallory"}, 404, "stream_not_found"),
-             ({"Authorization": ""}, 404, "stream_not_found")]
+    cases = [
+        ({"Last-Event-ID": f"{stream_id}:99"}, 400, "offset_out_of_range"),
+        ({"Last-Event-ID": "garbage"}, 400, "invalid_value"),
+        ({"Last-Event-ID": "otherstream:1"}, 400, "invalid_value"),
+        ({"Authorization": "Bearer sk-mallory"}, 404, "stream_not_found"),
+        ({"Authorization": ""}, 404, "stream_not_found"),
+    ]
     for headers, status, code in cases:
         response = await http.get(url, headers=headers)
         assert (response.status_code, response.json()["error"]["code"]) == (status, code)
@@ -278,18 +331,16 @@ async def test_resume_errors_are_clear(http: httpx.AsyncClient,
 
 
 async def test_a_stream_past_its_retention_is_404_not_a_gap(
-        http: httpx.AsyncClient, live_server: LiveServer,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    async with http.stream("POST", "/v1/chat/completions",
-                           json=stream_body(SKY, 8)) as response:
+    http: httpx.AsyncClient, live_server: LiveServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with http.stream("POST", "/v1/chat/completions", json=stream_body(SKY, 8)) as response:
         events = [e async for e in sse(response)]
     stream_id = stream_id_of(events)
     assert len(await resume(http, stream_id, events[1].id)) > 0
     log = live_server.state.log
     real_clock = log._clock
     monkeypatch.setattr(log, "_clock", lambda: real_clock() + log._retention_s + 1)
-    response = await http.get(f"/v1/streams/{stream_id}/events",
-                              headers={"Last-Event-ID": events[1].id})
+    response = await http.get(f"/v1/streams/{stream_id}/events", headers={"Last-Event-ID": events[1].id})
     assert response.status_code == 404
     error = response.json()["error"]
     assert error["code"] == "stream_not_found" and "expired" in error["message"]
@@ -297,11 +348,12 @@ async def test_a_stream_past_its_retention_is_404_not_a_gap(
 
 # ---- cancel and disconnect -----------------------------------------------------------
 
+
 async def test_cancel_mid_stream_interrupts_and_frees_the_blocks(
-        http: httpx.AsyncClient, live_server: LiveServer) -> None:
+    http: httpx.AsyncClient, live_server: LiveServer
+) -> None:
     start = await live_server.wait_idle()
-    async with http.stream("POST", "/v1/chat/completions",
-                           json=stream_body(STORY, 64)) as response:
+    async with http.stream("POST", "/v1/chat/completions", json=stream_body(STORY, 64)) as response:
         reading = sse(response)
         events = await read_until(reading, 3)
         stream_id = stream_id_of(events)
@@ -313,35 +365,39 @@ async def test_cancel_mid_stream_interrupts_and_frees_the_blocks(
     assert cancelled.json()["end"] < 64
     stats = await live_server.wait_idle()
     assert stats.num_free_blocks == start.num_free_blocks
-    assert stats.num_finished_by_reason.get("interrupted", 0) == \
-        start.num_finished_by_reason.get("interrupted", 0) + 1
+    assert (
+        stats.num_finished_by_reason.get("interrupted", 0)
+        == start.num_finished_by_reason.get("interrupted", 0) + 1
+    )
     # Cancelling again is harmless and tells how it ended; others cannot cancel it.
     again = await http.post(f"/v1/streams/{stream_id}/cancel")
     assert again.json()["finish_reason"] == "interrupted"
-    other = await http.post(f"/v1/streams/{stream_id}/cancel",
-                            headers={"Authorization": "Bearer sk-mallory"})
+    other = await http.post(f"/v1/streams/{stream_id}/cancel", headers={"Authorization": "Bearer sk-mallory"})
     assert other.status_code == 404
 
 
 async def test_disconnect_with_cancel_policy_aborts_the_generation(
-        http: httpx.AsyncClient, live_server: LiveServer) -> None:
+    http: httpx.AsyncClient, live_server: LiveServer
+) -> None:
     start = await live_server.wait_idle()
-    async with http.stream("POST", "/v1/chat/completions",
-                           json=stream_body(STORY, 64, bargein_on_disconnect="cancel")
-                           ) as response:
+    async with http.stream(
+        "POST", "/v1/chat/completions", json=stream_body(STORY, 64, bargein_on_disconnect="cancel")
+    ) as response:
         events = await read_until(sse(response), 2)
     stats = await live_server.wait_idle()
     assert stats.num_free_blocks == start.num_free_blocks
-    assert stats.num_finished_by_reason.get("cancelled", 0) == \
-        start.num_finished_by_reason.get("cancelled", 0) + 1
+    assert (
+        stats.num_finished_by_reason.get("cancelled", 0)
+        == start.num_finished_by_reason.get("cancelled", 0) + 1
+    )
     rest = await resume(http, stream_id_of(events), events[-1].id)
     assert finish_of(rest) == "cancelled"
 
 
 async def test_disconnect_by_default_lets_the_answer_finish(
-        http: httpx.AsyncClient, live_server: LiveServer) -> None:
-    async with http.stream("POST", "/v1/chat/completions",
-                           json=stream_body(STORY, 24)) as response:
+    http: httpx.AsyncClient, live_server: LiveServer
+) -> None:
+    async with http.stream("POST", "/v1/chat/completions", json=stream_body(STORY, 24)) as response:
         events = await read_until(sse(response), 2)
     await live_server.wait_idle()
     rest = await resume(http, stream_id_of(events), events[-1].id)
@@ -349,10 +405,16 @@ async def test_disconnect_by_default_lets_the_answer_finish(
 
 
 async def test_a_non_streamed_request_whose_client_leaves_is_cancelled_by_policy(
-        http: httpx.AsyncClient, live_server: LiveServer) -> None:
+    http: httpx.AsyncClient, live_server: LiveServer
+) -> None:
     start = await live_server.wait_idle()
-    body = {"model": "bargein", "messages": STORY, "max_tokens": 64, "temperature": 0,
-            "bargein_on_disconnect": "cancel"}
+    body = {
+        "model": "bargein",
+        "messages": STORY,
+        "max_tokens": 64,
+        "temperature": 0,
+        "bargein_on_disconnect": "cancel",
+    }
     waiting = asyncio.create_task(http.post("/v1/chat/completions", json=body))
     while live_server.stats().num_generated_tokens - start.num_generated_tokens < 3:
         assert not waiting.done(), waiting
@@ -361,7 +423,9 @@ async def test_a_non_streamed_request_whose_client_leaves_is_cancelled_by_policy
     with pytest.raises(asyncio.CancelledError):
         await waiting
     stats = await live_server.wait_idle()
-    assert stats.num_finished_by_reason.get("cancelled", 0) == \
-        start.num_finished_by_reason.get("cancelled", 0) + 1
+    assert (
+        stats.num_finished_by_reason.get("cancelled", 0)
+        == start.num_finished_by_reason.get("cancelled", 0) + 1
+    )
     assert stats.num_free_blocks == start.num_free_blocks
     assert stats.num_generated_tokens - start.num_generated_tokens < 64

@@ -40,11 +40,20 @@ def test_a_minimal_request_takes_the_server_defaults() -> None:
 
 
 def test_every_supported_field_is_honoured() -> None:
-    chat = parse(max_tokens=10, temperature=0, top_p=0.5, seed=7, stop="\n", stream=True,
-                 stream_options={"include_usage": True}, n=1, user="u-1",
-                 bargein_on_disconnect="cancel", frobnicate={"ignored": True})
-    assert chat.params == SamplingParams(max_tokens=10, temperature=0.0, top_p=0.5, seed=7,
-                                         stop=("\n",))
+    chat = parse(
+        max_tokens=10,
+        temperature=0,
+        top_p=0.5,
+        seed=7,
+        stop="\n",
+        stream=True,
+        stream_options={"include_usage": True},
+        n=1,
+        user="u-1",
+        bargein_on_disconnect="cancel",
+        frobnicate={"ignored": True},
+    )
+    assert chat.params == SamplingParams(max_tokens=10, temperature=0.0, top_p=0.5, seed=7, stop=("\n",))
     assert chat.stream and chat.include_usage
     assert chat.on_disconnect == "cancel" and chat.user == "u-1"
 
@@ -55,52 +64,60 @@ def test_max_completion_tokens_wins_and_nulls_mean_absent() -> None:
 
 
 def test_messages_map_roles_and_join_text_parts() -> None:
-    chat = parse_chat_request({"messages": [
-        {"role": "developer", "content": "Be brief."},
-        {"role": "user", "content": [{"type": "text", "text": "a"},
-                                     {"type": "text", "text": "b"}]},
-        {"role": "assistant", "content": "ok", "name": "bot"}]}, CONFIG)
-    assert chat.messages == (Message(role="system", content="Be brief."),
-                             Message(role="user", content="a\nb"),
-                             Message(role="assistant", content="ok"))
+    chat = parse_chat_request(
+        {
+            "messages": [
+                {"role": "developer", "content": "Be brief."},
+                {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+                {"role": "assistant", "content": "ok", "name": "bot"},
+            ]
+        },
+        CONFIG,
+    )
+    assert chat.messages == (
+        Message(role="system", content="Be brief."),
+        Message(role="user", content="a\nb"),
+        Message(role="assistant", content="ok"),
+    )
 
 
-@pytest.mark.parametrize(("fields", "param"), [
-    ({"n": 2}, "n"),
-    ({"n": "1"}, "n"),
-    ({"temperature": 2.5}, "temperature"),
-    ({"temperature": -0.1}, "temperature"),
-    ({"temperature": "hot"}, "temperature"),
-    ({"top_p": 0}, "top_p"),
-    ({"top_p": 1.5}, "top_p"),
-    ({"max_tokens": 0}, "max_tokens"),
-    ({"max_tokens": 65}, "max_tokens"),
-    ({"max_tokens": True}, "max_tokens"),
-    ({"max_completion_tokens": 1000}, "max_completion_tokens"),
-    ({"seed": -1}, "seed"),
-    ({"seed": 1.5}, "seed"),
-    ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
-    ({"stop": [""]}, "stop"),
-    ({"stop": 3}, "stop"),
-    ({"stream": "yes"}, "stream"),
-    ({"stream_options": {"include_usage": True}}, "stream_options"),
-    ({"stream": True, "stream_options": {"include_usage": 1}},
-     "stream_options.include_usage"),
-    ({"user": 5}, "user"),
-    ({"model": 5}, "model"),
-    ({"bargein_on_disconnect": "explode"}, "bargein_on_disconnect"),
-    ({"tools": [{"type": "function"}]}, "tools"),
-    ({"logprobs": True}, "logprobs"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
-    ({"presence_penalty": 0.5}, "presence_penalty"),
-    ({"messages": []}, "messages"),
-    ({"messages": "hi"}, "messages"),
-    ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
-    ({"messages": [{"role": "user", "content": None}]}, "messages[0].content"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
-     "messages[0].content"),
-    ({"messages": [HELLO[0], 3]}, "messages[1]"),
-])
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"n": 2}, "n"),
+        ({"n": "1"}, "n"),
+        ({"temperature": 2.5}, "temperature"),
+        ({"temperature": -0.1}, "temperature"),
+        ({"temperature": "hot"}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": 65}, "max_tokens"),
+        ({"max_tokens": True}, "max_tokens"),
+        ({"max_completion_tokens": 1000}, "max_completion_tokens"),
+        ({"seed": -1}, "seed"),
+        ({"seed": 1.5}, "seed"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"stop": [""]}, "stop"),
+        ({"stop": 3}, "stop"),
+        ({"stream": "yes"}, "stream"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+        ({"stream": True, "stream_options": {"include_usage": 1}}, "stream_options.include_usage"),
+        ({"user": 5}, "user"),
+        ({"model": 5}, "model"),
+        ({"bargein_on_disconnect": "explode"}, "bargein_on_disconnect"),
+        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"logprobs": True}, "logprobs"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"messages": []}, "messages"),
+        ({"messages": "hi"}, "messages"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "user", "content": None}]}, "messages[0].content"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content"),
+        ({"messages": [HELLO[0], 3]}, "messages[1]"),
+    ],
+)
 def test_bad_values_name_their_parameter(fields: dict[str, Any], param: str) -> None:
     with pytest.raises(ApiError) as caught:
         parse(**fields)
@@ -131,12 +148,17 @@ def test_the_origin_of_an_http_stream_round_trips() -> None:
 
 def test_response_shapes_follow_openai() -> None:
     c = Completion(completion_id="chatcmpl-x", created=5, model="m", include_usage=True)
-    end = StreamEnd(end=3, finish_reason="length", prompt_tokens=7, completion_tokens=3,
-                    cached_tokens=0)
+    end = StreamEnd(end=3, finish_reason="length", prompt_tokens=7, completion_tokens=3, cached_tokens=0)
     body = completion_body(c, "abc", end)
     assert body["object"] == "chat.completion"
-    assert body["choices"] == [{"index": 0, "finish_reason": "length", "logprobs": None,
-                                "message": {"role": "assistant", "content": "abc"}}]
+    assert body["choices"] == [
+        {
+            "index": 0,
+            "finish_reason": "length",
+            "logprobs": None,
+            "message": {"role": "assistant", "content": "abc"},
+        }
+    ]
     assert body["usage"]["total_tokens"] == 10
     chunk = chunk_body(c, {"content": "a"})
     assert chunk["object"] == "chat.completion.chunk" and chunk["usage"] is None

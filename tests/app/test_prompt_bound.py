@@ -32,9 +32,13 @@ PLAUSIBLE = "hello " * 700  # 4 KiB: small enough to tokenize, 700 tokens: too l
 
 @pytest.fixture(scope="module")
 def roomy(live_server: LiveServer) -> Iterator[EmbeddedServer]:
-    with node_on_engine(live_server, Settings(
+    with node_on_engine(
+        live_server,
+        Settings(
             session=SessionConfig(max_tokens=64, default_max_tokens=8, max_frame_bytes=2 << 20),
-            server=ServerConfig(port=0, log_level="warning"))) as server:
+            server=ServerConfig(port=0, log_level="warning"),
+        ),
+    ) as server:
         yield server
 
 
@@ -52,33 +56,45 @@ def renders(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
 
 async def test_a_huge_chat_body_is_refused_without_rendering(
-        roomy: EmbeddedServer, renders: list[Any]) -> None:
-    async with openai.AsyncOpenAI(base_url=roomy.http_url + "/v1", api_key="sk-huge",
-                                  max_retries=0) as client:
+    roomy: EmbeddedServer, renders: list[Any]
+) -> None:
+    async with openai.AsyncOpenAI(
+        base_url=roomy.http_url + "/v1", api_key="sk-huge", max_retries=0
+    ) as client:
         with pytest.raises(openai.BadRequestError) as chat:
             await client.chat.completions.create(
-                model="bargein", messages=[{"role": "user", "content": HUGE}], max_tokens=1)
+                model="bargein", messages=[{"role": "user", "content": HUGE}], max_tokens=1
+            )
         with pytest.raises(openai.BadRequestError) as legacy:
             await client.completions.create(model="bargein", prompt=HUGE, max_tokens=1)
     assert chat.value.code == legacy.value.code == "context_length_exceeded"
     assert renders == []  # refused on its length alone
     with pytest.raises(openai.BadRequestError) as plausible:
-        async with openai.AsyncOpenAI(base_url=roomy.http_url + "/v1", api_key="sk-huge",
-                                      max_retries=0) as client:
+        async with openai.AsyncOpenAI(
+            base_url=roomy.http_url + "/v1", api_key="sk-huge", max_retries=0
+        ) as client:
             await client.chat.completions.create(
-                model="bargein", messages=[{"role": "user", "content": PLAUSIBLE}],
-                max_tokens=1)
+                model="bargein", messages=[{"role": "user", "content": PLAUSIBLE}], max_tokens=1
+            )
     assert plausible.value.code == "context_length_exceeded"
     assert len(renders) == 1  # it might have fitted: its tokens were counted
 
 
 async def test_a_huge_response_create_is_refused_without_rendering(
-        roomy: EmbeddedServer, renders: list[Any]) -> None:
+    roomy: EmbeddedServer, renders: list[Any]
+) -> None:
     async with connect(roomy.ws_url, max_size=None) as ws:
         assert json.loads(await ws.recv())["type"] == "session.created"
         for content in (HUGE, PLAUSIBLE):
-            await ws.send(json.dumps({"type": "response.create", "max_tokens": 1,
-                                      "input": [{"role": "user", "content": content}]}))
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "response.create",
+                        "max_tokens": 1,
+                        "input": [{"role": "user", "content": content}],
+                    }
+                )
+            )
             error = json.loads(await ws.recv())
             assert error["type"] == "error" and error["code"] == "prompt_too_long", error
             if content is HUGE:

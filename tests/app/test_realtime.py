@@ -30,8 +30,7 @@ async def test_capital_of_france_streams_paris(live_server: LiveServer) -> None:
     async with RealtimeClient(live_server.ws_url) as client:
         assert client.session["type"] == "session.created"
         assert client.session["limits"]["max_context_tokens"] == 512
-        deltas = [d async for d in client.respond("What is the capital of France?",
-                                                 max_tokens=24, **GREEDY)]
+        deltas = [d async for d in client.respond("What is the capital of France?", max_tokens=24, **GREEDY)]
         response = client.current
         assert response is not None and response.done is not None
     text = "".join(deltas)
@@ -50,8 +49,9 @@ async def test_capital_of_france_streams_paris(live_server: LiveServer) -> None:
 async def replay_text(live_server: LiveServer, stream_id: str, resume_token: str) -> str:
     """The whole text of a stream, read again through ``stream.resume`` from 0."""
     async with RealtimeClient(live_server.ws_url) as client:
-        await client.send({"type": "stream.resume", "stream_id": stream_id,
-                           "resume_token": resume_token, "from": 0})
+        await client.send(
+            {"type": "stream.resume", "stream_id": stream_id, "resume_token": resume_token, "from": 0}
+        )
         parts = []
         while True:
             event = await client._recv()
@@ -64,8 +64,7 @@ async def replay_text(live_server: LiveServer, stream_id: str, resume_token: str
 async def test_two_turns_keep_context(live_server: LiveServer) -> None:
     async with RealtimeClient(live_server.ws_url) as client:
         await client.update(instructions="You are a helpful assistant. Answer briefly.")
-        first = await client.chat("My name is Alice. Please remember it.", max_tokens=24,
-                                  **GREEDY)
+        first = await client.chat("My name is Alice. Please remember it.", max_tokens=24, **GREEDY)
         second = await client.chat("What is my name?", max_tokens=24, **GREEDY)
     assert first
     assert "Alice" in second
@@ -73,13 +72,11 @@ async def test_two_turns_keep_context(live_server: LiveServer) -> None:
     assert "My name is Alice" in prompt and first in prompt
 
 
-async def test_cancel_mid_answer_frees_blocks_and_cuts_the_turn(
-        live_server: LiveServer) -> None:
+async def test_cancel_mid_answer_frees_blocks_and_cuts_the_turn(live_server: LiveServer) -> None:
     start = await live_server.wait_idle()
     async with RealtimeClient(live_server.ws_url) as client:
         received: list[str] = []
-        async for delta in client.respond("Write a long story about a dragon.",
-                                          max_tokens=64, **GREEDY):
+        async for delta in client.respond("Write a long story about a dragon.", max_tokens=64, **GREEDY):
             received.append(delta)
             if len(received) == 4:
                 break
@@ -95,8 +92,9 @@ async def test_cancel_mid_answer_frees_blocks_and_cuts_the_turn(
         assert (await client._recv())["type"] == "pong"
         stats = await live_server.wait_idle()
         assert stats.num_free_blocks == start.num_free_blocks
-        assert stats.num_finished_by_reason.get("interrupted", 0) > \
-            start.num_finished_by_reason.get("interrupted", 0)
+        assert stats.num_finished_by_reason.get("interrupted", 0) > start.num_finished_by_reason.get(
+            "interrupted", 0
+        )
         # The next prompt holds the assistant text cut at heard_chars.
         await client.chat("Go on.", max_tokens=4, **GREEDY)
     cut = "".join(received)[:heard]
@@ -129,8 +127,7 @@ async def test_thirty_two_concurrent_sessions_all_complete(live_server: LiveServ
 
     async def ask(country: str) -> tuple[str, str, dict]:
         async with RealtimeClient(live_server.ws_url) as client:
-            text = await client.chat(f"What is the capital of {country}?", max_tokens=12,
-                                     **GREEDY)
+            text = await client.chat(f"What is the capital of {country}?", max_tokens=12, **GREEDY)
             assert client.current is not None and client.current.done is not None
             return country, text, client.current.done
 
@@ -154,10 +151,16 @@ async def test_msgpack_subprotocol_carries_the_same_events(live_server: LiveServ
         assert ws.subprotocol == "bargein.v1.msgpack"
         created = msgpack.unpackb(await ws.recv())
         assert created["type"] == "session.created"
-        await ws.send(msgpack.packb({"type": "response.create", "max_tokens": 12,
-                                     "temperature": 0.0, "input": [
-                                         {"role": "user",
-                                          "content": "What is the capital of France?"}]}))
+        await ws.send(
+            msgpack.packb(
+                {
+                    "type": "response.create",
+                    "max_tokens": 12,
+                    "temperature": 0.0,
+                    "input": [{"role": "user", "content": "What is the capital of France?"}],
+                }
+            )
+        )
         text = ""
         while True:
             frame = await ws.recv()

@@ -32,8 +32,10 @@ pytestmark = pytest.mark.slow
 
 # Greedy SmolLM2 answers this with Japanese script among English words: many
 # of its tokens are pieces of a UTF-8 character (alone they decode to U+FFFD).
-PROMPT = ("How do you say 'thank you' in Japanese? Give the Japanese script and romaji, "
-          "then a short explanation in English.")
+PROMPT = (
+    "How do you say 'thank you' in Japanese? Give the Japanese script and romaji, "
+    "then a short explanation in English."
+)
 N = 48  # tokens of the answer (live_server allows 64)
 NUM_ROUNDS = 50
 NUM_LIVE_ROUNDS = 6
@@ -56,8 +58,7 @@ def _cut_points(reference: Received, tokenizer: Any, rng: random.Random) -> list
     """Offsets a replay round starts from: the edge cases, then random boundaries."""
     boundaries = [0] + [d["end"] for d in reference.deltas]  # offsets a client can hold
     ids = [t for d in reference.deltas for t in d["token_ids"]]
-    mid_char = [b for b in boundaries if 0 < b <= len(ids)
-                and "\ufffd" in tokenizer.decode([ids[b - 1]])]
+    mid_char = [b for b in boundaries if 0 < b <= len(ids) and "\ufffd" in tokenizer.decode([ids[b - 1]])]
     assert len(mid_char) >= 3, "the answer should hold multi-token characters"
     edges = [0, N - 1, N, *rng.sample(mid_char, 3)]
     assert N - 1 in boundaries, "a delta should end right before the last token"
@@ -70,8 +71,9 @@ def _prefix(reference: Received, offset: int) -> str:
     return "".join(d["text"] for d in reference.deltas if d["end"] <= offset)
 
 
-async def _replay_round(url: str, created: dict[str, Any], reference: Received,
-                        start: int, num_before_drop: int) -> int:
+async def _replay_round(
+    url: str, created: dict[str, Any], reference: Received, start: int, num_before_drop: int
+) -> int:
     """Read from ``start``, drop after ``num_before_drop`` deltas, resume from the
     last end received; check the joined text. Returns the cut offset."""
     first = await Conn.open(url)
@@ -111,8 +113,7 @@ async def _live_round(live_server: LiveServer, target: int) -> tuple[int, str, R
     await second.close()
     assert_tiles(before.deltas, 0, cut)
     assert_tiles(after.deltas, cut, N)
-    return cut, resumed["status"], Received(deltas=before.deltas + after.deltas,
-                                            done=after.done)
+    return cut, resumed["status"], Received(deltas=before.deltas + after.deltas, done=after.done)
 
 
 async def test_resume_torture(live_server: LiveServer) -> None:
@@ -126,7 +127,8 @@ async def test_resume_torture(live_server: LiveServer) -> None:
     # before the end, and in between.
     targets = (0, N - 1, *(rng.randrange(1, N - 1) for _ in range(NUM_LIVE_ROUNDS - 2)))
     (created, reference), *live = await asyncio.gather(
-        _reference(live_server), *(_live_round(live_server, t) for t in targets))
+        _reference(live_server), *(_live_round(live_server, t) for t in targets)
+    )
     assert any(ord(c) > 127 for c in reference.text)
     cuts = []
     for cut, _, received in live:
@@ -137,8 +139,11 @@ async def test_resume_torture(live_server: LiveServer) -> None:
     tokens_after_live = live_server.stats().num_generated_tokens
     assert tokens_after_live - tokens_at_start == (1 + NUM_LIVE_ROUNDS) * N
     for start in _cut_points(reference, live_server.tokenizer, rng):
-        cuts.append(await _replay_round(live_server.ws_url, created, reference, start,
-                                        num_before_drop=rng.choice((0, 0, 1, 2))))
+        cuts.append(
+            await _replay_round(
+                live_server.ws_url, created, reference, start, num_before_drop=rng.choice((0, 0, 1, 2))
+            )
+        )
     assert len(cuts) == NUM_ROUNDS and {0, N - 1, N} <= set(cuts)
     # Once from an earlier offset than the last end received: the log still has it.
     earlier = reference.deltas[6]["end"]
@@ -148,26 +153,38 @@ async def test_resume_torture(live_server: LiveServer) -> None:
     await conn.close()
     assert_tiles(again.deltas, earlier, N)
     assert (_prefix(reference, earlier) + again.text).encode() == reference.text.encode()
-    assert live_server.stats().num_generated_tokens == tokens_after_live, \
-        "a replay must not generate"
+    assert live_server.stats().num_generated_tokens == tokens_after_live, "a replay must not generate"
 
 
 # ---- session.resume -------------------------------------------------------------
 
-TURNS = ("My name is Alice. Say hello to me.", "Now count from one to twenty in words.",
-         "What is my name?")
+TURNS = ("My name is Alice. Say hello to me.", "Now count from one to twenty in words.", "What is my name?")
 
 
-def _twin(live_server: LiveServer, *, node_id: str, redis_url: str | None = None,
-          abandon_grace_s: float = 30.0) -> EmbeddedServer:
+def _twin(
+    live_server: LiveServer, *, node_id: str, redis_url: str | None = None, abandon_grace_s: float = 30.0
+) -> EmbeddedServer:
     """Another server in this process on ``live_server``'s engine runner."""
-    server = EmbeddedServer(Settings(
-        session=SessionConfig(max_tokens=64, default_max_tokens=32,
-                              max_frame_bytes=MAX_FRAME_BYTES, abandon_grace_s=abandon_grace_s),
-        server=ServerConfig(port=0, debug_endpoints=True, log_level="warning",
-                            redis_url=redis_url, log_backend="redis" if redis_url else "memory",
-                            node_id=node_id, secret="test-resume-secret")),
-        runner=live_server.state.runner)
+    server = EmbeddedServer(
+        Settings(
+            session=SessionConfig(
+                max_tokens=64,
+                default_max_tokens=32,
+                max_frame_bytes=MAX_FRAME_BYTES,
+                abandon_grace_s=abandon_grace_s,
+            ),
+            server=ServerConfig(
+                port=0,
+                debug_endpoints=True,
+                log_level="warning",
+                redis_url=redis_url,
+                log_backend="redis" if redis_url else "memory",
+                node_id=node_id,
+                secret="test-resume-secret",
+            ),
+        ),
+        runner=live_server.state.runner,
+    )
     server.start()
     return server
 
@@ -185,13 +202,15 @@ async def _second_turn_dropped(url: str) -> tuple[Conn, Received, dict[str, Any]
     return conn, first, created, before
 
 
-async def _resume_second_turn(url: str, dropped: Conn, created: dict[str, Any],
-                              before: Received) -> str:
+async def _resume_second_turn(url: str, dropped: Conn, created: dict[str, Any], before: Received) -> str:
     """On a new connection: session.resume, stream.resume from the last end,
     then turn three. Returns turn two's whole text."""
     conn = await Conn.open(url)
-    await conn.send(type="session.resume", session_id=dropped.created["session_id"],
-                    session_token=dropped.created["session_token"])
+    await conn.send(
+        type="session.resume",
+        session_id=dropped.created["session_id"],
+        session_token=dropped.created["session_token"],
+    )
     resumed = await conn.expect("session.resumed")
     active = resumed["active"]
     assert resumed["session_id"] == dropped.created["session_id"]
@@ -208,13 +227,18 @@ async def _resume_second_turn(url: str, dropped: Conn, created: dict[str, Any],
     return before.text + after.text
 
 
-def _assert_third_prompt(tokenizer: Any, prompt_ids: tuple[int, ...], first: str,
-                         second: str) -> None:
+def _assert_third_prompt(tokenizer: Any, prompt_ids: tuple[int, ...], first: str, second: str) -> None:
     """Turn three's prompt is the whole conversation, each turn exactly once."""
-    expected = render_prompt(tokenizer, (
-        Message(role="user", content=TURNS[0]), Message(role="assistant", content=first),
-        Message(role="user", content=TURNS[1]), Message(role="assistant", content=second),
-        Message(role="user", content=TURNS[2])))
+    expected = render_prompt(
+        tokenizer,
+        (
+            Message(role="user", content=TURNS[0]),
+            Message(role="assistant", content=first),
+            Message(role="user", content=TURNS[1]),
+            Message(role="assistant", content=second),
+            Message(role="user", content=TURNS[2]),
+        ),
+    )
     assert tuple(prompt_ids) == expected
     text = tokenizer.decode(prompt_ids)
     assert text.count(first) == 1 and text.count(second) == 1
@@ -223,8 +247,9 @@ def _assert_third_prompt(tokenizer: Any, prompt_ids: tuple[int, ...], first: str
 async def test_drop_in_second_turn_then_session_resume(live_server: LiveServer) -> None:
     dropped, first, created, before = await _second_turn_dropped(live_server.ws_url)
     second = await _resume_second_turn(live_server.ws_url, dropped, created, before)
-    _assert_third_prompt(live_server.tokenizer, live_server.recent_requests()[-1].prompt_token_ids,
-                         first.text, second)
+    _assert_third_prompt(
+        live_server.tokenizer, live_server.recent_requests()[-1].prompt_token_ids, first.text, second
+    )
 
 
 async def _saved_delivered(service: Any, session_id: str) -> str | None:
@@ -234,8 +259,7 @@ async def _saved_delivered(service: Any, session_id: str) -> str | None:
     return None if active is None else active.delivered
 
 
-async def test_barge_in_after_a_resume_from_before_the_delivered_end(
-        live_server: LiveServer) -> None:
+async def test_barge_in_after_a_resume_from_before_the_delivered_end(live_server: LiveServer) -> None:
     """The kept turn is what the client holds. Resumed from 0, the replay
     repeats what the dropped connection had delivered; it is not counted twice."""
     question = "Count from one to one hundred, in words."
@@ -250,8 +274,11 @@ async def test_barge_in_after_a_resume_from_before_the_delivered_end(
         assert time.monotonic() < deadline, "the dropped connection's state was not saved"
         await asyncio.sleep(0.02)
     conn = await Conn.open(live_server.ws_url)
-    await conn.send(type="session.resume", session_id=dropped.created["session_id"],
-                    session_token=dropped.created["session_token"])
+    await conn.send(
+        type="session.resume",
+        session_id=dropped.created["session_id"],
+        session_token=dropped.created["session_token"],
+    )
     active = (await conn.expect("session.resumed"))["active"]
     assert active is not None and active["stream_id"] == created["stream_id"]
     resumed = await conn.resume(active["stream_id"], active["resume_token"], 0)
@@ -261,15 +288,19 @@ async def test_barge_in_after_a_resume_from_before_the_delivered_end(
         await conn.read(held, max_deltas=1)
     heard = held.text
     assert heard.startswith(before.text) and held.done is None
-    await conn.send(type="response.cancel", response_id=created["response_id"],
-                    heard_chars=len(heard))
+    await conn.send(type="response.cancel", response_id=created["response_id"], heard_chars=len(heard))
     await conn.read(Received())  # to response.done
     await conn.create("Say hi.", temperature=0.0, max_tokens=2)
     await conn.read(Received())
     await conn.close()
-    expected = render_prompt(live_server.tokenizer, (
-        Message(role="user", content=question), Message(role="assistant", content=heard),
-        Message(role="user", content="Say hi.")))
+    expected = render_prompt(
+        live_server.tokenizer,
+        (
+            Message(role="user", content=question),
+            Message(role="assistant", content=heard),
+            Message(role="user", content="Say hi."),
+        ),
+    )
     assert tuple(live_server.recent_requests()[-1].prompt_token_ids) == expected
 
 
@@ -280,13 +311,15 @@ async def test_session_resume_refusals(live_server: LiveServer) -> None:
     assert (await conn.expect("error"))["code"] == "forbidden"
     secret = live_server.state.service.secret  # type: ignore[union-attr]
     unknown = "no-such-session"
-    await conn.send(type="session.resume", session_id=unknown,
-                    session_token=make_session_token(secret, unknown, "anonymous"))
+    await conn.send(
+        type="session.resume",
+        session_id=unknown,
+        session_token=make_session_token(secret, unknown, "anonymous"),
+    )
     assert (await conn.expect("error"))["code"] == "not_found"
     await conn.create("Hi", max_tokens=2)
     await conn.read(Received())
-    await conn.send(type="session.resume", session_id=session_id,
-                    session_token=conn.created["session_token"])
+    await conn.send(type="session.resume", session_id=session_id, session_token=conn.created["session_token"])
     assert (await conn.expect("error"))["code"] == "conflict"
     await conn.close()
 
@@ -295,7 +328,8 @@ NUM_UPDATES = 400
 
 
 async def test_a_burst_of_session_updates_is_saved_once_per_interval(
-        live_server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    live_server: LiveServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Each session.update used to save (re-encode) the whole conversation and
     push one more expiry item in the memory log. Saves are coalesced: over a
     burst, at most one per ``save_interval_s`` (a bound that only widens on a
@@ -326,16 +360,19 @@ async def test_a_burst_of_session_updates_is_saved_once_per_interval(
     deadline = time.monotonic() + 30  # a hang guard: the save at close lands soon
     while True:
         data = await log.load_session(session_id)
-        if data is not None and SavedSession.from_bytes(data).settings.instructions \
-                == f"Be brief, {NUM_UPDATES - 1}.":
+        if (
+            data is not None
+            and SavedSession.from_bytes(data).settings.instructions == f"Be brief, {NUM_UPDATES - 1}."
+        ):
             break
         assert time.monotonic() < deadline, "the last state was never saved"
         await asyncio.sleep(0.02)
 
 
 @pytest.fixture(scope="module")
-def redis_nodes(live_server: LiveServer, redis_server: str) -> Iterator[tuple[EmbeddedServer,
-                                                                              EmbeddedServer]]:
+def redis_nodes(
+    live_server: LiveServer, redis_server: str
+) -> Iterator[tuple[EmbeddedServer, EmbeddedServer]]:
     """Two nodes on one redis-server, both on live_server's engine runner."""
     first = _twin(live_server, node_id="resume-a", redis_url=redis_server)
     try:
@@ -350,7 +387,8 @@ def redis_nodes(live_server: LiveServer, redis_server: str) -> Iterator[tuple[Em
 
 @pytest.mark.redis
 async def test_session_resume_on_another_node_over_redis(
-        live_server: LiveServer, redis_nodes: tuple[EmbeddedServer, EmbeddedServer]) -> None:
+    live_server: LiveServer, redis_nodes: tuple[EmbeddedServer, EmbeddedServer]
+) -> None:
     node_a, node_b = redis_nodes
     dropped, first, created, before = await _second_turn_dropped(node_a.ws_url)
     second = await _resume_second_turn(node_b.ws_url, dropped, created, before)
@@ -360,6 +398,7 @@ async def test_session_resume_on_another_node_over_redis(
 
 
 # ---- what a slow or vanished client holds ------------------------------------------
+
 
 async def test_slow_reader_holds_no_kv_blocks(live_server: LiveServer) -> None:
     """The blocks are free once generation ended, while the client is still
@@ -397,7 +436,8 @@ def short_grace(live_server: LiveServer) -> Iterator[EmbeddedServer]:
 
 
 async def test_abandoned_stream_is_cancelled_after_the_grace_time(
-        live_server: LiveServer, short_grace: EmbeddedServer) -> None:
+    live_server: LiveServer, short_grace: EmbeddedServer
+) -> None:
     url = short_grace.ws_url
     max_tokens = 64  # generating them outlasts the 0.5 s grace even on a quiet machine
     # Resumed within the grace time: it runs to the end.

@@ -20,8 +20,7 @@ NUM_ROUNDS = 200
 NUM_CLIENTS = 4
 
 
-async def test_a_cancelled_stream_ends_where_its_last_delta_ended(
-        live_server: LiveServer) -> None:
+async def test_a_cancelled_stream_ends_where_its_last_delta_ended(live_server: LiveServer) -> None:
     # The cancel goes out right after a delta, while the engine's next step is
     # in flight: that step's token is sampled after the cancel, so it is not
     # logged, and response.done's end is the end of the last delta received.
@@ -48,18 +47,25 @@ async def test_a_cancelled_stream_ends_where_its_last_delta_ended(
     await live_server.wait_idle()
 
 
-async def test_interrupt_active_sends_the_old_response_to_its_done_first(
-        live_server: LiveServer) -> None:
+async def test_interrupt_active_sends_the_old_response_to_its_done_first(live_server: LiveServer) -> None:
     for num_deltas in (1, 3, 6):
         conn = await Conn.open(live_server.ws_url)
         try:
             old = await conn.create(STORY, max_tokens=48, temperature=0)
             await conn.read(Received(), max_deltas=num_deltas)
-            await conn.send(type="response.create", interrupt_active=True, max_tokens=4,
-                            temperature=0, input=[{"role": "user", "content": "Stop."}])
+            await conn.send(
+                type="response.create",
+                interrupt_active=True,
+                max_tokens=4,
+                temperature=0,
+                input=[{"role": "user", "content": "Stop."}],
+            )
             events = []
-            while not events or events[-1]["type"] != "response.done" \
-                    or events[-1]["response_id"] == old["response_id"]:
+            while (
+                not events
+                or events[-1]["type"] != "response.done"
+                or events[-1]["response_id"] == old["response_id"]
+            ):
                 events.append(await conn.recv())
         finally:
             await conn.close()
@@ -89,8 +95,7 @@ async def test_random_interleavings_agree_in_every_round(live_server: LiveServer
     assert stats.num_free_blocks == start.num_free_blocks
 
 
-async def test_a_stream_cut_inside_a_character_ends_with_the_last_whole_one(
-        live_server: LiveServer) -> None:
+async def test_a_stream_cut_inside_a_character_ends_with_the_last_whole_one(live_server: LiveServer) -> None:
     # The model answers this with emoji of several byte-level tokens each; a
     # max_tokens that ends between two of them must not end the text with
     # U+FFFD. The cut token still counts in offsets and usage.
@@ -107,8 +112,7 @@ async def test_a_stream_cut_inside_a_character_ends_with_the_last_whole_one(
     full = await answer(24)
     ids = [t for d in full.deltas for t in d["token_ids"]]
     decode = live_server.tokenizer.decode
-    cut = next(k for k in range(1, len(ids))
-               if decode(ids[:k], skip_special_tokens=True).endswith("\ufffd"))
+    cut = next(k for k in range(1, len(ids)) if decode(ids[:k], skip_special_tokens=True).endswith("\ufffd"))
     short = await answer(cut)
     assert short.done is not None
     assert (short.done["end"], short.done["finish_reason"]) == (cut, "length")

@@ -34,9 +34,15 @@ async def answer(client: RealtimeClient, *, until_error: bool = False) -> list[d
     """``response.create``; its events up to ``response.done`` (or the first
     ``error``), bounded by the hang guard."""
     response_id = f"fault{next(_ids)}"
-    await client.send({"type": "response.create", "response_id": response_id,
-                       "input": [{"role": "user", "content": "Count from one to twenty."}],
-                       "max_tokens": 32, "temperature": 0.0})
+    await client.send(
+        {
+            "type": "response.create",
+            "response_id": response_id,
+            "input": [{"role": "user", "content": "Count from one to twenty."}],
+            "max_tokens": 32,
+            "temperature": 0.0,
+        }
+    )
     events = []
     async with asyncio.timeout(HANG_GUARD_S):
         while True:
@@ -93,11 +99,11 @@ async def assert_blocks_free(live_server: LiveServer) -> None:
 
 @pytest.mark.parametrize("target", ["log.write_step", "service._continued"])
 async def test_a_step_writer_fault_ends_the_response_and_the_next_goes_through(
-        live_server: LiveServer, monkeypatch: pytest.MonkeyPatch, target: str) -> None:
+    live_server: LiveServer, monkeypatch: pytest.MonkeyPatch, target: str
+) -> None:
     service = live_server.state.service
     assert service is not None
-    owner, name = (service.log, "write_step") if target.startswith("log") else (service,
-                                                                                 "_continued")
+    owner, name = (service.log, "write_step") if target.startswith("log") else (service, "_continued")
     monkeypatch.setattr(owner, name, raise_once(getattr(owner, name)))
     async with RealtimeClient(live_server.ws_url, max_reconnects=0) as client:
         assert_failed_explicitly(await answer(client))  # used to hang: the writer was dead
@@ -109,7 +115,8 @@ async def test_a_step_writer_fault_ends_the_response_and_the_next_goes_through(
 
 
 async def test_a_log_that_refuses_every_write_makes_the_node_unready(
-        live_server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    live_server: LiveServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     service = live_server.state.service
     assert service is not None
     real = service.log.write_step
@@ -124,8 +131,10 @@ async def test_a_log_that_refuses_every_write_makes_the_node_unready(
         await assert_blocks_free(live_server)
         response = await readyz(live_server)
         assert response.status_code == 503
-        assert any(line.startswith("token-log-writer: crashed (RuntimeError")
-                   for line in response.json()["not_ready"]), response.json()
+        assert any(
+            line.startswith("token-log-writer: crashed (RuntimeError")
+            for line in response.json()["not_ready"]
+        ), response.json()
         monkeypatch.setattr(service.log, "write_step", real)  # the log is fixed
         events = await answer(client)
         assert events[-1]["finish_reason"] in ("stop", "length"), events[-1]
@@ -133,7 +142,8 @@ async def test_a_log_that_refuses_every_write_makes_the_node_unready(
 
 
 async def test_a_delivery_whose_reader_fails_ends_with_a_retryable_error(
-        live_server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    live_server: LiveServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     service = live_server.state.service
     assert service is not None
     monkeypatch.setattr(service.log, "read", raise_once(service.log.read))

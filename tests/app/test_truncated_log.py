@@ -47,8 +47,7 @@ async def trim_all_but_the_end(raw: Redis, stream_id: str) -> None:
     assert await raw.xtrim(key, maxlen=1, approximate=False) >= 1
 
 
-async def test_stream_resume_of_a_trimmed_log_is_refused(
-        redis_node: EmbeddedServer, raw: Redis) -> None:
+async def test_stream_resume_of_a_trimmed_log_is_refused(redis_node: EmbeddedServer, raw: Redis) -> None:
     first = await Conn.open(redis_node.ws_url)
     created = await first.create(PROMPT, max_tokens=NUM_TOKENS, temperature=0)
     received = await first.read(Received())
@@ -71,12 +70,15 @@ async def test_stream_resume_of_a_trimmed_log_is_refused(
         await second.close()
 
 
-async def test_sse_resume_of_a_trimmed_log_is_410_gone(
-        redis_node: EmbeddedServer, raw: Redis) -> None:
-    async with httpx.AsyncClient(base_url=redis_node.http_url, headers=AUTH,
-                                 timeout=60) as http:
-        body = {"model": "bargein", "messages": [{"role": "user", "content": PROMPT}],
-                "max_tokens": NUM_TOKENS, "temperature": 0, "stream": True}
+async def test_sse_resume_of_a_trimmed_log_is_410_gone(redis_node: EmbeddedServer, raw: Redis) -> None:
+    async with httpx.AsyncClient(base_url=redis_node.http_url, headers=AUTH, timeout=60) as http:
+        body = {
+            "model": "bargein",
+            "messages": [{"role": "user", "content": PROMPT}],
+            "max_tokens": NUM_TOKENS,
+            "temperature": 0,
+            "stream": True,
+        }
         response = await http.post("/v1/chat/completions", json=body)
         assert response.status_code == 200
         stream_id = response.headers["x-bargein-stream-id"]

@@ -27,7 +27,9 @@ def next_token(history: Sequence[int]) -> int:
     return (h >> 5) % VOCAB
 
 
-def reference(prompt: Sequence[int], max_tokens: int, max_model_len: int, *, ignore_eos: bool = False) -> list[int]:
+def reference(
+    prompt: Sequence[int], max_tokens: int, max_model_len: int, *, ignore_eos: bool = False
+) -> list[int]:
     """What greedy decoding of the fake model returns for ``prompt``."""
     tokens = list(prompt)
     out: list[int] = []

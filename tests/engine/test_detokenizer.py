@@ -56,7 +56,9 @@ def _feed(detok: IncrementalDetokenizer, ids: Sequence[int], sizes: Sequence[int
 @pytest.mark.slow
 @pytest.mark.parametrize("text", TEXTS)
 @pytest.mark.parametrize("chunk", [1, 2, 3, 7])
-def test_deltas_concatenate_to_full_decode(tokenizer: Tokenizer, prompt_ids: list[int], text: str, chunk: int) -> None:
+def test_deltas_concatenate_to_full_decode(
+    tokenizer: Tokenizer, prompt_ids: list[int], text: str, chunk: int
+) -> None:
     ids = tokenizer.encode(text, add_special_tokens=False)
     detok = IncrementalDetokenizer(tokenizer, prompt_ids)
     deltas = _feed(detok, ids, [chunk])
@@ -88,7 +90,9 @@ def test_special_tokens_are_skipped(tokenizer: Tokenizer, prompt_ids: list[int])
 @pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(text=st.sampled_from(TEXTS) | st.text(max_size=40), data=st.data())
-def test_random_chunkings(tokenizer: Tokenizer, prompt_ids: list[int], text: str, data: st.DataObject) -> None:
+def test_random_chunkings(
+    tokenizer: Tokenizer, prompt_ids: list[int], text: str, data: st.DataObject
+) -> None:
     ids = tokenizer.encode(text, add_special_tokens=False)
     sizes = data.draw(st.lists(st.integers(1, 5), min_size=1, max_size=8))
     deltas = _feed(IncrementalDetokenizer(tokenizer, prompt_ids), ids, sizes)
@@ -111,13 +115,17 @@ def test_random_token_ids(tokenizer: Tokenizer, prompt_ids: list[int], data: st.
 @pytest.mark.slow
 @pytest.mark.parametrize("text", TEXTS[1:3])
 def test_a_sequence_cut_inside_a_character_drops_its_bytes(
-        tokenizer: Tokenizer, prompt_ids: list[int], text: str) -> None:
+    tokenizer: Tokenizer, prompt_ids: list[int], text: str
+) -> None:
     # max_tokens, a stop token or an interrupt can end the output between the
     # byte tokens of one character: no delta, and so no stream text, may end
     # in U+FFFD; the text is everything up to the last whole character.
     ids = tokenizer.encode(text, add_special_tokens=False)
-    cuts = [k for k in range(1, len(ids))
-            if tokenizer.decode(ids[:k], skip_special_tokens=True).endswith("\ufffd")]
+    cuts = [
+        k
+        for k in range(1, len(ids))
+        if tokenizer.decode(ids[:k], skip_special_tokens=True).endswith("\ufffd")
+    ]
     assert cuts, "the text must hold characters split over several tokens"
     for k in cuts:
         deltas = _feed(IncrementalDetokenizer(tokenizer, prompt_ids), ids[:k], [1])

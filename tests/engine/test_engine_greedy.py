@@ -87,7 +87,9 @@ def run_staggered(engine: LLMEngine, prompts: list[list[int]]) -> dict[str, list
     steps = 0
     while pending or engine.has_unfinished_requests():
         for i, prompt in pending[:2]:
-            engine.add_request(EngineRequest(request_id=f"p{i}", prompt_token_ids=tuple(prompt), params=params))
+            engine.add_request(
+                EngineRequest(request_id=f"p{i}", prompt_token_ids=tuple(prompt), params=params)
+            )
         pending = pending[2:]
         for out in engine.step():
             outputs[out.request_id].append(out)

@@ -52,8 +52,12 @@ def test_staggered_requests_match_the_reference_with_and_without_preemption(num_
     for i in range(20):
         prompt = prompt_of(rng, rng.randrange(1, 40))
         params = greedy(max_tokens=rng.randrange(1, 16), ignore_eos=i % 3 == 0)
-        arrivals[rng.randrange(0, 30)].append(EngineRequest(request_id=f"r{i}", prompt_token_ids=prompt, params=params))
-        expected[f"r{i}"] = reference(prompt, params.max_tokens, CONFIG.max_model_len, ignore_eos=params.ignore_eos)
+        arrivals[rng.randrange(0, 30)].append(
+            EngineRequest(request_id=f"r{i}", prompt_token_ids=prompt, params=params)
+        )
+        expected[f"r{i}"] = reference(
+            prompt, params.max_tokens, CONFIG.max_model_len, ignore_eos=params.ignore_eos
+        )
     outputs = run_all(engine, arrivals)
     for request_id, want in expected.items():
         outs = outputs[request_id]
@@ -71,7 +75,9 @@ def test_staggered_requests_match_the_reference_with_and_without_preemption(num_
 def test_steps_mix_decodes_and_prefill_chunks() -> None:
     runner = FakeRunner(num_blocks=100)
     engine = LLMEngine(runner, CONFIG)
-    engine.add_request(EngineRequest(request_id="a", prompt_token_ids=(1, 2, 3), params=greedy(ignore_eos=True)))
+    engine.add_request(
+        EngineRequest(request_id="a", prompt_token_ids=(1, 2, 3), params=greedy(ignore_eos=True))
+    )
     engine.step()
     engine.add_request(EngineRequest(request_id="b", prompt_token_ids=tuple(range(1, 21)), params=greedy()))
     engine.step()
@@ -108,7 +114,9 @@ def test_stop_string_ends_with_stop_and_cuts_the_text() -> None:
     stop = full[4:6]
     cut = full.index(stop)
     engine = LLMEngine(FakeRunner(num_blocks=20), CONFIG)
-    engine.add_request(EngineRequest(request_id="a", prompt_token_ids=prompt, params=greedy(ignore_eos=True, stop=(stop,))))
+    engine.add_request(
+        EngineRequest(request_id="a", prompt_token_ids=prompt, params=greedy(ignore_eos=True, stop=(stop,)))
+    )
     outputs = run_all(engine, {})
     outs = outputs["a"]
     assert outs[-1].finish_reason is FinishReason.STOP
@@ -122,9 +130,13 @@ def test_eos_and_stop_token_ids_end_with_stop_unless_ignored() -> None:
     want = reference(prompt, 12, 48)
     engine = LLMEngine(FakeRunner(num_blocks=20), CONFIG)
     engine.add_request(EngineRequest(request_id="eos", prompt_token_ids=prompt, params=greedy()))
-    engine.add_request(EngineRequest(request_id="ign", prompt_token_ids=prompt, params=greedy(ignore_eos=True)))
+    engine.add_request(
+        EngineRequest(request_id="ign", prompt_token_ids=prompt, params=greedy(ignore_eos=True))
+    )
     stop_id = want[0]
-    engine.add_request(EngineRequest(request_id="sid", prompt_token_ids=prompt, params=greedy(stop_token_ids=(stop_id,))))
+    engine.add_request(
+        EngineRequest(request_id="sid", prompt_token_ids=prompt, params=greedy(stop_token_ids=(stop_id,)))
+    )
     outputs = run_all(engine, {})
     assert [t for o in outputs["eos"] for t in o.new_token_ids] == want and want[-1] == EOS
     assert outputs["eos"][-1].finish_reason is FinishReason.STOP
@@ -136,7 +148,9 @@ def test_eos_and_stop_token_ids_end_with_stop_unless_ignored() -> None:
 
 def test_max_model_len_ends_with_length() -> None:
     engine = LLMEngine(FakeRunner(num_blocks=20), CONFIG)
-    engine.add_request(EngineRequest(request_id="a", prompt_token_ids=(1,) * 40, params=greedy(100, ignore_eos=True)))
+    engine.add_request(
+        EngineRequest(request_id="a", prompt_token_ids=(1,) * 40, params=greedy(100, ignore_eos=True))
+    )
     outs = run_all(engine, {})["a"]
     assert outs[-1].finish_reason is FinishReason.LENGTH and outs[-1].num_output_tokens == 8
 
@@ -144,7 +158,9 @@ def test_max_model_len_ends_with_length() -> None:
 @pytest.mark.parametrize("steps_before", [0, 1, 4])
 def test_abort_is_drained_at_the_next_step_with_its_reason(steps_before: int) -> None:
     engine = LLMEngine(FakeRunner(num_blocks=20), CONFIG)
-    engine.add_request(EngineRequest(request_id="a", prompt_token_ids=(1,) * 20, params=greedy(ignore_eos=True)))
+    engine.add_request(
+        EngineRequest(request_id="a", prompt_token_ids=(1,) * 20, params=greedy(ignore_eos=True))
+    )
     for _ in range(steps_before):
         engine.step()
     engine.abort_request("a", FinishReason.CANCELLED)
@@ -162,15 +178,18 @@ def test_abort_is_drained_at_the_next_step_with_its_reason(steps_before: int) ->
 def test_an_abort_only_if_waiting_spares_a_request_whose_prefill_began() -> None:
     # a queue deadline: the request still queued is dropped, the one in prefill goes on
     engine = LLMEngine(FakeRunner(num_blocks=20), CONFIG)
-    engine.add_request(EngineRequest(request_id="started", prompt_token_ids=(1,) * 20,
-                                     params=greedy(2, ignore_eos=True)))
+    engine.add_request(
+        EngineRequest(request_id="started", prompt_token_ids=(1,) * 20, params=greedy(2, ignore_eos=True))
+    )
     engine.step()  # its first prefill chunk: scheduled, no token yet
-    engine.add_request(EngineRequest(request_id="queued", prompt_token_ids=(1,) * 4,
-                                     params=greedy(2, ignore_eos=True)))
+    engine.add_request(
+        EngineRequest(request_id="queued", prompt_token_ids=(1,) * 4, params=greedy(2, ignore_eos=True))
+    )
     for request_id in ("started", "queued", "nobody"):
         engine.abort_request(request_id, FinishReason.CANCELLED, only_if_waiting=True)
     ended = engine.drain_aborts()
     assert [(o.request_id, o.finish_reason, o.num_output_tokens) for o in ended] == [
-        ("queued", FinishReason.CANCELLED, 0)]
+        ("queued", FinishReason.CANCELLED, 0)
+    ]
     outputs = run_all(engine, {})
     assert outputs["started"][-1].finish_reason is FinishReason.LENGTH

@@ -60,8 +60,14 @@ def _drive(
                 continue
             n = min(chunks[(step + i) % len(chunks)], prompt_len - done[i]) if done[i] < prompt_len else 1
             end = done[i] + n
-            batch.append(SeqInput(token_ids=tokens[done[i] : end], start_pos=done[i],
-                                  block_table=tables[i], sample=end >= prompt_len))
+            batch.append(
+                SeqInput(
+                    token_ids=tokens[done[i] : end],
+                    start_pos=done[i],
+                    block_table=tables[i],
+                    sample=end >= prompt_len,
+                )
+            )
             owners.append((i, end))
             done[i] = end
         if not batch:
@@ -99,13 +105,17 @@ def test_one_chunk_prefill_then_greedy_decode_says_paris(model_runner_factory, h
     runner = model_runner_factory(num_blocks=8)
     prompt = hf_tokenizer.apply_chat_template(
         [{"role": "user", "content": "What is the capital of France?"}],
-        add_generation_prompt=True, tokenize=True, return_dict=False,
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
     )
     table, out = [5, 2, 7, 0], []
     logits = runner.execute([SeqInput(token_ids=prompt, start_pos=0, block_table=table, sample=True)])
     for pos in range(len(prompt), len(prompt) + 8):
         out.append(int(logits.argmax(-1)))
-        logits = runner.execute([SeqInput(token_ids=[out[-1]], start_pos=pos, block_table=table, sample=True)])
+        logits = runner.execute(
+            [SeqInput(token_ids=[out[-1]], start_pos=pos, block_table=table, sample=True)]
+        )
     assert hf_tokenizer.decode(out).startswith("The capital of France is Paris")
 
 
@@ -120,8 +130,15 @@ def test_runner_reports_its_pool(model_runner_factory) -> None:
 
 
 def _tiny(arch: str) -> PreTrainedModel:
-    common = dict(vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    common = dict(
+        vocab_size=160,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
     torch.manual_seed(0)
     if arch == "llama":
         return LlamaForCausalLM(LlamaConfig(**common, tie_word_embeddings=False))
@@ -140,7 +157,9 @@ def _tiny(arch: str) -> PreTrainedModel:
 
 
 @pytest.mark.parametrize("arch", ["llama", "llama-tied-mha", "llama-attention-bias", "qwen2", "mistral"])
-def test_tiny_architectures_match_transformers(arch: str, tmp_path: Path, model_runner_factory, hf_tokenizer) -> None:
+def test_tiny_architectures_match_transformers(
+    arch: str, tmp_path: Path, model_runner_factory, hf_tokenizer
+) -> None:
     hf = _tiny(arch).eval()
     hf.save_pretrained(tmp_path)
     hf_tokenizer.save_pretrained(tmp_path)

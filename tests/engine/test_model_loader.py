@@ -57,7 +57,8 @@ def test_a_crash_mid_conversion_leaves_no_cache(tmp_path: Path, monkeypatch: pyt
 
 @pytest.mark.slow
 def test_gguf_converts_once_and_the_cache_loads_the_same_weights(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cfg = ModelConfig(cache_dir=str(tmp_path))
     # "Once" is counted, not timed: a cached load that is 3x faster on a quiet
     # box need not be on a loaded one. The times are printed for a reader.

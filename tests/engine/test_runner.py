@@ -88,9 +88,14 @@ def setup(shared_runner: ModelRunner) -> Iterator[tuple[EngineRunner, HookedRunn
 
 
 def request(
-    tokenizer: PreTrainedTokenizerBase, request_id: str, text: str = "Tell me about the sea.", max_tokens: int = 8
+    tokenizer: PreTrainedTokenizerBase,
+    request_id: str,
+    text: str = "Tell me about the sea.",
+    max_tokens: int = 8,
 ) -> EngineRequest:
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+    )
     ids = ids["input_ids"] if hasattr(ids, "keys") else ids
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     return EngineRequest(request_id=request_id, prompt_token_ids=tuple(ids), params=params)
@@ -103,7 +108,9 @@ def assert_ended_once(collector: Collector, request_id: str, reason: FinishReaso
     return outs
 
 
-def when(engine: LLMEngine, request_id: str, pred: Callable[[Any], bool], action: Callable[[], None]) -> Callable[[], None]:
+def when(
+    engine: LLMEngine, request_id: str, pred: Callable[[Any], bool], action: Callable[[], None]
+) -> Callable[[], None]:
     """A hook running ``action`` once, in the step where ``pred(seq)`` holds for the live request."""
     fired = []
 

@@ -19,14 +19,23 @@ def fixed_logits(seed: int, rows: int = 1) -> torch.Tensor:
 
 def test_greedy_rows_take_the_argmax() -> None:
     logits = fixed_logits(0, rows=3)
-    params = [SamplingParams(temperature=0), SamplingParams(top_k=1), SamplingParams(temperature=0, top_p=0.1)]
+    params = [
+        SamplingParams(temperature=0),
+        SamplingParams(top_k=1),
+        SamplingParams(temperature=0, top_p=0.1),
+    ]
     tokens = Sampler()(logits, params, [None] * 3)
     assert tokens == logits.argmax(dim=-1).tolist()
 
 
 def test_greedy_and_random_rows_mix_in_one_batch() -> None:
     logits = fixed_logits(1, rows=4)
-    params = [SamplingParams(temperature=0), SamplingParams(seed=1), SamplingParams(temperature=0), SamplingParams()]
+    params = [
+        SamplingParams(temperature=0),
+        SamplingParams(seed=1),
+        SamplingParams(temperature=0),
+        SamplingParams(),
+    ]
     tokens = Sampler()(logits, params, [None, make_generator(1, CPU), None, None])
     assert tokens[0] == int(logits[0].argmax()) and tokens[2] == int(logits[2].argmax())
     assert all(0 <= t < VOCAB for t in tokens)
@@ -111,4 +120,7 @@ def test_temperature_sampling_follows_the_distribution() -> None:
     picked = torch.tensor(Sampler()(batch, params, [gen] * n))
     freq = torch.bincount(picked, minlength=3).float() / n
     # 5 standard errors of a binomial proportion.
-    assert all(abs(f - p) < 5 * math.sqrt(p * (1 - p) / n) for f, p in zip(freq.tolist(), probs.tolist(), strict=True))
+    assert all(
+        abs(f - p) < 5 * math.sqrt(p * (1 - p) / n)
+        for f, p in zip(freq.tolist(), probs.tolist(), strict=True)
+    )

@@ -181,7 +181,9 @@ def test_abort_in_every_state_frees_blocks(when: str) -> None:
         ({"max_tokens": 100}, [5] * 20, FinishReason.LENGTH, 8),  # max_model_len 16
     ],
 )
-def test_token_stops(params: dict[str, object], tokens: list[int], reason: FinishReason, num_out: int) -> None:
+def test_token_stops(
+    params: dict[str, object], tokens: list[int], reason: FinishReason, num_out: int
+) -> None:
     sched = make(max_model_len=16)
     seq = sched.add(request("a", 8, **params))
     for token in tokens:

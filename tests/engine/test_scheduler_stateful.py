@@ -22,9 +22,7 @@ from bargein.engine.sequence import SequenceStatus
 EOS = 0
 NUM_BLOCKS = 10
 BLOCK_SIZE = 4
-CONFIG = SchedulerConfig(
-    max_num_seqs=4, max_num_batched_tokens=12, prefill_chunk_size=6, max_model_len=32
-)
+CONFIG = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=12, prefill_chunk_size=6, max_model_len=32)
 
 
 class SchedulerMachine(RuleBasedStateMachine):

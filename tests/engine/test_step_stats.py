@@ -17,15 +17,16 @@ from bargein.engine.engine import LLMEngine, StepStats
 from bargein.engine.request import EngineRequest, FinishReason, SamplingParams
 from tests.engine.fake_runner import FakeRunner
 
-CONFIG = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=24, prefill_chunk_size=8,
-                         max_model_len=48)
+CONFIG = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=24, prefill_chunk_size=8, max_model_len=48)
 
 
 def request(request_id: str, prompt_len: int, max_tokens: int) -> EngineRequest:
-    return EngineRequest(request_id=request_id, prompt_token_ids=tuple(range(1, prompt_len + 1)),
-                         params=SamplingParams(temperature=0, max_tokens=max_tokens,
-                                               ignore_eos=True),
-                         arrival_time=time.monotonic())
+    return EngineRequest(
+        request_id=request_id,
+        prompt_token_ids=tuple(range(1, prompt_len + 1)),
+        params=SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True),
+        arrival_time=time.monotonic(),
+    )
 
 
 @pytest.mark.parametrize("num_blocks", [100, 14])
@@ -50,14 +51,14 @@ def test_step_stats_add_up_to_what_the_requests_got(num_blocks: int) -> None:
     assert sum(len(s.e2e_s) for s in steps) == len(requests)
     assert sum(len(s.inter_token_s) for s in steps) == total_tokens - len(requests)
     assert sum(s.num_generated_tokens for s in steps) == total_tokens
-    assert sum(s.num_prompt_tokens for s in steps) == sum(len(r.prompt_token_ids)
-                                                          for r in requests)
+    assert sum(s.num_prompt_tokens for s in steps) == sum(len(r.prompt_token_ids) for r in requests)
     computed = sum(len(seq.token_ids) for call in runner.calls for seq in call)
     assert sum(s.num_prefill_tokens + s.num_decode_tokens for s in steps) == computed
     assert sum(s.num_preempted for s in steps) == engine.stats().num_preemptions
     assert (engine.stats().num_preemptions > 0) == (num_blocks == 14)
-    times = [t for s in steps for t in (*s.ttfts_s, *s.queue_times_s, *s.inter_token_s,
-                                         *s.e2e_s, s.duration_s)]
+    times = [
+        t for s in steps for t in (*s.ttfts_s, *s.queue_times_s, *s.inter_token_s, *s.e2e_s, s.duration_s)
+    ]
     assert min(times) >= 0
     assert steps[-1].engine == engine.stats()
 

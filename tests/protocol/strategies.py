@@ -48,7 +48,11 @@ client_events = st.one_of(
         **sampling,
     ),
     st.builds(
-        ev.ResponseCancel, response_id=ids, heard_chars=_opt(client_counts), audio_end_ms=_opt(client_counts), event_id=event_id
+        ev.ResponseCancel,
+        response_id=ids,
+        heard_chars=_opt(client_counts),
+        audio_end_ms=_opt(client_counts),
+        event_id=event_id,
     ),
     st.builds(ev.StreamResume, stream_id=ids, resume_token=text, from_=client_counts, event_id=event_id),
     st.builds(ev.SessionResume, session_id=ids, session_token=text, event_id=event_id),
@@ -62,7 +66,11 @@ server_events = st.one_of(
         session_token=text,
         model=text,
         limits=st.builds(
-            ev.Limits, max_frame_bytes=counts, max_prompt_tokens=counts, max_tokens=counts, max_context_tokens=counts
+            ev.Limits,
+            max_frame_bytes=counts,
+            max_prompt_tokens=counts,
+            max_tokens=counts,
+            max_context_tokens=counts,
         ),
     ),
     st.builds(ev.SessionUpdated, session=settings),
@@ -70,7 +78,9 @@ server_events = st.one_of(
         ev.SessionResumed,
         session_id=ids,
         turns=counts,
-        active=_opt(st.builds(ev.ActiveStream, response_id=ids, stream_id=ids, resume_token=text, end=counts)),
+        active=_opt(
+            st.builds(ev.ActiveStream, response_id=ids, stream_id=ids, resume_token=text, end=counts)
+        ),
     ),
     st.builds(ev.ResponseCreated, response_id=ids, stream_id=ids, resume_token=text),
     st.builds(
@@ -91,7 +101,11 @@ server_events = st.one_of(
         usage=st.builds(ev.Usage, prompt_tokens=counts, completion_tokens=counts, cached_tokens=counts),
     ),
     st.builds(
-        ev.StreamResumed, stream_id=ids, response_id=ids, from_=counts, status=st.sampled_from(["live", "complete"])
+        ev.StreamResumed,
+        stream_id=ids,
+        response_id=ids,
+        from_=counts,
+        status=st.sampled_from(["live", "complete"]),
     ),
     st.builds(
         ev.ErrorEvent,

@@ -70,14 +70,18 @@ SERVER_GOLDEN: list[tuple[Any, str]] = [
             session_id="sess",
             session_token="st",
             model="SmolLM2-135M-Instruct",
-            limits=ev.Limits(max_frame_bytes=65536, max_prompt_tokens=1536, max_tokens=512, max_context_tokens=2048),
+            limits=ev.Limits(
+                max_frame_bytes=65536, max_prompt_tokens=1536, max_tokens=512, max_context_tokens=2048
+            ),
         ),
         '{"type":"session.created","session_id":"sess","session_token":"st","model":"SmolLM2-135M-Instruct",'
         '"limits":{"max_frame_bytes":65536,"max_prompt_tokens":1536,"max_tokens":512,"max_context_tokens":2048},'
         '"protocol":"bargein.v1"}',
     ),
     (
-        ev.SessionUpdated(session=ev.SessionSettings(instructions="", on_disconnect="continue", include_token_ids=False)),
+        ev.SessionUpdated(
+            session=ev.SessionSettings(instructions="", on_disconnect="continue", include_token_ids=False)
+        ),
         '{"type":"session.updated","session":{"instructions":"","on_disconnect":"continue","include_token_ids":false}}',
     ),
     (
@@ -102,7 +106,9 @@ SERVER_GOLDEN: list[tuple[Any, str]] = [
         '{"type":"response.delta","response_id":"r1","stream_id":"s1","start":0,"end":3,"text":"日本語"}',
     ),
     (
-        ev.ResponseDelta(response_id="r1", stream_id="s1", start=3, end=5, text=" 🎉", token_ids=(15107, 232)),
+        ev.ResponseDelta(
+            response_id="r1", stream_id="s1", start=3, end=5, text=" 🎉", token_ids=(15107, 232)
+        ),
         '{"type":"response.delta","response_id":"r1","stream_id":"s1","start":3,"end":5,"text":" 🎉",'
         '"token_ids":[15107,232]}',
     ),
@@ -127,7 +133,11 @@ SERVER_GOLDEN: list[tuple[Any, str]] = [
     ),
     (
         ev.ErrorEvent(
-            code=ev.ErrorCode.NOT_FOUND, message="no such response", retryable=False, event_id="e9", response_id="r7"
+            code=ev.ErrorCode.NOT_FOUND,
+            message="no such response",
+            retryable=False,
+            event_id="e9",
+            response_id="r7",
         ),
         '{"type":"error","code":"not_found","message":"no such response","retryable":false,"event_id":"e9",'
         '"response_id":"r7"}',

@@ -47,9 +47,23 @@ json_values = st.recursive(
     max_leaves=12,
 )
 keys = st.sampled_from(
-    ["type", "event_id", "session", "input", "role", "content", "stop", "from", "max_tokens", "temperature", "x"]
+    [
+        "type",
+        "event_id",
+        "session",
+        "input",
+        "role",
+        "content",
+        "stop",
+        "from",
+        "max_tokens",
+        "temperature",
+        "x",
+    ]
 )
-types = st.sampled_from(["ping", "response.create", "response.cancel", "session.update", "stream.resume", "?"])
+types = st.sampled_from(
+    ["ping", "response.create", "response.cancel", "session.update", "stream.resume", "?"]
+)
 
 
 @st.composite

@@ -52,7 +52,9 @@ INVALID_MESSAGE = [
     pytest.param(_create(input=[{"role": "user", "content": ["hi"]}]), id="content-not-string"),
     pytest.param('{"type":"session.update"}', id="session-missing"),
     pytest.param('{"type":"session.update","session":[]}', id="session-not-map"),
-    pytest.param('{"type":"session.update","session":{"include_token_ids":"yes"}}', id="include_token_ids-string"),
+    pytest.param(
+        '{"type":"session.update","session":{"include_token_ids":"yes"}}', id="include_token_ids-string"
+    ),
     pytest.param('{"type":"ping","event_id":5}', id="event_id-not-string"),
     pytest.param('{"type":"response.cancel","response_id":"\\ud800"}', id="lone-surrogate"),
 ]
@@ -84,20 +86,28 @@ INVALID_PARAMETER = [
     pytest.param('{"type":"response.cancel","response_id":"r","heard_chars":-1}', id="heard_chars<0"),
     pytest.param('{"type":"response.cancel","response_id":"r","audio_end_ms":-5}', id="audio_end_ms<0"),
     # Offsets and counts are bounded (2**31 - 1): past it, nothing a stream can hold.
-    pytest.param('{"type":"stream.resume","stream_id":"s","resume_token":"t","from":2147483648}',
-                 id="from>2**31-1"),
-    pytest.param('{"type":"stream.resume","stream_id":"s","resume_token":"t","from":9223372036854775807}',
-                 id="from=2**63-1"),
-    pytest.param('{"type":"response.cancel","response_id":"r","heard_chars":2147483648}',
-                 id="heard_chars>2**31-1"),
-    pytest.param('{"type":"response.cancel","response_id":"r","audio_end_ms":2147483648}',
-                 id="audio_end_ms>2**31-1"),
+    pytest.param(
+        '{"type":"stream.resume","stream_id":"s","resume_token":"t","from":2147483648}', id="from>2**31-1"
+    ),
+    pytest.param(
+        '{"type":"stream.resume","stream_id":"s","resume_token":"t","from":9223372036854775807}',
+        id="from=2**63-1",
+    ),
+    pytest.param(
+        '{"type":"response.cancel","response_id":"r","heard_chars":2147483648}', id="heard_chars>2**31-1"
+    ),
+    pytest.param(
+        '{"type":"response.cancel","response_id":"r","audio_end_ms":2147483648}', id="audio_end_ms>2**31-1"
+    ),
     pytest.param(_create(max_tokens=2**31), id="max_tokens>2**31-1"),
     pytest.param(_create(top_k=2**31), id="top_k>2**31-1"),
-    pytest.param('{"type":"session.update","session":{"defaults":{"max_tokens":2147483648}}}',
-                 id="defaults-max_tokens>2**31-1"),
-    pytest.param('{"type":"session.update","session":{"defaults":{"top_k":2147483648}}}',
-                 id="defaults-top_k>2**31-1"),
+    pytest.param(
+        '{"type":"session.update","session":{"defaults":{"max_tokens":2147483648}}}',
+        id="defaults-max_tokens>2**31-1",
+    ),
+    pytest.param(
+        '{"type":"session.update","session":{"defaults":{"top_k":2147483648}}}', id="defaults-top_k>2**31-1"
+    ),
 ]
 
 
@@ -109,14 +119,20 @@ def test_invalid_parameter(frame: str) -> None:
 def test_boundary_values_are_accepted() -> None:
     frame = _create(temperature=0, top_p=1, max_tokens=1, top_k=0, seed=0, stop=["a", "b", "c", "d"])
     event = Decoder().decode(frame)
-    assert event == ev.ResponseCreate(temperature=0.0, top_p=1.0, max_tokens=1, top_k=0, seed=0, stop=("a", "b", "c", "d"))
+    assert event == ev.ResponseCreate(
+        temperature=0.0, top_p=1.0, max_tokens=1, top_k=0, seed=0, stop=("a", "b", "c", "d")
+    )
     assert Decoder().decode(_create(input=[])) == ev.ResponseCreate(input=())
     assert Decoder().decode('{"type":"ping","event_id":"' + "e" * 64 + '"}') == ev.Ping(event_id="e" * 64)
     top = 2**31 - 1
-    assert Decoder().decode(_create(max_tokens=top, top_k=top)) == ev.ResponseCreate(max_tokens=top, top_k=top)
+    assert Decoder().decode(_create(max_tokens=top, top_k=top)) == ev.ResponseCreate(
+        max_tokens=top, top_k=top
+    )
     resume = json.dumps({"type": "stream.resume", "stream_id": "s", "resume_token": "t", "from": top})
     assert Decoder().decode(resume) == ev.StreamResume(stream_id="s", resume_token="t", from_=top)
-    cancel = json.dumps({"type": "response.cancel", "response_id": "r", "heard_chars": top, "audio_end_ms": top})
+    cancel = json.dumps(
+        {"type": "response.cancel", "response_id": "r", "heard_chars": top, "audio_end_ms": top}
+    )
     assert Decoder().decode(cancel) == ev.ResponseCancel(response_id="r", heard_chars=top, audio_end_ms=top)
 
 
@@ -151,7 +167,9 @@ def test_unreadable_event_id_is_not_echoed() -> None:
         pytest.param("msgpack", msgpack.packb({"type": "ping"}) + b"\x00", id="msgpack-extra-data"),
         pytest.param("msgpack", msgpack.packb([1]), id="msgpack-not-a-map"),
         pytest.param("msgpack", b"\x81\xa4type\xa2\xff\xfe", id="msgpack-invalid-utf8-str"),
-        pytest.param("msgpack", msgpack.packb({"type": b"ping"}, use_bin_type=True), id="msgpack-bin-for-str"),
+        pytest.param(
+            "msgpack", msgpack.packb({"type": b"ping"}, use_bin_type=True), id="msgpack-bin-for-str"
+        ),
         pytest.param("msgpack", msgpack.packb({1: "x"}), id="msgpack-int-key"),
     ],
 )

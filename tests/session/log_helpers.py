@@ -46,8 +46,7 @@ def entry(start: int, end: int, text: str | None = None) -> LogEntry:
 
 def finish(end: int, reason: str = "stop") -> StreamEnd:
     """A StreamEnd with a fixed usage: prompt 7, completion ``end``, cached 3."""
-    return StreamEnd(end=end, finish_reason=reason, prompt_tokens=7,
-                     completion_tokens=end, cached_tokens=3)
+    return StreamEnd(end=end, finish_reason=reason, prompt_tokens=7, completion_tokens=end, cached_tokens=3)
 
 
 def write(stream_id: str, e: LogEntry | None = None, f: StreamEnd | None = None) -> StreamWrite:

@@ -119,8 +119,11 @@ def test_config_validation() -> None:
 
 
 def test_idle_principals_are_evicted_so_the_table_stays_bounded() -> None:
-    admission = Admission(AdmissionConfig(rate_limit_requests=1.0, rate_limit_tokens=100.0,
-                                          burst_s=1.0, max_active_per_principal=4))
+    admission = Admission(
+        AdmissionConfig(
+            rate_limit_requests=1.0, rate_limit_tokens=100.0, burst_s=1.0, max_active_per_principal=4
+        )
+    )
     busy = "busy"
     assert admission.check_request(busy, now=0.0) is None  # active: never evicted
     for i in range(20_000):  # a new principal every 10 ms, each idle at once

@@ -67,8 +67,7 @@ class StandIn:
     def abort(self, stream_id: str, reason: FinishReason, requested_at: float) -> None:
         pass
 
-    def continue_stream(self, request: EngineRequest, *, response_id: str,
-                        continuation: Any) -> None:
+    def continue_stream(self, request: EngineRequest, *, response_id: str, continuation: Any) -> None:
         self.runner.submitted.append(request)
         self.continued.append(request.request_id)
 
@@ -80,8 +79,7 @@ async def deployment(redis_server: str) -> AsyncIterator[Callable[[str], Any]]:
     started: list[tuple[Cluster, StandIn]] = []
 
     async def node(name: str) -> tuple[Cluster, StandIn]:
-        log = RedisTokenLog(redis_server, node_id=name,
-                            config=RedisLogConfig(key_prefix=prefix))
+        log = RedisTokenLog(redis_server, node_id=name, config=RedisLogConfig(key_prefix=prefix))
         cluster = Cluster(redis_server, name, key_prefix=prefix, lease=LEASE)
         service = StandIn(log=log)
         await cluster.start(service)
@@ -100,11 +98,25 @@ async def dead_stream(node: Callable[[str], Any], sid: str, params: SamplingPara
     """Node ``dead`` claims a stream, logs tokens [0, 3), then stops (its lease expires)."""
     cluster, service = await node("dead")
     await cluster.claim(sid, PROMPT, params)
-    await service.log.create_stream(StreamInfo(
-        stream_id=sid, response_id=f"resp-{sid}", principal="p", session_id="s",
-        owner_node="dead", status="live", end=0, finish=None))
-    await service.log.write_step([StreamWrite(stream_id=sid, finish=None, entry=LogEntry(
-        start=0, end=3, text="bcd", token_ids=(1, 2, 3)))])
+    await service.log.create_stream(
+        StreamInfo(
+            stream_id=sid,
+            response_id=f"resp-{sid}",
+            principal="p",
+            session_id="s",
+            owner_node="dead",
+            status="live",
+            end=0,
+            finish=None,
+        )
+    )
+    await service.log.write_step(
+        [
+            StreamWrite(
+                stream_id=sid, finish=None, entry=LogEntry(start=0, end=3, text="bcd", token_ids=(1, 2, 3))
+            )
+        ]
+    )
     cluster.leases.forget(sid)  # stops renewing: as if killed
     await expire_lease(cluster, sid)  # ... and its TTL ran out
 
@@ -120,7 +132,8 @@ async def expire_lease(cluster: Cluster, sid: str) -> None:
 
 
 async def test_of_two_nodes_racing_to_continue_a_dead_stream_exactly_one_does(
-        deployment: Callable[[str], Any]) -> None:
+    deployment: Callable[[str], Any],
+) -> None:
     await dead_stream(deployment, "s1", SamplingParams(max_tokens=10, temperature=0))
     (b, on_b), (c, on_c) = await deployment("b"), await deployment("c")
     outcomes = await asyncio.gather(b.follow("s1"), c.follow("s1"))
@@ -134,7 +147,8 @@ async def test_of_two_nodes_racing_to_continue_a_dead_stream_exactly_one_does(
 
 
 async def test_a_cancel_for_a_stream_whose_node_died_ends_it_as_interrupted(
-        deployment: Callable[[str], Any]) -> None:
+    deployment: Callable[[str], Any],
+) -> None:
     await dead_stream(deployment, "s2", SamplingParams(max_tokens=10))
     b, on_b = await deployment("b")
     b.abort_elsewhere("s2", FinishReason.INTERRUPTED)
@@ -149,12 +163,22 @@ async def test_a_cancel_for_a_stream_whose_node_died_ends_it_as_interrupted(
 
 
 async def test_a_watched_stream_is_taken_over_when_its_lease_expires(
-        deployment: Callable[[str], Any]) -> None:
+    deployment: Callable[[str], Any],
+) -> None:
     dead, on_dead = await deployment("dead")
     await dead.claim("s3", PROMPT, SamplingParams(max_tokens=5))
-    await on_dead.log.create_stream(StreamInfo(
-        stream_id="s3", response_id="r3", principal="p", session_id="s",
-        owner_node="dead", status="live", end=0, finish=None))
+    await on_dead.log.create_stream(
+        StreamInfo(
+            stream_id="s3",
+            response_id="r3",
+            principal="p",
+            session_id="s",
+            owner_node="dead",
+            status="live",
+            end=0,
+            finish=None,
+        )
+    )
     b, on_b = await deployment("b")
     checks = count_watch_checks(b)
     await b.follow("s3")  # the owner still renews: nothing to do
@@ -192,8 +216,7 @@ async def _renewed(cluster: Cluster, key: str, below_ms: int) -> bool:
     return await cluster.redis.pttl(key) > below_ms
 
 
-async def wait_until_async(condition: Callable[[], Any],
-                           timeout_s: float = HANG_GUARD_S) -> None:
+async def wait_until_async(condition: Callable[[], Any], timeout_s: float = HANG_GUARD_S) -> None:
     deadline = time.monotonic() + timeout_s
     while not await condition():
         assert time.monotonic() < deadline, "condition not met in time"
@@ -210,7 +233,8 @@ async def last_event(log: RedisTokenLog, sid: str) -> LogEntry | StreamEnd | Non
 
 
 async def test_the_generating_node_knows_while_another_node_delivers_its_stream(
-        deployment: Callable[[str], Any]) -> None:
+    deployment: Callable[[str], Any],
+) -> None:
     owner, _ = await deployment("owner")
     reader, _ = await deployment("reader")
     await owner.claim("s4", PROMPT, SamplingParams(max_tokens=5))
@@ -230,24 +254,48 @@ async def wait_until(condition: Callable[[], bool], timeout_s: float = HANG_GUAR
 async def raw_stream(cluster: Cluster, sid: str) -> tuple[list[Any], dict[bytes, bytes]]:
     """The stream's log entries and metadata hash as Redis holds them."""
     base = cluster.leases.key(sid).removesuffix(":lease")
-    return (await cluster.redis.xrange(f"{base}:log"),
-            await cluster.redis.hgetall(f"{base}:meta"))
+    return (await cluster.redis.xrange(f"{base}:log"), await cluster.redis.hgetall(f"{base}:meta"))
 
 
 async def test_a_write_whose_lease_was_taken_after_the_fence_check_is_refused(
-        deployment: Callable[[str], Any]) -> None:
+    deployment: Callable[[str], Any],
+) -> None:
     """The zombie's race: the fence passes, the node stalls, the lease expires and
     another node takes the stream over, then the stalled write reaches Redis."""
     a, on_a = await deployment("a")
     await a.claim("s5", PROMPT, SamplingParams(max_tokens=10))
-    await on_a.log.create_stream(StreamInfo(
-        stream_id="s5", response_id="r5", principal="p", session_id="s",
-        owner_node="a", status="live", end=0, finish=None))
-    await on_a.log.write_step(await a.fence([StreamWrite(stream_id="s5", finish=None, entry=LogEntry(
-        start=0, end=3, text="bcd", token_ids=(1, 2, 3)))]))
-    late = [StreamWrite(stream_id="s5", entry=LogEntry(start=3, end=4, text="e", token_ids=(4,)),
-                        finish=StreamEnd(end=4, finish_reason="length", prompt_tokens=3,
-                                         completion_tokens=4, cached_tokens=0))]
+    await on_a.log.create_stream(
+        StreamInfo(
+            stream_id="s5",
+            response_id="r5",
+            principal="p",
+            session_id="s",
+            owner_node="a",
+            status="live",
+            end=0,
+            finish=None,
+        )
+    )
+    await on_a.log.write_step(
+        await a.fence(
+            [
+                StreamWrite(
+                    stream_id="s5",
+                    finish=None,
+                    entry=LogEntry(start=0, end=3, text="bcd", token_ids=(1, 2, 3)),
+                )
+            ]
+        )
+    )
+    late = [
+        StreamWrite(
+            stream_id="s5",
+            entry=LogEntry(start=3, end=4, text="e", token_ids=(4,)),
+            finish=StreamEnd(
+                end=4, finish_reason="length", prompt_tokens=3, completion_tokens=4, cached_tokens=0
+            ),
+        )
+    ]
     assert await a.fence(late) == late  # a's lease is locally valid: the check passes
     # ... and a stalls here: its lease expires in Redis and b takes the stream over.
     await a.redis.delete(a.leases.key("s5"))
@@ -261,19 +309,35 @@ async def test_a_write_whose_lease_was_taken_after_the_fence_check_is_refused(
 
 
 async def test_fenced_writes_go_through_after_redis_forgot_the_script(
-        deployment: Callable[[str], Any]) -> None:
+    deployment: Callable[[str], Any],
+) -> None:
     a, on_a = await deployment("a")
     await a.claim("s6", PROMPT, SamplingParams(max_tokens=10))
-    await on_a.log.create_stream(StreamInfo(
-        stream_id="s6", response_id="r6", principal="p", session_id="s",
-        owner_node="a", status="live", end=0, finish=None))
+    await on_a.log.create_stream(
+        StreamInfo(
+            stream_id="s6",
+            response_id="r6",
+            principal="p",
+            session_id="s",
+            owner_node="a",
+            status="live",
+            end=0,
+            finish=None,
+        )
+    )
     await a.redis.script_flush()  # a restarted Redis knows no scripts
-    await on_a.log.write_step([StreamWrite(stream_id="s6", finish=None, entry=LogEntry(
-        start=0, end=2, text="bc", token_ids=(1, 2)))])
+    await on_a.log.write_step(
+        [
+            StreamWrite(
+                stream_id="s6", finish=None, entry=LogEntry(start=0, end=2, text="bc", token_ids=(1, 2))
+            )
+        ]
+    )
     assert [rid for rid, _ in (await raw_stream(a, "s6"))[0]] == [b"2-0"]
 
 
 # ---- fault injection: the tick and the abort listener (issue 24) --------------------
+
 
 def crash_once(monkeypatch: pytest.MonkeyPatch, obj: object, name: str) -> list[int]:
     """Make ``obj.name`` (a coroutine method) raise RuntimeError on its first call;
@@ -291,7 +355,8 @@ def crash_once(monkeypatch: pytest.MonkeyPatch, obj: object, name: str) -> list[
 
 
 async def test_a_tick_that_crashes_restarts_and_renews_the_leases(
-        deployment: Callable[[str], Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    deployment: Callable[[str], Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     a, _ = await deployment("a")
     await a.claim("s6", PROMPT, SamplingParams(max_tokens=5))
     crashed = crash_once(monkeypatch, a.leases, "renew")
@@ -303,7 +368,8 @@ async def test_a_tick_that_crashes_restarts_and_renews_the_leases(
 
 
 async def test_a_tick_that_crashes_in_the_readers_exchange_keeps_exchanging(
-        deployment: Callable[[str], Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    deployment: Callable[[str], Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     owner, _ = await deployment("owner")
     reader, _ = await deployment("reader")
     await owner.claim("s7", PROMPT, SamplingParams(max_tokens=5))
@@ -314,7 +380,8 @@ async def test_a_tick_that_crashes_in_the_readers_exchange_keeps_exchanging(
 
 
 async def test_a_tick_that_crashes_in_the_watched_check_still_takes_over(
-        deployment: Callable[[str], Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    deployment: Callable[[str], Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     await dead_stream(deployment, "s8", SamplingParams(max_tokens=10))
     b, on_b = await deployment("b")
     b._watched.add("s8")  # followed here (follow() would take it over at once)
@@ -324,7 +391,8 @@ async def test_a_tick_that_crashes_in_the_watched_check_still_takes_over(
 
 
 async def test_an_abort_listener_that_crashes_resubscribes(
-        deployment: Callable[[str], Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    deployment: Callable[[str], Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     owner, on_owner = await deployment("owner")
     asker, _ = await deployment("asker")
     await asyncio.wait_for(owner.forwarder.subscribed.wait(), HANG_GUARD_S)

@@ -16,9 +16,15 @@ from tests.session.test_service import CountingLog, ThreadedEngine
 
 
 def output(stream_id: str, start: int, text: str, *, finished: bool = False) -> RequestOutput:
-    return RequestOutput(request_id=stream_id, new_token_ids=(7,), text=text,
-                         num_prompt_tokens=3, num_output_tokens=start + 1, finished=finished,
-                         finish_reason=FinishReason.LENGTH if finished else None)
+    return RequestOutput(
+        request_id=stream_id,
+        new_token_ids=(7,),
+        text=text,
+        num_prompt_tokens=3,
+        num_output_tokens=start + 1,
+        finished=finished,
+        finish_reason=FinishReason.LENGTH if finished else None,
+    )
 
 
 class Client:
@@ -47,8 +53,7 @@ def create(text: str) -> pe.ResponseCreate:
 
 async def started(grace_s: float = 30.0) -> tuple[ThreadedEngine, Service]:
     engine = ThreadedEngine()
-    service = Service(engine, CountingLog(), SessionConfig(abandon_grace_s=grace_s),
-                      secret=b"k")
+    service = Service(engine, CountingLog(), SessionConfig(abandon_grace_s=grace_s), secret=b"k")
     await service.start()
     return engine, service
 
@@ -62,8 +67,9 @@ async def test_a_resumed_session_gets_the_turn_that_finished_after_the_drop() ->
     await first.wait_for(pe.ResponseDelta)
     await first.conn.close()
     second = Client(service)
-    await second.conn.handle(pe.SessionResume(session_id=first.created.session_id,
-                                              session_token=first.created.session_token))
+    await second.conn.handle(
+        pe.SessionResume(session_id=first.created.session_id, session_token=first.created.session_token)
+    )
     resumed = (await second.wait_for(pe.SessionResumed))[0]
     assert resumed.turns == 1 and resumed.active.stream_id == stream_id
     assert resumed.active.end == 1 and second.conn.session.state is State.GENERATING
@@ -71,9 +77,11 @@ async def test_a_resumed_session_gets_the_turn_that_finished_after_the_drop() ->
     while (await service.log.info(stream_id)).status == "live":  # type: ignore[union-attr]
         await asyncio.sleep(0.01)  # as a client learns it: the end is in the log
     await second.conn.handle(create("again"))  # waits for the turn of the ended stream
-    assert second.conn.session.turns[:3] == [Message(role="user", content="hi"),
-                                             Message(role="assistant", content="Hello"),
-                                             Message(role="user", content="again")]
+    assert second.conn.session.turns[:3] == [
+        Message(role="user", content="hi"),
+        Message(role="assistant", content="Hello"),
+        Message(role="user", content="again"),
+    ]
     await second.conn.close()
     await service.stop()
 
@@ -85,8 +93,9 @@ async def test_wrong_principal_and_token_are_refused() -> None:
     await first.conn.close()
     other = Client(service)
     other.conn.principal = "mallory"
-    await other.conn.handle(pe.SessionResume(session_id=first.created.session_id,
-                                             session_token=first.created.session_token))
+    await other.conn.handle(
+        pe.SessionResume(session_id=first.created.session_id, session_token=first.created.session_token)
+    )
     assert (await other.wait_for(pe.ErrorEvent))[0].code is pe.ErrorCode.FORBIDDEN
     await service.stop()
 
@@ -98,14 +107,12 @@ async def test_an_abandoned_stream_is_cancelled_unless_someone_reads_it() -> Non
     read, left = Client(service), Client(service)
     for client in (read, left):
         await client.conn.handle(create("hi"))
-    read_id, left_id = [(await c.wait_for(pe.ResponseCreated))[0].stream_id
-                        for c in (read, left)]
+    read_id, left_id = [(await c.wait_for(pe.ResponseCreated))[0].stream_id for c in (read, left)]
     created = [e for e in read.events if isinstance(e, pe.ResponseCreated)][0]
     for client in (read, left):
         await client.conn.close()
     follower = Client(service)
-    await follower.conn.handle(pe.StreamResume(stream_id=read_id, from_=0,
-                                               resume_token=created.resume_token))
+    await follower.conn.handle(pe.StreamResume(stream_id=read_id, from_=0, resume_token=created.resume_token))
     # Wait for the abort (a hang guard), not a fixed 0.3 s. The read stream was
     # released first with the same grace, so had its timer not been cancelled
     # by the resume it would have fired first: one abort, the left stream's,

@@ -14,9 +14,18 @@ WORDS = ["Paris", " is", " the", " capital", " of", " France", "."]
 
 
 async def new_stream(log: MemoryTokenLog, stream_id: str = "s1") -> None:
-    await log.create_stream(StreamInfo(stream_id=stream_id, response_id="r1", principal="p",
-                                       session_id="sess", owner_node="n", status="live",
-                                       end=0, finish=None))
+    await log.create_stream(
+        StreamInfo(
+            stream_id=stream_id,
+            response_id="r1",
+            principal="p",
+            session_id="sess",
+            owner_node="n",
+            status="live",
+            end=0,
+            finish=None,
+        )
+    )
 
 
 def step(i: int, stream_id: str = "s1") -> list[StreamWrite]:
@@ -25,8 +34,7 @@ def step(i: int, stream_id: str = "s1") -> list[StreamWrite]:
 
 
 def finish(end: int) -> list[StreamWrite]:
-    done = StreamEnd(end=end, finish_reason="stop", prompt_tokens=9, completion_tokens=end,
-                     cached_tokens=0)
+    done = StreamEnd(end=end, finish_reason="stop", prompt_tokens=9, completion_tokens=end, cached_tokens=0)
     return [StreamWrite(stream_id="s1", entry=None, finish=done)]
 
 
@@ -47,9 +55,15 @@ async def test_tokens_written_while_the_socket_is_busy_go_out_as_one_delta() -> 
     await new_stream(log)
     socket = SlowSocket()
     delivered: list[str] = []
-    delivery = Delivery(log, response_id="r1", stream_id="s1", from_offset=0,
-                        send=socket.send, on_delivered=delivered.append,
-                        include_token_ids=True)
+    delivery = Delivery(
+        log,
+        response_id="r1",
+        stream_id="s1",
+        from_offset=0,
+        send=socket.send,
+        on_delivered=delivered.append,
+        include_token_ids=True,
+    )
     task = asyncio.create_task(delivery.run())
     await log.write_step(step(0))
     while not socket.events:  # the first delta is on the (blocked) wire
@@ -60,8 +74,9 @@ async def test_tokens_written_while_the_socket_is_busy_go_out_as_one_delta() -> 
     socket.gate.set()
     await asyncio.wait_for(task, 5)
     first, second, done = socket.events
-    assert first == pe.ResponseDelta(response_id="r1", stream_id="s1", start=0, end=1,
-                                     text="Paris", token_ids=(100,))
+    assert first == pe.ResponseDelta(
+        response_id="r1", stream_id="s1", start=0, end=1, text="Paris", token_ids=(100,)
+    )
     assert isinstance(second, pe.ResponseDelta)
     assert (second.start, second.end, second.text) == (1, 7, " is the capital of France.")
     assert second.token_ids == tuple(range(101, 107))
@@ -78,8 +93,7 @@ async def test_delivery_from_an_offset_sends_only_the_rest() -> None:
     await log.write_step(finish(len(WORDS)))
     socket = SlowSocket()
     socket.gate.set()
-    await Delivery(log, response_id="r1", stream_id="s1", from_offset=3,
-                   send=socket.send).run()
+    await Delivery(log, response_id="r1", stream_id="s1", from_offset=3, send=socket.send).run()
     deltas = [e for e in socket.events if isinstance(e, pe.ResponseDelta)]
     assert "".join(d.text for d in deltas) == " capital of France."
     assert deltas[0].start == 3 and deltas[-1].end == 7
@@ -87,30 +101,38 @@ async def test_delivery_from_an_offset_sends_only_the_rest() -> None:
     assert isinstance(socket.events[-1], pe.ResponseDone)
 
 
-@pytest.mark.parametrize(("code", "sent"), [("overloaded", pe.ErrorCode.OVERLOADED),
-                                            ("from_a_newer_node", pe.ErrorCode.INTERNAL_ERROR)])
-async def test_an_error_in_the_end_goes_out_before_the_done(code: str,
-                                                            sent: pe.ErrorCode) -> None:
+@pytest.mark.parametrize(
+    ("code", "sent"),
+    [("overloaded", pe.ErrorCode.OVERLOADED), ("from_a_newer_node", pe.ErrorCode.INTERNAL_ERROR)],
+)
+async def test_an_error_in_the_end_goes_out_before_the_done(code: str, sent: pe.ErrorCode) -> None:
     log = MemoryTokenLog()
     await new_stream(log)
-    dropped = StreamEnd(end=0, finish_reason="cancelled", prompt_tokens=9, completion_tokens=0,
-                        cached_tokens=0, error=EndError(code=code, message="no first token",
-                                                        retry_after_ms=1200))
+    dropped = StreamEnd(
+        end=0,
+        finish_reason="cancelled",
+        prompt_tokens=9,
+        completion_tokens=0,
+        cached_tokens=0,
+        error=EndError(code=code, message="no first token", retry_after_ms=1200),
+    )
     await log.write_step([StreamWrite(stream_id="s1", entry=None, finish=dropped)])
     socket = SlowSocket()
     socket.gate.set()
     await Delivery(log, response_id="r1", stream_id="s1", from_offset=0, send=socket.send).run()
     error, done = socket.events
-    assert error == pe.ErrorEvent(code=sent, message="no first token", retryable=True,
-                                  response_id="r1", retry_after_ms=1200)
+    assert error == pe.ErrorEvent(
+        code=sent, message="no first token", retryable=True, response_id="r1", retry_after_ms=1200
+    )
     assert isinstance(done, pe.ResponseDone) and done.finish_reason == "cancelled"
 
 
 async def test_unknown_stream_is_answered_with_not_found() -> None:
     socket = SlowSocket()
     socket.gate.set()
-    await Delivery(MemoryTokenLog(), response_id="r1", stream_id="nope", from_offset=0,
-                   send=socket.send).run()
+    await Delivery(
+        MemoryTokenLog(), response_id="r1", stream_id="nope", from_offset=0, send=socket.send
+    ).run()
     (error,) = socket.events
     assert isinstance(error, pe.ErrorEvent) and error.code is pe.ErrorCode.NOT_FOUND
 
@@ -140,7 +162,8 @@ class BrokenReadLog(MemoryTokenLog):
 
 @pytest.mark.parametrize("exc", [RuntimeError("injected"), ValueError("a bad cursor"), None])
 async def test_a_reader_that_fails_ends_the_delivery_with_a_retryable_error(
-        exc: BaseException | None) -> None:
+    exc: BaseException | None,
+) -> None:
     log = BrokenReadLog(exc)
     await new_stream(log)
     await log.write_step(step(0))
@@ -165,7 +188,11 @@ async def test_a_failing_send_side_ends_the_delivery_with_an_error() -> None:
     def broken(text: str) -> None:
         raise RuntimeError("injected: the session refused the delivered text")
 
-    await asyncio.wait_for(Delivery(log, response_id="r1", stream_id="s1", from_offset=0,
-                                    send=socket.send, on_delivered=broken).run(), HANG_GUARD_S)
+    await asyncio.wait_for(
+        Delivery(
+            log, response_id="r1", stream_id="s1", from_offset=0, send=socket.send, on_delivered=broken
+        ).run(),
+        HANG_GUARD_S,
+    )
     assert isinstance(socket.events[-1], pe.ErrorEvent)
     assert socket.events[-1].code is pe.ErrorCode.INTERNAL_ERROR

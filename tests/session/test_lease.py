@@ -48,7 +48,8 @@ def prefix() -> str:
 
 
 async def test_of_nodes_racing_for_a_dead_streams_lease_exactly_one_wins(
-        redis_server: str, prefix: str) -> None:
+    redis_server: str, prefix: str
+) -> None:
     clients = [Redis.from_url(redis_server) for _ in range(3)]
     nodes = [Leases(c, f"node-{i}", key_prefix=prefix, config=LONG) for i, c in enumerate(clients)]
     try:
@@ -64,8 +65,7 @@ async def test_of_nodes_racing_for_a_dead_streams_lease_exactly_one_wins(
             await client.aclose()
 
 
-async def test_a_lease_not_renewed_expires_and_the_next_node_takes_it(
-        redis: Redis, prefix: str) -> None:
+async def test_a_lease_not_renewed_expires_and_the_next_node_takes_it(redis: Redis, prefix: str) -> None:
     """No wall-clock waits: the holder's local view runs on a fake clock, and
     the passing of time in Redis is a ``PEXPIRE`` the test sets itself."""
     clock = FakeClock()
@@ -104,8 +104,7 @@ async def _until_gone(redis: Redis, key: str) -> None:
             await asyncio.sleep(0.01)
 
 
-async def test_a_vanished_lease_is_taken_back_by_its_holder_on_renewal(
-        redis: Redis, prefix: str) -> None:
+async def test_a_vanished_lease_is_taken_back_by_its_holder_on_renewal(redis: Redis, prefix: str) -> None:
     a = Leases(redis, "a", key_prefix=prefix, config=LONG)
     assert await a.acquire("s")
     await redis.delete(a.key("s"))  # e.g. expired while Redis was unreachable
@@ -125,7 +124,8 @@ async def test_release_deletes_only_the_holders_lease(redis: Redis, prefix: str)
 
 
 async def test_renewal_renews_every_stream_in_one_pipeline_and_reads_flags(
-        redis: Redis, prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    redis: Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     forwarder = Forwarder(redis, "a", lambda sid, reason: None, key_prefix=prefix)
     a = Leases(redis, "a", key_prefix=prefix, config=LONG, flag_key=forwarder.flag_key)
     for i in range(20):
@@ -151,12 +151,10 @@ async def test_renewal_renews_every_stream_in_one_pipeline_and_reads_flags(
     assert await forwarder.cancel_reason("s7") is FinishReason.INTERRUPTED
 
 
-async def test_a_cancel_reaches_the_owner_node_through_its_channel(
-        redis_server: str, prefix: str) -> None:
+async def test_a_cancel_reaches_the_owner_node_through_its_channel(redis_server: str, prefix: str) -> None:
     received: asyncio.Queue[tuple[str, FinishReason]] = asyncio.Queue()
     owner_client, asker_client = Redis.from_url(redis_server), Redis.from_url(redis_server)
-    owner = Forwarder(owner_client, "owner", lambda s, r: received.put_nowait((s, r)),
-                      key_prefix=prefix)
+    owner = Forwarder(owner_client, "owner", lambda s, r: received.put_nowait((s, r)), key_prefix=prefix)
     asker = Forwarder(asker_client, "asker", lambda s, r: None, key_prefix=prefix)
     await owner.start()
     try:
@@ -183,7 +181,8 @@ async def test_a_new_streams_record_is_written_with_its_lease(redis: Redis, pref
 
 
 async def test_a_stalled_holder_never_takes_back_a_lease_another_node_held_meanwhile(
-        redis: Redis, prefix: str) -> None:
+    redis: Redis, prefix: str
+) -> None:
     a = Leases(redis, "a", key_prefix=prefix, config=LONG)
     b = Leases(redis, "b", key_prefix=prefix, config=LONG)
     assert await a.acquire("s")

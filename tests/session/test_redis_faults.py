@@ -96,7 +96,9 @@ async def _xadd_calls(server: RedisServer) -> int:
     return int(stats.get("cmdstat_xadd", {}).get("calls", 0))
 
 
-async def test_a_hang_shorter_than_the_bound_is_absorbed(server: RedisServer, logs: list[RedisTokenLog]) -> None:
+async def test_a_hang_shorter_than_the_bound_is_absorbed(
+    server: RedisServer, logs: list[RedisTokenLog]
+) -> None:
     log = RedisTokenLog(server.url, config=RedisLogConfig(retry_for_s=5.0, socket_timeout_s=0.3))
     try:
         await log.create_stream(live_info("a"))
@@ -177,8 +179,10 @@ async def test_dead_pooled_connections_are_replaced_not_reported(
     cluster = Cluster(server.url, "node-c", lease=LeaseConfig(ttl_s=5.0, renew_every_s=1.0))
     try:
         # Four connections in each pool, all idle when Redis drops them.
-        await asyncio.gather(*(log.save_session(f"s{i}", b"x") for i in range(4)),
-                             *(cluster.leases.owner(f"warm{i}") for i in range(4)))
+        await asyncio.gather(
+            *(log.save_session(f"s{i}", b"x") for i in range(4)),
+            *(cluster.leases.owner(f"warm{i}") for i in range(4)),
+        )
         if fault == "client_kill":
             await kill_client_connections(server)
         else:

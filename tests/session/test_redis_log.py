@@ -39,8 +39,7 @@ async def make_log(redis_server: str) -> AsyncIterator[MakeLog]:
     opened: list[RedisTokenLog] = []
 
     def make(node_id: str = "node-a", **config: object) -> RedisTokenLog:
-        log = RedisTokenLog(redis_server, node_id=node_id,
-                            config=RedisLogConfig(key_prefix=prefix, **config))  # type: ignore[arg-type]
+        log = RedisTokenLog(redis_server, node_id=node_id, config=RedisLogConfig(key_prefix=prefix, **config))  # type: ignore[arg-type]
         opened.append(log)
         return log
 
@@ -117,7 +116,10 @@ async def test_remote_readers_share_one_blocking_read(make_log: MakeLog, raw: Re
     tasks = [asyncio.create_task(collect(reader.read(sid, 0))) for sid in sids]
     for _ in range(100):  # until every reader has replayed and waits on the tailer
         await asyncio.sleep(0.05)
-        if sum(map(len, reader._tailer._subs.values())) == len(sids) and (await raw.info("clients"))["blocked_clients"]:
+        if (
+            sum(map(len, reader._tailer._subs.values())) == len(sids)
+            and (await raw.info("clients"))["blocked_clients"]
+        ):
             break
     clients = await raw.client_list()
     assert sum(1 for c in clients if c["cmd"] == "xread") == 1  # not one per reader
@@ -276,7 +278,8 @@ async def test_a_follower_is_told_when_the_log_vanishes_under_it(make_log: MakeL
 
 
 async def test_an_ended_stream_whose_log_stops_short_of_its_end_is_truncated(
-        make_log: MakeLog, raw: Redis) -> None:
+    make_log: MakeLog, raw: Redis
+) -> None:
     writer, reader = make_log("node-a"), make_log("node-b")
     await writer.create_stream(live_info("short"))
     for e in chunks([0, 2, 4, 6]):

@@ -16,28 +16,35 @@ from bargein.session.saved import SavedActive, SavedSession, SessionSaver, snaps
 from bargein.session.session import ConversationSettings, IllegalTransition, Session, State
 from tests.session.log_helpers import FakeClock
 
-SETTINGS = ConversationSettings(instructions="Be brief ✓", defaults={"max_tokens": 8,
-                                                                       "stop": ["\n"]},
-                                on_disconnect="cancel", include_token_ids=True)
+SETTINGS = ConversationSettings(
+    instructions="Be brief ✓",
+    defaults={"max_tokens": 8, "stop": ["\n"]},
+    on_disconnect="cancel",
+    include_token_ids=True,
+)
 
 
 def saved(active: SavedActive | None = None, turns: int = 2) -> SavedSession:
-    items = tuple(Message(role=("user", "assistant")[i % 2], content=f"{i} ありがとう 🙂")
-                  for i in range(turns))
-    return SavedSession(session_id="s1", principal="alice", settings=SETTINGS, turns=items,
-                        active=active)
+    items = tuple(
+        Message(role=("user", "assistant")[i % 2], content=f"{i} ありがとう 🙂") for i in range(turns)
+    )
+    return SavedSession(session_id="s1", principal="alice", settings=SETTINGS, turns=items, active=active)
 
 
-@pytest.mark.parametrize("active", [None, SavedActive(response_id="r", stream_id="st",
-                                                      delivered="half 🙂", num_input_turns=2)])
+@pytest.mark.parametrize(
+    "active", [None, SavedActive(response_id="r", stream_id="st", delivered="half 🙂", num_input_turns=2)]
+)
 def test_round_trip(active: SavedActive | None) -> None:
     original = saved(active)
     assert SavedSession.from_bytes(original.to_bytes()) == original
 
 
 def test_a_save_from_before_the_input_count_still_loads() -> None:
-    data = saved(SavedActive(response_id="r", stream_id="st", delivered="x",
-                             num_input_turns=1)).to_bytes().replace(b',"x",1]', b',"x"]')
+    data = (
+        saved(SavedActive(response_id="r", stream_id="st", delivered="x", num_input_turns=1))
+        .to_bytes()
+        .replace(b',"x",1]', b',"x"]')
+    )
     active = SavedSession.from_bytes(data).active
     assert active == SavedActive(response_id="r", stream_id="st", delivered="x")
 
@@ -76,10 +83,12 @@ class CountingLog(MemoryTokenLog):
 
 def fake_sleep(clock: FakeClock) -> Callable[[float], Awaitable[None]]:
     """A sleep that ends when the test has moved ``clock`` far enough."""
+
     async def sleep(seconds: float) -> None:
         until = clock.now + seconds
         while clock.now < until:
             await asyncio.sleep(0)
+
     return sleep
 
 
@@ -99,8 +108,7 @@ async def test_a_burst_of_requests_is_saved_at_most_once_per_interval() -> None:
         num_encoded += 1
         return current
 
-    saver = SessionSaver(log, state, min_interval_s=INTERVAL_S, clock=clock,
-                         sleep=fake_sleep(clock))
+    saver = SessionSaver(log, state, min_interval_s=INTERVAL_S, clock=clock, sleep=fake_sleep(clock))
     for current in states:  # noqa: B007 - state() returns the current one
         saver.request()
         clock.advance(0.001)
@@ -118,8 +126,9 @@ async def test_close_does_not_wait_for_a_pending_save() -> None:
     clock, log = FakeClock(), CountingLog()
     first, pending, last = saved(turns=1), saved(turns=2), saved(turns=3)
     current = first
-    saver = SessionSaver(log, lambda: current, min_interval_s=INTERVAL_S, clock=clock,
-                         sleep=fake_sleep(clock))
+    saver = SessionSaver(
+        log, lambda: current, min_interval_s=INTERVAL_S, clock=clock, sleep=fake_sleep(clock)
+    )
     saver.request()
     await asyncio.wait_for(saver.flush(), 30)  # the first save goes out at once
     current = pending
@@ -133,13 +142,12 @@ async def test_close_does_not_wait_for_a_pending_save() -> None:
 def test_restore_waits_for_the_active_response_then_keeps_its_turn() -> None:
     session = Session(SessionConfig(), session_id="s1")
     state = saved(turns=3)
-    session.restore(settings=state.settings, turns=list(state.turns),
-                    active=("r", "st", "half", 1))
+    session.restore(settings=state.settings, turns=list(state.turns), active=("r", "st", "half", 1))
     assert session.state is State.GENERATING and session.active_stream_id == "st"
-    assert snapshot(session, "alice").active == SavedActive(response_id="r", stream_id="st",
-                                                            delivered="half", num_input_turns=1)
-    session.handle(GenerationFinished(stream_id="st", text="whole",
-                                      finish_reason=FinishReason.STOP), now=0.0)
+    assert snapshot(session, "alice").active == SavedActive(
+        response_id="r", stream_id="st", delivered="half", num_input_turns=1
+    )
+    session.handle(GenerationFinished(stream_id="st", text="whole", finish_reason=FinishReason.STOP), now=0.0)
     assert session.state is State.IDLE
     assert session.turns[-1] == Message(role="assistant", content="whole")
     assert session.messages()[0] == Message(role="system", content="Be brief ✓")
@@ -148,10 +156,11 @@ def test_restore_waits_for_the_active_response_then_keeps_its_turn() -> None:
 def test_a_restored_response_dropped_at_its_deadline_takes_its_input_away() -> None:
     session = Session(SessionConfig(), session_id="s1")
     state = saved(turns=3)  # user, assistant, user: the last is the dropped one's input
-    session.restore(settings=state.settings, turns=list(state.turns),
-                    active=("r", "st", "", 1))
-    session.handle(GenerationFinished(stream_id="st", text="", expired=True,
-                                      finish_reason=FinishReason.CANCELLED), now=0.0)
+    session.restore(settings=state.settings, turns=list(state.turns), active=("r", "st", "", 1))
+    session.handle(
+        GenerationFinished(stream_id="st", text="", expired=True, finish_reason=FinishReason.CANCELLED),
+        now=0.0,
+    )
     assert session.state is State.IDLE and session.turns == list(state.turns[:2])
 
 
@@ -163,7 +172,8 @@ def test_only_a_fresh_session_is_restored() -> None:
 
 
 async def test_a_save_that_fails_unexpectedly_is_logged_and_the_next_one_goes_through(
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     # issue 24: a save task that raised anything but TokenLogError died with
     # it, and flush() / close() re-raised it into the connection's close.
     log = MemoryTokenLog()

@@ -27,8 +27,7 @@ from bargein.session.session import GenerationFinished, Message, Submit, SubmitF
 
 
 class ChatTemplate:
-    def apply_chat_template(self, conversation: list[dict[str, str]], **kwargs: object
-                            ) -> list[int]:
+    def apply_chat_template(self, conversation: list[dict[str, str]], **kwargs: object) -> list[int]:
         return [1, 2, 3]
 
 
@@ -55,8 +54,7 @@ class ThreadedEngine:
     def submit(self, request: EngineRequest) -> None:
         self.requests.append(request)
 
-    def abort(self, request_id: str, reason: FinishReason, *,
-              only_if_waiting: bool = False) -> None:
+    def abort(self, request_id: str, reason: FinishReason, *, only_if_waiting: bool = False) -> None:
         self.aborted.append((request_id, reason))
 
     def stats(self) -> Stats:
@@ -84,9 +82,15 @@ class CountingLog(MemoryTokenLog):
 
 
 def out(request_id: str, n: int, text: str, finished: bool = False) -> RequestOutput:
-    return RequestOutput(request_id=request_id, new_token_ids=(100 + n,), text=text,
-                         num_prompt_tokens=3, num_output_tokens=n + 1, finished=finished,
-                         finish_reason=FinishReason.STOP if finished else None)
+    return RequestOutput(
+        request_id=request_id,
+        new_token_ids=(100 + n,),
+        text=text,
+        num_prompt_tokens=3,
+        num_output_tokens=n + 1,
+        finished=finished,
+        finish_reason=FinishReason.STOP if finished else None,
+    )
 
 
 async def test_each_engine_step_is_one_log_write_and_finishes_reach_the_owner() -> None:
@@ -96,23 +100,30 @@ async def test_each_engine_step_is_one_log_write_and_finishes_reach_the_owner() 
     finished: list[GenerationFinished] = []
     owner = Owner(principal="p", session_id="sess", on_finish=finished.append)
     for stream_id in ("a", "b"):
-        submit = Submit(response_id=f"r-{stream_id}", stream_id=stream_id,
-                        messages=(Message(role="user", content="hi"),),
-                        params=SamplingParams(max_tokens=4))
+        submit = Submit(
+            response_id=f"r-{stream_id}",
+            stream_id=stream_id,
+            messages=(Message(role="user", content="hi"),),
+            params=SamplingParams(max_tokens=4),
+        )
         assert isinstance(await service.submit(submit, owner, 0.0), Submitted)
     assert [r.prompt_token_ids for r in engine.requests] == [(1, 2, 3), (1, 2, 3)]
-    engine.run_steps([[out("a", 0, "Hel"), out("b", 0, "Yo")],
-                      [out("a", 1, "lo", finished=True), out("b", 1, "!")],
-                      [out("b", 2, "", finished=True)]])
+    engine.run_steps(
+        [
+            [out("a", 0, "Hel"), out("b", 0, "Yo")],
+            [out("a", 1, "lo", finished=True), out("b", 1, "!")],
+            [out("b", 2, "", finished=True)],
+        ]
+    )
     while len(finished) < 2:
         await asyncio.sleep(0.01)
     await service.stop()
-    assert [[w.stream_id for w in step] for step in log.writes] == [["a", "b"], ["a", "b"],
-                                                                     ["b"]]
+    assert [[w.stream_id for w in step] for step in log.writes] == [["a", "b"], ["a", "b"], ["b"]]
     assert log.writes[1][0] == StreamWrite(
-        stream_id="a", entry=LogEntry(start=1, end=2, text="lo", token_ids=(101,)),
-        finish=StreamEnd(end=2, finish_reason="stop", prompt_tokens=3, completion_tokens=2,
-                         cached_tokens=0))
+        stream_id="a",
+        entry=LogEntry(start=1, end=2, text="lo", token_ids=(101,)),
+        finish=StreamEnd(end=2, finish_reason="stop", prompt_tokens=3, completion_tokens=2, cached_tokens=0),
+    )
     assert [(f.stream_id, f.text) for f in finished] == [("a", "Hello"), ("b", "Yo!")]
 
 
@@ -120,14 +131,24 @@ async def test_abort_reaches_the_engine_and_its_latency_is_recorded() -> None:
     engine, log = ThreadedEngine(), CountingLog()
     service = Service(engine, log, SessionConfig(), secret=b"k")
     await service.start()
-    submit = Submit(response_id="r", stream_id="s", params=SamplingParams(max_tokens=4),
-                    messages=(Message(role="user", content="hi"),))
+    submit = Submit(
+        response_id="r",
+        stream_id="s",
+        params=SamplingParams(max_tokens=4),
+        messages=(Message(role="user", content="hi"),),
+    )
     await service.submit(submit, Owner(principal="p", session_id="sess"), 0.0)
     service.abort("s", FinishReason.INTERRUPTED, requested_at=service.clock())
     assert engine.aborted == [("s", FinishReason.INTERRUPTED)]
-    final = RequestOutput(request_id="s", new_token_ids=(), text="", num_prompt_tokens=3,
-                          num_output_tokens=0, finished=True,
-                          finish_reason=FinishReason.INTERRUPTED)
+    final = RequestOutput(
+        request_id="s",
+        new_token_ids=(),
+        text="",
+        num_prompt_tokens=3,
+        num_output_tokens=0,
+        finished=True,
+        finish_reason=FinishReason.INTERRUPTED,
+    )
     engine.run_steps([[final]])
     while service.num_interrupts == 0:
         await asyncio.sleep(0.01)
@@ -145,14 +166,17 @@ async def test_a_log_that_cannot_create_the_stream_refuses_the_request_retryably
     engine = ThreadedEngine()
     service = Service(engine, DownLog(), SessionConfig(), secret=b"k")
     await service.start()
-    submit = Submit(response_id="r", stream_id="s", messages=(Message(role="user", content="hi"),),
-                    params=SamplingParams(max_tokens=4))
+    submit = Submit(
+        response_id="r",
+        stream_id="s",
+        messages=(Message(role="user", content="hi"),),
+        params=SamplingParams(max_tokens=4),
+    )
     result = await service.submit(submit, Owner(principal="p", session_id="sess"), 0.0)
     await service.stop()
     assert isinstance(result, SubmitFailed)
     assert result.code is pe.ErrorCode.INTERNAL_ERROR and result.code.retryable
     assert engine.requests == []  # nothing reached the engine
-
 
 
 async def test_nothing_is_logged_once_a_cancel_is_accepted() -> None:
@@ -163,17 +187,26 @@ async def test_nothing_is_logged_once_a_cancel_is_accepted() -> None:
     service = Service(engine, log, SessionConfig(), secret=b"k")
     await service.start()
     finished: list[GenerationFinished] = []
-    submit = Submit(response_id="r", stream_id="s", params=SamplingParams(max_tokens=3),
-                    messages=(Message(role="user", content="hi"),))
-    await service.submit(submit, Owner(principal="p", session_id="sess",
-                                       on_finish=finished.append), 0.0)
+    submit = Submit(
+        response_id="r",
+        stream_id="s",
+        params=SamplingParams(max_tokens=3),
+        messages=(Message(role="user", content="hi"),),
+    )
+    await service.submit(submit, Owner(principal="p", session_id="sess", on_finish=finished.append), 0.0)
     engine.run_steps([[out("s", 0, "Hel")], [out("s", 1, "lo")]])
     while len(log.writes) < 2:
         await asyncio.sleep(0.01)
     service.abort("s", FinishReason.INTERRUPTED, requested_at=service.clock())
-    in_flight = RequestOutput(request_id="s", new_token_ids=(102,), text=" you",
-                              num_prompt_tokens=3, num_output_tokens=3, finished=True,
-                              finish_reason=FinishReason.LENGTH)
+    in_flight = RequestOutput(
+        request_id="s",
+        new_token_ids=(102,),
+        text=" you",
+        num_prompt_tokens=3,
+        num_output_tokens=3,
+        finished=True,
+        finish_reason=FinishReason.LENGTH,
+    )
     engine.run_steps([[in_flight]])
     while not finished:
         await asyncio.sleep(0.01)
@@ -196,8 +229,7 @@ class BlockingTemplate:
         self.running: dict[str, int] = {}
         self.most: dict[str, int] = {}
 
-    def apply_chat_template(self, conversation: list[dict[str, str]], **kwargs: object
-                            ) -> list[int]:
+    def apply_chat_template(self, conversation: list[dict[str, str]], **kwargs: object) -> list[int]:
         key = conversation[0]["content"]
         with self.lock:
             self.running[key] = self.running.get(key, 0) + 1
@@ -215,13 +247,15 @@ async def test_one_connection_tokenizes_one_prompt_at_a_time() -> None:
     await service.start()
 
     def submit(n: int, connection: str) -> Any:
-        action = Submit(response_id=f"r{n}", stream_id=f"s{n}",
-                        messages=(Message(role="user", content=connection),),
-                        params=SamplingParams(max_tokens=4))
+        action = Submit(
+            response_id=f"r{n}",
+            stream_id=f"s{n}",
+            messages=(Message(role="user", content=connection),),
+            params=SamplingParams(max_tokens=4),
+        )
         return service.submit(action, Owner(principal="p", session_id=connection), 0.0)
 
-    pending = [asyncio.ensure_future(submit(n, conn))
-               for n, conn in enumerate(["a", "a", "a", "b", "b"])]
+    pending = [asyncio.ensure_future(submit(n, conn)) for n, conn in enumerate(["a", "a", "a", "b", "b"])]
     while sum(engine.tokenizer.running.values()) < 2:  # "a" and "b" both started
         await asyncio.sleep(0.01)
     await asyncio.sleep(0.1)  # a second render of "a" or "b" would have started by now
@@ -253,22 +287,29 @@ async def read_all(log: MemoryTokenLog, stream_id: str) -> list[LogEntry | Strea
 
 def capped_service(engine: ThreadedEngine, log: MemoryTokenLog) -> Service:
     """One response per principal at a time: a leaked admission slot refuses the next."""
-    return Service(engine, log, SessionConfig(), secret=b"k",
-                   admission=Admission(AdmissionConfig(max_active_per_principal=1)))
+    return Service(
+        engine,
+        log,
+        SessionConfig(),
+        secret=b"k",
+        admission=Admission(AdmissionConfig(max_active_per_principal=1)),
+    )
 
 
-async def submit_one(service: Service, stream_id: str,
-                     finished: list[GenerationFinished] | None = None) -> Submitted | SubmitFailed:
-    submit = Submit(response_id=f"r-{stream_id}", stream_id=stream_id,
-                    messages=(Message(role="user", content="hi"),),
-                    params=SamplingParams(max_tokens=4))
+async def submit_one(
+    service: Service, stream_id: str, finished: list[GenerationFinished] | None = None
+) -> Submitted | SubmitFailed:
+    submit = Submit(
+        response_id=f"r-{stream_id}",
+        stream_id=stream_id,
+        messages=(Message(role="user", content="hi"),),
+        params=SamplingParams(max_tokens=4),
+    )
     on_finish = None if finished is None else finished.append
-    return await service.submit(submit, Owner(principal="p", session_id="sess",
-                                              on_finish=on_finish), 0.0)
+    return await service.submit(submit, Owner(principal="p", session_id="sess", on_finish=on_finish), 0.0)
 
 
-async def test_a_crashed_writer_fails_the_steps_streams_and_restarts(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_crashed_writer_fails_the_steps_streams_and_restarts(monkeypatch: pytest.MonkeyPatch) -> None:
     # A bug between the engine's step and the log write (here: the takeover
     # translation) used to end the writer task for good: every stream froze.
     engine, log = ThreadedEngine(), CountingLog()
@@ -314,8 +355,7 @@ async def test_a_stream_the_log_dropped_fails_alone() -> None:
     now[0] = 5.0
     assert isinstance(await submit_one(service, "new"), Submitted)
     now[0] = 11.0  # "old" expired, "new" lives
-    engine.run_steps([[out("old", 0, "a"), out("new", 0, "b")],
-                      [out("new", 1, "c", finished=True)]])
+    engine.run_steps([[out("old", 0, "a"), out("new", 0, "b")], [out("new", 1, "c", finished=True)]])
     items = await read_all(log, "new")
     assert [i.text for i in items if isinstance(i, LogEntry)] == ["b", "c"]
     assert isinstance(items[-1], StreamEnd) and items[-1].finish_reason == "stop"

@@ -29,8 +29,7 @@ def test_event_ids_round_trip() -> None:
     assert parse_event_id(" a:b:3 ") == ("a:b", 3)  # the offset is after the last colon
 
 
-@pytest.mark.parametrize("bad", ["", "abc", ":3", "abc:", "abc:-1", "abc:1.5", "abc:٣",
-                                 "x" * 129 + ":1"])
+@pytest.mark.parametrize("bad", ["", "abc", ":3", "abc:", "abc:-1", "abc:1.5", "abc:٣", "x" * 129 + ":1"])
 def test_malformed_ids_are_refused(bad: str) -> None:
     with pytest.raises(ValueError):
         parse_event_id(bad)

@@ -28,8 +28,7 @@ async def wait_until(condition: Callable[[], bool], what: str) -> None:
         await asyncio.sleep(0.01)
 
 
-async def test_a_crash_is_logged_cleaned_up_reported_and_restarted(
-        caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_crash_is_logged_cleaned_up_reported_and_restarted(caplog: pytest.LogCaptureFixture) -> None:
     health, runs, crashes = TaskHealth(), [], []
     done = asyncio.Event()
 
@@ -92,9 +91,10 @@ _prefixes = itertools.count()
 async def two_nodes(redis_server: str) -> AsyncIterator[tuple[RedisTokenLog, RedisTokenLog]]:
     """A writing node's log and a reading node's log on one fresh key prefix."""
     prefix = f"supervise{next(_prefixes)}:"
-    logs = tuple(RedisTokenLog(redis_server, node_id=node,
-                               config=RedisLogConfig(key_prefix=prefix, block_ms=200))
-                 for node in ("writer", "reader"))
+    logs = tuple(
+        RedisTokenLog(redis_server, node_id=node, config=RedisLogConfig(key_prefix=prefix, block_ms=200))
+        for node in ("writer", "reader")
+    )
     yield logs  # type: ignore[misc]
     for log in logs:
         await asyncio.wait_for(log.close(), 15)
@@ -106,7 +106,8 @@ async def next_item(items: Any) -> LogEntry | StreamEnd:
 
 @pytest.mark.redis
 async def test_a_crashed_tailer_ends_its_readers_then_serves_new_ones(
-        two_nodes: tuple[RedisTokenLog, RedisTokenLog], monkeypatch: pytest.MonkeyPatch) -> None:
+    two_nodes: tuple[RedisTokenLog, RedisTokenLog], monkeypatch: pytest.MonkeyPatch
+) -> None:
     writer, reader = two_nodes
     await writer.create_stream(live_info("s"))
     await writer.write_step([write("s", entry(0, 1))])

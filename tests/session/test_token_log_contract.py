@@ -115,8 +115,7 @@ class RedisBackend(Backend):
         if self.fenced:  # every write through the fencing script, under an epoch that holds
             with SyncRedis.from_url(self.url) as redis:
                 redis.set(f"{prefix}epoch", 1)
-            fence = Fence(lease_key=f"{prefix}lease", epoch_key=f"{prefix}epoch",
-                          node_id="node-a", epoch=1)
+            fence = Fence(lease_key=f"{prefix}lease", epoch_key=f"{prefix}epoch", node_id="node-a", epoch=1)
             writer.fence_with(lambda sid: fence)
         if not self.two_nodes:
             return writer
@@ -154,13 +153,15 @@ BACKENDS: dict[str, Callable[[pytest.FixtureRequest], Backend]] = {
     "memory": lambda request: Backend(),
     "redis": lambda request: RedisBackend(request.getfixturevalue("redis_server"), two_nodes=False),
     "redis-2nodes": lambda request: RedisBackend(request.getfixturevalue("redis_server"), two_nodes=True),
-    "redis-fenced": lambda request: RedisBackend(request.getfixturevalue("redis_server"),
-                                                 two_nodes=True, fenced=True),
+    "redis-fenced": lambda request: RedisBackend(
+        request.getfixturevalue("redis_server"), two_nodes=True, fenced=True
+    ),
 }
 
 
-@pytest.fixture(params=[pytest.param(name, marks=[pytest.mark.redis] if name != "memory" else [])
-                        for name in BACKENDS])
+@pytest.fixture(
+    params=[pytest.param(name, marks=[pytest.mark.redis] if name != "memory" else []) for name in BACKENDS]
+)
 def backend(request: pytest.FixtureRequest) -> Backend:
     return BACKENDS[request.param](request)
 
@@ -186,7 +187,11 @@ async def test_create_then_info_is_live_at_zero(log: TokenLog) -> None:
     assert info is not None
     assert (info.status, info.end, info.finish) == ("live", 0, None)
     assert (info.principal, info.owner_node, info.response_id, info.session_id) == (
-        "bob", "n7", "resp-s1", "sess-s1")
+        "bob",
+        "n7",
+        "resp-s1",
+        "sess-s1",
+    )
     with pytest.raises(StreamExists):
         await log.create_stream(live_info("s1"))
 
@@ -232,8 +237,7 @@ async def test_an_end_error_reaches_every_reader(log: TokenLog) -> None:
     # A request dropped from the queue at its deadline: a reader on any node
     # (a replay, a late info) must relay the same overloaded error.
     await log.create_stream(live_info("s0"))
-    error = EndError(code="overloaded", message="no first token within 1.5 s",
-                     retry_after_ms=2400)
+    error = EndError(code="overloaded", message="no first token within 1.5 s", retry_after_ms=2400)
     end = replace(finish(0, "cancelled"), error=error)
     await log.write_step([write("s0", f=end)])
     assert await collect(log.read("s0", 0)) == [end]
@@ -291,8 +295,14 @@ async def test_one_step_writes_many_streams_entry_and_finish(log: TokenLog) -> N
     for sid in ("a", "b", "c"):
         await log.create_stream(live_info(sid))
     await log.write_step([write("a", entry(0, 1)), write("b", entry(0, 2)), write("c", entry(0, 1))])
-    await log.write_step([write("a", entry(1, 2), finish(2)), write("b", f=finish(2, "interrupted")),
-                          write("c", entry(1, 2)), write("c", entry(2, 3), finish(3, "length"))])
+    await log.write_step(
+        [
+            write("a", entry(1, 2), finish(2)),
+            write("b", f=finish(2, "interrupted")),
+            write("c", entry(1, 2)),
+            write("c", entry(2, 3), finish(3, "length")),
+        ]
+    )
     assert await collect(log.read("a", 0)) == [*chunks([0, 1, 2]), finish(2)]
     assert await collect(log.read("b", 0)) == [entry(0, 2), finish(2, "interrupted")]
     assert await collect(log.read("c", 1)) == [*chunks([1, 2, 3]), finish(3, "length")]
@@ -351,7 +361,7 @@ async def test_live_stream_ending_before_from_is_out_of_range(log: TokenLog) -> 
 
 
 async def test_text_and_ids_round_trip(log: TokenLog) -> None:
-    e = LogEntry(start=0, end=3, text="héllo 🌍 \x00 \"quoted\"\n", token_ids=(0, 151_936, 2**31 - 1))
+    e = LogEntry(start=0, end=3, text='héllo 🌍 \x00 "quoted"\n', token_ids=(0, 151_936, 2**31 - 1))
     await log.create_stream(live_info("s1"))
     await log.write_step([write("s1", e, finish(3))])
     assert await collect(log.read("s1", 0)) == [e, finish(3)]
@@ -429,7 +439,8 @@ async def read_error(log: TokenLog, sid: str, from_offset: int) -> BaseException
 
 
 async def test_lost_head_of_an_ended_stream_is_truncated_never_skipped(
-        backend: Backend, log: TokenLog) -> None:
+    backend: Backend, log: TokenLog
+) -> None:
     await write_stream(log, "s1", [0, 2, 4, 6, 8])
     await backend.lose(log, "s1", 4)  # [0, 2) and [2, 4) are gone
     for from_offset in (0, 2, 3):
@@ -440,8 +451,7 @@ async def test_lost_head_of_an_ended_stream_is_truncated_never_skipped(
     assert await collect(log.read("s1", 4)) == [*chunks([4, 6, 8]), finish(8)]
 
 
-async def test_ended_stream_whose_entries_are_all_gone_is_truncated(
-        backend: Backend, log: TokenLog) -> None:
+async def test_ended_stream_whose_entries_are_all_gone_is_truncated(backend: Backend, log: TokenLog) -> None:
     await write_stream(log, "s1", [0, 3, 5])
     await backend.lose(log, "s1", None)  # the metadata still says it ended at 5
     for from_offset in (0, 4):
@@ -451,7 +461,8 @@ async def test_ended_stream_whose_entries_are_all_gone_is_truncated(
 
 
 async def test_live_stream_that_lost_entries_is_truncated_not_waited_on(
-        backend: Backend, log: TokenLog) -> None:
+    backend: Backend, log: TokenLog
+) -> None:
     await log.create_stream(live_info("head"))
     await log.create_stream(live_info("all"))
     for e in chunks([0, 2, 4, 6]):

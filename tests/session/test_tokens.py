@@ -22,8 +22,7 @@ def test_resume_token_round_trip_and_is_url_safe() -> None:
 
 @pytest.mark.parametrize(
     ("secret", "stream_id", "principal"),
-    [(b"other-secret", "stream-1", "alice"), (SECRET, "stream-2", "alice"),
-     (SECRET, "stream-1", "bob")],
+    [(b"other-secret", "stream-1", "alice"), (SECRET, "stream-2", "alice"), (SECRET, "stream-1", "bob")],
     ids=["secret", "stream", "principal"],
 )
 def test_resume_token_rejected_when_anything_differs(secret: bytes, stream_id: str, principal: str) -> None:

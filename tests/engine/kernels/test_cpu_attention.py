@@ -11,8 +11,9 @@ from bargein.engine.kernels.cpu_attention import paged_attention_decode_cpu
 from bargein.engine.kernels.paged_attention import paged_attention_decode_ref
 
 
-def _inputs(lens: list[int], hq: int, hk: int, d: int, block_size: int, seed: int,
-            dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, ...]:
+def _inputs(
+    lens: list[int], hq: int, hk: int, d: int, block_size: int, seed: int, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, ...]:
     """A pool with blocks scattered at random and tables padded with block ids
     that are valid but hold other sequences' data (never to be read)."""
     gen = torch.Generator().manual_seed(seed)
@@ -40,12 +41,18 @@ def test_matches_the_reference(hq: int, hk: int, block_size: int) -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(lens=st.lists(st.integers(1, 300), min_size=1, max_size=12),
-       group=st.sampled_from([1, 2, 3, 7]), hk=st.integers(1, 4),
-       d=st.sampled_from([1, 8, 64, 80, 128]), block_size=st.sampled_from([1, 3, 16, 32]),
-       scale=st.floats(0.01, 2.0), seed=st.integers(0, 2**16))
-def test_random_shapes_match_the_reference(lens: list[int], group: int, hk: int, d: int,
-                                           block_size: int, scale: float, seed: int) -> None:
+@given(
+    lens=st.lists(st.integers(1, 300), min_size=1, max_size=12),
+    group=st.sampled_from([1, 2, 3, 7]),
+    hk=st.integers(1, 4),
+    d=st.sampled_from([1, 8, 64, 80, 128]),
+    block_size=st.sampled_from([1, 3, 16, 32]),
+    scale=st.floats(0.01, 2.0),
+    seed=st.integers(0, 2**16),
+)
+def test_random_shapes_match_the_reference(
+    lens: list[int], group: int, hk: int, d: int, block_size: int, scale: float, seed: int
+) -> None:
     q, k_cache, v_cache, table, seq_lens = _inputs(lens, group * hk, hk, d, block_size, seed)
     q_before, k_before = q.clone(), k_cache.clone()
     out = paged_attention_decode_cpu(q, k_cache, v_cache, table, seq_lens, scale)

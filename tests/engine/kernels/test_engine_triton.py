@@ -29,7 +29,9 @@ pytestmark = pytest.mark.slow
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU tensors: the interpreter
 MAX_TOKENS = 6
 PROMPT_LENGTHS = [3, 9, 17, 30]  # block size 4, chunks of 16: inside, on and past boundaries
-SCHEDULER = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=20, prefill_chunk_size=16, max_model_len=64)
+SCHEDULER = SchedulerConfig(
+    max_num_seqs=4, max_num_batched_tokens=20, prefill_chunk_size=16, max_model_len=64
+)
 
 
 def _word_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
@@ -46,8 +48,15 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, PreTrain
     (``initializer_range``) so that greedy picks are not near-ties."""
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.2, tie_word_embeddings=False,
+        vocab_size=160,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        initializer_range=0.2,
+        tie_word_embeddings=False,
     )
     model = LlamaForCausalLM(config).eval()
     folder = tmp_path_factory.mktemp("tiny_llama")
@@ -65,9 +74,14 @@ def _prompts() -> list[list[int]]:
 def _generate(model: PreTrainedModel, prompt: list[int]) -> list[int]:
     ids = torch.tensor([prompt])
     with torch.inference_mode():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS,
-                             do_sample=False, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=MAX_TOKENS,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt) :].tolist()
 
 
 def _run_engine(folder: Path, prompts: list[list[int]]) -> dict[str, list[int]]:
@@ -84,7 +98,9 @@ def _run_engine(folder: Path, prompts: list[list[int]]) -> dict[str, list[int]]:
     pending = list(enumerate(prompts))
     for _ in range(200):
         for i, prompt in pending[:2]:
-            engine.add_request(EngineRequest(request_id=f"p{i}", prompt_token_ids=tuple(prompt), params=params))
+            engine.add_request(
+                EngineRequest(request_id=f"p{i}", prompt_token_ids=tuple(prompt), params=params)
+            )
         pending = pending[2:]
         for out in engine.step():
             tokens[out.request_id].extend(out.new_token_ids)

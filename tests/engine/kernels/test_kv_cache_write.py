@@ -9,7 +9,9 @@ from bargein.engine.kernels.kv_cache_write import write_kv_cache, write_kv_cache
 from tests.engine.kernels.helpers import DTYPES
 
 
-def _check(num_tokens: int, hk: int, head_dim: int, block_size: int, dtype: torch.dtype, device: torch.device) -> None:
+def _check(
+    num_tokens: int, hk: int, head_dim: int, block_size: int, dtype: torch.dtype, device: torch.device
+) -> None:
     """Caches start NaN-filled: the written slots must hold exactly k and v, the others stay NaN."""
     gen = torch.Generator().manual_seed(num_tokens * 13 + block_size)
     num_blocks = -(-num_tokens // block_size) + 3

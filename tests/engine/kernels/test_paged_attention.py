@@ -24,7 +24,11 @@ HEADS = [(9, 3, 64), (4, 1, 16), (2, 2, 24)]  # (Hq, Hk, D): the default model's
 
 
 def _decode_inputs(
-    seq_lens: Sequence[int], heads: tuple[int, int, int], block_size: int, dtype: torch.dtype, device: torch.device
+    seq_lens: Sequence[int],
+    heads: tuple[int, int, int],
+    block_size: int,
+    dtype: torch.dtype,
+    device: torch.device,
 ) -> tuple[torch.Tensor, ...]:
     hq, hk, d = heads
     gen = torch.Generator().manual_seed(sum(seq_lens) * 17 + block_size)
@@ -34,8 +38,13 @@ def _decode_inputs(
     return q, k_cache, v_cache, tables, lens
 
 
-def _check_decode(seq_lens: Sequence[int], heads: tuple[int, int, int], block_size: int, dtype: torch.dtype,
-                  device: torch.device) -> None:
+def _check_decode(
+    seq_lens: Sequence[int],
+    heads: tuple[int, int, int],
+    block_size: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> None:
     args = _decode_inputs(seq_lens, heads, block_size, dtype, device)
     scale = heads[2] ** -0.5
     assert_close(paged_attention_decode(*args, scale), paged_attention_decode_ref(*args, scale))
@@ -45,7 +54,11 @@ def _check_decode(seq_lens: Sequence[int], heads: tuple[int, int, int], block_si
 @pytest.mark.parametrize("heads", HEADS)
 @pytest.mark.parametrize("block_size", [16, 5])
 def test_decode_matches_reference_on_ragged_contexts(
-    heads: tuple[int, int, int], block_size: int, dtype: torch.dtype, device: torch.device, poisoned_outputs: None
+    heads: tuple[int, int, int],
+    block_size: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    poisoned_outputs: None,
 ) -> None:
     lens = [1, block_size - 1 or 1, block_size, block_size + 1, 2 * block_size, 67, 3]
     _check_decode(lens, heads, block_size, dtype, device)
@@ -73,14 +86,24 @@ def test_decode_of_one_long_sequence_splits_and_matches(device: torch.device, po
 
 
 @pytest.mark.parametrize(
-    "block_size,dtype", [(16, torch.float32), (7, torch.float32), (7, torch.bfloat16), (16, torch.float16)], ids=str
+    "block_size,dtype",
+    [(16, torch.float32), (7, torch.float32), (7, torch.bfloat16), (16, torch.float16)],
+    ids=str,
 )
 def test_prefill_matches_reference_with_cached_prefixes(
     block_size: int, dtype: torch.dtype, device: torch.device, poisoned_outputs: None
 ) -> None:
     """(cached prefix, chunk) per sequence: a whole prompt, a 1-token chunk, chunks longer than a
     query tile (16), chunks ending exactly on and just past a block boundary."""
-    chunks = [(0, 5), (9, 1), (0, 2 * block_size), (block_size - 3, 4), (3, 17), (2 * block_size - 1, 2), (0, 1)]
+    chunks = [
+        (0, 5),
+        (9, 1),
+        (0, 2 * block_size),
+        (block_size - 3, 4),
+        (3, 17),
+        (2 * block_size - 1, 2),
+        (0, 1),
+    ]
     _check_prefill(chunks, (9, 3, 64), block_size, dtype, device)
 
 
@@ -91,14 +114,21 @@ def test_prefill_matches_reference_for_mqa_and_mha(
     _check_prefill([(4, 13), (0, 1), (16, 16)], heads, 16, torch.float32, device)
 
 
-def _check_prefill(chunks: Sequence[tuple[int, int]], heads: tuple[int, int, int], block_size: int,
-                   dtype: torch.dtype, device: torch.device) -> None:
+def _check_prefill(
+    chunks: Sequence[tuple[int, int]],
+    heads: tuple[int, int, int],
+    block_size: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> None:
     hq, hk, d = heads
     seq_lens = [prefix + n for prefix, n in chunks]
     gen = torch.Generator().manual_seed(sum(seq_lens) * 3 + block_size)
     k_cache, v_cache, tables = paged_kv(seq_lens, hk, d, block_size, dtype, device, gen)
     q_lens = torch.tensor([n for _, n in chunks])
-    query_start_loc = torch.cat([torch.zeros(1, dtype=torch.long), q_lens.cumsum(0)]).to(torch.int32).to(device)
+    query_start_loc = (
+        torch.cat([torch.zeros(1, dtype=torch.long), q_lens.cumsum(0)]).to(torch.int32).to(device)
+    )
     q = torch.randn(int(q_lens.sum()), hq, d, generator=gen).to(dtype=dtype, device=device)
     lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
     args = (q, k_cache, v_cache, tables, query_start_loc, lens, d**-0.5)
@@ -124,6 +154,8 @@ def test_decode_large_batches_on_gpu(
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_prefill_large_chunks_on_gpu(dtype: torch.dtype, device: torch.device, poisoned_outputs: None) -> None:
+def test_prefill_large_chunks_on_gpu(
+    dtype: torch.dtype, device: torch.device, poisoned_outputs: None
+) -> None:
     chunks = [(0, 512), (1000, 256), (15, 1), (17, 333), (2047, 129)]
     _check_prefill(chunks, (9, 3, 64), 16, dtype, device)

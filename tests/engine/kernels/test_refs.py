@@ -68,7 +68,9 @@ def test_prefill_matches_dense_with_cached_prefix(block_size: int) -> None:
     v_cache, _ = _paged(vs, block_size, 128, 1)
     q = torch.randn(sum(q_lens), hq, d)
     loc = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
-    out = OPS.paged_attention_prefill(q, k_cache, v_cache, table, loc, torch.tensor(seq_lens, dtype=torch.int32), 0.5)
+    out = OPS.paged_attention_prefill(
+        q, k_cache, v_cache, table, loc, torch.tensor(seq_lens, dtype=torch.int32), 0.5
+    )
     for s, (n, ql) in enumerate(zip(seq_lens, q_lens)):
         want = _dense_attention(q[loc[s] : loc[s + 1]], ks[s], vs[s], n - ql, 0.5)
         torch.testing.assert_close(out[loc[s] : loc[s + 1]], want, atol=1e-5, rtol=1e-5)

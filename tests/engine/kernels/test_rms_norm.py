@@ -9,11 +9,17 @@ from bargein.engine.kernels.rms_norm import rms_norm, rms_norm_ref
 from tests.engine.kernels.helpers import DTYPES, assert_close
 
 
-def _check(num_tokens: int, hidden: int, dtype: torch.dtype, with_residual: bool, device: torch.device) -> None:
+def _check(
+    num_tokens: int, hidden: int, dtype: torch.dtype, with_residual: bool, device: torch.device
+) -> None:
     gen = torch.Generator().manual_seed(num_tokens * 1000 + hidden)
     x = torch.randn(num_tokens, hidden, generator=gen).to(dtype=dtype, device=device)
     weight = torch.randn(hidden, generator=gen).to(dtype=dtype, device=device)
-    residual = torch.randn(num_tokens, hidden, generator=gen).to(dtype=dtype, device=device) if with_residual else None
+    residual = (
+        torch.randn(num_tokens, hidden, generator=gen).to(dtype=dtype, device=device)
+        if with_residual
+        else None
+    )
     out, residual_out = rms_norm(x, weight, 1e-6, residual)
     want_out, want_residual = rms_norm_ref(x, weight, 1e-6, residual)
     assert_close(out, want_out)
@@ -24,7 +30,12 @@ def _check(num_tokens: int, hidden: int, dtype: torch.dtype, with_residual: bool
 @pytest.mark.parametrize("num_tokens,hidden", [(1, 1), (3, 17), (7, 64), (2, 127), (5, 129)])
 @pytest.mark.parametrize("with_residual", [False, True])
 def test_rms_norm_matches_reference(
-    num_tokens: int, hidden: int, dtype: torch.dtype, with_residual: bool, device: torch.device, poisoned_outputs: None
+    num_tokens: int,
+    hidden: int,
+    dtype: torch.dtype,
+    with_residual: bool,
+    device: torch.device,
+    poisoned_outputs: None,
 ) -> None:
     _check(num_tokens, hidden, dtype, with_residual, device)
 

@@ -9,7 +9,9 @@ from bargein.engine.kernels.rotary import build_cos_sin_cache, rotary_embedding,
 from tests.engine.kernels.helpers import DTYPES, assert_close
 
 
-def _check(num_tokens: int, hq: int, hk: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+def _check(
+    num_tokens: int, hq: int, hk: int, head_dim: int, dtype: torch.dtype, device: torch.device
+) -> None:
     """q and k are views into one fused ``[T, (Hq + 2 Hk) D]`` projection, as in the model."""
     gen = torch.Generator().manual_seed(num_tokens * 31 + hq * 7 + head_dim)
     qkv = torch.randn(num_tokens, (hq + 2 * hk) * head_dim, generator=gen).to(dtype=dtype, device=device)
@@ -32,7 +34,13 @@ def _check(num_tokens: int, hq: int, hk: int, head_dim: int, dtype: torch.dtype,
     "num_tokens,hq,hk,head_dim", [(1, 1, 1, 2), (7, 9, 3, 64), (13, 5, 1, 34), (3, 4, 4, 16)]
 )
 def test_rotary_matches_reference(
-    num_tokens: int, hq: int, hk: int, head_dim: int, dtype: torch.dtype, device: torch.device, poisoned_outputs: None
+    num_tokens: int,
+    hq: int,
+    hk: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    poisoned_outputs: None,
 ) -> None:
     _check(num_tokens, hq, hk, head_dim, dtype, device)
 
@@ -40,13 +48,21 @@ def test_rotary_matches_reference(
 def test_rotary_refuses_int32_positions(device: torch.device) -> None:
     q, k = torch.randn(2, 2, 8, device=device), torch.randn(2, 1, 8, device=device)
     with pytest.raises(AssertionError, match="positions"):
-        rotary_embedding(q, k, torch.zeros(2, dtype=torch.int32, device=device), torch.randn(4, 8, device=device))
+        rotary_embedding(
+            q, k, torch.zeros(2, dtype=torch.int32, device=device), torch.randn(4, 8, device=device)
+        )
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("num_tokens,hq,hk,head_dim", [(4097, 9, 3, 64), (513, 32, 8, 128)])
 def test_rotary_large_shapes_on_gpu(
-    num_tokens: int, hq: int, hk: int, head_dim: int, dtype: torch.dtype, device: torch.device, poisoned_outputs: None
+    num_tokens: int,
+    hq: int,
+    hk: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    poisoned_outputs: None,
 ) -> None:
     _check(num_tokens, hq, hk, head_dim, dtype, device)
