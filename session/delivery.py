@@ -1,11 +1,17 @@
 """Delivery: one stream from the token log to one client, at the client's pace.
 
-One :class:`Delivery` task per connection per stream. A reader task follows
-the log from the last sent offset and queues entries; the sender awaits the
-socket (``send`` returns once the frame is written), and whatever queued up
-meanwhile goes out as one coalesced ``response.delta`` covering the whole
-token range. Generation never waits for delivery: the engine writes to the
-log, and a slow client only makes its deltas bigger.
+:func:`feed` is the one way a stream leaves the log for a client, whatever
+the transport: it reads from an offset in a task of its own, keeps at most
+``READ_AHEAD`` entries queued ahead of the consumer, hands over whatever
+queued meanwhile as one :class:`Batch` each time the consumer is ready (so a
+slow client gets bigger batches, never a longer queue), and counts what it
+hands over (the observer's deliveries and delta sizes). Generation never
+waits for delivery: the engine writes to the log whatever the readers do.
+
+Its consumers: :class:`Delivery` (one task per WebSocket connection per
+stream: ``response.delta`` events, then ``response.done``), and the OpenAI
+HTTP answers through :meth:`bargein.session.service.Service.feed` (an SSE
+chunk per batch, or one JSON body).
 """
 
 from __future__ import annotations
@@ -13,8 +19,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass, replace
 
 from bargein.protocol import events as pe
 from bargein.session.errors import StreamNotFound, StreamTruncated, TokenLogUnavailable
@@ -24,9 +30,104 @@ from bargein.session.observer import NullObserver, SessionObserver
 logger = logging.getLogger(__name__)
 
 SendEvent = Callable[[object], Awaitable[None]]
-# Log entries read ahead of the socket; past it the reader waits, so a lagging
+# Log entries read ahead of the consumer; past it the reader waits, so a lagging
 # client costs no memory beyond the log itself (whatever the log backend).
 READ_AHEAD = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Contiguous log entries of one stream that queued up while the consumer
+    was busy: one ``response.delta`` or SSE chunk covers them all.
+
+    Attributes:
+        entries: at least one; ``entries[i].end == entries[i + 1].start``.
+    """
+
+    entries: tuple[LogEntry, ...]
+
+    @property
+    def start(self) -> int:
+        """Offset of the first token."""
+        return self.entries[0].start
+
+    @property
+    def end(self) -> int:
+        """Offset after the last token."""
+        return self.entries[-1].end
+
+    @property
+    def text(self) -> str:
+        """The text the batch's tokens complete (may be empty: a character split
+        over tokens shows once its last byte is in)."""
+        return "".join(e.text for e in self.entries)
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        """The batch's token ids, ``end - start`` of them."""
+        return tuple(t for e in self.entries for t in e.token_ids)
+
+
+async def feed(
+    log: TokenLog,
+    stream_id: str,
+    from_offset: int,
+    *,
+    observer: SessionObserver | None = None,
+    read_ahead: int = READ_AHEAD,
+) -> AsyncGenerator[Batch | StreamEnd, None]:
+    """The stream from ``from_offset``: batches of what queued, then its end.
+
+    Args:
+        log: the token log holding the stream.
+        stream_id: the stream.
+        from_offset: first token offset wanted (the first batch may start
+            before it, as the log's first entry may).
+        observer: told when the feed starts and ends and of each batch's size.
+        read_ahead: entries queued ahead of the consumer at most.
+
+    Yields :class:`Batch` items, then the :class:`StreamEnd`, and stops.
+    Raises what the log's read raises (StreamNotFound, StreamTruncated,
+    TokenLogUnavailable, ...), after every batch read before the failure.
+    Close it (``contextlib.aclosing``) to stop reading early.
+    """
+    observed: SessionObserver = observer or NullObserver()
+    queue: asyncio.Queue[LogEntry | StreamEnd | BaseException] = asyncio.Queue(maxsize=read_ahead)
+
+    async def read() -> None:
+        # Any failure is queued too (the consumer raises it), so a reader that
+        # stops never leaves the consumer waiting.
+        try:
+            async for item in log.read(stream_id, from_offset):
+                await queue.put(item)
+                if isinstance(item, StreamEnd):
+                    return
+            raise RuntimeError(f"the log's read of {stream_id} ended without its end")
+        except Exception as exc:  # CancelledError is not caught: it stops the reader
+            await queue.put(exc)
+
+    reader = asyncio.create_task(read(), name=f"read-{stream_id}")
+    observed.delivery_started()
+    try:
+        while True:
+            items = [await queue.get()]
+            while not queue.empty():  # what queued while the consumer was busy
+                items.append(queue.get_nowait())
+            entries = tuple(i for i in items if isinstance(i, LogEntry))
+            if entries:
+                observed.delta_sent(entries[-1].end - entries[0].start)
+                yield Batch(entries)
+            for item in items:
+                if isinstance(item, BaseException):
+                    raise item
+                if isinstance(item, StreamEnd):
+                    yield item
+                    return
+    finally:
+        observed.delivery_ended()
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
 
 
 def relayed_code(error: EndError) -> pe.ErrorCode:
@@ -102,7 +203,6 @@ class Delivery:
         self._on_delivered = on_delivered
         self._include_token_ids = include_token_ids
         self._observer: SessionObserver = observer or NullObserver()
-        self._queue: asyncio.Queue[LogEntry | StreamEnd | BaseException] = asyncio.Queue(maxsize=READ_AHEAD)
 
     async def run(self) -> None:
         """Deliver until the stream's end has been sent.
@@ -115,8 +215,6 @@ class Delivery:
         (a bug) is logged and answered the same way: the client is never
         left waiting for a stream this delivery no longer follows.
         """
-        reader = asyncio.create_task(self._read(), name=f"read-{self.stream_id}")
-        self._observer.delivery_started()
         try:
             await self._deliver()
         except StreamTruncated as exc:  # before StreamNotFound: a subclass of it
@@ -132,57 +230,34 @@ class Delivery:
             await self._send(
                 self._error(pe.ErrorCode.INTERNAL_ERROR, "delivery failed; resume the stream", True)
             )
-        finally:
-            self._observer.delivery_ended()
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
-
-    async def _read(self) -> None:
-        """Queue the log's items; any failure is queued too (the sender raises
-        it), so a reader that stops never leaves the sender waiting."""
-        try:
-            async for item in self.log.read(self.stream_id, self.sent_end):
-                await self._queue.put(item)
-                if isinstance(item, StreamEnd):
-                    return
-            raise RuntimeError(f"the log's read of {self.stream_id} ended without its end")
-        except Exception as exc:  # CancelledError is not caught: it stops the reader
-            await self._queue.put(exc)
 
     async def _deliver(self) -> None:
-        while self.finish is None:
-            batch = [await self._queue.get()]
-            while not self._queue.empty():  # what queued while the socket was busy
-                batch.append(self._queue.get_nowait())
-            entries = [i for i in batch if isinstance(i, LogEntry)]
-            if entries:
-                await self._send_delta(entries)
-            for item in batch:
-                if isinstance(item, BaseException):
-                    raise item
-                if isinstance(item, StreamEnd):
+        items = feed(self.log, self.stream_id, self.sent_end, observer=self._observer)
+        async with contextlib.aclosing(items):
+            async for item in items:
+                if isinstance(item, Batch):
+                    await self._send_delta(item)
+                else:
                     self.finish = item
+        assert self.finish is not None, "a feed ends with its StreamEnd"
         if (end_error := self.finish.error) is not None:
             code = relayed_code(end_error)
             error = self._error(code, end_error.message, code.retryable)
             await self._send(replace(error, retry_after_ms=end_error.retry_after_ms))
         await self._send(done_event(self.response_id, self.stream_id, self.finish))
 
-    async def _send_delta(self, entries: list[LogEntry]) -> None:
-        text = "".join(e.text for e in entries)
-        token_ids = tuple(t for e in entries for t in e.token_ids)
+    async def _send_delta(self, batch: Batch) -> None:
+        text = batch.text
         delta = pe.ResponseDelta(
             response_id=self.response_id,
             stream_id=self.stream_id,
-            start=entries[0].start,
-            end=entries[-1].end,
+            start=batch.start,
+            end=batch.end,
             text=text,
-            token_ids=token_ids if self._include_token_ids else None,
+            token_ids=batch.token_ids if self._include_token_ids else None,
         )
-        self._observer.delta_sent(delta.end - delta.start)
         await self._send(delta)
-        self.sent_end = entries[-1].end
+        self.sent_end = batch.end
         self._on_delivered(text)
 
     def _error(self, code: pe.ErrorCode, message: str, retryable: bool) -> pe.ErrorEvent:

@@ -24,10 +24,11 @@ answer 503.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,8 +44,10 @@ from bargein.session.chat import (
     prompt_ids,
 )
 from bargein.session.config import SessionConfig
-from bargein.session.errors import StreamFenced, TokenLogUnavailable
+from bargein.session.delivery import Batch, feed
+from bargein.session.errors import StreamFenced, TokenLogError, TokenLogUnavailable
 from bargein.session.log import EndError, LogEntry, StreamEnd, StreamInfo, StreamWrite, TokenLog
+from bargein.session.log.read_probe import read_error_soon
 from bargein.session.observer import NullObserver, SessionObserver
 from bargein.session.session import GenerationFinished, Submit, SubmitFailed, Submitted
 from bargein.session.supervise import TaskHealth, supervised
@@ -428,6 +431,52 @@ class Service:
             live.released = True
             if not self._readers.get(stream_id):
                 self._watch_abandoned(stream_id, live)
+
+    # ---- reading streams (the face the HTTP layer reads through) -----------------
+
+    @property
+    def model_name(self) -> str:
+        """The served model's name (``model`` of the OpenAI answers)."""
+        return str(self.runner.model_name)
+
+    async def stream_info(self, stream_id: str) -> StreamInfo | None:
+        """What the log knows of a stream; None when unknown or expired.
+
+        Raises TokenLogUnavailable when the log cannot be read.
+        """
+        return await self.log.info(stream_id)
+
+    async def feed(self, stream_id: str, from_offset: int) -> AsyncGenerator[Batch | StreamEnd, None]:
+        """A stream from ``from_offset`` for a client of this node, as
+        :func:`bargein.session.delivery.feed` reads it (batches of what
+        queued, then the end; the same errors), counted as one of the
+        stream's readers while it runs: the abandon grace does not cancel a
+        stream someone reads, on any node."""
+        self.reader_started(stream_id)
+        try:
+            items = feed(self.log, stream_id, from_offset, observer=self.observer)
+            async with contextlib.aclosing(items):
+                async for item in items:
+                    yield item
+        finally:
+            self.reader_ended(stream_id)
+
+    async def read_error_soon(self, stream_id: str, from_offset: int, timeout_s: float) -> TokenLogError | None:
+        """The error a read of the stream from ``from_offset`` raises within
+        ``timeout_s`` before its first item, else None (see
+        :mod:`bargein.session.log.read_probe`): an answer's status can say it."""
+        return await read_error_soon(self.log, stream_id, from_offset, timeout_s)
+
+    async def wait_end(self, stream_id: str, from_offset: int, timeout_s: float) -> StreamEnd | None:
+        """The stream's end, once it is logged; None if it is not within
+        ``timeout_s``, or the stream cannot be read (expired, log down)."""
+        with contextlib.suppress(TimeoutError, TokenLogError):
+            async with asyncio.timeout(timeout_s):
+                async with contextlib.aclosing(self.log.read(stream_id, from_offset)) as items:
+                    async for item in items:
+                        if isinstance(item, StreamEnd):
+                            return item
+        return None
 
     def reader_started(self, stream_id: str) -> None:
         """A connection here started delivering ``stream_id``."""

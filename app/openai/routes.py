@@ -15,10 +15,14 @@ Routes (:func:`openai_routes`):
   aborts at its next step and the stream ends with ``finish_reason``
   ``"interrupted"``.
 
-SSE events carry ``id: <stream_id>:<end>`` (:mod:`bargein.app.openai.sse`). One chunk is
-sent per log entry (one engine step), so a replay from the same id gives the
-same events; chunks whose tokens complete no text yet are skipped (the next
-id covers their tokens). The closing events (the chunk with ``finish_reason``,
+Both answers read the stream through the service's feed
+(:meth:`bargein.session.service.Service.feed`), the one delivery path the
+WebSocket uses too: at most a bounded read-ahead is queued, and what queued
+while the client was busy goes out together. SSE events carry
+``id: <stream_id>:<end>`` (:mod:`bargein.app.openai.sse`): one chunk per batch
+(one engine step's tokens when the client keeps up), so a resume from an id
+continues right after the text the client had; batches whose tokens complete
+no text yet are skipped (the next id covers their tokens). The closing events (the chunk with ``finish_reason``,
 the usage chunk, ``[DONE]``) add no token and carry no ``id:`` field: they
 keep the stream's last id, so resuming from it replays just them.
 
@@ -36,7 +40,6 @@ resume, ``cancel`` aborts it (``finish_reason`` ``"cancelled"``).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import functools
@@ -75,10 +78,9 @@ from bargein.app.openai.sse import event_id, format_event, parse_event_id, parse
 from bargein.engine.request import FinishReason
 from bargein.protocol import events as pe
 from bargein.session.config import SessionConfig
-from bargein.session.delivery import relayed_code, truncated_message
+from bargein.session.delivery import Batch, relayed_code, truncated_message
 from bargein.session.errors import OffsetOutOfRange, StreamNotFound, StreamTruncated, TokenLogUnavailable
-from bargein.session.log import EndError, LogEntry, StreamEnd, StreamInfo, TokenLog
-from bargein.session.log.read_probe import read_error_soon
+from bargein.session.log import EndError, StreamEnd, StreamInfo
 from bargein.session.service import Owner, Service
 from bargein.session.session import Submit, SubmitFailed
 
@@ -107,7 +109,7 @@ def openai_routes() -> list[Route]:
     async def list_models(request: Request) -> Response:
         """``GET /v1/models``: OpenAI's list shape with the served model."""
         model = {
-            "id": _service(request).runner.model_name,
+            "id": _service(request).model_name,
             "object": "model",
             "created": created,
             "owned_by": "bargein",
@@ -227,7 +229,7 @@ async def _complete(request: Request, parse: Callable[[Any, SessionConfig], AnyR
         return EventStreamResponse(
             events, on_disconnect=on_disconnect, headers={"X-Bargein-Stream-Id": stream_id}
         )
-    collect = _collect(service.log, stream_id, completion)
+    collect = _collect(service, stream_id, completion)
     body_or_gone = await unless_disconnected(request.receive, collect)
     if body_or_gone is None:
         on_disconnect()
@@ -258,7 +260,7 @@ async def _submit(service: Service, chat: AnyRequest, caller: Owner) -> tuple[Co
     completion = Completion(
         completion_id=f"{prefix}-{stream_id}",
         created=int(time.time()),
-        model=service.runner.model_name,
+        model=service.model_name,
         include_usage=chat.include_usage,
         kind="text" if legacy else "chat",
     )
@@ -303,7 +305,7 @@ def _end_error(error: EndError) -> ApiError:
     return _retry_later(relayed_code(error), error.message, error.retry_after_ms)
 
 
-async def _collect(log: TokenLog, stream_id: str, completion: Completion) -> dict[str, Any]:
+async def _collect(service: Service, stream_id: str, completion: Completion) -> dict[str, Any]:
     """The ``chat.completion`` body of a stream, once it ended.
 
     Raises ApiError: 500 when generation failed or the log could not be read,
@@ -312,9 +314,9 @@ async def _collect(log: TokenLog, stream_id: str, completion: Completion) -> dic
     """
     parts: list[str] = []
     try:
-        async with contextlib.aclosing(log.read(stream_id, 0)) as items:
+        async with contextlib.aclosing(service.feed(stream_id, 0)) as items:
             async for item in items:
-                if isinstance(item, LogEntry):
+                if isinstance(item, Batch):
                     parts.append(item.text)
                 elif item.finish_reason == FinishReason.ERROR.value:
                     raise ApiError(
@@ -328,7 +330,7 @@ async def _collect(log: TokenLog, stream_id: str, completion: Completion) -> dic
         raise ApiError(
             "the token log could not be read", status=500, code="internal_error", type_="server_error"
         ) from exc
-    raise AssertionError("a token log read ends with its StreamEnd")
+    raise AssertionError("a feed ends with its StreamEnd")
 
 
 def _whole_body(completion: Completion, text: str, end: StreamEnd) -> dict[str, Any]:
@@ -350,36 +352,20 @@ async def sse_events(
     ``<stream_id>:0``), as OpenAI streams do; a resume from an id has had it.
     A stream that cannot be read (expired meanwhile, log down), or whose
     request was dropped from the queue at its deadline (``overloaded``), ends
-    with an OpenAI error event instead of ``[DONE]``. While it runs it is
-    one of the stream's readers, as a WebSocket delivery is: the service's
-    abandon grace does not cancel a stream someone reads over SSE, and the
+    with an OpenAI error event instead of ``[DONE]``. It reads through the
+    service's feed, so it is one of the stream's readers while it runs (the
+    abandon grace does not cancel a stream someone reads over SSE) and the
     observer counts it among the streams being delivered.
     """
-    service.reader_started(stream_id)
-    service.observer.delivery_started()
-    try:
-        async with contextlib.aclosing(
-            _sse_events(service.log, stream_id, completion, from_offset=from_offset, role=role)
-        ) as events:
-            async for event in events:
-                yield event
-    finally:
-        service.observer.delivery_ended()
-        service.reader_ended(stream_id)
-
-
-async def _sse_events(
-    log: TokenLog, stream_id: str, completion: Completion, *, from_offset: int, role: bool
-) -> AsyncGenerator[bytes, None]:
     if role and completion.kind == "chat":  # legacy streams start with text
         first = chunk_body(completion, {"role": "assistant", "content": ""})
         yield format_event(dumps(first), event_id=event_id(stream_id, 0))
     try:
-        async with contextlib.aclosing(log.read(stream_id, from_offset)) as items:
+        async with contextlib.aclosing(service.feed(stream_id, from_offset)) as items:
             async for item in items:
-                if isinstance(item, LogEntry):
-                    if item.text:
-                        chunk = _content_chunk(completion, item.text)
+                if isinstance(item, Batch):
+                    if text := item.text:
+                        chunk = _content_chunk(completion, text)
                         yield format_event(dumps(chunk), event_id=event_id(stream_id, item.end))
                 elif item.error is not None:
                     yield format_event(dumps(_end_error(item.error).body()))
@@ -437,7 +423,7 @@ async def _owned_stream(request: Request, service: Service) -> StreamInfo:
     """
     stream_id = request.path_params["stream_id"]
     try:
-        info = await service.log.info(stream_id)
+        info = await service.stream_info(stream_id)
     except TokenLogUnavailable as exc:
         raise ApiError(
             "the token log is unavailable; retry later",
@@ -500,7 +486,7 @@ async def stream_events(request: Request) -> Response:
         )
     if info.status == "live":
         await service.follow(stream_id)  # continued here if its node died
-    lost = await read_error_soon(service.log, stream_id, from_offset, FIRST_EVENT_WAIT_S)
+    lost = await service.read_error_soon(stream_id, from_offset, FIRST_EVENT_WAIT_S)
     if isinstance(lost, StreamTruncated):
         raise _read_error(lost)
     events = sse_events(service, stream_id, _completion_of(info, service), from_offset=from_offset, role=role)
@@ -514,7 +500,7 @@ def _completion_of(info: StreamInfo, service: Service) -> Completion:
     return Completion(
         completion_id=info.response_id,
         created=created,
-        model=service.runner.model_name,
+        model=service.model_name,
         include_usage=include_usage,
         kind="text" if legacy else "chat",
     )
@@ -531,13 +517,7 @@ async def cancel_stream(request: Request) -> Response:
     info = await _owned_stream(request, service)
     if info.status == "live":
         service.abort(info.stream_id, FinishReason.INTERRUPTED, service.clock())
-    end = info.finish
-    with contextlib.suppress(TimeoutError, StreamNotFound, TokenLogUnavailable):
-        async with asyncio.timeout(CANCEL_WAIT_S):
-            async with contextlib.aclosing(service.log.read(info.stream_id, info.end)) as items:
-                async for item in items:
-                    if isinstance(item, StreamEnd):
-                        end = item
+    end = info.finish or await service.wait_end(info.stream_id, info.end, CANCEL_WAIT_S)
     body: dict[str, Any] = {
         "object": "bargein.stream",
         "id": info.stream_id,

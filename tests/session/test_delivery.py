@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
 from bargein.protocol import events as pe
-from bargein.session.delivery import Delivery
+from bargein.session.delivery import Batch, Delivery, feed
+from bargein.session.errors import TokenLogUnavailable
 from bargein.session.log import EndError, LogEntry, MemoryTokenLog, StreamEnd, StreamInfo, StreamWrite
+from bargein.session.observer import NullObserver
 
 WORDS = ["Paris", " is", " the", " capital", " of", " France", "."]
 
@@ -196,3 +199,70 @@ async def test_a_failing_send_side_ends_the_delivery_with_an_error() -> None:
     )
     assert isinstance(socket.events[-1], pe.ErrorEvent)
     assert socket.events[-1].code is pe.ErrorCode.INTERNAL_ERROR
+
+
+class CountingObserver(NullObserver):
+    def __init__(self) -> None:
+        self.started = self.ended = 0
+        self.batch_sizes: list[int] = []
+
+    def delivery_started(self) -> None:
+        self.started += 1
+
+    def delivery_ended(self) -> None:
+        self.ended += 1
+
+    def delta_sent(self, num_tokens: int) -> None:
+        self.batch_sizes.append(num_tokens)
+
+
+async def test_a_feed_coalesces_within_its_read_ahead_and_counts_what_it_hands_over() -> None:
+    """The one delivery path of every transport: what queued comes as one
+    batch, but never more than the read-ahead is queued for a slow consumer."""
+    log = MemoryTokenLog()
+    await new_stream(log)
+    for i in range(len(WORDS)):
+        await log.write_step(step(i))
+    await log.write_step(finish(len(WORDS)))
+    observer = CountingObserver()
+    items = feed(log, "s1", 0, observer=observer, read_ahead=3)
+    got = []
+    async with contextlib.aclosing(items):
+        async for item in items:
+            got.append(item)
+            await asyncio.sleep(0.01)  # a slow consumer: the reader fills the read-ahead
+    batches = [b for b in got if isinstance(b, Batch)]
+    assert isinstance(got[-1], StreamEnd) and got[-1].end == len(WORDS)
+    assert "".join(b.text for b in batches) == "".join(WORDS)
+    assert [b.start for b in batches[1:]] == [b.end for b in batches[:-1]]  # contiguous
+    assert all(len(b.entries) <= 3 for b in batches)  # bounded by the read-ahead
+    assert any(len(b.entries) > 1 for b in batches)  # and coalesced
+    assert observer.batch_sizes == [b.end - b.start for b in batches]
+    assert (observer.started, observer.ended) == (1, 1)
+
+
+async def test_a_feed_closed_early_stops_its_reader() -> None:
+    log = MemoryTokenLog()
+    await new_stream(log)
+    await log.write_step(step(0))
+    observer = CountingObserver()
+    items = feed(log, "s1", 0, observer=observer)
+    async with contextlib.aclosing(items):
+        first = await anext(items)
+    assert isinstance(first, Batch) and first.text == WORDS[0]
+    assert observer.ended == 1
+    assert not [t for t in asyncio.all_tasks() if t.get_name() == "read-s1"]
+
+
+async def test_a_feed_hands_over_what_it_read_before_the_log_failed() -> None:
+    log = MemoryTokenLog()
+    await new_stream(log)
+    await log.write_step(step(0))
+    items = feed(log, "s1", 0)
+    got: list[object] = []
+    with pytest.raises(TokenLogUnavailable):
+        async with contextlib.aclosing(items):
+            async for item in items:
+                got.append(item)
+                log.abandon_stream("s1")
+    assert [b.text for b in got if isinstance(b, Batch)] == [WORDS[0]]
