@@ -461,7 +461,9 @@ class Service:
         finally:
             self.reader_ended(stream_id)
 
-    async def read_error_soon(self, stream_id: str, from_offset: int, timeout_s: float) -> TokenLogError | None:
+    async def read_error_soon(
+        self, stream_id: str, from_offset: int, timeout_s: float
+    ) -> TokenLogError | None:
         """The error a read of the stream from ``from_offset`` raises within
         ``timeout_s`` before its first item, else None (see
         :mod:`bargein.session.log.read_probe`): an answer's status can say it."""
