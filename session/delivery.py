@@ -21,6 +21,7 @@ import contextlib
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, replace
+from typing import cast
 
 from bargein.protocol import events as pe
 from bargein.session.errors import StreamNotFound, StreamTruncated, TokenLogUnavailable
@@ -153,7 +154,8 @@ def done_event(response_id: str, stream_id: str, end: StreamEnd) -> pe.ResponseD
         response_id=response_id,
         stream_id=stream_id,
         end=end.end,
-        finish_reason=end.finish_reason,
+        # The log holds what the engine's FinishReason wrote (a protocol name).
+        finish_reason=cast(pe.FinishReasonName, end.finish_reason),
         usage=pe.Usage(
             prompt_tokens=end.prompt_tokens,
             completion_tokens=end.completion_tokens,

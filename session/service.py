@@ -687,7 +687,7 @@ class Service:
         live = self._live.get(out.request_id)
         if live is None or live.continuation is None:
             return out
-        return live.continuation.translate(out)  # type: ignore[no-any-return]
+        return live.continuation.translate(out)
 
     def _to_write(self, out: RequestOutput) -> StreamWrite | None:
         live = self._live.get(out.request_id)

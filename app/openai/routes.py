@@ -82,7 +82,7 @@ from bargein.session.delivery import Batch, relayed_code, truncated_message
 from bargein.session.errors import OffsetOutOfRange, StreamNotFound, StreamTruncated, TokenLogUnavailable
 from bargein.session.log import EndError, StreamEnd, StreamInfo
 from bargein.session.service import Owner, Service
-from bargein.session.session import Submit, SubmitFailed
+from bargein.session.session import Message, Submit, SubmitFailed
 
 DONE = format_event("[DONE]")
 CANCEL_WAIT_S = 10.0  # a cancel answers once the engine confirmed (one step), or after this
@@ -253,6 +253,7 @@ async def _submit(service: Service, chat: AnyRequest, caller: Owner) -> tuple[Co
     ``Retry-After``) or the engine is not running (503).
     """
     stream_id = uuid.uuid4().hex
+    messages: tuple[Message, ...]
     if isinstance(chat, CompletionRequest):  # legacy: its prompt as is, "cmpl-" ids
         legacy, prefix, messages, prompt = True, "cmpl", (), chat.prompt
     else:
