@@ -170,7 +170,7 @@ async def _load(state: AppState, progress: Progress) -> None:
     service = Service(
         runner,
         state.log,
-        state.settings.session,  # type: ignore[arg-type]
+        state.settings.session,
         secret=secret,
         node_id=state.settings.server.node_name,
         debug=state.settings.server.debug_endpoints,
@@ -263,7 +263,7 @@ async def _shutdown(state: AppState, loader: asyncio.Task[None]) -> None:
 
 
 def _state(scope_app: Any) -> AppState:
-    return scope_app.state.bargein  # type: ignore[no-any-return]
+    return scope_app.state.bargein
 
 
 async def healthz(request: Request) -> JSONResponse:
@@ -394,7 +394,7 @@ async def _read_loop(
         if message is None:
             return None
         if message["type"] == "websocket.disconnect":
-            return message.get("code")  # type: ignore[no-any-return]
+            return message.get("code")
         frame = message.get("text")
         if frame is None:
             frame = message.get("bytes") or b""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -136,7 +136,7 @@ def _add(
     env: Mapping[str, str],
     flag: str,
     default: Any,
-    kind: type,
+    kind: Callable[[str], Any],
     help_text: str,
 ) -> None:
     """Add one flag whose default comes from the environment.

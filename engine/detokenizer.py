@@ -177,7 +177,9 @@ def _skip_special_decoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[
         )
     )
     if backend is None or cleans_up:
-        return lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
+        # transformers types decode as ``str | list[str]`` (one signature for a batch too):
+        # one sequence of ids decodes to a str.
+        return lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # type: ignore[return-value]
     return lambda ids: backend.decode(ids, skip_special_tokens=True)
 
 

@@ -10,7 +10,7 @@ that need text (stop strings) after the scheduler applied the token ones
 from __future__ import annotations
 
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -142,7 +142,7 @@ class LLMEngine:
         self._num_steps = 0
         self._last_step_s = 0.0
         self._finished: Counter[str] = Counter()
-        self.time_by_phase: Counter[str] = Counter()  # seconds, for profiling
+        self.time_by_phase: defaultdict[str, float] = defaultdict(float)  # seconds, for profiling
         self._record = _StepRecord()
         self.last_step: StepStats | None = None  # set by every step()
 

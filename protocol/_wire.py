@@ -16,7 +16,7 @@ import functools
 import math
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 from bargein.protocol.errors import ProtocolError
@@ -33,8 +33,7 @@ class _Field:
     required: bool  # no default: the key must be present (its value may be null if tp allows)
 
 
-@functools.cache
-def _fields(cls: type) -> tuple[_Field, ...]:
+def _dataclass_fields(cls: type) -> tuple[_Field, ...]:
     hints = typing.get_type_hints(cls)
     return tuple(
         _Field(
@@ -45,6 +44,11 @@ def _fields(cls: type) -> tuple[_Field, ...]:
         )
         for f in dataclasses.fields(cls)
     )
+
+
+# Computed once per class. Typed as a plain callable: the cache wrapper takes Hashable
+# arguments, and mypy does not count ``type[T]`` (nor ``type[Any]``) as Hashable.
+_fields: Callable[[type], tuple[_Field, ...]] = functools.cache(_dataclass_fields)
 
 
 def to_wire(obj: Any) -> dict[str, Any]:
@@ -120,7 +124,7 @@ def convert(tp: Any, value: Any, where: str) -> Any:
         if not isinstance(value, str) or value not in {m.value for m in tp}:
             raise _bad_value(f"{where!r} is not a known value")
         return tp(value)
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):  # a class, never an instance, here
         return from_wire(tp, value, where)
     return _convert_scalar(tp, value, where)
 

@@ -13,7 +13,7 @@ decided before it runs (see :meth:`bargein.session.service.Service.submit`):
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -24,7 +24,9 @@ if TYPE_CHECKING:
 class ChatTokenizer(Protocol):
     """The part of a transformers tokenizer the chat template needs."""
 
-    def apply_chat_template(self, conversation: list[dict[str, str]], **kwargs: object) -> object: ...
+    def apply_chat_template(
+        self, conversation: list[dict[str, str]], **kwargs: object
+    ) -> Mapping[str, Sequence[int]] | Sequence[int]: ...
 
 
 def render_prompt(tokenizer: ChatTokenizer, messages: Sequence[Message]) -> tuple[int, ...]:
@@ -38,8 +40,8 @@ def render_prompt(tokenizer: ChatTokenizer, messages: Sequence[Message]) -> tupl
     """
     conversation = [{"role": m.role, "content": m.content} for m in messages]
     encoded = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
-    ids = encoded["input_ids"] if isinstance(encoded, dict) or hasattr(encoded, "keys") else encoded
-    return tuple(int(i) for i in ids)  # type: ignore[union-attr]
+    ids = encoded["input_ids"] if isinstance(encoded, Mapping) else encoded  # BatchEncoding: a Mapping
+    return tuple(int(i) for i in ids)
 
 
 class TextTokenizer(Protocol):

@@ -257,7 +257,7 @@ def _check_unsupported_legacy(body: Mapping[str, Any]) -> None:
             raise ApiError(f"'{name}' is not supported by bargein", param=name, code="unsupported_parameter")
 
 
-def _optional(body: Mapping[str, Any], name: str, kind: type, what: str) -> Any:
+def _optional(body: Mapping[str, Any], name: str, kind: type | tuple[type, ...], what: str) -> Any:
     """``body[name]`` if present and not null, checked to be a ``kind`` (bool is no int)."""
     value = body.get(name)
     if value is None:
@@ -282,7 +282,7 @@ def _json_type(value: Any) -> str:
 def _number(
     body: Mapping[str, Any], name: str, low: float, high: float, low_open: bool = False
 ) -> float | None:
-    value = _optional(body, name, (int, float), "a number")  # type: ignore[arg-type]
+    value = _optional(body, name, (int, float), "a number")
     if value is None:
         return None
     # An int is compared as is: float() of a 400-digit int overflows, and the
@@ -298,7 +298,7 @@ def _integer(body: Mapping[str, Any], name: str, low: int, high: int) -> int | N
     value = _optional(body, name, int, "an integer")
     if value is not None and not low <= value <= high:
         raise ApiError(f"'{name}' must be in [{low}, {high}], got {str(value)[:40]}", param=name)
-    return value  # type: ignore[no-any-return]
+    return value
 
 
 def _stream_options(body: Mapping[str, Any], stream: bool) -> bool:
@@ -405,8 +405,9 @@ def _content(content: Any, where: str) -> str:
         return content
     if isinstance(content, list) and content:
         texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-        if len(texts) == len(content) and all(isinstance(t, str) for t in texts):
-            return "\n".join(texts)
+        strings = [t for t in texts if isinstance(t, str)]
+        if len(strings) == len(content):  # every part is a text part with a string
+            return "\n".join(strings)
     raise ApiError(
         f'\'{where}\' must be a string or an array of text parts ({{"type": "text", "text": ...}})',
         param=where,

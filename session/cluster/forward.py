@@ -23,6 +23,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable
+from typing import cast
 
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -108,7 +109,7 @@ class Forwarder:
 
     async def cancel_reason(self, stream_id: str) -> FinishReason | None:
         """The reason a cancel flagged on the stream, or None."""
-        value = await self.redis.get(self.flag_key(stream_id))
+        value = cast(bytes | None, await self.redis.get(self.flag_key(stream_id)))  # no decode_responses
         return None if value is None else FinishReason(value.decode())
 
     async def _listen(self) -> None:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from redis.asyncio import Redis
 
@@ -219,7 +219,7 @@ class Leases:
 
     async def owner(self, stream_id: str) -> str | None:
         """The node holding the lease of ``stream_id`` now, or None."""
-        value = await self.redis.get(self.key(stream_id))
+        value = cast(bytes | None, await self.redis.get(self.key(stream_id)))  # no decode_responses
         return None if value is None else value.decode()
 
     async def owners(self, stream_ids: Sequence[str]) -> list[str | None]:
@@ -230,8 +230,8 @@ class Leases:
         """
         if not stream_ids:
             return []
-        values = await self.redis.mget([self.key(s) for s in stream_ids])
-        return [None if v is None else v.decode() for v in values]
+        values = cast(list[bytes | None], await self.redis.mget([self.key(s) for s in stream_ids]))
+        return [None if v is None else v.decode() for v in values]  # bytes: no decode_responses
 
     async def renew(self, stream_ids: Iterable[str] | None = None) -> Renewal:
         """Renew the given held leases (default: all) in one pipeline.

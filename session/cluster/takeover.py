@@ -56,7 +56,7 @@ class GenerationRecord:
         params = {f.name: getattr(self.params, f.name) for f in dataclasses.fields(SamplingParams)}
         params["stop"] = list(params["stop"])
         params["stop_token_ids"] = list(params["stop_token_ids"])
-        return msgpack.packb({"p": ids, "s": params})  # type: ignore[no-any-return]
+        return msgpack.packb({"p": ids, "s": params})
 
     @classmethod
     def decode(cls, data: bytes) -> GenerationRecord:

@@ -37,7 +37,7 @@ Contract (both backends, one test suite: tests/session/test_token_log_contract.p
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -143,7 +143,7 @@ class TokenLog(Protocol):
         """The stream's current info, or None if unknown or expired."""
         ...
 
-    def read(self, stream_id: str, from_offset: int) -> AsyncIterator[LogEntry | StreamEnd]:
+    def read(self, stream_id: str, from_offset: int) -> AsyncGenerator[LogEntry | StreamEnd, None]:
         """Entries with ``end > from_offset``, live ones as written, then the StreamEnd.
 
         Raises (while iterating) StreamNotFound, OffsetOutOfRange,

@@ -6,7 +6,7 @@ import asyncio
 import heapq
 import time
 from bisect import bisect_right
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import replace
 from typing import Literal
 
@@ -117,7 +117,7 @@ class MemoryTokenLog:
         status: Literal["live", "complete"] = "live" if stream.finish is None else "complete"
         return replace(stream.info, status=status, end=stream.cursor.end, finish=stream.finish)
 
-    def read(self, stream_id: str, from_offset: int) -> AsyncIterator[LogEntry | StreamEnd]:
+    def read(self, stream_id: str, from_offset: int) -> AsyncGenerator[LogEntry | StreamEnd, None]:
         if from_offset < 0:
             raise ValueError(f"{from_offset=} must be >= 0")
         return self._read(stream_id, from_offset)
@@ -154,7 +154,7 @@ class MemoryTokenLog:
             stream.gone = stream.abandoned = True
             stream.notify()
 
-    async def _read(self, stream_id: str, from_offset: int) -> AsyncIterator[LogEntry | StreamEnd]:
+    async def _read(self, stream_id: str, from_offset: int) -> AsyncGenerator[LogEntry | StreamEnd, None]:
         self._sweep()
         stream = self._stream(stream_id)
         cursor = ReadCursor(stream_id, from_offset)

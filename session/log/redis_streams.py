@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
@@ -74,6 +74,7 @@ from bargein.session.log.redis_tail import (
     StreamId,
     StreamTailer,
     Subscription,
+    parse_entries,
     parse_id,
 )
 from bargein.session.supervise import TaskHealth
@@ -280,7 +281,8 @@ class RedisTokenLog:
     async def _created_by_us(self, sid: str, meta: dict[str, str]) -> bool:
         """After a retried create found the hash: was it our own first attempt?"""
         found = await self._call("create_stream", lambda r: r.hgetall(self._keys.meta(sid)), (sid,))
-        return {k.decode(): v.decode() for k, v in found.items()} == meta
+        raw = cast(dict[bytes, bytes], found)  # bytes: the client does not decode responses
+        return {k.decode(): v.decode() for k, v in raw.items()} == meta
 
     def adopt_stream(self, info: StreamInfo) -> None:
         """Write on a stream another node created, from its end ``info.end``.
@@ -505,12 +507,12 @@ class RedisTokenLog:
         meta, last = await self._call("read", fetch, (stream_id,))
         return meta, last
 
-    def read(self, stream_id: str, from_offset: int) -> AsyncIterator[LogEntry | StreamEnd]:
+    def read(self, stream_id: str, from_offset: int) -> AsyncGenerator[LogEntry | StreamEnd, None]:
         if from_offset < 0:
             raise ValueError(f"{from_offset=} must be >= 0")
         return self._read(stream_id, from_offset)
 
-    async def _read(self, stream_id: str, from_offset: int) -> AsyncIterator[LogEntry | StreamEnd]:
+    async def _read(self, stream_id: str, from_offset: int) -> AsyncGenerator[LogEntry | StreamEnd, None]:
         local = self._live.get(stream_id)
         inner = (
             self._read_local(local, from_offset)
@@ -533,9 +535,11 @@ class RedisTokenLog:
             ),
             (stream_id,),
         )
-        return [(parse_id(rid), fields) for rid, fields in raw]
+        return parse_entries(raw)
 
-    async def _read_local(self, local: _LocalStream, from_offset: int) -> AsyncIterator[LogEntry | StreamEnd]:
+    async def _read_local(
+        self, local: _LocalStream, from_offset: int
+    ) -> AsyncGenerator[LogEntry | StreamEnd, None]:
         """Follow a stream this node writes: from its tail, from Redis when behind it."""
         sid = local.info.stream_id
         cursor = ReadCursor(sid, from_offset)
@@ -567,7 +571,9 @@ class RedisTokenLog:
                 raise local.error
             await changed.wait()
 
-    async def _read_remote(self, stream_id: str, from_offset: int) -> AsyncIterator[LogEntry | StreamEnd]:
+    async def _read_remote(
+        self, stream_id: str, from_offset: int
+    ) -> AsyncGenerator[LogEntry | StreamEnd, None]:
         """Replay from Redis, then follow through the node's tailer.
 
         Raises StreamNotFound (no metadata), OffsetOutOfRange, StreamTruncated
@@ -608,7 +614,7 @@ class RedisTokenLog:
 
     async def _follow(
         self, stream_id: str, cursor: ReadCursor, last: StreamId
-    ) -> AsyncIterator[LogEntry | StreamEnd]:
+    ) -> AsyncGenerator[LogEntry | StreamEnd, None]:
         sub = Subscription(
             stream_id=stream_id,
             log_key=self._keys.log(stream_id),
@@ -649,10 +655,8 @@ class RedisTokenLog:
         await self._call("save_session", lambda r: r.set(self._keys.session(session_id), state, px=px))
 
     async def load_session(self, session_id: str) -> bytes | None:
-        state: bytes | None = await self._call(
-            "load_session", lambda r: r.get(self._keys.session(session_id))
-        )
-        return state
+        state = await self._call("load_session", lambda r: r.get(self._keys.session(session_id)))
+        return cast(bytes | None, state)  # bytes: the client does not decode responses
 
     async def shared_secret(self, candidate: bytes) -> bytes:
         """The token key of every node on this Redis and key prefix.

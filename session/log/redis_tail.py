@@ -28,11 +28,13 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.typing import KeyT, StreamIdT
 
 from bargein.session.errors import StreamNotFound, StreamTruncated, TokenLogUnavailable
 from bargein.session.supervise import TaskHealth, supervised
@@ -54,6 +56,16 @@ def parse_id(raw: bytes) -> StreamId:
     """``b"12-0"`` -> ``(12, 0)``."""
     ms, _, seq = raw.partition(b"-")
     return int(ms), int(seq)
+
+
+# The replies of our clients are bytes (none sets decode_responses); redis-py types
+# them for either setting (``bytes | str``), so they are narrowed where they are parsed.
+RawReply = list[tuple[bytes, dict[bytes, bytes]]]  # entries of an XRANGE, XREVRANGE or XREAD
+
+
+def parse_entries(reply: object) -> list[RawEntry]:
+    """The entries of an ``XRANGE``/``XREVRANGE`` reply (or of one key of an ``XREAD``)."""
+    return [(parse_id(raw_id), fields) for raw_id, fields in cast(RawReply, reply)]
 
 
 def format_id(stream_id: StreamId) -> str:
@@ -181,7 +193,7 @@ class StreamTailer:
 
     async def _poll(self, client: Redis) -> None:
         """One XREAD BLOCK over the wake key and every subscribed key."""
-        streams = {self._wake_key: format_id(self._wake_id)}
+        streams: dict[KeyT, StreamIdT] = {self._wake_key: format_id(self._wake_id)}
         streams.update((key, format_id(min(s.last_id for s in subs))) for key, subs in self._subs.items())
         async with asyncio.timeout(self._block_ms / 1000 + self._timeout_s):
             reply = await client.xread(streams, count=self._count, block=self._block_ms)
@@ -189,9 +201,10 @@ class StreamTailer:
             async with asyncio.timeout(self._timeout_s):
                 await self._drop_missing(client)
             return
-        for raw_key, raw_entries in reply:
+        # RESP2 (the default protocol): a list of [key, entries] pairs.
+        for raw_key, raw_entries in cast(list[tuple[bytes, RawReply]], reply):
             key = raw_key.decode()
-            entries = [(parse_id(raw_id), fields) for raw_id, fields in raw_entries]
+            entries = parse_entries(raw_entries)
             if key == self._wake_key:
                 self._wake_id = entries[-1][0]
             else:

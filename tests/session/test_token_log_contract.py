@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from bisect import bisect_right
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import replace
 
@@ -78,7 +78,7 @@ class TwoNodes:
     async def info(self, stream_id: str) -> StreamInfo | None:
         return await self.reader.info(stream_id)
 
-    def read(self, stream_id: str, from_offset: int) -> AsyncIterator[LogEntry | StreamEnd]:
+    def read(self, stream_id: str, from_offset: int) -> AsyncGenerator[LogEntry | StreamEnd, None]:
         return self.reader.read(stream_id, from_offset)
 
     async def save_session(self, session_id: str, state: bytes) -> None:
