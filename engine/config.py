@@ -80,12 +80,16 @@ class SchedulerConfig:
         max_num_batched_tokens: tokens (decode + prefill chunks) in one step.
         max_model_len: prompt plus output tokens of one sequence.
         prefill_chunk_size: most prompt tokens of one sequence in one step.
+        enable_prefix_caching: reuse the K/V of full blocks whose token
+            prefix (and ``cache_salt``) another sequence already computed;
+            ``False`` allocates and computes every block as before.
     """
 
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
     max_model_len: int = 2048
     prefill_chunk_size: int = 256
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:

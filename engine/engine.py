@@ -46,7 +46,8 @@ class EngineStats:
     """A snapshot of the engine's counters (monotonic ones since start).
 
     Attributes:
-        num_free_blocks / num_total_blocks: KV block pool occupancy.
+        num_free_blocks / num_total_blocks: KV block pool occupancy; free
+            counts the cached-free blocks too (they are allocatable).
         num_running / num_waiting: scheduler queues.
         num_generated_tokens: sampled tokens.
         num_prompt_tokens: prompt tokens of requests whose prefill finished.
@@ -54,6 +55,13 @@ class EngineStats:
         num_steps: steps that ran the model.
         last_step_s: wall time of the last step, seconds.
         num_finished_by_reason: finished requests per ``FinishReason`` value.
+        num_prefix_cache_queries: counter, tokens looked up in the prefix
+            cache at admission (vLLM's ``prefix_cache_queries``: a prompt, or
+            prompt plus output when a preempted sequence is readmitted).
+        num_prefix_cache_hits: counter, of those the tokens whose K/V were
+            reused (vLLM's ``prefix_cache_hits``); hits / queries is the hit rate.
+        num_cached_free_blocks: gauge, blocks no sequence holds that are
+            still registered for reuse (included in ``num_free_blocks``).
     """
 
     num_free_blocks: int
@@ -66,6 +74,9 @@ class EngineStats:
     num_steps: int
     last_step_s: float
     num_finished_by_reason: Mapping[str, int]
+    num_prefix_cache_queries: int = 0
+    num_prefix_cache_hits: int = 0
+    num_cached_free_blocks: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -117,7 +128,7 @@ class LLMEngine:
 
     Args:
         runner: loads the model and owns the KV tensors (``ModelRunner``).
-        config: scheduler limits.
+        config: scheduler limits and the prefix-caching switch.
 
     Raises:
         ValueError: the KV pool cannot hold one sequence of ``max_model_len``
@@ -130,13 +141,13 @@ class LLMEngine:
             raise ValueError(f"KV pool holds {capacity} tokens < {config.max_model_len=}")
         self.runner = runner
         self.config = config
-        self.pool = BlockPool(runner.num_blocks, runner.block_size)
+        self.pool = BlockPool(runner.num_blocks, runner.block_size, model_id=_model_identity(runner))
         self.scheduler = Scheduler(config, self.pool, runner.eos_token_ids)
         self.sampler = Sampler()
         self._detoks: dict[str, IncrementalDetokenizer] = {}
         self._generators: dict[str, torch.Generator | None] = {}
-        # (request id, reason, only if never scheduled yet)
-        self._pending_aborts: list[tuple[str, FinishReason, bool]] = []
+        # (request id, reason, only if never scheduled yet, tokens whose blocks stay cached)
+        self._pending_aborts: list[tuple[str, FinishReason, bool, int | None]] = []
         self._num_generated_tokens = 0
         self._num_prompt_tokens = 0
         self._num_steps = 0
@@ -201,14 +212,28 @@ class LLMEngine:
         reason: FinishReason = FinishReason.INTERRUPTED,
         *,
         only_if_waiting: bool = False,
+        keep_tokens: int | None = None,
     ) -> None:
         """End a request at the start of the next step (no-op if not live).
 
         ``only_if_waiting``: only if it has never been scheduled (a queue
         deadline: a request whose prefill has begun holds KV blocks and
         computed work, and goes on).
+
+        ``keep_tokens``: how many of the sequence's tokens (prompt, then
+        output) may stay in the prefix cache: the full blocks wholly within
+        them stay cached, the later blocks are freed and uncached at once
+        (barge-in: the next turn's prompt repeats what the user heard, not
+        the rest). ``None`` keeps every full block, as a normal finish does;
+        a value past the sequence's length keeps all too. Only whole blocks
+        are ever cached, so a cut inside a block keeps the blocks before it.
+
+        Raises:
+            ValueError: ``keep_tokens < 0``.
         """
-        self._pending_aborts.append((request_id, reason, only_if_waiting))
+        if keep_tokens is not None and keep_tokens < 0:
+            raise ValueError(f"{keep_tokens=} must be >= 0")
+        self._pending_aborts.append((request_id, reason, only_if_waiting, keep_tokens))
 
     def has_unfinished_requests(self) -> bool:
         """Whether a step has work (live sequences or pending aborts)."""
@@ -342,12 +367,12 @@ class LLMEngine:
         """End the aborted requests that are live; ignore the others."""
         outputs: list[RequestOutput] = []
         pending, self._pending_aborts = self._pending_aborts, []
-        for request_id, reason, only_if_waiting in pending:
+        for request_id, reason, only_if_waiting, keep_tokens in pending:
             if only_if_waiting:
                 queued = self.scheduler.get(request_id)
                 if queued is None or queued.first_scheduled_time is not None:
                     continue
-            seq = self.scheduler.abort(request_id, reason)
+            seq = self.scheduler.abort(request_id, reason, keep_tokens=keep_tokens)
             if seq is not None:
                 outputs.append(self._make_output(seq, (), self._close(seq)))
         return outputs
@@ -370,6 +395,7 @@ class LLMEngine:
             num_output_tokens=seq.num_output_tokens,
             finished=seq.is_finished,
             finish_reason=seq.finish_reason,
+            num_cached_tokens=seq.num_cached_tokens or 0,
         )
 
     def stats(self) -> EngineStats:
@@ -385,4 +411,19 @@ class LLMEngine:
             num_steps=self._num_steps,
             last_step_s=self._last_step_s,
             num_finished_by_reason=dict(self._finished),
+            num_prefix_cache_queries=self.scheduler.num_prefix_cache_queries,
+            num_prefix_cache_hits=self.scheduler.num_prefix_cache_hits,
+            num_cached_free_blocks=self.pool.num_cached_free_blocks,
         )
+
+
+def _model_identity(runner: ModelRunnerLike) -> str:
+    """What besides the tokens decides a block's K/V: the model and the KV dtype.
+
+    Seeds every prefix-cache hash chain. One pool serves one model, so this
+    only matters once hashes leave the process (offloaded or shared KV), but
+    it costs nothing to be right from the start.
+    """
+    kv_caches = getattr(runner, "kv_caches", None)
+    dtype = getattr(kv_caches, "dtype", None)
+    return f"{getattr(runner, 'model_name', type(runner).__name__)}|{dtype}|{runner.block_size}"

@@ -73,12 +73,17 @@ class EngineRequest:
         params: sampling parameters.
         arrival_time: ``time.monotonic()`` seconds when it was received, for
             queue-time and TTFT accounting.
+        cache_salt: isolates this request's prefix cache: only requests with
+            the same salt share KV blocks (e.g. one salt per tenant, so no
+            tenant can probe another's prompts through time to first token).
+            ``None``: shared with every other unsalted request.
     """
 
     request_id: str
     prompt_token_ids: tuple[int, ...]
     params: SamplingParams = field(default_factory=SamplingParams)
     arrival_time: float = 0.0
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -100,7 +105,9 @@ class RequestOutput:
             the next token in the response stream).
         finished: whether the request ended this step.
         finish_reason: set when ``finished``.
-        num_cached_tokens: prompt tokens served from a shared prefix cache.
+        num_cached_tokens: prompt tokens whose K/V came from the prefix cache
+            when the request was first scheduled (a multiple of the block
+            size, at most ``num_prompt_tokens - 1``); 0 without a hit.
     """
 
     request_id: str

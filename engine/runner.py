@@ -59,7 +59,8 @@ class EngineRunner:
         self._cond = threading.Condition()
         self._state = _State.NEW
         self._submits: list[EngineRequest] = []
-        self._aborts: list[tuple[str, FinishReason, bool]] = []  # (id, reason, only if waiting)
+        # (id, reason, only if waiting, tokens whose blocks stay cached)
+        self._aborts: list[tuple[str, FinishReason, bool, int | None]] = []
         self._live: dict[str, _Live] = {}
         self._sinks: dict[str, Callable[[RequestOutput], None]] = {}
         self._listeners: list[StepListener] = []
@@ -146,15 +147,22 @@ class EngineRunner:
         reason: FinishReason = FinishReason.INTERRUPTED,
         *,
         only_if_waiting: bool = False,
+        keep_tokens: int | None = None,
     ) -> None:
         """End a request at the start of the next step; no-op if not live.
 
-        ``only_if_waiting``: only if the engine has not scheduled it yet
-        (:meth:`LLMEngine.abort_request`).
+        ``only_if_waiting``: only if the engine has not scheduled it yet;
+        ``keep_tokens``: only the first that many tokens (prompt, then
+        output) may stay in the prefix cache (:meth:`LLMEngine.abort_request`).
+
+        Raises:
+            ValueError: ``keep_tokens < 0``.
         """
+        if keep_tokens is not None and keep_tokens < 0:
+            raise ValueError(f"{keep_tokens=} must be >= 0")
         with self._cond:
             if request_id in self._live and self._state in (_State.NEW, _State.RUNNING):
-                self._aborts.append((request_id, reason, only_if_waiting))
+                self._aborts.append((request_id, reason, only_if_waiting, keep_tokens))
                 self._cond.notify_all()
 
     def add_step_listener(self, fn: StepListener) -> None:
@@ -248,8 +256,10 @@ class EngineRunner:
             aborts, self._aborts = self._aborts, []
         for request in submits:
             self.engine.add_request(request)
-        for request_id, reason, only_if_waiting in aborts:
-            self.engine.abort_request(request_id, reason, only_if_waiting=only_if_waiting)
+        for request_id, reason, only_if_waiting, keep_tokens in aborts:
+            self.engine.abort_request(
+                request_id, reason, only_if_waiting=only_if_waiting, keep_tokens=keep_tokens
+            )
         if aborts:  # their ends go out before the forward pass: response.done a step sooner
             ended = self.engine.drain_aborts()
             self._stats = self.engine.stats()  # the freed blocks, seen with the ends
@@ -271,8 +281,10 @@ class EngineRunner:
             aborts, self._aborts = self._aborts, []
         for request in submits:
             self.engine.add_request(request)
-        for request_id, reason, only_if_waiting in aborts:
-            self.engine.abort_request(request_id, reason, only_if_waiting=only_if_waiting)
+        for request_id, reason, only_if_waiting, keep_tokens in aborts:
+            self.engine.abort_request(
+                request_id, reason, only_if_waiting=only_if_waiting, keep_tokens=keep_tokens
+            )
         outputs = self.engine.finish_all(FinishReason.CANCELLED)
         self._stats = self.engine.stats()
         return outputs

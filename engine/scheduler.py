@@ -16,6 +16,13 @@ newest running sequence is preempted: its blocks are freed and it goes back
 to the front of the waiting queue to be recomputed (prompt plus output so
 far) when blocks allow. Pure Python, no torch: tests step it with
 hand-made sampled tokens.
+
+With prefix caching (``SchedulerConfig.enable_prefix_caching``), admission
+first looks up the longest registered chain of the sequence's full blocks
+(never all its tokens: the last one is computed, its logits sample the next
+token), takes those blocks and starts the prefill after them; a preempted
+sequence may hit its own blocks. After each step every block a sequence's
+computed tokens filled is registered, prompt and output alike.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from bargein.engine.config import SchedulerConfig
-from bargein.engine.kv_cache import BlockPool
+from bargein.engine.kv_cache import BlockPool, extend_block_hashes
 from bargein.engine.request import EngineRequest, FinishReason
 from bargein.engine.sequence import Sequence, SequenceStatus
 
@@ -96,6 +103,12 @@ class Scheduler:
     Misuse (a duplicate id, a prompt that cannot fit the context, sampled
     tokens that do not match the plan) is an ``AssertionError``: the engine
     validates requests before they get here.
+
+    Attributes:
+        num_preemptions: sequences preempted since start.
+        num_prefix_cache_queries: tokens of admitted sequences looked up in
+            the prefix cache (a prompt; prompt plus output after a preemption).
+        num_prefix_cache_hits: of those, tokens whose K/V were reused.
     """
 
     def __init__(
@@ -111,7 +124,10 @@ class Scheduler:
         self.running: list[Sequence] = []
         self._live: dict[str, Sequence] = {}
         self._next_seq_no = 0
+        self.caching = config.enable_prefix_caching
         self.num_preemptions = 0
+        self.num_prefix_cache_queries = 0
+        self.num_prefix_cache_hits = 0
 
     # ---- requests in and out -------------------------------------------
 
@@ -121,14 +137,21 @@ class Scheduler:
         assert len(request.prompt_token_ids) < self.config.max_model_len
         seq = Sequence(request, self._next_seq_no)
         self._next_seq_no += 1
+        if self.caching:
+            seq.hash_root = self.pool.root_hash(request.cache_salt)
         self._live[request.request_id] = seq
         self.waiting.append(seq)
         return seq
 
-    def finish(self, request_id: str, reason: FinishReason) -> Sequence | None:
+    def finish(
+        self, request_id: str, reason: FinishReason, *, keep_tokens: int | None = None
+    ) -> Sequence | None:
         """End a live sequence in any state and free its blocks.
 
         Used for aborts and for stop strings found after ``update``.
+        ``keep_tokens``: only the full blocks within the sequence's first
+        ``keep_tokens`` tokens (prompt plus output) stay in the prefix cache
+        (:meth:`BlockPool.free`); ``None`` keeps all.
 
         Returns:
             the finished sequence, or ``None`` when the id is unknown or
@@ -141,12 +164,18 @@ class Scheduler:
             self.running.remove(seq)
         else:
             self.waiting.remove(seq)
-        self._release(seq, reason)
+        self._release(seq, reason, keep_tokens)
         return seq
 
-    def abort(self, request_id: str, reason: FinishReason = FinishReason.INTERRUPTED) -> Sequence | None:
+    def abort(
+        self,
+        request_id: str,
+        reason: FinishReason = FinishReason.INTERRUPTED,
+        *,
+        keep_tokens: int | None = None,
+    ) -> Sequence | None:
         """Abort a request wherever it is; see :meth:`finish`."""
-        return self.finish(request_id, reason)
+        return self.finish(request_id, reason, keep_tokens=keep_tokens)
 
     def get(self, request_id: str) -> Sequence | None:
         """The live sequence with this id, if any."""
@@ -210,8 +239,9 @@ class Scheduler:
         self.running.remove(seq)
         planned = plan.num_tokens.pop(seq, 0)
         plan.budget += planned
-        self.pool.free(seq.block_table)
+        self.pool.free(seq.block_table)  # its registered blocks stay cached
         seq.num_computed_tokens = 0
+        seq.num_registered_blocks = 0
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.waiting.appendleft(seq)
@@ -224,14 +254,66 @@ class Scheduler:
             if len(self.running) >= self.config.max_num_seqs:
                 return
             seq = self.waiting[0]
-            num_new = min(seq.num_tokens, self.config.prefill_chunk_size, plan.budget)
-            if not self.pool.append_slots(seq.block_table, num_new):
+            hits = self._cache_hits(seq)
+            num_cached = len(hits) * self.pool.block_size
+            num_new = min(seq.num_tokens - num_cached, self.config.prefill_chunk_size, plan.budget)
+            if not self._allocate(seq, hits, num_cached + num_new):
                 return  # FIFO: nobody overtakes the head of the queue
+            seq.num_computed_tokens = num_cached
+            self._count_hits(seq, num_cached)
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             plan.num_tokens[seq] = num_new
             plan.budget -= num_new
+
+    def _cache_hits(self, seq: Sequence) -> list[int]:
+        """Blocks of the longest cached prefix of ``seq`` (no reference taken).
+
+        Never covers the last token: at least one token is computed, so the
+        step has logits to sample from (vLLM caps the hit the same way).
+        """
+        if seq.hash_root is None:
+            return []
+        num_blocks = (seq.num_tokens - 1) // self.pool.block_size
+        extend_block_hashes(seq.block_hashes, seq.hash_root, seq.token_ids, self.pool.block_size, num_blocks)
+        return self.pool.lookup(seq.block_hashes[:num_blocks])
+
+    def _allocate(self, seq: Sequence, hits: list[int], num_tokens: int) -> bool:
+        """Give a waiting ``seq`` the ``hits`` then new blocks up to ``num_tokens``.
+
+        Counts only the blocks it really takes from the free count: the new
+        ones, and the hits no sequence held (cached-free). Allocates nothing
+        and returns ``False`` when they do not fit.
+        """
+        assert not seq.block_table, seq
+        num_new_blocks = self.pool.num_blocks_for(num_tokens) - len(hits)
+        if num_new_blocks > self.pool.num_free_after_touch(hits):
+            return False
+        self.pool.touch(hits)  # first, so allocating cannot evict them
+        seq.block_table.extend(hits)
+        allocated = self.pool.append_slots(seq.block_table, num_tokens)
+        assert allocated, seq
+        seq.num_registered_blocks = len(hits)
+        return True
+
+    def _count_hits(self, seq: Sequence, num_cached: int) -> None:
+        """Prefix-cache counters of one admission; the request's hit at its first."""
+        if seq.num_cached_tokens is None:
+            seq.num_cached_tokens = min(num_cached, seq.num_prompt_tokens)
+        if seq.hash_root is not None:
+            self.num_prefix_cache_queries += seq.num_tokens
+            self.num_prefix_cache_hits += num_cached
+
+    def _register_full_blocks(self, seq: Sequence) -> None:
+        """Offer the blocks ``seq``'s computed tokens have filled to the prefix cache."""
+        num_full = seq.num_computed_tokens // self.pool.block_size
+        if seq.hash_root is None or num_full <= seq.num_registered_blocks:
+            return
+        extend_block_hashes(seq.block_hashes, seq.hash_root, seq.token_ids, self.pool.block_size, num_full)
+        for index in range(seq.num_registered_blocks, num_full):
+            self.pool.register(seq.block_table[index], seq.block_hashes[index])
+        seq.num_registered_blocks = num_full
 
     @staticmethod
     def _slice(seq: Sequence, num_new: int) -> ScheduledSeq:
@@ -268,6 +350,7 @@ class Scheduler:
             seq = item.seq
             assert seq.status is SequenceStatus.RUNNING, seq
             seq.num_computed_tokens += len(item.token_ids)
+            self._register_full_blocks(seq)  # their K/V are written now
             if not item.sample:
                 continue
             token_id = next(rows)
@@ -289,8 +372,8 @@ class Scheduler:
             return FinishReason.LENGTH
         return None
 
-    def _release(self, seq: Sequence, reason: FinishReason) -> None:
-        self.pool.free(seq.block_table)
+    def _release(self, seq: Sequence, reason: FinishReason, keep_tokens: int | None = None) -> None:
+        self.pool.free(seq.block_table, keep_tokens)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         del self._live[seq.request_id]

@@ -37,6 +37,14 @@ class Sequence:
         num_preemptions: times this sequence was preempted.
         first_scheduled_time: ``time.monotonic()`` when first scheduled (queue time ends).
         last_token_time: ``time.monotonic()`` when its last token was sampled.
+        hash_root: root of its block-hash chain (model and ``cache_salt``);
+            ``None`` while the scheduler does not cache prefixes.
+        block_hashes: hashes of its first full blocks (grown lazily; tokens
+            never change, so they survive preemption).
+        num_registered_blocks: leading blocks of ``block_table`` already
+            offered to the prefix cache (hits included).
+        num_cached_tokens: prompt tokens found in the prefix cache at its first
+            admission; ``None`` until then.
     """
 
     __slots__ = (
@@ -51,6 +59,10 @@ class Sequence:
         "num_preemptions",
         "first_scheduled_time",
         "last_token_time",
+        "hash_root",
+        "block_hashes",
+        "num_registered_blocks",
+        "num_cached_tokens",
     )
 
     def __init__(self, request: EngineRequest, seq_no: int) -> None:
@@ -66,6 +78,10 @@ class Sequence:
         self.num_preemptions = 0
         self.first_scheduled_time: float | None = None
         self.last_token_time: float | None = None
+        self.hash_root: bytes | None = None
+        self.block_hashes: list[bytes] = []
+        self.num_registered_blocks = 0
+        self.num_cached_tokens: int | None = None
 
     @property
     def request_id(self) -> str:

@@ -25,12 +25,17 @@ def make(
     max_num_batched_tokens: int = 64,
     prefill_chunk_size: int = 16,
     max_model_len: int = 128,
+    enable_prefix_caching: bool = False,
 ) -> Scheduler:
+    # Off by default: every request's prompt starts 100, 101, ..., so with
+    # caching on later requests would hit earlier ones' blocks and these
+    # hand-counted plans would change (test_prefix_cache.py covers that).
     config = SchedulerConfig(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
         prefill_chunk_size=prefill_chunk_size,
         max_model_len=max_model_len,
+        enable_prefix_caching=enable_prefix_caching,
     )
     return Scheduler(config, BlockPool(num_blocks, block_size), eos_token_ids=[EOS])
 

@@ -1,13 +1,17 @@
 """Stateful property test of the scheduler and block pool together.
 
-Random arrivals, aborts (in any state, including unknown and finished ids)
-and steps; the "model" is a fake sampler drawing token ids, some of them EOS.
-Every request must end exactly once, blocks must never leak, no step crashes.
+Random arrivals, aborts (in any state, including unknown and finished ids,
+some keeping a prefix cached) and steps; the "model" is a fake sampler
+drawing token ids, some of them EOS. Every request must end exactly once,
+blocks must never leak, reference counts must equal the tables holding each
+block, no step crashes. Run with prefix caching on (prompts that share
+prefixes, two salts) and off.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 from hypothesis import event, settings
 from hypothesis import strategies as st
@@ -26,9 +30,11 @@ CONFIG = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=12, prefill_chun
 
 
 class SchedulerMachine(RuleBasedStateMachine):
+    config = CONFIG
+
     def __init__(self) -> None:
         super().__init__()
-        self.sched = Scheduler(CONFIG, BlockPool(NUM_BLOCKS, BLOCK_SIZE), eos_token_ids=[EOS])
+        self.sched = Scheduler(self.config, BlockPool(NUM_BLOCKS, BLOCK_SIZE), eos_token_ids=[EOS])
         self.ids: list[str] = []
         self.ended: Counter[str] = Counter()
 
@@ -36,24 +42,34 @@ class SchedulerMachine(RuleBasedStateMachine):
         num_prompt=st.integers(1, CONFIG.max_model_len - 1),
         max_tokens=st.integers(1, 12),
         ignore_eos=st.booleans(),
+        first=st.integers(1, 3),
+        salt=st.sampled_from([None, "a"]),
     )
-    def arrive(self, num_prompt: int, max_tokens: int, ignore_eos: bool) -> None:
+    def arrive(
+        self, num_prompt: int, max_tokens: int, ignore_eos: bool, first: int, salt: str | None
+    ) -> None:
         request_id = f"r{len(self.ids)}"
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos, temperature=0)
-        prompt = tuple(range(1, num_prompt + 1))
-        self.sched.add(EngineRequest(request_id=request_id, prompt_token_ids=prompt, params=params))
+        prompt = tuple(range(first, first + num_prompt))  # shared prefixes when `first` repeats
+        request = EngineRequest(
+            request_id=request_id, prompt_token_ids=prompt, params=params, cache_salt=salt
+        )
+        self.sched.add(request)
         self.ids.append(request_id)
 
-    @rule(index=st.integers(0, 40))
-    def abort(self, index: int) -> None:
+    @rule(index=st.integers(0, 40), keep_tokens=st.none() | st.integers(0, CONFIG.max_model_len))
+    def abort(self, index: int, keep_tokens: int | None) -> None:
         request_id = self.ids[index] if index < len(self.ids) else "unknown"
-        seq = self.sched.abort(request_id)
+        seq = self.sched.abort(request_id, keep_tokens=keep_tokens)
         if seq is not None:
             self.ended[request_id] += 1
 
     @rule(tokens=st.lists(st.integers(0, 5), min_size=CONFIG.max_num_seqs, max_size=CONFIG.max_num_seqs))
     def step(self, tokens: list[int]) -> None:
+        hits = self.sched.num_prefix_cache_hits
         out = self.sched.schedule()
+        if self.sched.num_prefix_cache_hits > hits:
+            event("prefix cache hit")
         assert out.num_batched_tokens <= CONFIG.max_num_batched_tokens
         assert len(out.scheduled) <= CONFIG.max_num_seqs
         if out.preempted_ids:
@@ -66,8 +82,13 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @invariant()
     def blocks_are_accounted_for(self) -> None:
-        held = sum(len(seq.block_table) for seq in self.sched.running)
-        assert held + self.sched.pool.num_free_blocks == NUM_BLOCKS
+        tables = [seq.block_table for seq in self.sched.running]
+        held = {block_id for table in tables for block_id in table}
+        assert len(held) + self.sched.pool.num_free_blocks == NUM_BLOCKS
+        self.sched.pool.assert_consistent(tables)
+        if not self.config.enable_prefix_caching:
+            assert self.sched.pool.num_cached_blocks == 0
+            assert sum(map(len, tables)) == len(held)
         assert all(not seq.block_table for seq in self.sched.waiting)
         assert all(seq.status is SequenceStatus.RUNNING for seq in self.sched.running)
         assert len(self.sched.running) <= CONFIG.max_num_seqs
@@ -81,7 +102,16 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert not self.sched.has_unfinished()
         assert self.ended == Counter(self.ids)
         assert self.sched.pool.num_free_blocks == NUM_BLOCKS
+        self.sched.pool.assert_consistent([])
+
+
+class SchedulerMachineWithoutPrefixCaching(SchedulerMachine):
+    config = replace(CONFIG, enable_prefix_caching=False)
 
 
 SchedulerMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+SchedulerMachineWithoutPrefixCaching.TestCase.settings = settings(
+    max_examples=50, stateful_step_count=40, deadline=None
+)
 test_scheduler_state_machine = SchedulerMachine.TestCase
+test_scheduler_state_machine_without_prefix_caching = SchedulerMachineWithoutPrefixCaching.TestCase
