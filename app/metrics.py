@@ -70,6 +70,7 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None, *, multiproc_dir: str | None = None) -> None:
         self.registry = registry
         self.multiproc_dir = multiproc_dir
+        self._seen_queries = self._seen_hits = 0  # the engine's prefix-cache totals counted so far
         self._define_latencies(registry)
         self._define_gauges(registry)
         self._define_counters(registry)
@@ -140,6 +141,10 @@ class Metrics:
         self.waiting = gauge("bargein_sequences_waiting", "Sequences waiting for admission.")
         self.kv_blocks_used = gauge("bargein_kv_blocks_used", "KV cache blocks in use.")
         self.kv_blocks_total = gauge("bargein_kv_blocks_total", "KV cache blocks in the pool.")
+        self.kv_blocks_cached_free = gauge(
+            "bargein_kv_blocks_cached_free",
+            "KV blocks no sequence holds that keep a cached prefix (reusable; evicted LRU when needed).",
+        )
         self.sessions_connected = gauge("bargein_sessions_connected", "Open /v1/realtime connections.")
         self.streams_delivering = gauge(
             "bargein_streams_delivering", "Streams being sent to a client right now."
@@ -204,6 +209,17 @@ class Metrics:
             "bargein_prompt_tokens", "Prompt tokens of requests whose prefill finished.", registry=r
         )
         self.generated_tokens = Counter("bargein_generated_tokens", "Tokens sampled.", registry=r)
+        # vLLM's prefix_cache_queries / prefix_cache_hits: hits / queries is the hit rate.
+        self.prefix_cache_queries = Counter(
+            "bargein_prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache at admission.",
+            registry=r,
+        )
+        self.prefix_cache_hits = Counter(
+            "bargein_prefix_cache_hits",
+            "Prompt tokens whose KV was reused from the prefix cache.",
+            registry=r,
+        )
 
     # ---- feeding ---------------------------------------------------------------
 
@@ -232,6 +248,12 @@ class Metrics:
         self.waiting.set(engine.num_waiting)
         self.kv_blocks_used.set(engine.num_total_blocks - engine.num_free_blocks)
         self.kv_blocks_total.set(engine.num_total_blocks)
+        self.kv_blocks_cached_free.set(engine.num_cached_free_blocks)
+        # The engine keeps running totals; the counters add what is new since the last step.
+        _inc(self.prefix_cache_queries, engine.num_prefix_cache_queries - self._seen_queries)
+        _inc(self.prefix_cache_hits, engine.num_prefix_cache_hits - self._seen_hits)
+        self._seen_queries = engine.num_prefix_cache_queries
+        self._seen_hits = engine.num_prefix_cache_hits
 
     def on_outputs(self, outputs: Sequence[RequestOutput]) -> None:
         """One step's outputs (engine thread): count the requests that ended.

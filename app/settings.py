@@ -236,6 +236,20 @@ def _add_engine_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str
     _add(parser, env, "--block-size", CacheConfig().block_size, int, "tokens per KV block")
     _add(parser, env, "--num-blocks", None, int, "KV blocks (default: from --kv-cache-bytes)")
     _add(parser, env, "--kv-cache-bytes", CacheConfig().memory_bytes, int, "KV cache budget")
+    _add(
+        parser,
+        env,
+        "--prefix-caching",
+        c.enable_prefix_caching,
+        _bool,
+        "reuse the KV of cached prompt prefixes across requests and turns",
+    )
+    parser.add_argument(
+        "--no-prefix-caching",
+        dest="prefix_caching",
+        action="store_false",
+        help="turn prefix caching off (as --prefix-caching false)",
+    )
 
 
 def _add_session_and_log_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
@@ -266,6 +280,14 @@ def _add_session_and_log_arguments(parser: argparse.ArgumentParser, env: Mapping
         e.abandon_grace_s,
         float,
         "seconds a generating response nobody reads may run on before it is cancelled (0: never)",
+    )
+    _add(
+        parser,
+        env,
+        "--shared-prefix-cache",
+        e.shared_prefix_cache,
+        _bool,
+        "share cached prefixes between API keys (default: each key reuses only its own)",
     )
     _add(parser, env, "--debug-endpoints", s.debug_endpoints, _bool, "serve GET /debug/engine (tests only)")
     _add(parser, env, "--log-level", s.log_level, str, "debug, info, warning, error")
@@ -411,6 +433,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                     max_num_batched_tokens=args.max_num_batched_tokens,
                     max_model_len=args.max_model_len,
                     prefill_chunk_size=args.prefill_chunk_size,
+                    enable_prefix_caching=args.prefix_caching,
                 ),
             ),
             session=SessionConfig(
@@ -420,6 +443,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                 instructions=args.instructions,
                 on_disconnect=args.on_disconnect,
                 abandon_grace_s=args.abandon_grace,
+                shared_prefix_cache=args.shared_prefix_cache,
             ),
             server=ServerConfig(
                 host=args.host,

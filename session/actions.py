@@ -127,12 +127,16 @@ class Abort:
     """Abort the engine request of ``stream_id`` (its blocks are freed).
 
     ``requested_at`` is the ``now`` of the event that asked for it, for the
-    interrupt-latency histogram.
+    interrupt-latency histogram. ``kept_chars``: how many characters of the
+    response's text the conversation keeps (a barge-in's heard text), so the
+    KV of just those tokens stays in the prefix cache for the next turn;
+    None keeps it all.
     """
 
     stream_id: str
     reason: FinishReason
     requested_at: float
+    kept_chars: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -33,6 +33,11 @@ class SessionConfig:
             conversation (for ``session.resume``): the saves of a burst of
             turn changes are coalesced into one per interval; a closing
             connection saves at once.
+        shared_prefix_cache: whether cached prompt prefixes are shared
+            between principals (API keys). Off (the default), each principal's
+            requests reuse only KV its own requests computed, so no tenant
+            can learn another's prompts from ``cached_tokens`` or from timing;
+            on, a system prompt common to every tenant is computed once.
     """
 
     max_tokens: int = 1024
@@ -44,6 +49,7 @@ class SessionConfig:
     abandon_grace_s: float = 30.0
     drain_timeout_s: float = 10.0
     save_interval_s: float = 0.1
+    shared_prefix_cache: bool = False
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

@@ -247,7 +247,7 @@ class Connection:
     def _abort(self, action: Abort) -> None:
         # Its delivery goes on: it sends what the log holds (nothing is logged
         # after the cancel), then response.done.
-        self.service.abort(action.stream_id, action.reason, action.requested_at)
+        self.service.abort(action.stream_id, action.reason, action.requested_at, kept_chars=action.kept_chars)
 
     async def _stop_delivery(self, action: StopDelivery) -> None:
         if action.stream_id in self._deliveries:

@@ -340,7 +340,14 @@ class Session:
             raise IllegalTransition(self.state, "interrupt")
         heard = _clamp(heard_chars, len(active.delivered))
         self._finish_active(active.delivered[:heard])
-        return [Abort(stream_id=active.stream_id, reason=FinishReason.INTERRUPTED, requested_at=now)]
+        return [
+            Abort(
+                stream_id=active.stream_id,
+                reason=FinishReason.INTERRUPTED,
+                requested_at=now,
+                kept_chars=heard,
+            )
+        ]
 
     def _cut_finished(self, response: _Response, heard_chars: int | None) -> None:
         """Cut a finished response's turn, if it is still the last one."""

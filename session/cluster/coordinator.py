@@ -398,6 +398,7 @@ class Cluster:
             prompt_token_ids=record.prompt_token_ids + prefix.token_ids,
             params=continuation_params(record.params, prefix.end),
             arrival_time=service.clock(),
+            cache_salt=service.cache_salt(info.principal),
         )
         try:
             service.continue_stream(request, response_id=info.response_id, continuation=continuation)

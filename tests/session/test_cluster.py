@@ -67,6 +67,9 @@ class StandIn:
     def abort(self, stream_id: str, reason: FinishReason, requested_at: float) -> None:
         pass
 
+    def cache_salt(self, principal: str) -> str | None:
+        return principal
+
     def continue_stream(self, request: EngineRequest, *, response_id: str, continuation: Any) -> None:
         self.runner.submitted.append(request)
         self.continued.append(request.request_id)

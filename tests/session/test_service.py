@@ -47,6 +47,7 @@ class ThreadedEngine:
         self.listeners: list[Any] = []
         self.requests: list[EngineRequest] = []
         self.aborted: list[tuple[str, FinishReason]] = []
+        self.kept_tokens: list[int | None] = []
 
     def add_step_listener(self, fn: Any) -> None:
         self.listeners.append(fn)
@@ -54,8 +55,16 @@ class ThreadedEngine:
     def submit(self, request: EngineRequest) -> None:
         self.requests.append(request)
 
-    def abort(self, request_id: str, reason: FinishReason, *, only_if_waiting: bool = False) -> None:
+    def abort(
+        self,
+        request_id: str,
+        reason: FinishReason,
+        *,
+        only_if_waiting: bool = False,
+        keep_tokens: int | None = None,
+    ) -> None:
         self.aborted.append((request_id, reason))
+        self.kept_tokens.append(keep_tokens)
 
     def stats(self) -> Stats:
         return Stats()

@@ -118,7 +118,9 @@ def test_interrupt_active_cuts_to_what_was_delivered_and_starts_the_next() -> No
     s.handle(Delivered(stream_id=first.stream_id, text="Once upon "), 2.0)
     s.handle(Delivered(stream_id=first.stream_id, text="a time"), 2.1)
     actions = s.handle(create("Stop, shorter please", interrupt_active=True), 3.0)
-    assert actions[0] == Abort(stream_id=first.stream_id, reason=FinishReason.INTERRUPTED, requested_at=3.0)
+    assert actions[0] == Abort(
+        stream_id=first.stream_id, reason=FinishReason.INTERRUPTED, requested_at=3.0, kept_chars=16
+    )
     submit = only(actions, Submit)
     assert submit.messages[-2:] == (  # type: ignore[attr-defined]
         Message(role="assistant", content="Once upon a time"),
@@ -144,7 +146,12 @@ def test_cancel_cuts_the_turn_at_heard_chars_clamped_to_delivered(heard: int | N
     first = start_response(s, "Capital of France?", response_id="r1")
     s.handle(Delivered(stream_id=first.stream_id, text="Paris is the"), 2.0)
     actions = s.handle(pe.ResponseCancel(response_id="r1", heard_chars=heard), 2.5)
-    assert actions == [Abort(stream_id=first.stream_id, reason=FinishReason.INTERRUPTED, requested_at=2.5)]
+    # The KV of what the conversation keeps stays cached for the next turn.
+    assert actions == [
+        Abort(
+            stream_id=first.stream_id, reason=FinishReason.INTERRUPTED, requested_at=2.5, kept_chars=len(kept)
+        )
+    ]
     assert s.state is State.IDLE
     assert s.turns[-1] == Message(role="assistant", content=kept)
 
