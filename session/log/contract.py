@@ -2,11 +2,11 @@
 
 Each response writes one *stream*: an append-only list of :class:`LogEntry`
 (token offsets ``[start, end)``, their ids and the text they complete),
-closed by one :class:`StreamEnd`. The bargein.engine side writes every stream of one
-bargein.engine step with one :meth:`TokenLog.write_step`; delivery reads a stream from
+closed by one :class:`StreamEnd`. The engine side writes every stream of one
+engine step with one :meth:`TokenLog.write_step`; delivery reads a stream from
 any offset with :meth:`TokenLog.read` (replay, then live, then the end).
 
-Contract (both backends, one test suite: tests/bargein.session/test_token_log_contract.py):
+Contract (both backends, one test suite: tests/session/test_token_log_contract.py):
 
 - ``create_stream`` then any number of ``write_step`` calls; entries of one
   stream are contiguous (``entry.start`` equals the stream's end so far) and
@@ -27,12 +27,12 @@ Contract (both backends, one test suite: tests/bargein.session/test_token_log_co
   instead of skipping them: an entry that starts past the reader's position,
   a finish that the entries do not reach, a log that lost every entry. Both
   backends apply one :class:`ReadCursor`.
-- Retention: an ended stream (and a saved bargein.session) is kept ``retention_s``
+- Retention: an ended stream (and a saved session) is kept ``retention_s``
   seconds after its end (after its last save), then it is gone:
   ``info`` returns ``None`` and ``read`` raises ``StreamNotFound``. A stream
   that never ends (its writer died) is dropped ``live_ttl_s`` after creation.
-- The memory backend is for one event loop (not thread-safe); the bargein.app hands
-  each bargein.engine step to the loop before writing.
+- The memory backend is for one event loop (not thread-safe); the app hands
+  each engine step to the loop before writing.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ class StreamInfo:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StreamWrite:
-    """One stream's part of one bargein.engine step: new tokens, a finish, or both.
+    """One stream's part of one engine step: new tokens, a finish, or both.
 
     With both, the entry is written before the finish.
     """
@@ -130,7 +130,7 @@ class TokenLog(Protocol):
         ...
 
     async def write_step(self, writes: Sequence[StreamWrite]) -> None:
-        """Append one bargein.engine step for all its streams in one backend write.
+        """Append one engine step for all its streams in one backend write.
 
         Raises ValueError for a non-contiguous or empty entry (nothing is
         written then), StreamNotFound, StreamEnded, TokenLogUnavailable
@@ -152,7 +152,7 @@ class TokenLog(Protocol):
         ...
 
     async def save_session(self, session_id: str, state: bytes) -> None:
-        """Store a bargein.session's opaque state for ``retention_s`` from now."""
+        """Store a session's opaque state for ``retention_s`` from now."""
         ...
 
     async def load_session(self, session_id: str) -> bytes | None:

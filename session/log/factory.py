@@ -27,7 +27,7 @@ def open_token_log(
             ``redis://``, ``rediss://`` or ``unix://`` for
             :class:`bargein.session.log.redis_streams.RedisTokenLog` (no connection is made
             here: the first call connects, and ``ping`` reports health).
-        retention_s: seconds an ended stream and a saved bargein.session are kept.
+        retention_s: seconds an ended stream and a saved session are kept.
         node_id: this server's name, recorded as owner of the streams it writes.
         clock: monotonic seconds for the memory backend (Redis keeps its own time).
 

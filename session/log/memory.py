@@ -56,7 +56,7 @@ class MemoryTokenLog:
     """In-process :class:`TokenLog`: the embedded default and the test oracle.
 
     Args:
-        retention_s: seconds an ended stream and a saved bargein.session are kept.
+        retention_s: seconds an ended stream and a saved session are kept.
         live_ttl_s: seconds after creation a stream that never ends is dropped.
         clock: monotonic seconds; tests pass a fake one. Expiry is checked
             lazily on every call, so a fake clock needs no timer.
@@ -79,7 +79,7 @@ class MemoryTokenLog:
         # (expires_at, is_session, key); an item is stale once its key got a
         # later expiry (a save again, a stream's end) and is skipped when popped.
         # Stale items are compacted away before they outnumber live keys, so a
-        # bargein.session saved a million times holds O(1) items, not a million.
+        # session saved a million times holds O(1) items, not a million.
         self._expiry: list[tuple[float, bool, str]] = []
         self._closed = False
 
@@ -147,7 +147,7 @@ class MemoryTokenLog:
 
     def abandon_stream(self, stream_id: str) -> None:
         """Drop a live stream its writer gave up on (the log refused even its
-        error end; bargein.session/service.py): readers get a retryable TokenLogUnavailable."""
+        error end; session/service.py): readers get a retryable TokenLogUnavailable."""
         stream = self._streams.get(stream_id)
         if stream is not None and stream.finish is None:
             del self._streams[stream_id]
