@@ -424,7 +424,7 @@ class Service:
 
     async def follow(self, stream_id: str) -> None:
         """A client here reads a live stream: with a cluster, continue it here
-        if the node generating it died (see session/cluster.py)."""
+        if the node generating it died (see session/cluster/)."""
         if self.cluster is not None:
             await self.cluster.follow(stream_id)
 

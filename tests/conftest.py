@@ -1,4 +1,4 @@
-"""Fixtures shared by every test folder (append only; see TEAM.md)."""
+"""Fixtures shared by every test folder (append only)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 ``get_ops(backend)`` returns the six callables the model calls; ``"torch"`` is
 the CPU path (and the test oracle), ``"triton"`` the CUDA kernels. Signatures
-are in TEAM.md and in each ``<op>_ref`` docstring.
+are in each ``<op>_ref`` docstring.
 """
 
 from __future__ import annotations

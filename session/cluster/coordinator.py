@@ -5,17 +5,17 @@ and its :class:`~bargein.session.log.redis_streams.RedisTokenLog` (same Redis, s
 prefix). The service calls it at these points:
 
 - ``claim`` when it creates a stream: the generation record
-  (session/takeover.py) is stored and the lease taken, in one round trip,
+  (session/cluster/takeover.py) is stored and the lease taken, in one round trip,
   before the stream exists;
 - ``fence`` before each step's log write: only streams whose lease is
-  locally valid are written (session/lease.py); the write itself is fenced
+  locally valid are written (session/cluster/lease.py); the write itself is fenced
   in Redis by the lease's epoch (the log's ``fence_with``), so a node that
   stalled between this check and its write still cannot write a stream
   another node took over;
 - ``ended`` when a stream's generation ended: its lease is released at the
   next tick;
 - ``abort_elsewhere`` for a cancel of a stream this node does not generate
-  (session/forward.py);
+  (session/cluster/forward.py);
 - ``follow`` when a client resumes a stream here: the stream is watched, and
   if it is unfinished with no lease (its node died), taken over.
 
@@ -92,7 +92,7 @@ class Cluster:
         record_ttl_s: float = 3600.0,
     ) -> None:
         self.node_id = node_id
-        # Every command of this client is safe to send twice (session/redis_client.py).
+        # Every command of this client is safe to send twice (session/log/redis_client.py).
         self.redis = retrying_client(url)
         self.health = TaskHealth()  # the tick's and the abort listener's crashes
         self.forwarder = Forwarder(

@@ -1,7 +1,7 @@
 """Interrupts that find their owner: a cancel forwarded to the node generating the stream.
 
 A ``response.cancel`` (or the HTTP cancel) can reach any node; only the node
-holding the stream's lease (session/lease.py) runs its engine request. The
+holding the stream's lease (session/cluster/lease.py) runs its engine request. The
 node that got the cancel
 
 1. sets the stream's cancel flag ``<prefix>{<stream_id>}:cancel`` (value: the

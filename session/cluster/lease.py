@@ -13,7 +13,7 @@ Fencing epochs: every take of a lease (a new stream's claim, a takeover)
 increments the stream's epoch ``<prefix>{<stream_id>}:epoch`` in the same
 script that sets the lease, and the taker keeps the number. Every write of the
 stream is a script that first checks that the epoch is still the writer's
-(session/redis_format.py ``FENCED_STEP_LUA``), so a node that stalled past its
+(session/log/redis_format.py ``FENCED_STEP_LUA``), so a node that stalled past its
 lease (SIGSTOP, a long GC pause, a partition) while another node took the
 stream over can never append to it or end it when it wakes, however its
 checks and writes interleave: Redis runs each script atomically. Renewing
@@ -25,7 +25,7 @@ Local validity on top: a node only writes a stream while its lease is
 renewal that succeeded. Redis set the key's expiry later than that start and
 a quarter of the TTL later still, so the local view runs out first: a node
 that finds its local view lapsed renews at once before it writes on
-(session/cluster.py ``fence``) and learns there that it lost the stream,
+(session/cluster/coordinator.py ``fence``) and learns there that it lost the stream,
 without a refused write.
 """
 
@@ -130,7 +130,7 @@ class Leases:
         config: lease timing.
         clock: monotonic seconds (local lease validity).
         flag_key: the key of a per-stream flag read in the renewal pipeline
-            (the cancel flag of session/forward.py), or None.
+            (the cancel flag of session/cluster/forward.py), or None.
         epoch_ttl_s: how long a stream's epoch outlives its last take; at
             least the life of the stream's keys, so that an epoch is never
             counted again from 1 while a stalled holder of an old one lives.

@@ -8,7 +8,7 @@ the pool costs one failed call after such an event.
 Two policies, by what a client sends:
 
 - :func:`retrying_client` (leases, forwarded cancels, takeover records:
-  session/cluster.py): redis-py's own machinery retries a command once, after
+  session/cluster/): redis-py's own machinery retries a command once, after
   a short exponential backoff, on a fresh connection when it failed with a
   connection error or timeout; a connection idle longer than
   ``HEALTH_CHECK_INTERVAL_S`` is PINGed before it is used, so a dead one is
@@ -18,7 +18,7 @@ Two policies, by what a client sends:
   they write. One exception is accepted there: a ``SET NX`` whose first
   attempt landed but whose reply was lost answers "not set" on the retry; the
   lease it takes is then refused (a retryable error, never two owners).
-- The token log (session/redis_log.py) keeps redis-py at zero retries and
+- The token log (session/log/redis_streams.py) keeps redis-py at zero retries and
   retries in its own bounded loop, which knows what each command is: every
   write of a step is idempotent by its explicit entry ids, and a retried
   ``create_stream`` checks whether its own first attempt landed.

@@ -53,7 +53,7 @@ return 1
 """
 
 
-# One stream's writes of one step, fenced (session/lease.py): nothing is written unless the
+# One stream's writes of one step, fenced (session/cluster/lease.py): nothing is written unless the
 # stream's epoch is still the writer's and no other node holds its lease, all in one atomic
 # step. KEYS[1] lease, KEYS[2] epoch, KEYS[3] log, KEYS[4] meta. ARGV[1] node id, ARGV[2]
 # the writer's epoch, ARGV[3] the stream's end before the step, ARGV[4] live ttl ms,

@@ -1,6 +1,6 @@
 """The production TokenLog on Redis Streams (redis-py asyncio).
 
-The key layout and entry format are in session/redis_format.py.
+The key layout and entry format are in session/log/redis_format.py.
 
 Writes: every command of an engine step goes out as one packed write on one
 pooled connection (a pipeline: one round trip; the finish is queued after the
@@ -14,7 +14,7 @@ Reads: streams this node writes are fed from an in-process tail of their
 last ``fanout_entries`` entries as soon as each step's pipeline returns (no
 Redis read per token per client); a reader behind that tail, and every
 reader of a stream written elsewhere, replays with ``XRANGE`` and then follows
-through the node's one multiplexed ``XREAD BLOCK`` (session/redis_tail.py).
+through the node's one multiplexed ``XREAD BLOCK`` (session/log/redis_tail.py).
 """
 
 from __future__ import annotations
@@ -287,7 +287,7 @@ class RedisTokenLog:
     def adopt_stream(self, info: StreamInfo) -> None:
         """Write on a stream another node created, from its end ``info.end``.
 
-        For a takeover (session/cluster.py): the caller holds the stream's
+        For a takeover (session/cluster/takeover.py): the caller holds the stream's
         lease, so no other node writes it any more.
         """
         sid = info.stream_id
@@ -298,10 +298,10 @@ class RedisTokenLog:
         self._live[sid] = local
 
     def fence_with(self, fence_of: Callable[[str], Fence | None]) -> None:
-        """Fence every write from now on (several nodes: session/cluster.py).
+        """Fence every write from now on (several nodes: session/cluster/).
 
         ``fence_of(stream_id)`` is the lease and epoch a write of that stream
-        must still hold in Redis (session/lease.py), None when this node holds
+        must still hold in Redis (session/cluster/lease.py), None when this node holds
         none: such writes are refused. Each stream's writes of a step then go
         out as one script that checks the fence and writes, atomically (still
         one round trip per step); a write refused there raises StreamFenced.

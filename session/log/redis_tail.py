@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 StreamId = tuple[int, int]  # (milliseconds part, sequence part) of a Redis stream entry id
 RawEntry = tuple[StreamId, dict[bytes, bytes]]
 
-# The metadata field set with a stream's first entry (the layout is in session/redis_format.py,
+# The metadata field set with a stream's first entry (the layout is in session/log/redis_format.py,
 # which imports this module): from then on the stream's log key must exist.
 LOGGED = "logged"
 

@@ -1,4 +1,4 @@
-"""Leases and forwarded cancels on a real redis-server (session/lease.py, session/forward.py)."""
+"""Leases and forwarded cancels on a real redis-server (session/cluster/lease.py, forward.py)."""
 
 from __future__ import annotations
 

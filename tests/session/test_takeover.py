@@ -1,4 +1,4 @@
-"""Continuing a stream from its logged prefix joins its text exactly (session/takeover.py).
+"""Continuing a stream from its logged prefix joins its text exactly (session/cluster/takeover.py).
 
 The bundled model's real tokenizer: byte-level BPE, so one emoji spans
 several tokens and the dead node may have logged half of one.
