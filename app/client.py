@@ -1,4 +1,4 @@
-"""A small Python client for bargein's realtime protocol (PROTOCOL.md).
+"""A small Python client for bargein's realtime protocol (docs/protocol.md).
 
 Importable without torch or the engine: it needs only ``websockets``.
 
@@ -31,7 +31,7 @@ class ServerError(Exception):
     """The server answered with an ``error`` event.
 
     Attributes:
-        code: the error code (PROTOCOL.md), e.g. ``"conflict"``.
+        code: the error code (docs/protocol.md), e.g. ``"conflict"``.
         event: the whole error event.
     """
 

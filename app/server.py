@@ -53,7 +53,7 @@ LOAD_FAILED = "failed"  # the progress stage reported when loading fails
 
 
 def close_code_for(exc: BaseException) -> int:
-    """The WebSocket close code that answers ``exc`` (PROTOCOL.md)."""
+    """The WebSocket close code that answers ``exc`` (docs/protocol.md)."""
     if isinstance(exc, FrameTooLarge):
         return CloseCode.MESSAGE_TOO_BIG
     if isinstance(exc, UnicodeDecodeError):
@@ -336,7 +336,7 @@ async def debug_engine(request: Request) -> JSONResponse:
 
 
 async def realtime(ws: WebSocket) -> None:
-    """``/v1/realtime``: one conversation per connection (PROTOCOL.md)."""
+    """``/v1/realtime``: one conversation per connection (docs/protocol.md)."""
     state = _state(ws.app)
     fmt, subprotocol, _ = select_subprotocol(ws.scope.get("subprotocols", []))
     await ws.accept(subprotocol=subprotocol)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 
 class FinishReason(str, enum.Enum):
-    """Why a sequence stopped generating (names as in PROTOCOL.md)."""
+    """Why a sequence stopped generating (names as in docs/protocol.md)."""
 
     STOP = "stop"  # EOS, a stop token id or a stop string
     LENGTH = "length"  # max_tokens or max_model_len reached

@@ -1,4 +1,4 @@
-"""The bargein v1 wire contract (PROTOCOL.md), sans-I/O: frames in, events out.
+"""The bargein v1 wire contract (docs/protocol.md), sans-I/O: frames in, events out.
 
 Public API:
     events: every client and server event (frozen dataclasses), ``ErrorCode``,

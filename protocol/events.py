@@ -1,4 +1,4 @@
-"""Every event of the bargein v1 wire protocol (PROTOCOL.md) as a dataclass.
+"""Every event of the bargein v1 wire protocol (docs/protocol.md) as a dataclass.
 
 Events are frozen, slotted, keyword-only dataclasses whose field names are the
 wire names, with one exception: the wire field ``from`` (a Python keyword) is

@@ -385,7 +385,7 @@ class Connection:
     # ---- session.resume ----------------------------------------------------------
 
     async def _resume_session(self, event: pe.SessionResume) -> None:
-        """Re-attach a saved conversation to this connection (PROTOCOL.md)."""
+        """Re-attach a saved conversation to this connection (docs/protocol.md)."""
         if not check_session_token(
             self.service.secret, event.session_id, self.principal, event.session_token
         ):

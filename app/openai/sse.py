@@ -2,7 +2,7 @@
 
 An event id names a position in a token stream: ``<stream_id>:<end>``, where
 ``end`` is the offset just past the last token the client has received.
-Resuming from an id replays the stream from ``end`` (PROTOCOL.md, "Offsets and
+Resuming from an id replays the stream from ``end`` (docs/protocol.md, "Offsets and
 streams"); the id of a stream's first event, sent before any token, is
 ``<stream_id>:0``.
 

@@ -74,7 +74,7 @@ class EndError:
     generated, so a client resuming the stream on any node hears it too.
     """
 
-    code: str  # a PROTOCOL.md error code
+    code: str  # an error code of docs/protocol.md
     message: str
     retry_after_ms: int
 
