@@ -122,3 +122,26 @@ def test_greedy_tokens_are_the_same_with_the_prefix_cache_on_and_off(
     stats = on.engine.stats()
     assert stats.num_prefix_cache_hits == sum(on.cached.values())
     assert stats.num_prefix_cache_queries == sum(len(p) for p in on.prompts.values())
+
+
+@pytest.mark.parametrize("prompt_len", [BLOCK_SIZE + 1, 2 * BLOCK_SIZE, 2 * BLOCK_SIZE + 1, 100])
+def test_a_repeated_prompt_continues_the_same_after_its_cached_blocks(
+    model_runner_factory: RunnerFactory, prompt_len: int
+) -> None:
+    # A hit that leaves one token to compute runs it through the decode kernel
+    # at position prompt_len - 1 (17, 33); longer remainders through prefill.
+    prompt = tuple(range(1000, 1000 + prompt_len))
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    engine = LLMEngine(
+        model_runner_factory(num_blocks=64, block_size=BLOCK_SIZE, max_model_len=MAX_MODEL_LEN), CONFIG
+    )
+    got = []
+    for request_id in ("miss", "hit"):
+        engine.add_request(EngineRequest(request_id=request_id, prompt_token_ids=prompt, params=params))
+        outs = []
+        while engine.has_unfinished_requests():
+            outs.extend(engine.step())
+        got.append(([t for o in outs for t in o.new_token_ids], outs[-1].num_cached_tokens))
+    (miss, miss_cached), (hit, hit_cached) = got
+    assert miss_cached == 0 and hit_cached == (prompt_len - 1) // BLOCK_SIZE * BLOCK_SIZE
+    assert hit == miss
