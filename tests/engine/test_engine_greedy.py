@@ -3,7 +3,9 @@
 Sixteen chat prompts of different lengths (shorter and longer than a 16-token
 block and than the 32-token prefill chunk) arrive two per step, so steps mix
 prefill chunks with decodes; then the same with a KV pool so small that
-sequences get preempted and recomputed. The default model, fp32.
+sequences get preempted and recomputed. The default model, fp32, with
+prefix caching on (the default): the prompts share the template's system
+prompt, so later ones start their prefill after cached blocks.
 """
 
 from __future__ import annotations
@@ -120,6 +122,8 @@ def test_greedy_equals_transformers_generate(
     check(outputs, expected)
     stats = engine.stats()
     assert stats.num_preemptions == 0 and stats.num_free_blocks == 256
+    # prefix caching is on by default: later prompts reuse the chat template's system prompt
+    assert stats.num_prefix_cache_hits > 0
 
 
 def test_greedy_equals_transformers_generate_under_preemption(

@@ -185,6 +185,22 @@ def test_abort_mid_prefill_and_decoding(setup, hf_tokenizer, state: str, pred: C
     assert runner.stats().num_free_blocks == NUM_BLOCKS
 
 
+def test_abort_keep_tokens_reaches_the_engine(setup, hf_tokenizer) -> None:
+    runner, hooked, collector = setup
+    req = request(hf_tokenizer, "victim", max_tokens=100)
+    keep = len(req.prompt_token_ids) + 2  # the user heard two tokens
+    abort = lambda: runner.abort("victim", keep_tokens=keep)  # noqa: E731
+    hooked.hook = when(runner.engine, "victim", lambda seq: seq.num_output_tokens == 20, abort)
+    with pytest.raises(ValueError, match="keep_tokens"):
+        runner.abort("victim", keep_tokens=-1)
+    runner.submit(req)
+    collector.wait_finished("victim")
+    assert_ended_once(collector, "victim", FinishReason.INTERRUPTED)
+    stats = runner.stats()
+    assert stats.num_free_blocks == NUM_BLOCKS
+    assert stats.num_cached_free_blocks == keep // runner.engine.pool.block_size
+
+
 def test_abort_after_finish_is_a_no_op(setup, hf_tokenizer) -> None:
     runner, _, collector = setup
     runner.submit(request(hf_tokenizer, "done", max_tokens=2))
