@@ -59,6 +59,9 @@ EXPECTED_FAMILIES = {
     "bargein_preemptions",
     "bargein_prompt_tokens",
     "bargein_generated_tokens",
+    "bargein_kv_blocks_cached_free",
+    "bargein_prefix_cache_queries",
+    "bargein_prefix_cache_hits",
 }
 
 
@@ -424,3 +427,22 @@ def test_engine_steps_feed_histograms_counters_and_gauges() -> None:
         samples.get("bargein_sequences_running"),
         samples.get("bargein_sequences_waiting"),
     ) == (10, 100, 3, 2)
+
+
+@pytest.mark.slow
+async def test_prefix_cache_counters_count_the_reused_prompt_tokens(live_server: LiveServer) -> None:
+    await live_server.wait_idle()
+    before = await scrape(live_server)
+    usages = []
+    async with RealtimeClient(live_server.ws_url) as client:
+        await client.update(instructions="Metrics test of the prefix cache: answer in one word.")
+        for _ in range(2):
+            await client.chat("Hello there.", max_tokens=4, temperature=0)
+            usages.append(client.current.done["usage"])  # type: ignore[union-attr]
+    await live_server.wait_idle()
+    after = await scrape(live_server)
+    assert usages[-1]["cached_tokens"] > 0  # the second turn reuses the first
+    assert after.moved(before, "bargein_prefix_cache_hits_total") == sum(u["cached_tokens"] for u in usages)
+    assert after.moved(before, "bargein_prefix_cache_queries_total") >= sum(
+        u["prompt_tokens"] for u in usages
+    )
