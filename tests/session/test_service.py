@@ -166,6 +166,39 @@ async def test_abort_reaches_the_engine_and_its_latency_is_recorded() -> None:
     assert (await log.info("s")).finish.finish_reason == "interrupted"  # type: ignore[union-attr]
 
 
+async def test_a_barge_in_keeps_the_kv_of_the_prompt_and_the_heard_tokens() -> None:
+    """The engine is told how many tokens' KV stay cached: the prompt's and
+    those of the logged tokens wholly inside the heard text; the salt of the
+    request is its principal's."""
+    engine, log = ThreadedEngine(), CountingLog()
+    service = Service(engine, log, SessionConfig(), secret=b"k")
+    await service.start()
+    submit = Submit(
+        response_id="r",
+        stream_id="s",
+        params=SamplingParams(max_tokens=8),
+        messages=(Message(role="user", content="hi"),),
+    )
+    await service.submit(submit, Owner(principal="key:a", session_id="sess"), 0.0)
+    (request,) = engine.requests
+    assert request.cache_salt == "key:a"
+    engine.run_steps([[out("s", 0, "Once")], [out("s", 1, " upon")], [out("s", 2, " a")]])
+    while (await log.info("s")).end < 3:  # type: ignore[union-attr]
+        await asyncio.sleep(0.01)
+    service.abort("s", FinishReason.INTERRUPTED, requested_at=service.clock(), kept_chars=7)  # "Once up"
+    service.abort("s", FinishReason.INTERRUPTED, requested_at=service.clock())
+    prompt = len(request.prompt_token_ids)
+    assert engine.kept_tokens == [prompt + 1, prompt + 3]  # "Once" only; then every logged token
+    await service.stop()
+
+
+def test_a_shared_prefix_cache_has_no_salt() -> None:
+    service = Service(
+        ThreadedEngine(), MemoryTokenLog(), SessionConfig(shared_prefix_cache=True), secret=b"k"
+    )
+    assert service.cache_salt("key:a") is None
+
+
 class DownLog(MemoryTokenLog):
     async def create_stream(self, info: StreamInfo) -> None:
         raise TokenLogUnavailable("redis: connection refused")
