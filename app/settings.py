@@ -226,7 +226,7 @@ def _add_engine_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str
         "--quantization",
         m.quantization,
         str,
-        "linears on the CPU: auto (int8 with VNNI), none or int8",
+        "linears on the CPU: auto (bf16 if the CPU has it, else int8 with VNNI), none or int8",
     )
     _add(
         parser,

@@ -115,13 +115,14 @@ class Bf16Linear:
         w = weight.to(torch.bfloat16).contiguous()
         self.bias = None if bias is None else bias.float()
         self.packed = torch.ops.mkldnn._reorder_linear_weight(w) if _can_pack(w) and _bf16_gemm_ok() else None
-        self.weight = None if self.packed is not None else w
+        self.weight = w if self.packed is None else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         xb = x.to(torch.bfloat16)
         if self.packed is not None:
             y = torch.ops.mkldnn._linear_pointwise(xb, self.packed, None, "none", [], "")
         else:
+            assert self.weight is not None
             y = F.linear(xb, self.weight)
         y = y.float()
         return y if self.bias is None else y + self.bias
@@ -251,9 +252,10 @@ def choose_linear_format(
     """``(format, why)`` of the model's linear layers.
 
     On the CPU with fp32 weights: ``quantization="int8"`` is int8;
-    ``"auto"`` is int8 on x86 with VNNI (and fbgemm in torch); otherwise
-    ``linear_dtype`` decides, whose ``"auto"`` is bf16 where the CPU has
-    avx512_bf16 or amx_bf16, else fp32. Exact fp32 is
+    ``"auto"`` is bf16 where the x86 CPU has avx512_bf16 or amx_bf16 (it
+    meets the quality target, int8 does not: docs/perf/quality.md), else int8
+    on x86 with VNNI (and fbgemm in torch), else ``linear_dtype``, whose
+    ``"auto"`` is bf16 with those flags, else fp32. Exact fp32 is
     ``quantization="none", linear_dtype="float32"``. Elsewhere (CUDA, or a
     model dtype other than fp32) ``auto`` keeps the model dtype, as before.
     ``flags``/``machine``/``int8_available`` default to this machine's (tests fake them).
@@ -280,12 +282,17 @@ def choose_linear_format(
             raise ValueError("quantization=int8 needs torch's fbgemm engine (x86 builds)")
         why = f"with {vnni[0]}" if vnni else "no VNNI: 7-bit activations (reduce_range), slower"
         return "int8", f"quantization=int8 ({why})"
-    if quantization == "auto" and _is_x86(machine) and vnni and int8_ok:
-        return "int8", f"auto: x86 CPU with {vnni[0]} -> int8 W8A8 (fbgemm)"
-    lead = "quantization=none" if quantization == "none" else "auto: no int8 (x86 VNNI + fbgemm)"
+    bf16 = [f for f in BF16_FLAGS if f in flags] if _is_x86(machine) else []
+    if quantization == "auto":
+        # bf16 first: int8 W8A8 misses the quality target (mean KL vs fp32
+        # 0.030 nats/token against bf16's 0.0006, docs/perf/quality.md)
+        if linear_dtype in ("auto", "bfloat16") and bf16:
+            return "bfloat16", f"auto: CPU with {bf16[0]} -> bf16 linears (int8 only without bf16)"
+        if _is_x86(machine) and vnni and int8_ok:
+            return "int8", f"auto: x86 CPU with {vnni[0]} and no bf16 -> int8 W8A8 (fbgemm)"
+    lead = "quantization=none" if quantization == "none" else "auto: no bf16, no int8 (x86 VNNI + fbgemm)"
     if linear_dtype != "auto":
         return linear_dtype, f"{lead}, linear_dtype={linear_dtype}"
-    bf16 = [f for f in BF16_FLAGS if f in flags]
-    if _is_x86(machine) and bf16:
+    if bf16:
         return "bfloat16", f"{lead}, CPU with {bf16[0]} -> bf16 linears"
     return "float32", f"{lead}, no bf16 dot products -> fp32 linears"

@@ -141,14 +141,14 @@ class LlamaModel:
             return t.to(device=device, dtype=dtype).contiguous()
 
         def linear(w: torch.Tensor, b: torch.Tensor | None = None) -> AnyLinear:
-            return make_linear(w, b, linear_format)  # type: ignore[arg-type]
+            return make_linear(w, b, linear_format)
 
         self.layers = [_fused_layer(weights, i, to, linear) for i in range(self.shape.num_layers)]
         self.embed = to(weights["model.embed_tokens.weight"])
         self.norm = to(weights["model.norm.weight"])
         tied = getattr(config, "tie_word_embeddings", False) or "lm_head.weight" not in weights
         head = self.embed if tied else to(weights["lm_head.weight"])
-        self.lm_head = make_linear(head, None, self.head_format)  # type: ignore[arg-type]
+        self.lm_head = make_linear(head, None, self.head_format)
         inv_freq, scaling = _rope_inv_freq(config)
         self.cos_sin_cache = build_cos_sin_cache(max_model_len, self.shape.head_dim, inv_freq, scaling).to(
             device

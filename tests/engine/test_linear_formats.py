@@ -158,18 +158,21 @@ def _pick(
 
 
 def test_auto_picks_by_cpu_features() -> None:
-    assert _pick("auto", flags=X86_VNNI) == "int8"
+    assert _pick("auto", flags=X86_VNNI) == "bfloat16"  # bf16 first: int8 misses the KL target
+    assert _pick("auto", "float32", flags=X86_VNNI) == "int8"
     assert _pick("auto", flags=X86_AVXVNNI) == "int8"
+    assert _pick("auto", flags=frozenset({"avx512_vnni"})) == "int8"
     assert _pick("auto", flags=X86_BF16_ONLY) == "bfloat16"
     assert _pick("auto", flags=frozenset({"amx_bf16"})) == "bfloat16"
     assert _pick("auto", flags=X86_OLD) == "float32"
-    assert _pick("auto", flags=X86_VNNI, int8=False) == "bfloat16"  # torch without fbgemm
+    assert _pick("auto", flags=X86_AVXVNNI, int8=False) == "float32"  # torch without fbgemm
     assert _pick("auto", flags=frozenset({"asimd", "bf16"}), machine="aarch64") == "float32"
 
 
 def test_explicit_choices_and_exact_fp32() -> None:
     assert _pick("none", "float32") == "float32"
     assert _pick("auto", "float32", flags=X86_OLD) == "float32"
+    assert _pick("auto", "bfloat16", flags=X86_OLD) == "bfloat16"
     assert _pick("none", "auto", flags=X86_VNNI) == "bfloat16"
     assert _pick("none", "bfloat16", flags=X86_OLD) == "bfloat16"
     assert _pick("int8", flags=X86_OLD) == "int8"  # runs, with reduce_range
