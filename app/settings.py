@@ -220,6 +220,22 @@ def _add_engine_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str
     )
     _add(parser, env, "--device", m.device, str, "auto, cpu or cuda")
     _add(parser, env, "--dtype", m.dtype, str, "float32, bfloat16 or float16")
+    _add(
+        parser,
+        env,
+        "--quantization",
+        m.quantization,
+        str,
+        "linears on the CPU: auto (bf16 if the CPU has it, else int8 with VNNI), none or int8",
+    )
+    _add(
+        parser,
+        env,
+        "--linear-dtype",
+        m.linear_dtype,
+        str,
+        "non-int8 linears: auto (bf16 if the CPU has it), float32 or bfloat16",
+    )
     _add(parser, env, "--backend", m.backend, str, "kernels: auto, torch or triton")
     _add(parser, env, "--cache-dir", m.cache_dir, str, "converted-weights cache")
     _add(parser, env, "--max-num-seqs", c.max_num_seqs, int, "sequences per step")
@@ -424,6 +440,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                     device=args.device,
                     backend=args.backend,
                     cache_dir=args.cache_dir,
+                    quantization=args.quantization,
+                    linear_dtype=args.linear_dtype,
                 ),
                 cache=CacheConfig(
                     block_size=args.block_size, num_blocks=args.num_blocks, memory_bytes=args.kv_cache_bytes

@@ -15,7 +15,11 @@ Device = Literal["auto", "cpu", "cuda"]
 Backend = Literal["auto", "torch", "triton"]
 DTYPES: tuple[str, ...] = get_args(DType)
 DEVICES: tuple[str, ...] = get_args(Device)
+Quantization = Literal["auto", "none", "int8"]
+LinearDType = Literal["auto", "float32", "bfloat16"]
 BACKENDS: tuple[str, ...] = get_args(Backend)
+QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
+LINEAR_DTYPES: tuple[str, ...] = get_args(LinearDType)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -25,12 +29,25 @@ class ModelConfig:
     Attributes:
         path: a Hugging Face folder (config.json + safetensors), or a ``.gguf``
             file; ``None`` means the bundled SmolLM2-135M-Instruct GGUF.
-        dtype: compute and weight dtype.
+        dtype: compute and weight dtype (activations, norms, KV cache,
+            embedding; the linears' weights unless the two below say otherwise).
         device: ``"cpu"`` or ``"cuda"`` (``"auto"`` picks CUDA when present).
         backend: kernel backend; ``"auto"`` is ``triton`` on CUDA, ``torch``
             on the CPU.
         cache_dir: where converted GGUF weights are cached as safetensors;
             ``None`` means ``~/.cache/bargein``.
+        quantization: the linear layers (and the output head) on a CPU with
+            ``dtype="float32"``: ``"int8"`` is W8A8 (int8 per-channel weights,
+            per-token dynamic int8 activations); ``"auto"`` is bf16 on a
+            CPU with bf16 dot products, else int8 on x86 with VNNI, else as
+            ``linear_dtype`` (int8 is ~2x faster than bf16 but misses the
+            quality target, docs/perf/quality.md); ``"none"`` never quantizes.
+            On CUDA ``auto`` keeps the model dtype.
+        linear_dtype: the weight/GEMM dtype of linears that are not int8:
+            ``"auto"`` is bfloat16 where the CPU has bf16 dot products
+            (avx512_bf16, amx_bf16), else float32. Exact fp32 (token for
+            token as transformers) is ``quantization="none",
+            linear_dtype="float32"``.
     """
 
     path: str | None = None
@@ -38,9 +55,17 @@ class ModelConfig:
     device: Device = "auto"
     backend: Backend = "auto"
     cache_dir: str | None = None
+    quantization: Quantization = "auto"
+    linear_dtype: LinearDType = "auto"
 
     def __post_init__(self) -> None:
-        for name, allowed in (("dtype", DTYPES), ("device", DEVICES), ("backend", BACKENDS)):
+        for name, allowed in (
+            ("dtype", DTYPES),
+            ("device", DEVICES),
+            ("backend", BACKENDS),
+            ("quantization", QUANTIZATIONS),
+            ("linear_dtype", LINEAR_DTYPES),
+        ):
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"{name}={value!r} must be one of {', '.join(allowed)}")

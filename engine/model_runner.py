@@ -8,6 +8,7 @@ Only this module touches devices.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,8 +18,11 @@ import torch
 from bargein.engine.attention import AttentionMetadata
 from bargein.engine.config import CacheConfig, ModelConfig
 from bargein.engine.kernels import get_ops
+from bargein.engine.model.linear import choose_linear_format
 from bargein.engine.model.llama import LlamaModel, model_shape
 from bargein.engine.model.loader import load_model, load_tokenizer
+
+logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -65,6 +69,7 @@ class ModelRunner:
         num_blocks, block_size: the KV pool.
         kv_bytes_per_token: K and V bytes of one token over all layers.
         eos_token_ids: token ids that end generation (config, generation config, tokenizer).
+        linear_format: the linear layers' format (``choose_linear_format``).
         tokenizer, device, vocab_size.
     """
 
@@ -76,6 +81,13 @@ class ModelRunner:
         if backend == "auto":
             backend = "triton" if self.device.type == "cuda" else "torch"
         dtype = _DTYPES[model_config.dtype]
+        self.linear_format, why = choose_linear_format(
+            model_config.quantization,
+            model_config.linear_dtype,
+            device_type=self.device.type,
+            dtype=model_config.dtype,
+        )
+        logger.info("linear layers: %s (%s)", self.linear_format, why)
         loaded = load_model(model_config)
         self.tokenizer = load_tokenizer(model_config)
         self.model_name = loaded.name
@@ -83,7 +95,13 @@ class ModelRunner:
         self.vocab_size = shape.vocab_size
         self.max_model_len = max_model_len
         self.model = LlamaModel(
-            loaded.config, loaded.weights, get_ops(backend), dtype, self.device, max_model_len
+            loaded.config,
+            loaded.weights,
+            get_ops(backend),
+            dtype,
+            self.device,
+            max_model_len,
+            linear_format=self.linear_format,
         )
         self.eos_token_ids = _eos_token_ids(loaded.config, loaded.folder, self.tokenizer)
         self.block_size = cache_config.block_size

@@ -74,7 +74,7 @@ def build_engine(max_batch: int, prompt_len: int, new_tokens: int, batched_token
     max_model_len = prompt_len + new_tokens + 1
     blocks_per_seq = -(-max_model_len // 16)
     runner = ModelRunner(
-        ModelConfig(device="cpu", dtype="float32"),
+        ModelConfig(device="cpu", dtype="float32", quantization="none", linear_dtype="float32"),
         CacheConfig(block_size=16, num_blocks=max_batch * blocks_per_seq),
         max_model_len,
     )

@@ -83,7 +83,7 @@ class Systems:
         self.context = context
         self.blocks_per_seq = blocks_per_seq
         self.runner = ModelRunner(
-            ModelConfig(device="cpu", dtype="float32"),
+            ModelConfig(device="cpu", dtype="float32", quantization="none", linear_dtype="float32"),
             CacheConfig(block_size=BLOCK_SIZE, num_blocks=max_batch * blocks_per_seq),
             context + 1,
         )

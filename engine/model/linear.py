@@ -1,33 +1,79 @@
-"""Linear layers with oneDNN-prepacked weights for batched CPU steps.
+"""Linear layers of the forward, in the weight format chosen at load.
 
-On the CPU, ``F.linear`` re-lays out the weight for every small-batch GEMM;
-oneDNN can lay it out once at load (``mkldnn._reorder_linear_weight``, what
-inductor's ``freezing=True`` does) and then runs batched decode steps about
-1.4-1.7x faster (measured here at 8 and 32 rows, fp32). At one row plain
-``F.linear`` is as fast or faster, so small inputs keep it; the price is a
-second copy of the weights.
+Three formats (:data:`LinearFormat`), one class each; :func:`make_linear`
+builds the right one and :func:`choose_linear_format` picks the format from
+the config and the CPU's features.
+
+``float32`` (:class:`Linear`): on the CPU, ``F.linear`` re-lays out the
+weight for every small-batch GEMM; oneDNN can lay it out once at load
+(``mkldnn._reorder_linear_weight``, what inductor's ``freezing=True`` does)
+and then runs batched decode steps about 1.4-1.7x faster (measured here at 8
+and 32 rows, fp32). At one row plain ``F.linear`` is as fast or faster, so
+small inputs keep it; the price is a second copy of the weights.
+
+``bfloat16`` (:class:`Bf16Linear`): the weight in bf16, oneDNN-prepacked; the
+fp32 activation is cast to bf16 for the GEMM (fp32 accumulation inside
+oneDNN) and the output cast back, the rest of the model stays fp32.
+
+``int8`` (:class:`Int8Linear`): W8A8, per-output-channel symmetric int8
+weights, dynamic per-token activation quantization, through fbgemm's
+``quantized::linear_dynamic`` (u8 x s8 GEMM, VNNI ``vpdpbusd``).
+``linear_dynamic`` quantizes its input with one (asymmetric u8) scale for the
+whole tensor; dividing each row by its own absmax first (and multiplying the
+output row back) makes that per-token: every row then spans the same [-1, 1]
+grid of 255 steps, so one outlier token no longer coarsens its neighbours'
+grid. A single row is per-token already and skips the two extra ops.
+
+Kernel choice, measured on this machine kind (2 cores, AVX512-VNNI/AMX,
+SmolLM2-135M: the 30 layers' four GEMMs plus the 49152-row head, ms per step,
+2 threads, warm, best of 3; the machine was shared, so +-15%)::
+
+    rows                                   1      8     32
+    fp32 oneDNN prepacked                13.9   19.8   41.4
+    bf16 oneDNN prepacked                 7.5    9.6   15.3
+    int8 fbgemm linear_dynamic            3.9    5.8   15.9
+    int8 onednn linear_dynamic            7.6    7.0   14.7
+    int8 onednn qlinear_pointwise         10.0   11.8   18.2   (quantize in torch)
+    int8 torch._int_mm + torch scales    15.5   19.1   26.2
+
+fbgemm wins where it matters (one to a few rows; a voice user decodes alone)
+and is level at 32 rows, so it is the int8 kernel.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import platform
+import warnings
+from collections.abc import Iterator
+from typing import Literal
+
 import torch
 import torch.nn.functional as F
 
-# rows from which the prepacked GEMM wins (measured: slower at 1, faster at 8)
+LinearFormat = Literal["float32", "bfloat16", "int8"]
+
+# rows from which the prepacked fp32 GEMM wins (measured: slower at 1, faster at 8)
 PACKED_MIN_ROWS = 4
+
+# /proc/cpuinfo flags: int8 dot products (u8 x s8 -> s32 in one instruction)
+VNNI_FLAGS = ("avx512_vnni", "avx_vnni")
+# bf16 dot products / tiles
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
 def _can_pack(weight: torch.Tensor) -> bool:
     return (
         weight.device.type == "cpu"
-        and weight.dtype == torch.float32
+        and weight.dtype in (torch.float32, torch.bfloat16)
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
     )
 
 
 class Linear:
-    """``y = x @ weight.T + bias`` for ``x [T, in]``, ``weight [out, in]``.
+    """``y = x @ weight.T + bias`` for ``x [T, in]``, ``weight [out, in]``, in the weight's dtype.
 
     Args:
         weight: ``[out, in]``, kept as is for small inputs.
@@ -44,10 +90,209 @@ class Linear:
         self.weight = weight
         self.bias = bias
         self.packed = (
-            torch.ops.mkldnn._reorder_linear_weight(weight) if prepack and _can_pack(weight) else None
+            torch.ops.mkldnn._reorder_linear_weight(weight)
+            if prepack and weight.dtype == torch.float32 and _can_pack(weight)
+            else None
         )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None and x.shape[0] >= PACKED_MIN_ROWS:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
+
+
+class Bf16Linear:
+    """fp32 in and out, the GEMM in bf16: ``y = bf16(x) @ bf16(weight).T + bias``.
+
+    Args:
+        weight: ``[out, in]`` fp32; only a bf16 copy (prepacked on the CPU) is kept.
+        bias: ``[out]`` or None, added in fp32.
+    """
+
+    __slots__ = ("weight", "bias", "packed")
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        w = weight.to(torch.bfloat16).contiguous()
+        self.bias = None if bias is None else bias.float()
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(w) if _can_pack(w) and _bf16_gemm_ok() else None
+        self.weight = w if self.packed is None else None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        xb = x.to(torch.bfloat16)
+        if self.packed is not None:
+            y = torch.ops.mkldnn._linear_pointwise(xb, self.packed, None, "none", [], "")
+        else:
+            assert self.weight is not None
+            y = F.linear(xb, self.weight)
+        y = y.float()
+        return y if self.bias is None else y + self.bias
+
+
+def _bf16_gemm_ok() -> bool:
+    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return bool(check()) if check is not None else False
+
+
+def quantize_weight_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-output-channel int8: ``(q [out, in] int8, scale [out] fp32)``,
+    ``weight ~= q * scale[:, None]``, ``q`` in [-127, 127]."""
+    scale = (weight.abs().amax(dim=1) / 127.0).clamp_min(1e-12).float()
+    q = torch.round(weight / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q, scale
+
+
+@contextlib.contextmanager
+def _quantized_engine(name: str) -> Iterator[None]:
+    old = torch.backends.quantized.engine
+    torch.backends.quantized.engine = name
+    try:
+        yield
+    finally:
+        torch.backends.quantized.engine = old
+
+
+def int8_kernel_available() -> bool:
+    """fbgemm's quantized ops are built into this torch (x86 builds)."""
+    return "fbgemm" in torch.backends.quantized.supported_engines
+
+
+class Int8Linear:
+    """fp32 in and out, W8A8: int8 per-channel weights, per-token dynamic u8 activations.
+
+    Args:
+        weight: ``[out, in]`` fp32 (CPU); only the packed int8 copy is kept.
+        bias: ``[out]`` or None, added in fp32 after the rescale.
+        reduce_range: 7-bit activations, for CPUs without VNNI whose
+            ``vpmaddubsw`` pairs saturate int16 (fbgemm's own advice);
+            ``None`` turns it on where /proc/cpuinfo shows no VNNI.
+    """
+
+    __slots__ = ("packed", "bias", "reduce_range", "out_features")
+
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, reduce_range: bool | None = None
+    ) -> None:
+        q, scale = quantize_weight_per_channel(weight.float())
+        zero = torch.zeros(q.shape[0], dtype=torch.long)
+        with warnings.catch_warnings():
+            # quantized tensors are deprecated as a user API; fbgemm's prepack still takes one
+            warnings.simplefilter("ignore")
+            qw = torch._make_per_channel_quantized_tensor(q, scale.double(), zero, 0)
+            with _quantized_engine("fbgemm"):
+                self.packed = torch.ops.quantized.linear_prepack(qw, None)
+        self.bias = None if bias is None else bias.float()
+        self.reduce_range = not _has_vnni() if reduce_range is None else reduce_range
+        self.out_features = q.shape[0]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 0:
+            return x.new_zeros(0, self.out_features)
+        if x.shape[0] == 1:
+            y = torch.ops.quantized.linear_dynamic(x, self.packed, self.reduce_range)
+        else:
+            s = x.abs().amax(dim=-1, keepdim=True).clamp_min_(1e-12)
+            y = torch.ops.quantized.linear_dynamic(x / s, self.packed, self.reduce_range).mul_(s)
+        return y if self.bias is None else y + self.bias
+
+
+AnyLinear = Linear | Bf16Linear | Int8Linear
+
+
+def make_linear(
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    fmt: LinearFormat = "float32",
+    *,
+    reduce_range: bool | None = None,
+) -> AnyLinear:
+    """The linear layer of format ``fmt`` over ``weight`` (already on its device, in the model dtype).
+
+    ``float32`` (or a weight not in fp32) keeps the weight's own dtype; the
+    other formats convert a copy and take fp32 input.
+    """
+    if fmt == "int8":
+        return Int8Linear(weight, bias, reduce_range=reduce_range)
+    if fmt == "bfloat16" and weight.dtype == torch.float32:
+        return Bf16Linear(weight, bias)
+    return Linear(weight, bias)
+
+
+def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset[str]:
+    """The first CPU's feature flags (x86 ``flags``, Arm ``Features``); empty if unreadable."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return frozenset(value.split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+@functools.cache
+def _has_vnni() -> bool:
+    return any(f in cpu_flags() for f in VNNI_FLAGS)
+
+
+def _is_x86(machine: str) -> bool:
+    return machine.lower() in ("x86_64", "amd64", "i386", "i686", "x86")
+
+
+def choose_linear_format(
+    quantization: str,
+    linear_dtype: str,
+    *,
+    device_type: str,
+    dtype: str,
+    flags: frozenset[str] | None = None,
+    machine: str | None = None,
+    int8_available: bool | None = None,
+) -> tuple[LinearFormat | str, str]:
+    """``(format, why)`` of the model's linear layers.
+
+    On the CPU with fp32 weights: ``quantization="int8"`` is int8;
+    ``"auto"`` is bf16 where the x86 CPU has avx512_bf16 or amx_bf16 (it
+    meets the quality target, int8 does not: docs/perf/quality.md), else int8
+    on x86 with VNNI (and fbgemm in torch), else ``linear_dtype``, whose
+    ``"auto"`` is bf16 with those flags, else fp32. Exact fp32 is
+    ``quantization="none", linear_dtype="float32"``. Elsewhere (CUDA, or a
+    model dtype other than fp32) ``auto`` keeps the model dtype, as before.
+    ``flags``/``machine``/``int8_available`` default to this machine's (tests fake them).
+
+    Raises:
+        ValueError: a format this device or dtype cannot run.
+    """
+    if quantization not in ("auto", "none", "int8"):
+        raise ValueError(f"quantization={quantization!r} must be auto, none or int8")
+    if linear_dtype not in ("auto", "float32", "bfloat16"):
+        raise ValueError(f"linear_dtype={linear_dtype!r} must be auto, float32 or bfloat16")
+    if device_type != "cpu" or dtype != "float32":
+        if quantization == "int8":
+            raise ValueError("quantization=int8 needs device cpu and dtype float32")
+        if linear_dtype not in ("auto", dtype):
+            raise ValueError(f"linear_dtype={linear_dtype!r} needs device cpu and dtype float32")
+        return dtype, f"{device_type} {dtype}: linears in the model dtype"
+    flags = cpu_flags() if flags is None else flags
+    machine = platform.machine() if machine is None else machine
+    int8_ok = int8_kernel_available() if int8_available is None else int8_available
+    vnni = [f for f in VNNI_FLAGS if f in flags]
+    if quantization == "int8":
+        if not int8_ok:
+            raise ValueError("quantization=int8 needs torch's fbgemm engine (x86 builds)")
+        why = f"with {vnni[0]}" if vnni else "no VNNI: 7-bit activations (reduce_range), slower"
+        return "int8", f"quantization=int8 ({why})"
+    bf16 = [f for f in BF16_FLAGS if f in flags] if _is_x86(machine) else []
+    if quantization == "auto":
+        # bf16 first: int8 W8A8 misses the quality target (mean KL vs fp32
+        # 0.030 nats/token against bf16's 0.0006, docs/perf/quality.md)
+        if linear_dtype in ("auto", "bfloat16") and bf16:
+            return "bfloat16", f"auto: CPU with {bf16[0]} -> bf16 linears (int8 only without bf16)"
+        if _is_x86(machine) and vnni and int8_ok:
+            return "int8", f"auto: x86 CPU with {vnni[0]} and no bf16 -> int8 W8A8 (fbgemm)"
+    lead = "quantization=none" if quantization == "none" else "auto: no bf16, no int8 (x86 VNNI + fbgemm)"
+    if linear_dtype != "auto":
+        return linear_dtype, f"{lead}, linear_dtype={linear_dtype}"
+    if bf16:
+        return "bfloat16", f"{lead}, CPU with {bf16[0]} -> bf16 linears"
+    return "float32", f"{lead}, no bf16 dot products -> fp32 linears"

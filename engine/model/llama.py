@@ -21,7 +21,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from bargein.engine.attention import AttentionMetadata
 from bargein.engine.kernels import Ops
 from bargein.engine.kernels.rotary import build_cos_sin_cache
-from bargein.engine.model.linear import Linear
+from bargein.engine.model.linear import AnyLinear, make_linear
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -29,11 +29,11 @@ class LayerWeights:
     """One decoder layer, fused: ``qkv [(Hq+2Hk)*D, H]``, ``gate_up [2I, H]``."""
 
     input_norm: torch.Tensor
-    qkv: Linear
-    o_proj: Linear
+    qkv: AnyLinear
+    o_proj: AnyLinear
     post_norm: torch.Tensor
-    gate_up: Linear
-    down: Linear
+    gate_up: AnyLinear
+    down: AnyLinear
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -76,7 +76,10 @@ def _check_supported(config: PretrainedConfig, max_model_len: int) -> None:
 
 
 def _fused_layer(
-    weights: dict[str, torch.Tensor], i: int, to: Callable[[torch.Tensor], torch.Tensor]
+    weights: dict[str, torch.Tensor],
+    i: int,
+    to: Callable[[torch.Tensor], torch.Tensor],
+    linear: Callable[..., AnyLinear],
 ) -> LayerWeights:
     """Layer ``i``'s weights, q/k/v and gate/up fused; biases where the checkpoint has them
     (Qwen2: q/k/v; Llama with ``attention_bias``: q/k/v and o)."""
@@ -89,11 +92,11 @@ def _fused_layer(
         o_bias = to(weights[att + "o_proj.bias"])
     return LayerWeights(
         input_norm=to(weights[p + "input_layernorm.weight"]),
-        qkv=Linear(to(torch.cat([weights[f"{att}{x}_proj.weight"] for x in "qkv"])), qkv_bias),
-        o_proj=Linear(to(weights[att + "o_proj.weight"]), o_bias),
+        qkv=linear(to(torch.cat([weights[f"{att}{x}_proj.weight"] for x in "qkv"])), qkv_bias),
+        o_proj=linear(to(weights[att + "o_proj.weight"]), o_bias),
         post_norm=to(weights[p + "post_attention_layernorm.weight"]),
-        gate_up=Linear(to(torch.cat([weights[mlp + "gate_proj.weight"], weights[mlp + "up_proj.weight"]]))),
-        down=Linear(to(weights[mlp + "down_proj.weight"])),
+        gate_up=linear(to(torch.cat([weights[mlp + "gate_proj.weight"], weights[mlp + "up_proj.weight"]]))),
+        down=linear(to(weights[mlp + "down_proj.weight"])),
     )
 
 
@@ -106,6 +109,11 @@ class LlamaModel:
         ops: kernel ops of the backend.
         dtype, device: where and in what the weights live.
         max_model_len: positions covered by the rotary cache.
+        linear_format: format of the linear layers (``bargein.engine.model.linear``):
+            ``"float32"`` keeps ``dtype``; ``"bfloat16"``/``"int8"`` convert.
+        head_format: format of the output head; ``None`` is ``linear_format``.
+            A tied head gets its own converted copy; the embedding lookup
+            stays in ``dtype``.
 
     Raises:
         ValueError: a config feature this forward does not implement.
@@ -120,19 +128,27 @@ class LlamaModel:
         dtype: torch.dtype,
         device: torch.device,
         max_model_len: int,
+        linear_format: str = "float32",
+        head_format: str | None = None,
     ) -> None:
         _check_supported(config, max_model_len)
+        self.linear_format = linear_format
+        self.head_format = linear_format if head_format is None else head_format
         self.shape = model_shape(config)
         self.ops = ops
 
         def to(t: torch.Tensor) -> torch.Tensor:
             return t.to(device=device, dtype=dtype).contiguous()
 
-        self.layers = [_fused_layer(weights, i, to) for i in range(self.shape.num_layers)]
+        def linear(w: torch.Tensor, b: torch.Tensor | None = None) -> AnyLinear:
+            return make_linear(w, b, linear_format)
+
+        self.layers = [_fused_layer(weights, i, to, linear) for i in range(self.shape.num_layers)]
         self.embed = to(weights["model.embed_tokens.weight"])
         self.norm = to(weights["model.norm.weight"])
         tied = getattr(config, "tie_word_embeddings", False) or "lm_head.weight" not in weights
-        self.lm_head = Linear(self.embed if tied else to(weights["lm_head.weight"]))
+        head = self.embed if tied else to(weights["lm_head.weight"])
+        self.lm_head = make_linear(head, None, self.head_format)
         inv_freq, scaling = _rope_inv_freq(config)
         self.cos_sin_cache = build_cos_sin_cache(max_model_len, self.shape.head_dim, inv_freq, scaling).to(
             device

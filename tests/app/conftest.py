@@ -35,7 +35,7 @@ import pytest
 from bargein.app.embedded import EmbeddedServer
 from bargein.app.server import AppState
 from bargein.app.settings import ServerConfig, Settings
-from bargein.engine.config import EngineConfig, SchedulerConfig
+from bargein.engine.config import EngineConfig, ModelConfig, SchedulerConfig
 from bargein.engine.request import EngineRequest
 from bargein.session.config import SessionConfig
 
@@ -88,7 +88,11 @@ def live_server() -> Iterator[LiveServer]:
     """The bundled model behind a real uvicorn server on a free loopback port."""
     server = EmbeddedServer(
         Settings(
-            engine=EngineConfig(scheduler=SchedulerConfig(max_model_len=MAX_MODEL_LEN)),
+            # exact fp32 linears: tests compare texts with transformers' own
+            engine=EngineConfig(
+                model=ModelConfig(quantization="none", linear_dtype="float32"),
+                scheduler=SchedulerConfig(max_model_len=MAX_MODEL_LEN),
+            ),
             session=SessionConfig(max_tokens=64, default_max_tokens=32, max_frame_bytes=MAX_FRAME_BYTES),
             server=ServerConfig(port=0, debug_endpoints=True, log_level="warning"),
         )

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 import torch
@@ -27,8 +28,10 @@ RunnerFactory = Callable[..., ModelRunner]
 
 @pytest.fixture(scope="session")
 def model_config() -> ModelConfig:
-    """The default model on the CPU with the torch kernels, fp32."""
-    return ModelConfig(device="cpu", backend="torch", dtype="float32")
+    """The default model on the CPU with the torch kernels, exact fp32 (no int8, no bf16 linears)."""
+    return ModelConfig(
+        device="cpu", backend="torch", dtype="float32", quantization="none", linear_dtype="float32"
+    )
 
 
 @pytest.fixture(scope="session")
@@ -38,7 +41,7 @@ def model_runner_factory(model_config: ModelConfig) -> RunnerFactory:
     def make(
         *, num_blocks: int = 256, block_size: int = 16, max_model_len: int = 2048, path: str | None = None
     ) -> ModelRunner:
-        cfg = model_config if path is None else ModelConfig(path=path, device="cpu", backend="torch")
+        cfg = model_config if path is None else replace(model_config, path=path)
         return ModelRunner(cfg, CacheConfig(num_blocks=num_blocks, block_size=block_size), max_model_len)
 
     return make

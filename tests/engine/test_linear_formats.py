@@ -1,0 +1,212 @@
+"""The linear formats (fp32, bf16, int8 W8A8) against plain-torch references of the same
+arithmetic, and the format ``auto`` picks from the CPU's flags.
+
+Tolerances (measured on random shapes, stated relative to the reference's
+norm, ``||y - ref|| / ||ref||``):
+
+* int8: the reference is ``dequant(quant(x per token)) @ dequant(W per channel).T``
+  with the same per-token u8 grid fbgemm uses (each row divided by its absmax,
+  then one asymmetric 255-step grid over [min, max] of the whole tensor, 0
+  included). The GEMM is exact integer arithmetic; rows differ from the
+  reference only where a value rounds the other way at a tie or where
+  fbgemm's zero point rounds differently: measured <= 6.8e-3 over the grid
+  below, asserted < 1e-2. Against the unquantized fp32 product the error is
+  the int8 noise itself (inputs with a 20x outlier channel): measured
+  <= 5.4e-2, asserted < 8e-2.
+* bf16: the reference is ``x.bfloat16().float() @ W.bfloat16().float().T`` in
+  fp32; oneDNN accumulates in fp32 and rounds the output to bf16 once
+  (relative 2**-8 = 3.9e-3 per element): measured <= 2.0e-3, asserted < 4e-3, and
+  elementwise within 1e-2 * |ref| + 1e-2 * rms(ref).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bargein.engine.model.linear import (
+    Bf16Linear,
+    Int8Linear,
+    Linear,
+    choose_linear_format,
+    cpu_flags,
+    int8_kernel_available,
+    make_linear,
+    quantize_weight_per_channel,
+)
+
+SHAPES = [(64, 96), (576, 576), (960, 576), (576, 1536), (3072, 576), (1000, 200)]
+ROWS = [1, 2, 3, 8, 17, 32, 64]
+
+needs_int8 = pytest.mark.skipif(not int8_kernel_available(), reason="torch without fbgemm")
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+def _fbgemm_grid_dequant(x: torch.Tensor) -> torch.Tensor:
+    """Quantize-dequantize ``x`` per tensor as fbgemm's dynamic linear does (u8, asymmetric, 0 in range)."""
+    lo, hi = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
+    scale = (hi - lo) / 255.0 or 1.0
+    zero = min(max(round(-lo / scale), 0), 255)
+    q = torch.clamp(torch.round(x / scale) + zero, 0, 255)
+    return (q - zero) * scale
+
+
+def int8_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``dequant(quant(x per token)) @ dequant(W per channel).T`` in fp64."""
+    q, scale = quantize_weight_per_channel(w)
+    w_deq = q.double() * scale.double()[:, None]
+    if x.shape[0] == 1:
+        x_deq = _fbgemm_grid_dequant(x.double())
+    else:
+        s = x.double().abs().amax(dim=-1, keepdim=True)
+        x_deq = _fbgemm_grid_dequant(x.double() / s) * s
+    return (x_deq @ w_deq.T).float()
+
+
+def _inputs(rows: int, n_in: int, n_out: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, n_in, generator=g)
+    x[:, 0] *= 20.0  # an outlier channel, as real activations have
+    if rows > 2:
+        x[1] *= 50.0  # an outlier token: per-token scales keep the others' grid fine
+    w = torch.randn(n_out, n_in, generator=g) * (n_in**-0.5)
+    return x, w
+
+
+def test_weight_quantization_is_symmetric_per_channel() -> None:
+    w = torch.randn(16, 32)
+    w[3] *= 100
+    q, scale = quantize_weight_per_channel(w)
+    assert q.dtype == torch.int8 and int(q.abs().max()) == 127
+    assert torch.equal(q.abs().amax(dim=1), torch.full((16,), 127, dtype=torch.int8))
+    assert torch.allclose(q.float() * scale[:, None], w, atol=0, rtol=0) is False
+    assert float(((q.float() * scale[:, None] - w).abs() / scale[:, None]).max()) <= 0.5 + 1e-5
+
+
+@needs_int8
+@pytest.mark.parametrize(("n_out", "n_in"), SHAPES)
+@pytest.mark.parametrize("rows", ROWS)
+def test_int8_matches_quantized_reference(n_out: int, n_in: int, rows: int) -> None:
+    x, w = _inputs(rows, n_in, n_out, seed=n_out * 1000 + n_in + rows)
+    y = Int8Linear(w, reduce_range=False)(x)
+    assert y.shape == (rows, n_out) and y.dtype == torch.float32
+    assert _rel(y, int8_reference(x, w)) < 1e-2
+    assert _rel(y, x @ w.T) < 8e-2
+
+
+@needs_int8
+def test_int8_bias_and_empty_input() -> None:
+    x, w = _inputs(5, 64, 48, seed=1)
+    b = torch.randn(48)
+    y = Int8Linear(w, b, reduce_range=False)(x)
+    assert _rel(y, int8_reference(x, w) + b) < 1e-2
+    assert Int8Linear(w)(x[:0]).shape == (0, 48)
+
+
+@needs_int8
+def test_int8_rows_do_not_depend_on_their_neighbours_scale() -> None:
+    """Per-token activation scales: a loud token leaves the quiet one's result as good as alone."""
+    x, w = _inputs(2, 576, 576, seed=3)
+    lin = Int8Linear(w, reduce_range=False)
+    quiet_alone = lin(x[:1])
+    loud = torch.cat([x[:1], x[1:] * 1000.0])
+    assert _rel(lin(loud)[:1], x[:1] @ w.T) < 2 * max(_rel(quiet_alone, x[:1] @ w.T), 5e-3)
+
+
+@pytest.mark.parametrize(("n_out", "n_in"), SHAPES)
+@pytest.mark.parametrize("rows", ROWS)
+def test_bf16_matches_rounded_reference(n_out: int, n_in: int, rows: int) -> None:
+    x, w = _inputs(rows, n_in, n_out, seed=n_out + n_in * 7 + rows)
+    y = Bf16Linear(w)(x)
+    ref = x.bfloat16().double() @ w.bfloat16().double().T
+    assert y.shape == (rows, n_out) and y.dtype == torch.float32
+    assert _rel(y.double(), ref) < 4e-3
+    rms = float(ref.pow(2).mean().sqrt())
+    assert torch.allclose(y.double(), ref, rtol=1e-2, atol=1e-2 * rms)
+
+
+def test_bf16_bias_is_added_in_fp32() -> None:
+    x, w, b = torch.randn(4, 32), torch.randn(16, 32), torch.randn(16)
+    ref = x.bfloat16().double() @ w.bfloat16().double().T + b.double()
+    assert _rel(Bf16Linear(w, b)(x).double(), ref) < 4e-3
+
+
+def test_make_linear_formats() -> None:
+    w = torch.randn(8, 16)
+    assert isinstance(make_linear(w, None, "float32"), Linear)
+    assert isinstance(make_linear(w, None, "bfloat16"), Bf16Linear)
+    assert isinstance(make_linear(w.bfloat16(), None, "bfloat16"), Linear)  # a bf16 model stays as is
+    if int8_kernel_available():
+        assert isinstance(make_linear(w, None, "int8"), Int8Linear)
+
+
+X86_VNNI = frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16"})
+X86_AVXVNNI = frozenset({"avx2", "avx_vnni"})
+X86_BF16_ONLY = frozenset({"avx2", "avx512f", "avx512_bf16"})
+X86_OLD = frozenset({"avx2", "fma"})
+
+
+def _pick(
+    q: str, ld: str = "auto", *, flags=X86_VNNI, machine="x86_64", device="cpu", dtype="float32", int8=True
+):
+    return choose_linear_format(
+        q, ld, device_type=device, dtype=dtype, flags=flags, machine=machine, int8_available=int8
+    )[0]
+
+
+def test_auto_picks_by_cpu_features() -> None:
+    assert _pick("auto", flags=X86_VNNI) == "bfloat16"  # bf16 first: int8 misses the KL target
+    assert _pick("auto", "float32", flags=X86_VNNI) == "int8"
+    assert _pick("auto", flags=X86_AVXVNNI) == "int8"
+    assert _pick("auto", flags=frozenset({"avx512_vnni"})) == "int8"
+    assert _pick("auto", flags=X86_BF16_ONLY) == "bfloat16"
+    assert _pick("auto", flags=frozenset({"amx_bf16"})) == "bfloat16"
+    assert _pick("auto", flags=X86_OLD) == "float32"
+    assert _pick("auto", flags=X86_AVXVNNI, int8=False) == "float32"  # torch without fbgemm
+    assert _pick("auto", flags=frozenset({"asimd", "bf16"}), machine="aarch64") == "float32"
+
+
+def test_explicit_choices_and_exact_fp32() -> None:
+    assert _pick("none", "float32") == "float32"
+    assert _pick("auto", "float32", flags=X86_OLD) == "float32"
+    assert _pick("auto", "bfloat16", flags=X86_OLD) == "bfloat16"
+    assert _pick("none", "auto", flags=X86_VNNI) == "bfloat16"
+    assert _pick("none", "bfloat16", flags=X86_OLD) == "bfloat16"
+    assert _pick("int8", flags=X86_OLD) == "int8"  # runs, with reduce_range
+
+
+def test_auto_keeps_todays_behaviour_on_cuda_and_non_fp32() -> None:
+    assert _pick("auto", device="cuda") == "float32"
+    assert _pick("auto", device="cuda", dtype="bfloat16") == "bfloat16"
+    assert _pick("auto", dtype="bfloat16") == "bfloat16"
+    with pytest.raises(ValueError, match="int8"):
+        _pick("int8", device="cuda")
+    with pytest.raises(ValueError, match="fbgemm"):
+        _pick("int8", int8=False)
+    with pytest.raises(ValueError, match="linear_dtype"):
+        _pick("none", "bfloat16", device="cuda")
+    with pytest.raises(ValueError, match="quantization"):
+        _pick("int4")
+
+
+def test_the_reason_names_the_feature() -> None:
+    fmt, why = choose_linear_format(
+        "auto",
+        "auto",
+        device_type="cpu",
+        dtype="float32",
+        flags=X86_AVXVNNI,
+        machine="x86_64",
+        int8_available=True,
+    )
+    assert fmt == "int8" and "avx_vnni" in why
+
+
+def test_cpu_flags_reads_cpuinfo(tmp_path) -> None:
+    f = tmp_path / "cpuinfo"
+    f.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512_vnni\n\nprocessor\t: 1\nflags\t\t: fpu\n")
+    assert cpu_flags(str(f)) == frozenset({"fpu", "avx2", "avx512_vnni"})
+    assert cpu_flags(str(tmp_path / "missing")) == frozenset()
