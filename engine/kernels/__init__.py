@@ -14,9 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from bargein.engine.kernels.activation import silu_and_mul_ref
-from bargein.engine.kernels.cpu_attention import paged_attention_decode_cpu
+from bargein.engine.kernels.cpu_attention import paged_attention_decode_cpu, paged_attention_prefill_cpu
 from bargein.engine.kernels.kv_cache_write import write_kv_cache_ref
-from bargein.engine.kernels.paged_attention import paged_attention_prefill_ref
 from bargein.engine.kernels.rms_norm import rms_norm_ref
 from bargein.engine.kernels.rotary import rotary_embedding_ref
 
@@ -49,7 +48,7 @@ TORCH_OPS = Ops(
     silu_and_mul=silu_and_mul_ref,
     write_kv_cache=write_kv_cache_ref,
     paged_attention_decode=paged_attention_decode_cpu,  # the torch reference off float32
-    paged_attention_prefill=paged_attention_prefill_ref,
+    paged_attention_prefill=paged_attention_prefill_cpu,  # short chunks on numba, else the reference
 )
 
 

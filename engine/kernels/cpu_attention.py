@@ -18,11 +18,13 @@ not on the CPU, take the torch reference.
 
 from __future__ import annotations
 
+import itertools
+
 import numba
 import numpy as np
 import torch
 
-from bargein.engine.kernels.paged_attention import paged_attention_decode_ref
+from bargein.engine.kernels.paged_attention import paged_attention_decode_ref, paged_attention_prefill_ref
 
 # Reassociation lets LLVM vectorize the dot products and sums over the head
 # dimension; no "nnan"/"ninf": the running max starts at -inf.
@@ -103,3 +105,53 @@ def paged_attention_decode_cpu(
         out.numpy(),
     )
     return out
+
+
+# Chunks of at most this many query tokens run as decode rows (below): the
+# tail of a turn whose history is in the prefix cache is a few tokens over a
+# long cached context, where gathering the context for SDPA per layer costs
+# more than reading it once per query row. Longer chunks (a fresh prompt)
+# are matrix-matrix work, which SDPA does better.
+SHORT_CHUNK_TOKENS = 32
+
+
+def paged_attention_prefill_cpu(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Chunked prefill attention; short chunks read straight from the blocks.
+
+    Arguments, shapes and result as :func:`paged_attention_prefill_ref` (the
+    oracle it is tested against). When every chunk has at most
+    ``SHORT_CHUNK_TOKENS`` tokens (float32 on the CPU), query token ``j`` of
+    a chunk of ``n`` tokens in a sequence of ``L`` becomes one decode row
+    over the sequence's first ``L - n + j + 1`` cached tokens (causal, as
+    the reference's bottom-right aligned mask), and all rows run in one
+    numba call; otherwise the reference runs.
+    """
+    starts = query_start_loc.tolist()
+    lengths = [b - a for a, b in itertools.pairwise(starts)]
+    if (
+        q.dtype != torch.float32
+        or q.device.type != "cpu"
+        or k_cache.dtype != torch.float32
+        or not lengths
+        or max(lengths) > SHORT_CHUNK_TOKENS
+    ):
+        return paged_attention_prefill_ref(
+            q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale
+        )
+    counts = torch.tensor(lengths)
+    rows_table = torch.repeat_interleave(block_tables, counts, dim=0)
+    rows_len = torch.cat(
+        [
+            torch.arange(int(total) - n + 1, int(total) + 1)
+            for n, total in zip(lengths, seq_lens.tolist(), strict=True)
+        ]
+    )
+    return paged_attention_decode_cpu(q, k_cache, v_cache, rows_table, rows_len, scale)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bargein.engine.kernels.cpu_attention import paged_attention_decode_cpu
-from bargein.engine.kernels.paged_attention import paged_attention_decode_ref
+from bargein.engine.kernels.cpu_attention import paged_attention_decode_cpu, paged_attention_prefill_cpu
+from bargein.engine.kernels.paged_attention import paged_attention_decode_ref, paged_attention_prefill_ref
 
 
 def _inputs(
@@ -79,3 +81,27 @@ def test_other_dtypes_take_the_reference() -> None:
     out = paged_attention_decode_cpu(q, k_cache, v_cache, table, lens, 0.125)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out, paged_attention_decode_ref(q, k_cache, v_cache, table, lens, 0.125))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    chunks=st.lists(st.tuples(st.integers(1, 40), st.integers(0, 200)), min_size=1, max_size=6),
+    group=st.sampled_from([1, 3]),
+    hk=st.integers(1, 3),
+    d=st.sampled_from([8, 64]),
+    block_size=st.sampled_from([1, 5, 16]),
+    seed=st.integers(0, 2**16),
+)
+def test_prefill_chunks_match_the_reference(
+    chunks: list[tuple[int, int]], group: int, hk: int, d: int, block_size: int, seed: int
+) -> None:
+    """Chunks of ``n`` new tokens after ``cached`` ones: short ones run as decode
+    rows on numba, long ones (over SHORT_CHUNK_TOKENS) take the reference."""
+    totals = [n + cached for n, cached in chunks]
+    _, k_cache, v_cache, table, seq_lens = _inputs(totals, group * hk, hk, d, block_size, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    q = torch.randn(sum(n for n, _ in chunks), group * hk, d, generator=gen)
+    starts = torch.tensor([0, *itertools.accumulate(n for n, _ in chunks)], dtype=torch.int32)
+    out = paged_attention_prefill_cpu(q, k_cache, v_cache, table, starts, seq_lens, 0.125)
+    want = paged_attention_prefill_ref(q, k_cache, v_cache, table, starts, seq_lens, 0.125)
+    torch.testing.assert_close(out, want, atol=2e-5, rtol=2e-5)
