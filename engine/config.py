@@ -38,10 +38,11 @@ class ModelConfig:
             ``None`` means ``~/.cache/bargein``.
         quantization: the linear layers (and the output head) on a CPU with
             ``dtype="float32"``: ``"int8"`` is W8A8 (int8 per-channel weights,
-            per-token dynamic int8 activations); ``"auto"`` is bf16 on a
-            CPU with bf16 dot products, else int8 on x86 with VNNI, else as
-            ``linear_dtype`` (int8 is ~2x faster than bf16 but misses the
-            quality target, docs/perf/quality.md); ``"none"`` never quantizes.
+            per-token dynamic int8 activations); ``"auto"`` is the fastest
+            format whose quality holds: bf16 on a CPU with bf16 dot products,
+            else as ``linear_dtype`` (int8 is faster at one row but misses the
+            quality target, docs/perf/quality.md, so it is only an explicit
+            choice); ``"none"`` never quantizes.
             On CUDA ``auto`` keeps the model dtype.
         linear_dtype: the weight/GEMM dtype of linears that are not int8:
             ``"auto"`` is bfloat16 where the CPU has bf16 dot products
