@@ -77,6 +77,9 @@ TURNS = [
 ]
 
 
+WARM_UP = ["Good morning! Are you listening?", "What sort of things can you help me with today?"]
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Turn:
     index: int
@@ -87,7 +90,9 @@ class Turn:
     interrupted: bool
 
 
-async def conversation(url: str, who: str, turns: int, max_tokens: int, barge_every: int) -> list[Turn]:
+async def conversation(
+    url: str, who: str, turns: int, max_tokens: int, barge_every: int, utterances: list[str] = TURNS
+) -> list[Turn]:
     """One conversation on one connection; the TTFT of each of its turns."""
     out: list[Turn] = []
     async with RealtimeClient(url) as client:
@@ -97,7 +102,9 @@ async def conversation(url: str, who: str, turns: int, max_tokens: int, barge_ev
             started = time.perf_counter()
             ttft = None
             num_deltas = 0
-            async for _ in client.respond(TURNS[i % len(TURNS)], max_tokens=max_tokens, temperature=0):
+            async for _ in client.respond(
+                utterances[i % len(utterances)], max_tokens=max_tokens, temperature=0
+            ):
                 if ttft is None:
                     ttft = time.perf_counter() - started
                 num_deltas += 1
@@ -169,10 +176,10 @@ def main() -> None:
     for name, flags in (("cache", []), ("no cache", ["--no-prefix-caching"])):
         with served(flags) as base:
             url = base.replace("http://", "ws://") + "/v1/realtime"
-            # Warm-up (first-call costs out of the numbers) with a household of its own:
-            # each measured conversation's first turn then finds only the template's
-            # shared head cached, as a new conversation would.
-            asyncio.run(conversation(url, "a warm-up household", 2, args.max_tokens, 0))
+            # Warm-up (first-call costs out of the numbers) with a household and words
+            # of its own: each measured conversation's first turn then finds only the
+            # system prompt's shared head cached, as a new conversation would.
+            asyncio.run(conversation(url, "a warm-up household", 2, args.max_tokens, 0, WARM_UP))
             runs[name] = {}
             for concurrency in (1, args.concurrency):
                 results = asyncio.run(run_all(url, concurrency, args))
