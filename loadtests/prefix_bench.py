@@ -169,6 +169,12 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--barge-every", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=5,
+        help="conversations run one after the other for the 1-conversation case",
+    )
     parser.add_argument("--out", type=Path, default=Path("docs/perf/prefix-cache.md"))
     args = parser.parse_args()
 
@@ -182,7 +188,21 @@ def main() -> None:
             asyncio.run(conversation(url, "a warm-up household", 2, args.max_tokens, 0, WARM_UP))
             runs[name] = {}
             for concurrency in (1, args.concurrency):
-                results = asyncio.run(run_all(url, concurrency, args))
+                if concurrency == 1:  # one at a time, each a new household: a median per turn
+                    results = [
+                        asyncio.run(
+                            conversation(
+                                url,
+                                HOUSEHOLDS[r % len(HOUSEHOLDS)],
+                                args.turns,
+                                args.max_tokens,
+                                args.barge_every,
+                            )
+                        )
+                        for r in range(args.repeats)
+                    ]
+                else:
+                    results = asyncio.run(run_all(url, concurrency, args))
                 runs[name][str(concurrency)] = per_turn(results, args.turns)
                 print(name, concurrency, [round(r["ttft_s"], 3) for r in runs[name][str(concurrency)]])
     report(args, runs)
@@ -196,7 +216,7 @@ def report(args: argparse.Namespace, runs: dict[str, dict[str, list[dict[str, fl
         f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}. The bundled SmolLM2-135M, greedy, "
         f"{args.turns} turns of one conversation per connection (answers up to {args.max_tokens} tokens, "
         f"a barge-in with `heard_chars` at half of what was received every {args.barge_every} turns); "
-        "TTFT at the client, median over the concurrent conversations. Both servers ran in this script, "
+        "TTFT at the client: for 1 conversation the median of `--repeats` conversations run one after the other (each with its own household), for the concurrent case the median over the conversations. Both servers ran in this script, "
         "one after the other: the prefix cache on (default) and `--no-prefix-caching`.",
         "",
     ]
