@@ -193,7 +193,7 @@ def main() -> None:
                         asyncio.run(
                             conversation(
                                 url,
-                                HOUSEHOLDS[r % len(HOUSEHOLDS)],
+                                f"{HOUSEHOLDS[r % len(HOUSEHOLDS)]} (alone)",
                                 args.turns,
                                 args.max_tokens,
                                 args.barge_every,
@@ -216,7 +216,7 @@ def report(args: argparse.Namespace, runs: dict[str, dict[str, list[dict[str, fl
         f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}. The bundled SmolLM2-135M, greedy, "
         f"{args.turns} turns of one conversation per connection (answers up to {args.max_tokens} tokens, "
         f"a barge-in with `heard_chars` at half of what was received every {args.barge_every} turns); "
-        "TTFT at the client: for 1 conversation the median of `--repeats` conversations run one after the other (each with its own household), for the concurrent case the median over the conversations. Both servers ran in this script, "
+        "TTFT at the client: for 1 conversation the median of `--repeats` conversations run one after the other (each with its own household, none of the concurrent run's), for the concurrent case the median over the conversations. Both servers ran in this script, "
         "one after the other: the prefix cache on (default) and `--no-prefix-caching`.",
         "",
     ]
