@@ -93,6 +93,11 @@ class Node:
                     self.node_id,
                     "--secret",
                     SECRET,
+                    # exact fp32: "exact" below compares against an uninterrupted run
+                    "--quantization",
+                    "none",
+                    "--linear-dtype",
+                    "float32",
                     "--lease-ttl",
                     "2",
                     "--max-tokens",
