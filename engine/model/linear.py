@@ -201,14 +201,16 @@ AnyLinear = Linear | Bf16Linear | Int8Linear
 def make_linear(
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
-    fmt: LinearFormat = "float32",
+    fmt: LinearFormat | str = "float32",
     *,
     reduce_range: bool | None = None,
 ) -> AnyLinear:
     """The linear layer of format ``fmt`` over ``weight`` (already on its device, in the model dtype).
 
-    ``float32`` (or a weight not in fp32) keeps the weight's own dtype; the
-    other formats convert a copy and take fp32 input.
+    ``fmt`` is what :func:`choose_linear_format` returned: a
+    :data:`LinearFormat`, or the model dtype's name off the CPU's fp32 path.
+    ``float32``, a dtype name, or a weight not in fp32 keeps the weight's
+    own dtype; ``bfloat16`` and ``int8`` convert a copy and take fp32 input.
     """
     if fmt == "int8":
         return Int8Linear(weight, bias, reduce_range=reduce_range)
