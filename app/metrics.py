@@ -70,7 +70,6 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None, *, multiproc_dir: str | None = None) -> None:
         self.registry = registry
         self.multiproc_dir = multiproc_dir
-        self._seen_queries = self._seen_hits = 0  # the engine's prefix-cache totals counted so far
         self._define_latencies(registry)
         self._define_gauges(registry)
         self._define_counters(registry)
@@ -241,6 +240,8 @@ class Metrics:
         _inc(self.preemptions, step.num_preempted)
         _inc(self.prompt_tokens, step.num_prompt_tokens)
         _inc(self.generated_tokens, step.num_generated_tokens)
+        _inc(self.prefix_cache_queries, step.num_prefix_cache_queries)
+        _inc(self.prefix_cache_hits, step.num_prefix_cache_hits)
         self._set_engine_gauges(step.engine)
 
     def _set_engine_gauges(self, engine: EngineStats) -> None:
@@ -249,11 +250,6 @@ class Metrics:
         self.kv_blocks_used.set(engine.num_total_blocks - engine.num_free_blocks)
         self.kv_blocks_total.set(engine.num_total_blocks)
         self.kv_blocks_cached_free.set(engine.num_cached_free_blocks)
-        # The engine keeps running totals; the counters add what is new since the last step.
-        _inc(self.prefix_cache_queries, engine.num_prefix_cache_queries - self._seen_queries)
-        _inc(self.prefix_cache_hits, engine.num_prefix_cache_hits - self._seen_hits)
-        self._seen_queries = engine.num_prefix_cache_queries
-        self._seen_hits = engine.num_prefix_cache_hits
 
     def on_outputs(self, outputs: Sequence[RequestOutput]) -> None:
         """One step's outputs (engine thread): count the requests that ended.

@@ -97,6 +97,10 @@ class StepStats:
         inter_token_s: previous token -> this one, one per request that got a later token.
         e2e_s: arrival -> finished, one per request that ended (any reason).
         engine: the counters as of the end of the step.
+        num_prefix_cache_queries / num_prefix_cache_hits: tokens looked up
+            in the prefix cache by the sequences admitted this step, and of
+            those the tokens reused (the step's share of the
+            :class:`EngineStats` counters).
     """
 
     duration_s: float
@@ -110,6 +114,8 @@ class StepStats:
     inter_token_s: tuple[float, ...]
     e2e_s: tuple[float, ...]
     engine: EngineStats
+    num_prefix_cache_queries: int = 0
+    num_prefix_cache_hits: int = 0
 
 
 @dataclass(slots=True)
@@ -258,6 +264,7 @@ class LLMEngine:
         """
         start = time.perf_counter()
         outputs = self._drain_aborts()
+        queries, hits = self.scheduler.num_prefix_cache_queries, self.scheduler.num_prefix_cache_hits
         plan = self.scheduler.schedule()
         self._note_first_scheduled(plan)
         t_sched = time.perf_counter()
@@ -270,7 +277,11 @@ class LLMEngine:
             self.time_by_phase["schedule"] += t_sched - start
             self.time_by_phase["postprocess"] += time.perf_counter() - t_model
         self._last_step_s = time.perf_counter() - start
-        self.last_step = self._step_stats(plan)
+        self.last_step = self._step_stats(
+            plan,
+            num_prefix_cache_queries=self.scheduler.num_prefix_cache_queries - queries,
+            num_prefix_cache_hits=self.scheduler.num_prefix_cache_hits - hits,
+        )
         self._record = _StepRecord()
         return outputs
 
@@ -298,7 +309,9 @@ class LLMEngine:
             self._record.inter_token_s.append(now - seq.last_token_time)
         seq.last_token_time = now
 
-    def _step_stats(self, plan: SchedulerOutput) -> StepStats:
+    def _step_stats(
+        self, plan: SchedulerOutput, *, num_prefix_cache_queries: int, num_prefix_cache_hits: int
+    ) -> StepStats:
         """The step's :class:`StepStats` (a decode computes one output token)."""
         record = self._record
         num_decode = sum(
@@ -318,6 +331,8 @@ class LLMEngine:
             inter_token_s=tuple(record.inter_token_s),
             e2e_s=tuple(record.e2e_s),
             engine=self.stats(),
+            num_prefix_cache_queries=num_prefix_cache_queries,
+            num_prefix_cache_hits=num_prefix_cache_hits,
         )
 
     def _execute(self, plan: SchedulerOutput) -> list[int]:

@@ -55,6 +55,9 @@ def test_step_stats_add_up_to_what_the_requests_got(num_blocks: int) -> None:
     computed = sum(len(seq.token_ids) for call in runner.calls for seq in call)
     assert sum(s.num_prefill_tokens + s.num_decode_tokens for s in steps) == computed
     assert sum(s.num_preempted for s in steps) == engine.stats().num_preemptions
+    # the prompts share their first tokens: the steps' prefix-cache counts add up to the totals
+    assert sum(s.num_prefix_cache_hits for s in steps) == engine.stats().num_prefix_cache_hits > 0
+    assert sum(s.num_prefix_cache_queries for s in steps) == engine.stats().num_prefix_cache_queries
     assert (engine.stats().num_preemptions > 0) == (num_blocks == 14)
     times = [
         t for s in steps for t in (*s.ttfts_s, *s.queue_times_s, *s.inter_token_s, *s.e2e_s, s.duration_s)
