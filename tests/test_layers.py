@@ -1,4 +1,5 @@
-"""The dependency arrows of the design: app -> session -> engine, all may use protocol.
+"""The dependency arrows of the design: app -> session -> engine and voice, all but
+voice may use protocol.
 
 Inside the session layer the token log is below the cluster: the cluster
 takes leases and takes streams over through the log, and the log knows
@@ -17,13 +18,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = ("app", "engine", "session", "protocol")
+FOLDERS = ("app", "engine", "session", "protocol", "voice")
 
 # module prefix -> module prefixes it must never import
 FORBIDDEN: Mapping[str, tuple[str, ...]] = {
     "bargein.protocol": ("bargein.engine", "bargein.session", "bargein.app"),
     "bargein.engine": ("bargein.session", "bargein.app"),
     "bargein.session": ("bargein.app",),
+    # voice knows audio and text only: the session drives it
+    "bargein.voice": ("bargein.engine", "bargein.session", "bargein.app", "bargein.protocol"),
     "bargein.session.log": (
         "bargein.session.cluster",
         "bargein.session.service",

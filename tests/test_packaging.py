@@ -17,6 +17,7 @@ FOLDERS = {
     "session": "bargein.session",
     "protocol": "bargein.protocol",
     "static": "bargein.static",
+    "voice": "bargein.voice",
 }
 
 
