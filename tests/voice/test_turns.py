@@ -30,7 +30,7 @@ def frames(ms: int) -> int:
 
 def run(detector: TurnDetector, probabilities: Sequence[float]) -> list[tuple[int, TurnEvent]]:
     """Every event with the timeline position (end of the frame) it was emitted at."""
-    out = []
+    out: list[tuple[int, TurnEvent]] = []
     for p in probabilities:
         out.extend((detector.position_ms, e) for e in detector.push(p))
     return out
