@@ -113,6 +113,9 @@ class SpeechResumed:
 class SpeechStopped:
     """The turn ended: ``silence_duration_ms`` of silence (``input_audio.speech_stopped``).
 
+    Always after a :class:`SpeechPaused` of the same turn (``pause_ms <
+    silence_duration_ms``), possibly on the same frame.
+
     Attributes:
         audio_start_ms: where the turn's audio starts (as in :class:`SpeechStarted`).
         audio_end_ms: the end of the last speech frame, before the silence window.
