@@ -113,7 +113,7 @@ def from_wire(cls: type[T], obj: Any, path: str = "", *, bytes_as_base64: bool) 
         ProtocolError: see the module docstring.
     """
     if not isinstance(obj, Mapping):
-        raise _invalid(f"{path or 'the frame'} must be a map")
+        raise _invalid(f"{path!r} must be a map" if path else "the frame must be a map")
     kwargs: dict[str, Any] = {}
     for f in _fields(cls):
         where = f"{path}.{f.wire}" if path else f.wire
