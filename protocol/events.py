@@ -41,9 +41,10 @@ from typing import ClassVar, Literal, TypeAlias
 PROTOCOL_VERSION = "bargein.v1"
 # The largest token offset, character or millisecond count, or token count a
 # client may send (``from``, ``heard_chars``, ``audio_end_ms``,
-# ``audio_from_ms``, ``max_tokens``, ``top_k``; an SSE position). Far past anything a stream holds, and it fits
-# an int32 everywhere a value travels (torch, msgpack, Redis stream ids), so
-# no bigger number reaches those layers: it is refused where it comes in.
+# ``audio_from_ms``, ``max_tokens``, ``top_k``; an SSE position). Far past
+# anything a stream holds, and it fits an int32 everywhere a value travels
+# (torch, msgpack, Redis stream ids), so no bigger number reaches those
+# layers: it is refused where it comes in.
 MAX_OFFSET = 2**31 - 1
 
 Role = Literal["system", "user", "assistant"]

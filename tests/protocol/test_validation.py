@@ -265,23 +265,36 @@ def test_msgpack_audio_is_bin_only() -> None:
     assert error.code is ErrorCode.INVALID_PARAMETER and "3" in error.message
 
 
+def _decoded_audio(frame: str) -> ev.AudioSettings | None:
+    event = Decoder().decode(frame)
+    assert isinstance(event, ev.SessionUpdate)
+    return event.session.audio
+
+
 def test_audio_boundary_values_are_accepted() -> None:
     assert Decoder().decode(_append("")) == ev.InputAudioAppend(audio=b"")  # no samples is whole samples
     assert Decoder().decode(_append("AAD/fw==")) == ev.InputAudioAppend(audio=b"\x00\x00\xff\x7f")
-    frame = _turn(type="server_vad", threshold=0.001, prefix_padding_ms=0, silence_duration_ms=10_000)
-    td = Decoder().decode(frame).session.audio.input.turn_detection  # type: ignore[union-attr]
-    assert td == ev.TurnDetectionSettings(
-        type="server_vad", threshold=0.001, prefix_padding_ms=0, silence_duration_ms=10_000
-    )
-    assert Decoder().decode(_turn(threshold=0.999, prefix_padding_ms=10_000, silence_duration_ms=0))
-    assert Decoder().decode(_turn(type="none")).session.audio.input.turn_detection == ev.TURN_DETECTION_OFF  # type: ignore[union-attr]
-    for rate in (16000, 24000):
-        audio = Decoder().decode(_audio({"input": {"sample_rate": rate}, "output": {"sample_rate": rate}}))
-        assert audio.session.audio == ev.AudioSettings(  # type: ignore[union-attr]
-            input=ev.AudioInputSettings(sample_rate=rate), output=ev.AudioOutputSettings(sample_rate=rate)
+    for threshold, padding_ms, silence_ms in ((0.001, 0, 10_000), (0.999, 10_000, 0)):
+        frame = _turn(threshold=threshold, prefix_padding_ms=padding_ms, silence_duration_ms=silence_ms)
+        assert _decoded_audio(frame) == ev.AudioSettings(
+            input=ev.AudioInputSettings(
+                turn_detection=ev.TurnDetectionSettings(
+                    threshold=threshold, prefix_padding_ms=padding_ms, silence_duration_ms=silence_ms
+                )
+            )
         )
-    voice = Decoder().decode(_audio({"output": {"voice": "v" * 64}}))
-    assert voice.session.audio.output == ev.AudioOutputSettings(voice="v" * 64)  # type: ignore[union-attr]
+    assert _decoded_audio(_turn(type="none")) == ev.AudioSettings(
+        input=ev.AudioInputSettings(turn_detection=ev.TURN_DETECTION_OFF)
+    )
+    for rate in (16000, 24000):
+        assert _decoded_audio(_audio({"input": {"sample_rate": rate}, "output": {"sample_rate": rate}})) == (
+            ev.AudioSettings(
+                input=ev.AudioInputSettings(sample_rate=rate), output=ev.AudioOutputSettings(sample_rate=rate)
+            )
+        )
+    assert _decoded_audio(_audio({"output": {"voice": "v" * 64}})) == ev.AudioSettings(
+        output=ev.AudioOutputSettings(voice="v" * 64)
+    )
     assert Decoder().decode(_create(modalities=["audio", "text"])) == ev.ResponseCreate(
         modalities=("audio", "text")
     )
