@@ -88,3 +88,21 @@ def test_round_trip_through_whisper(voice_models: VoiceModels, synthesizer: Synt
     text = voice_models.transcriber.transcribe(np.concatenate([resampler.process(audio), resampler.flush()]))
     print(f"\nround trip: {text!r}")
     assert {"send", "weekly", "report", "manager", "friday"} <= words(text)
+
+
+def _hear(voice_models: VoiceModels, audio: np.ndarray) -> set[str]:
+    resampler = Resampler(voice_models.synthesizer.sample_rate, 16000)
+    x = audio.astype(np.float32) / 32768
+    return words(
+        voice_models.transcriber.transcribe(np.concatenate([resampler.process(x), resampler.flush()]))
+    )
+
+
+def test_audio_cut_at_a_word_end_holds_that_word_and_not_the_next(voice_models: VoiceModels) -> None:
+    text = "Please send the weekly report to my manager before Friday, and call me tomorrow morning."
+    speech = voice_models.synthesizer.synthesize(text)
+    ends = {text[: w.char_end].split()[-1].strip(",."): w.sample_end for w in speech.words}
+    heard = _hear(voice_models, speech.audio[: ends["report"]])
+    assert "report" in heard and not heard & {"manager", "friday"}
+    heard = _hear(voice_models, speech.audio[: ends["Friday"]])
+    assert {"manager", "friday"} <= heard and not heard & {"call", "tomorrow", "morning"}

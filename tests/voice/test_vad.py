@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -64,3 +67,25 @@ def test_streams_keep_their_own_state(voice_models: VoiceModels) -> None:
 def test_a_frame_is_512_samples(voice_models: VoiceModels) -> None:
     with pytest.raises(ValueError, match="512"):
         voice_models.vad.stream().probability(np.zeros(480, dtype=np.float32))
+
+
+def test_probabilities_match_silero_s_own_wrapper(voice_models: VoiceModels, tmp_path: Path) -> None:
+    """The reference: silero-vad's OnnxWrapper on the same frames, in a subprocess
+    (importing silero_vad sets torch's thread count for the whole process)."""
+    speech = espeak_speech("Hello there, how are you?")
+    audio = speech[: len(speech) // FRAME_SAMPLES * FRAME_SAMPLES]
+    np.save(tmp_path / "audio.npy", audio)
+    code = (
+        "import sys, numpy as np, torch\n"
+        "from silero_vad import load_silero_vad\n"
+        "model = load_silero_vad(onnx=True)\n"
+        "x = np.load(sys.argv[1]).reshape(-1, 512)\n"
+        "print(' '.join(str(float(model(torch.from_numpy(f), 16000))) for f in x))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "audio.npy")], check=True, capture_output=True, text=True
+    )
+    expected = np.array([float(p) for p in done.stdout.split()])
+    got = probabilities(voice_models.vad.stream(), audio)
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+    assert expected.max() > 0.5  # the reference heard speech: the comparison means something
