@@ -35,7 +35,7 @@ from bargein.protocol import events as pe
 from bargein.session.observer import SessionObserver
 from bargein.session.speaker import Speaker
 from bargein.session.voice import DEFAULT_OUTPUT_RATE, AudioSettings, VoiceInput, VoiceRuntime, merged
-from bargein.voice.input_buffer import InputAudioFull
+from bargein.voice.errors import InputAudioFull
 from bargein.voice.turns import SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped
 
 logger = logging.getLogger(__name__)
@@ -153,15 +153,15 @@ class VoiceChannel:
             except ValueError as exc:
                 await self._error(pe.ErrorCode.INVALID_PARAMETER, f"audio: {exc}", event)
                 return
-            for what in seen:
-                await self._on_turn_event(what, inp, received_at)
+            for what, audio in seen:
+                await self._on_turn_event(what, audio, inp, received_at)
         elif isinstance(event, pe.InputAudioCommit):
             start, end, audio = inp.take_all()
             self._start_turn(audio, start, end, speech_end_at=received_at)
         elif isinstance(event, pe.InputAudioClear):
             inp.clear()
 
-    async def _on_turn_event(self, what: object, inp: VoiceInput, now: float) -> None:
+    async def _on_turn_event(self, what: object, audio: Any, inp: VoiceInput, now: float) -> None:
         td = inp.turn_detection
         assert td is not None
         if isinstance(what, SpeechStarted):
@@ -170,10 +170,9 @@ class VoiceChannel:
             await self._host.send(pe.InputAudioSpeechStarted(audio_start_ms=what.audio_start_ms))
         elif isinstance(what, SpeechStopped):
             await self._host.send(pe.InputAudioSpeechStopped(audio_end_ms=what.audio_end_ms))
-            start = inp.turn_start_ms()
-            audio = inp.take(start, what.audio_end_ms)
-            inp.reset()
-            self._start_turn(audio, start, what.audio_end_ms, speech_end_at=inp.arrival_of(what.audio_end_ms))
+            self._start_turn(
+                audio, what.audio_start_ms, what.audio_end_ms, speech_end_at=inp.arrival_of(what.audio_end_ms)
+            )
         elif isinstance(what, (SpeechPaused, SpeechResumed)):
             pass  # speculative starts: not yet
 

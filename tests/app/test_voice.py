@@ -109,7 +109,8 @@ async def test_a_spoken_question_is_heard_transcribed_and_answered_in_speech(
                 assert event["start_ms"] == last_end
                 assert event["end_ms"] > event["start_ms"]
                 assert last_text_end <= event["text_end"] <= sent
-                assert len(base64.b64decode(event["audio"])) == (event["end_ms"] - event["start_ms"]) * 48
+                # 24 kHz PCM16: 48 bytes a millisecond (each end rounded down to a ms)
+                assert abs(len(base64.b64decode(event["audio"])) / 48 - (event["end_ms"] - event["start_ms"])) < 1
                 last_end, last_text_end = event["end_ms"], event["text_end"]
         assert last_text_end >= len(text.rstrip()) - 1  # the whole answer was spoken
         audio_done = events[kinds.index("response.audio.done")]
@@ -130,7 +131,7 @@ async def test_speaking_over_the_answer_interrupts_it_and_cuts_the_turn_at_what_
             type="response.create",
             response_id="story",
             modalities=["text", "audio"],
-            max_tokens=200,
+            max_tokens=64,
             input=[{"role": "user", "content": "Tell me a long story about a dragon and a knight."}],
         )
         events: list[dict[str, Any]] = []
