@@ -139,7 +139,9 @@ class Speaker:
             return
         self.done = True
         await self._send(
-            pe.ResponseAudioDone(response_id=self.response_id, stream_id=self.stream_id, end_ms=self.sent_end_ms)
+            pe.ResponseAudioDone(
+                response_id=self.response_id, stream_id=self.stream_id, end_ms=self.sent_end_ms
+            )
         )
 
     def cut_chars(self, heard_ms: int | None) -> int:

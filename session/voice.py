@@ -113,7 +113,9 @@ class VoiceInput:
         params = self.settings.turn_detection
         if params is None:
             return None
-        return TurnDetector(params, frame_ms=FRAME_SAMPLES * 1000 // SAMPLE_RATE, start_ms=self.buffer.total_ms)
+        return TurnDetector(
+            params, frame_ms=FRAME_SAMPLES * 1000 // SAMPLE_RATE, start_ms=self.buffer.total_ms
+        )
 
     @property
     def turn_detection(self) -> TurnDetection | None:
