@@ -149,9 +149,13 @@ class Connection:
                 await self.voice.handle_input(event, now)
             return
         if isinstance(event, pe.SessionUpdate) and event.session.audio is not None:
-            problem = NO_VOICE if self.voice is None else self.voice.update(event.session.audio)
-            if problem is not None:
-                await self._send(self._error(pe.ErrorCode.INVALID_PARAMETER, problem, event))
+            refused = (
+                (pe.ErrorCode.INVALID_PARAMETER, NO_VOICE)
+                if self.voice is None
+                else self.voice.update(event.session.audio)
+            )
+            if refused is not None:
+                await self._send(self._error(*refused, event))
                 return
         if isinstance(event, pe.ResponseCancel) and self.voice is not None:
             event = replace(
@@ -176,7 +180,13 @@ class Connection:
                 await self._settle_restored()
                 if self.voice is not None:
                     await self.voice.drop_speculation(now, unless=event.response_id)
-                    event = self.voice.on_create(event)
+                    event, problem = self.voice.on_create(event)
+                    if problem is not None:
+                        await self._send(self._refused_create(event, problem))
+                        return
+                elif event.modalities is not None and "audio" in event.modalities:
+                    await self._send(self._refused_create(event, NO_VOICE))
+                    return
             actions = self.session.handle(event, now)
             if isinstance(event, pe.ResponseCreate):
                 self._report_rejections(actions)
@@ -234,6 +244,16 @@ class Connection:
         """Return once the session has no active response (or is closed)."""
         while self.session.state not in (State.IDLE, State.CLOSED):
             await asyncio.sleep(IDLE_POLL_S)
+
+    def _refused_create(self, event: pe.ResponseCreate, problem: str) -> pe.ErrorEvent:
+        self.service.observer.rejected(pe.ErrorCode.INVALID_PARAMETER.value, response_id=event.response_id)
+        return pe.ErrorEvent(
+            code=pe.ErrorCode.INVALID_PARAMETER,
+            message=problem,
+            retryable=False,
+            event_id=event.event_id,
+            response_id=event.response_id,
+        )
 
     @staticmethod
     def _log_failed(event: object, exc: TokenLogError) -> pe.ErrorEvent:

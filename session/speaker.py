@@ -187,8 +187,13 @@ class Speaker:
             start_ms=base * ms,
             end_ms=(base + len(audio)) * ms,
             word_ends=[
-                (segment.start + w.char_end, min(base + w.sample_end * scale, base + len(audio)) * ms)
-                for w in speech.words
+                # the last word carries what follows it in the segment (markup,
+                # spaces): text without sound counts as spoken with its words
+                (
+                    segment.end if i == len(speech.words) - 1 else segment.start + w.char_end,
+                    min(base + w.sample_end * scale, base + len(audio)) * ms,
+                )
+                for i, w in enumerate(speech.words)
             ],
         )
         self._samples += len(audio)

@@ -29,6 +29,9 @@ from bargein.voice.vad import FRAME_SAMPLES, SAMPLE_RATE
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 DEFAULT_OUTPUT_RATE = 24000  # OpenAI's realtime default
+DEFAULT_INPUT_RATE = 24000  # OpenAI's too; clients capturing at 16 kHz say so
+DEFAULT_VOICE = "joe"
+VOICES = ("joe",)  # Piper en_US-joe-medium (voice/tts.py)
 
 
 class VoiceRuntime:
@@ -66,10 +69,10 @@ class AudioSettings:
         voice: the synthesizer voice.
     """
 
-    input_rate: int = SAMPLE_RATE
+    input_rate: int = DEFAULT_INPUT_RATE
     turn_detection: TurnDetection | None = TurnDetection()
     output_rate: int | None = None
-    voice: str = "joe"
+    voice: str = DEFAULT_VOICE
 
     def __post_init__(self) -> None:
         if self.input_rate not in INPUT_RATES:
@@ -200,26 +203,31 @@ def merged(settings: AudioSettings, update: Any) -> AudioSettings:
         td = update.input.turn_detection
         if td is not None:
             if td.type == "none":
-                new = replace(new, turn_detection=None)
+                new = replace(new, turn_detection=None)  # its values are forgotten
             else:
-                base = new.turn_detection or TurnDetection()
-                fields = {
-                    k: getattr(td, k)
-                    for k in (
-                        "threshold",
-                        "prefix_padding_ms",
-                        "silence_duration_ms",
-                        "interrupt_response",
-                        "create_response",
+                fields = {k: getattr(td, k) for k in _DETECTION_FIELDS if getattr(td, k) is not None}
+                if td.type is None and new.turn_detection is None and fields:
+                    raise ValueError(
+                        "session.audio.input.turn_detection is off: turn it on with type 'server_vad'"
                     )
-                    if getattr(td, k, None) is not None
-                }
+                base = new.turn_detection or TurnDetection()
                 new = replace(new, turn_detection=replace(base, **fields))
     if update.output is not None:
         out = update.output
-        if getattr(out, "enabled", True) is False:
-            new = replace(new, output_rate=None)
+        if not out.enabled:
+            new = replace(new, output_rate=None, voice=DEFAULT_VOICE)
         else:
+            if out.voice is not None and out.voice not in VOICES:
+                raise ValueError(f"session.audio.output.voice={out.voice!r} is not one of {list(VOICES)}")
             rate = out.sample_rate or new.output_rate or DEFAULT_OUTPUT_RATE
             new = replace(new, output_rate=rate, voice=out.voice or new.voice)
     return new
+
+
+_DETECTION_FIELDS = (
+    "threshold",
+    "prefix_padding_ms",
+    "silence_duration_ms",
+    "interrupt_response",
+    "create_response",
+)

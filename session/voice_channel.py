@@ -124,20 +124,25 @@ class VoiceChannel:
         self._input: VoiceInput | None = None  # made at the first audio
         self._responses: OrderedDict[str, _VoiceResponse] = OrderedDict()
         self._pending_items: list[tuple[str, pe.InputItem]] = []  # turns without a response yet
-        self._next: _VoiceResponse | None = None  # of the response.create being applied
-        self._next_audio = False
+        self._next: _VoiceResponse | None = None  # of a voice turn's response.create, before it is applied
+        self._creating: _VoiceResponse | None = None  # of the response.create being applied
         self._turns: set[asyncio.Task[None]] = set()
         self._speculation: _Speculation | None = None  # of the turn being spoken
         self._unshown: list[_Speculation] = []  # speculations whose answer is held back
 
     # ---- settings ----------------------------------------------------------------
 
-    def update(self, audio: Any) -> str | None:
-        """Merge a ``session.update``'s ``audio``; the problem, or None."""
+    def update(self, audio: pe.AudioSettings) -> tuple[pe.ErrorCode, str] | None:
+        """Merge a ``session.update``'s ``audio``; the error to answer, or None
+        (a refused update changes nothing)."""
         try:
             new = merged(self.settings, audio)
         except ValueError as exc:
-            return str(exc)
+            return pe.ErrorCode.INVALID_PARAMETER, str(exc)
+        held = self._input is not None and self._input.buffer.duration_ms > 0
+        if new.input_rate != self.settings.input_rate and held:
+            # one turn has one rate
+            return pe.ErrorCode.CONFLICT, "commit or clear the input audio before changing its sample_rate"
         self.settings = new
         if self._input is not None:
             self._input.apply(new)
@@ -208,7 +213,12 @@ class VoiceChannel:
                 audio, what.audio_start_ms, what.audio_end_ms, speech_end_at=inp.arrival_of(what.audio_end_ms)
             )
         elif isinstance(what, SpeechPaused):
-            if td.create_response and self._speculation is None and self._host.active_response_id is None:
+            if (
+                self.runtime.config.speculate
+                and td.create_response
+                and self._speculation is None
+                and self._host.active_response_id is None
+            ):
                 speculation = _Speculation(
                     item_id=f"item_{uuid.uuid4().hex}",
                     audio_start_ms=what.audio_start_ms,
@@ -365,28 +375,27 @@ class VoiceChannel:
 
     # ---- responses -----------------------------------------------------------------
 
-    def on_create(self, event: pe.ResponseCreate) -> pe.ResponseCreate:
+    def on_create(self, event: pe.ResponseCreate) -> tuple[pe.ResponseCreate, str | None]:
         """A ``response.create`` is being applied: add the turns still waiting
-        for a response to its input, and note whether it is spoken."""
+        for a response to its input, and note whether it is spoken. Returns
+        the event to apply and the problem refusing it, if any."""
         modalities = event.modalities
-        self._next_audio = (
-            "audio" in modalities if modalities is not None else self.settings.output_rate is not None
-        )
-        if self._next is None:
-            self._next = _VoiceResponse()
-            if self._pending_items:
-                self._next.input_item_id = self._pending_items[-1][0]
+        audio = "audio" in modalities if modalities is not None else self.settings.output_rate is not None
+        if audio and self.settings.output_rate is None:
+            return event, "modalities asks for audio while session.audio.output is null (text only)"
+        creating, self._next = self._next or _VoiceResponse(), None
+        creating.audio = audio
         if self._pending_items:
+            creating.input_item_id = creating.input_item_id or self._pending_items[-1][0]
             items = tuple(item for _, item in self._pending_items)
             self._pending_items.clear()
             event = replace(event, input=items + (event.input or ()))
-        return event
+        self._creating = creating
+        return event, None
 
     def on_submit(self, response_id: str) -> None:
         """The response being created got its id."""
-        response = self._next or _VoiceResponse()
-        self._next = None
-        response.audio = self._next_audio
+        response, self._creating = self._creating or _VoiceResponse(), None
         self._responses[response_id] = response
         self._responses.move_to_end(response_id)
         while len(self._responses) > _REMEMBERED:
