@@ -204,7 +204,9 @@ async def test_bad_audio_is_refused_and_the_connection_goes_on(voice_server: Liv
         error = await conn.expect("error")
         assert error["code"] == "invalid_parameter"
         # without server VAD nothing ends a turn: the buffer stops at its bound
-        await conn.send(type="session.update", session={"audio": {"input": {"turn_detection": None}}})
+        await conn.send(
+            type="session.update", session={"audio": {"input": {"sample_rate": RATE, "turn_detection": None}}}
+        )
         await conn.expect("session.updated")
         limit_ms = conn.created["limits"]["max_input_audio_ms"]
         second = silence_pcm16(1000, RATE)
