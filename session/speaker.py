@@ -138,10 +138,13 @@ class Speaker:
         if self.done:
             return
         self.done = True
+        # the audio's length: what was sent when stopped, else the whole timeline
+        # (on a resume past the end, nothing was sent but the audio is that long)
+        end_ms = self.sent_end_ms
+        if not self.stopped:
+            end_ms = max(end_ms, self._samples * 1000 // self.sample_rate)
         await self._send(
-            pe.ResponseAudioDone(
-                response_id=self.response_id, stream_id=self.stream_id, end_ms=self.sent_end_ms
-            )
+            pe.ResponseAudioDone(response_id=self.response_id, stream_id=self.stream_id, end_ms=end_ms)
         )
 
     def cut_chars(self, heard_ms: int | None) -> int:
