@@ -127,6 +127,7 @@ class VoiceChannel:
         self._next: _VoiceResponse | None = None  # of a voice turn's response.create, before it is applied
         self._creating: _VoiceResponse | None = None  # of the response.create being applied
         self._turns: set[asyncio.Task[None]] = set()
+        self._barged = False  # the turn being spoken interrupted a response
         self._speculation: _Speculation | None = None  # of the turn being spoken
         self._unshown: list[_Speculation] = []  # speculations whose answer is held back
 
@@ -280,6 +281,7 @@ class VoiceChannel:
         await self._host.send(
             pe.InputAudioTranscript(item_id=speculation.item_id, text=speculation.text or "", final=True)
         )
+        self._judge_barge_in(speculation.text or "")
         speculation.adopted = True
         self._unshown.remove(speculation)
         self._observer.speculation(adopted=True)
@@ -328,20 +330,29 @@ class VoiceChannel:
         return task
 
     async def _barge_in(self, now: float) -> None:
-        """Speech started over the assistant: stop its audio, cancel it."""
-        active = self._host.active_response_id
-        stopped = False
+        """Speech started over the assistant: stop its audio, cancel its
+        response (a response whose generation ended may still be speaking)."""
+        interrupted = False
         for response in self._responses.values():
             if response.speaker is not None and not response.speaker.stopped:
                 response.speaker.stop()
-                stopped = True
-        if active is None:
-            return
-        known = self._responses.get(active)
-        speaker = None if known is None else known.speaker
-        await self._host.cancel_active(None if speaker is None else speaker.cut_chars(None), now)
-        if stopped or speaker is not None:
+                interrupted = True
+        active = self._host.active_response_id
+        if active is not None:
+            known = self._responses.get(active)
+            speaker = None if known is None else known.speaker
+            await self._host.cancel_active(None if speaker is None else speaker.cut_chars(None), now)
+            interrupted = True
+        if interrupted:
             self._observer.barge_in(self._clock() - now)
+            self._barged = True
+
+    def _judge_barge_in(self, text: str) -> None:
+        """The turn that barged in is transcribed: without words (a cough,
+        noise, the assistant's own echo) the barge-in was a false one."""
+        if self._barged:
+            self._barged = False
+            self._observer.barge_in_judged(real=bool(text))
 
     def _start_turn(self, audio: Any, start_ms: int, end_ms: int, *, speech_end_at: float | None) -> None:
         item_id = f"item_{uuid.uuid4().hex}"
@@ -358,6 +369,7 @@ class VoiceChannel:
         text = await self.runtime.run(lambda: self.runtime.models.transcriber.transcribe(audio))
         self._observer.transcribed(seconds=self._clock() - started, audio_s=len(audio) / 16000)
         await self._host.send(pe.InputAudioTranscript(item_id=item_id, text=text, final=True))
+        self._judge_barge_in(text)
         if not text:
             return  # silence or noise: no words, no item
         item = pe.InputItem(role="user", content=text)

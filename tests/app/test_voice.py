@@ -170,6 +170,10 @@ async def test_speaking_over_the_answer_interrupts_it_and_cuts_the_turn_at_what_
         assert len(kept.rstrip()) >= len(text[:spoken_by].rstrip())
         # at a word boundary at most one word past what was spoken by heard_ms
         assert len(kept.split()) <= len(text[:spoken_through].split()) + 1
+        # the words of "stop" made it a real barge-in, not a false one (a cough)
+        metrics = (await asyncio.to_thread(_metrics, voice_server)).splitlines()
+        real = next(m for m in metrics if m.startswith('bargein_voice_barge_ins_total{outcome="real"}'))
+        assert float(real.split()[-1]) >= 1
         await until(conn, "response.done", events)
     finally:
         await conn.close()
