@@ -74,8 +74,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # refusal p99 6 ms instead of 163 ms, for a few percent of decode speed
     # (docs/perf/saturation.md). A value the user set is kept.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    from bargein.app.listen import check_tls
+
     try:
         settings = settings_from_args(args)
+        check_tls(settings.server)
         check_model(settings)
     except (SettingsError, FileNotFoundError) as exc:
         parser.exit(2, f"bargein serve: error: {exc}\n")
@@ -131,6 +134,7 @@ def serve(settings: Settings) -> int:
     import uvicorn
     from tqdm import tqdm
 
+    from bargein.app.listen import uvicorn_config
     from bargein.app.logging import configure_logging
     from bargein.app.server import LOAD_FAILED, create_app
 
@@ -154,7 +158,7 @@ def serve(settings: Settings) -> int:
             bar.close()
             # /readyz also needs the token log (Redis) reachable: it says when
             print(
-                f"bargein serve: model loaded; serving on http://{config.host}:{config.port}/ "
+                f"bargein serve: model loaded; serving on {config.scheme}://{config.host}:{config.port}/ "
                 "(GET /readyz says whether requests can be taken)",
                 file=sys.stderr,
             )
@@ -162,20 +166,8 @@ def serve(settings: Settings) -> int:
         bar.set_postfix_str(LOAD_STAGES[LOAD_STAGES.index(stage) + 1])
 
     app = create_app(settings, progress=progress)
-    # websockets' sans-I/O implementation: the legacy one is deprecated.
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=config.host,
-            port=config.port,
-            log_level=config.log_level,
-            ws="websockets-sansio",
-            ws_max_size=settings.session.max_frame_bytes,
-            ws_ping_interval=config.ws_ping_interval_s or None,
-            ws_ping_timeout=config.ws_ping_timeout_s or None,
-            log_config=None,
-        )
-    )  # keep the structured logging set up above
+    # log_config=None keeps the structured logging set up above
+    server = uvicorn.Server(uvicorn_config(app, settings, log_config=None))
     server.run()
     return 1 if failed else 0
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import ssl as ssl_module
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,15 +66,26 @@ class RealtimeClient:
     """One realtime session over one (re-opened when needed) WebSocket.
 
     Args:
-        url: ``ws://host:port/v1/realtime``.
+        url: ``ws://host:port/v1/realtime``, or ``wss://`` for a server with TLS.
         max_reconnects: reconnect attempts per dropped connection.
         headers: extra upgrade headers (e.g. ``Authorization``).
+        ssl: the TLS context of a ``wss://`` URL (None: the system's trusted
+            CAs); e.g. ``ssl.create_default_context(cafile="cert.pem")`` for a
+            self-signed certificate.
     """
 
-    def __init__(self, url: str, *, max_reconnects: int = 5, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        max_reconnects: int = 5,
+        headers: dict[str, str] | None = None,
+        ssl: ssl_module.SSLContext | None = None,
+    ) -> None:
         self.url = url
         self.max_reconnects = max_reconnects
         self.headers = headers or {}
+        self.ssl = ssl
         self.session: dict[str, Any] = {}
         self.current: Response | None = None
         self._ws: ClientConnection | None = None
@@ -93,6 +105,8 @@ class RealtimeClient:
             self.url,
             subprotocols=[SUBPROTOCOL],  # type: ignore[list-item]
             additional_headers=self.headers,
+            # websockets takes no context for ws:// and no None for wss://
+            **({"ssl": self.ssl} if self.ssl is not None else {}),
         )
         self.session = await self._recv()
         return self.session
