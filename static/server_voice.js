@@ -33,6 +33,7 @@ class BargeinDownsampler extends AudioWorkletProcessor {
     this.taps = lowPass(0.45 * Math.min(targetRate, sampleRate) / sampleRate, this.step);
     this.tail = new Float32Array(this.taps.length); // the last input samples, for the filter
     this.pos = this.taps.length - 1;                // next output, as an index into tail + block
+    this.chunkSamples = chunkSamples;
     this.chunk = new Int16Array(chunkSamples);
     this.filled = 0;
   }
@@ -65,8 +66,8 @@ class BargeinDownsampler extends AudioWorkletProcessor {
     const clipped = Math.max(-1, Math.min(1, value));
     this.chunk[this.filled++] = Math.round(clipped * 32767);
     if (this.filled === this.chunk.length) {
-      this.port.postMessage(this.chunk, [this.chunk.buffer]);
-      this.chunk = new Int16Array(this.chunk.length);
+      this.port.postMessage(this.chunk, [this.chunk.buffer]); // transferred: this.chunk is now empty
+      this.chunk = new Int16Array(this.chunkSamples);
       this.filled = 0;
     }
   }
@@ -94,6 +95,27 @@ registerProcessor("bargein-downsampler", BargeinDownsampler);
 `;
 
 /**
+ * The downsampler node of `context`: mono in, Int16Array chunks of CHUNK_MS at
+ * `rate` posted on its port (nothing on its output).
+ * @param {BaseAudioContext} context
+ * @param {number} rate
+ * @returns {Promise<AudioWorkletNode>}
+ */
+export async function createDownsampler(context, rate) {
+  const url = URL.createObjectURL(new Blob([DOWNSAMPLER], { type: "text/javascript" }));
+  try {
+    await context.audioWorklet.addModule(url);
+  } finally {
+    URL.revokeObjectURL(url);
+  }
+  return new AudioWorkletNode(context, "bargein-downsampler", {
+    processorOptions: { targetRate: rate, chunkSamples: (rate * CHUNK_MS) / 1000 },
+    channelCount: 1,
+    channelCountMode: "explicit", // a stereo device is mixed down to mono
+  });
+}
+
+/**
  * The microphone, as pcm16 chunks at `rate`: event `chunk` (detail: an
  * Int16Array of CHUNK_MS).
  */
@@ -113,18 +135,8 @@ export class Microphone extends EventTarget {
     this.stream = await navigator.mediaDevices.getUserMedia({
       audio: { echoCancellation: true, noiseSuppression: true, channelCount: 1 },
     });
-    const url = URL.createObjectURL(new Blob([DOWNSAMPLER], { type: "text/javascript" }));
-    try {
-      await this.context.audioWorklet.addModule(url);
-    } finally {
-      URL.revokeObjectURL(url);
-    }
     this.source = this.context.createMediaStreamSource(this.stream);
-    this.node = new AudioWorkletNode(this.context, "bargein-downsampler", {
-      processorOptions: { targetRate: this.rate, chunkSamples: (this.rate * CHUNK_MS) / 1000 },
-      channelCount: 1,
-      channelCountMode: "explicit", // a stereo device is mixed down to mono
-    });
+    this.node = await createDownsampler(this.context, this.rate);
     this.node.port.onmessage = (message) => this.dispatchEvent(new CustomEvent("chunk", { detail: message.data }));
     this.source.connect(this.node);
     // The node writes nothing to its output; connected, the graph pulls it every render quantum.
