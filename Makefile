@@ -32,20 +32,26 @@ install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev system-deps
 
 # Debian packages the tests drive for real, checked as the tests find them:
-# `redis-server` on PATH (tests/redis_server.py) and the executable
-# /usr/bin/chromium (tests/app/test_browser.py). Still missing after the
-# install is an error here, not a run that skips their tests (in CI, with
-# CI=true, the tests fail on them too: tests/needs.py).
+# `redis-server` on PATH (tests/redis_server.py), the executable
+# /usr/bin/chromium (tests/app/test_browser.py), and `espeak-ng` (the voice's
+# phonemizer, voice/espeak.py) and `sox` (tests/voice/speech.py) on PATH.
+# Still missing after the install is an error here, not a run that skips their
+# tests (in CI, with CI=true, the tests fail on them too: tests/needs.py).
 REDIS_SERVER := redis-server
 CHROMIUM := /usr/bin/chromium
+ESPEAK := espeak-ng
+SOX := sox
 
 system-deps:
-	@if ! command -v $(REDIS_SERVER) >/dev/null || ! test -x $(CHROMIUM); then \
-		apt-get update -q && apt-get install -y -q redis-server chromium; \
+	@if ! command -v $(REDIS_SERVER) >/dev/null || ! test -x $(CHROMIUM) \
+		|| ! command -v $(ESPEAK) >/dev/null || ! command -v $(SOX) >/dev/null; then \
+		apt-get update -q && apt-get install -y -q redis-server chromium espeak-ng sox; \
 	fi
 	@command -v $(REDIS_SERVER) >/dev/null \
 		|| { echo "system-deps: $(REDIS_SERVER) is not on PATH" >&2; exit 1; }
 	@test -x $(CHROMIUM) || { echo "system-deps: $(CHROMIUM) is missing" >&2; exit 1; }
+	@command -v $(ESPEAK) >/dev/null || { echo "system-deps: $(ESPEAK) is not on PATH" >&2; exit 1; }
+	@command -v $(SOX) >/dev/null || { echo "system-deps: $(SOX) is not on PATH" >&2; exit 1; }
 
 serve: install
 	$(BIN)/bargein serve --host $(HOST) --port $(PORT)

@@ -29,11 +29,15 @@ class EmbeddedServer:
             connection (tests of slow clients: a small kernel buffer fills fast).
         runner: a started engine runner to serve (e.g. another server's, to
             skip loading the model again); it keeps running after :meth:`stop`.
+        voice: loaded voice models (a :class:`bargein.session.voice.VoiceRuntime`)
+            to use instead of loading them; they stay usable after :meth:`stop`.
     """
 
-    def __init__(self, settings: Settings, *, sndbuf: int | None = None, runner: Any = None) -> None:
+    def __init__(
+        self, settings: Settings, *, sndbuf: int | None = None, runner: Any = None, voice: Any = None
+    ) -> None:
         self.settings = settings
-        self.app = create_app(settings, runner=runner)
+        self.app = create_app(settings, runner=runner, voice=voice)
         self.state: AppState = self.app.state.bargein
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -131,6 +131,32 @@ class Metrics:
             buckets=LOG_WRITE_BUCKETS_S,
             registry=r,
         )
+        self.voice_to_voice = Histogram(
+            "bargein_voice_to_voice_seconds",
+            "Arrival of a voice turn's last voiced audio to the first audio of its answer sent "
+            "(includes the VAD silence window).",
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.barge_in = Histogram(
+            "bargein_barge_in_seconds",
+            "Arrival of the audio in which speech was detected over the assistant to its audio "
+            "stopped and its request aborted.",
+            buckets=STEP_BUCKETS_S,
+            registry=r,
+        )
+        self.transcription = Histogram(
+            "bargein_transcription_seconds",
+            "Speech-to-text time of one voice turn.",
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.synthesis_rtf = Histogram(
+            "bargein_synthesis_real_time_factor",
+            "Synthesis time over the duration of the audio it made, per segment (below 1: faster than real time).",
+            buckets=(0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0),
+            registry=r,
+        )
 
     def _define_gauges(self, r: CollectorRegistry | None) -> None:
         def gauge(name: str, doc: str, mode: Any = "livesum") -> Gauge:

@@ -59,6 +59,19 @@ class Observer:
         with bind(request_id=response_id, session_id=session_id, stream_id=stream_id):
             logger.info("response submitted", extra=extra)
 
+    def transcribed(self, *, seconds: float, audio_s: float) -> None:
+        self.metrics.transcription.observe(seconds)
+
+    def synthesized(self, *, audio_s: float, compute_s: float) -> None:
+        if audio_s > 0:
+            self.metrics.synthesis_rtf.observe(compute_s / audio_s)
+
+    def voice_to_voice(self, seconds: float) -> None:
+        self.metrics.voice_to_voice.observe(seconds)
+
+    def barge_in(self, seconds: float) -> None:
+        self.metrics.barge_in.observe(seconds)
+
     def rejected(self, reason: str, *, response_id: str | None) -> None:
         self.metrics.admission_rejections.labels(reason=reason).inc()
         with bind(request_id=response_id):

@@ -44,6 +44,8 @@ from bargein.session.connection import Connection
 from bargein.session.errors import TokenLogUnavailable
 from bargein.session.log import TokenLog, open_token_log
 from bargein.session.service import Service
+from bargein.session.voice import VoiceRuntime
+from bargein.voice.models import VoiceUnavailable, load_voice_models
 
 logger = logging.getLogger("bargein")
 
@@ -76,6 +78,9 @@ class AppState:
         observer: feeds them (and the request log) from the sessions.
         shared_runner: a started runner this app serves instead of loading
             one (tests: two servers on one model); the app never shuts it down.
+        shared_voice: loaded voice models this app uses instead of loading
+            them (tests); never closed here.
+        voice: the voice models in use (None: text only).
         writers: the writer of each open ``/v1/realtime`` connection (whether
             it is over its outgoing bound: tests and debugging).
     """
@@ -88,6 +93,8 @@ class AppState:
     log: TokenLog | None = None
     load_error: str | None = None
     shared_runner: Any = None
+    shared_voice: VoiceRuntime | None = None
+    voice: VoiceRuntime | None = None
     loaded: asyncio.Event = field(default_factory=asyncio.Event)
     writers: set[Outgoing] = field(default_factory=set)
 
@@ -167,6 +174,15 @@ async def _load(state: AppState, progress: Progress) -> None:
         return
     state.runner = runner
     state.metrics.attach_runner(runner)
+    try:
+        voice = state.shared_voice if state.shared_voice is not None else await load_voice(state.settings)
+    except VoiceUnavailable as exc:  # --voice on
+        logger.error("--voice on, but the voice stack is unavailable: %s", exc)
+        state.load_error = f"voice unavailable: {exc}"
+        state.loaded.set()
+        progress(LOAD_FAILED)
+        return
+    state.voice = voice
     service = Service(
         runner,
         state.log,
@@ -177,11 +193,34 @@ async def _load(state: AppState, progress: Progress) -> None:
         observer=state.observer,
         admission=Admission(state.settings.admission),
         cluster=make_cluster(state.settings),
+        voice=voice,
     )
     await service.start()
     state.service = service
     progress("ready")
     state.loaded.set()
+
+
+async def load_voice(settings: Settings) -> VoiceRuntime | None:
+    """The voice models, per ``--voice``: None when off, or when ``auto`` and
+    the stack is not installed (the log says what is missing).
+
+    Raises:
+        VoiceUnavailable: ``--voice on`` and a piece is missing.
+    """
+    config = settings.voice
+    if config.mode == "off":
+        logger.info("voice: off (--voice off): text only")
+        return None
+    try:
+        models = await asyncio.to_thread(load_voice_models)
+    except VoiceUnavailable as exc:
+        if config.mode == "on":
+            raise
+        logger.warning("voice: unavailable, serving text only: %s", exc)
+        return None
+    logger.info("voice: on (Silero VAD, Whisper tiny.en, Piper en_US-joe-medium)")
+    return VoiceRuntime(models, config)
 
 
 def make_cluster(settings: Settings) -> Any:
@@ -197,18 +236,24 @@ def make_cluster(settings: Settings) -> Any:
 
 
 def create_app(
-    settings: Settings, *, progress: Progress = lambda stage: None, runner: Any = None
+    settings: Settings,
+    *,
+    progress: Progress = lambda stage: None,
+    runner: Any = None,
+    voice: VoiceRuntime | None = None,
 ) -> Starlette:
     """The ASGI app for ``settings``; ``progress(stage)`` reports each loading
     stage when it is done (see ``bargein.app.cli.LOAD_STAGES``), or ``LOAD_FAILED``
     (the reason is in ``/readyz`` and the log); ``runner``: serve
-    this started engine runner instead of loading the model (never shut down here)."""
+    this started engine runner instead of loading the model (never shut down
+    here); ``voice``: use these loaded voice models (never closed here)."""
     metrics = create_metrics(settings.server.metrics_multiproc_dir)
     quiet_client_faults()  # a hostile client cannot flood the log with tracebacks
     state = AppState(
         settings=settings,
         metrics=metrics,
         shared_runner=runner,
+        shared_voice=voice,
         observer=Observer(metrics, log_prompts=settings.server.log_prompts),
     )
 
@@ -259,6 +304,8 @@ async def _shutdown(state: AppState, loader: asyncio.Task[None]) -> None:
         await state.service.stop()
     if state.log is not None:
         await state.log.close()
+    if state.voice is not None and state.voice is not state.shared_voice:
+        state.voice.close()
     state.metrics.close()
 
 

@@ -19,7 +19,7 @@ from bargein.app.auth import normalize_origin
 from bargein.app.logging import LogFormat
 from bargein.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from bargein.session.admission import AdmissionConfig
-from bargein.session.config import SessionConfig
+from bargein.session.config import SessionConfig, VoiceConfig
 
 ENV_PREFIX = "BARGEIN_"
 
@@ -164,6 +164,7 @@ class Settings:
     session: SessionConfig = field(default_factory=SessionConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    voice: VoiceConfig = field(default_factory=VoiceConfig)
 
 
 class SettingsError(ValueError):
@@ -349,6 +350,23 @@ def _add_session_and_log_arguments(parser: argparse.ArgumentParser, env: Mapping
         e.shared_prefix_cache,
         _bool,
         "share cached prefixes between API keys (default: each key reuses only its own)",
+    )
+    v = VoiceConfig()
+    _add(
+        parser,
+        env,
+        "--voice",
+        v.mode,
+        str,
+        "server voice (VAD, speech-to-text, text-to-speech): auto (when installed), on, off",
+    )
+    _add(
+        parser,
+        env,
+        "--max-input-audio-ms",
+        v.max_input_audio_ms,
+        int,
+        "most uncommitted input audio one session may hold (ms)",
     )
     _add(parser, env, "--debug-endpoints", s.debug_endpoints, _bool, "serve GET /debug/engine (tests only)")
     _add(parser, env, "--log-level", s.log_level, str, "debug, info, warning, error")
@@ -567,6 +585,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                 rate_limit_requests=args.rate_limit_requests,
                 rate_limit_tokens=args.rate_limit_tokens,
             ),
+            voice=VoiceConfig(mode=args.voice, max_input_audio_ms=args.max_input_audio_ms),
         )
     except ValueError as exc:
         raise SettingsError(str(exc)) from exc

@@ -1,7 +1,7 @@
 """Value rules of client events, checked after the types (``invalid_parameter``).
 
 Only rules that hold for every server are here; limits a server announces in
-``session.created`` (``max_tokens``, prompt length) are the session's to
+``session.created`` (``max_tokens``, prompt length, ``max_input_audio_ms``) are the session's to
 enforce, since the codec does not know them. Every offset and count is
 bounded here by :data:`bargein.protocol.events.MAX_OFFSET`, so no layer below the
 codec sees a number that does not fit the places it goes.
@@ -15,18 +15,25 @@ from typing import Any
 from bargein.protocol.errors import ProtocolError
 from bargein.protocol.events import (
     MAX_OFFSET,
+    TURN_DETECTION_OFF,
+    AudioSettings,
     ClientEvent,
     ErrorCode,
+    InputAudioAppend,
     ResponseCancel,
     ResponseCreate,
     SessionUpdate,
     StreamResume,
+    TurnDetectionSettings,
 )
 
 MAX_EVENT_ID_CHARS = 64
 MAX_RESPONSE_ID_CHARS = 64
 MAX_STOP_STRINGS = 4
 MAX_SEED = 2**63 - 1  # fits an int64 everywhere (torch generators, Redis, msgpack)
+MAX_VOICE_CHARS = 64
+MAX_TURN_DETECTION_MS = 10_000  # prefix padding and silence window: 10 s is far past any use
+PCM16_SAMPLE_BYTES = 2
 
 
 def check_event_id(event_id: str | None) -> None:
@@ -70,11 +77,39 @@ def _check_create(event: ResponseCreate) -> None:
     _check_sampling(event, "")
     if event.response_id is not None and not 0 < len(event.response_id) <= MAX_RESPONSE_ID_CHARS:
         raise _bad(f"'response_id' must be 1 to {MAX_RESPONSE_ID_CHARS} characters")
+    if event.modalities is not None:
+        # Audio is the text spoken: there is no audio without its text.
+        if "text" not in event.modalities or len(set(event.modalities)) != len(event.modalities):
+            raise _bad("'modalities' must be ['text'] or ['text', 'audio']")
 
 
 def _check_update(event: SessionUpdate) -> None:
     if event.session.defaults is not None:
         _check_sampling(event.session.defaults, "session.defaults")
+    if event.session.audio is not None:
+        _check_audio(event.session.audio)
+
+
+def _check_audio(audio: AudioSettings) -> None:
+    """Rules of ``session.audio`` (sample rates and types are checked on the wire)."""
+    if audio.input is not None and audio.input.turn_detection is not None:
+        _check_turn_detection(audio.input.turn_detection, "session.audio.input.turn_detection")
+    voice = audio.output.voice if audio.output is not None else None
+    if voice is not None and not 0 < len(voice) <= MAX_VOICE_CHARS:
+        raise _bad(f"'session.audio.output.voice' must be 1 to {MAX_VOICE_CHARS} characters")
+
+
+def _check_turn_detection(td: TurnDetectionSettings, path: str) -> None:
+    if td.type == "none" and td != TURN_DETECTION_OFF:
+        raise _bad(f"'{path}' with type 'none' (detection off) takes no other field")
+    if td.threshold is not None and not 0 < td.threshold < 1:
+        raise _bad(f"'{path}.threshold' must be in (0, 1)")
+    for name, value in (
+        ("prefix_padding_ms", td.prefix_padding_ms),
+        ("silence_duration_ms", td.silence_duration_ms),
+    ):
+        if value is not None and not 0 <= value <= MAX_TURN_DETECTION_MS:
+            raise _bad(f"'{path}.{name}' must be in [0, {MAX_TURN_DETECTION_MS}] milliseconds")
 
 
 def _check_cancel(event: ResponseCancel) -> None:
@@ -84,6 +119,12 @@ def _check_cancel(event: ResponseCancel) -> None:
 
 def _check_resume(event: StreamResume) -> None:
     _check_count(event.from_, "from", low=0)
+    _check_count(event.audio_from_ms, "audio_from_ms", low=0)
+
+
+def _check_append(event: InputAudioAppend) -> None:
+    if len(event.audio) % PCM16_SAMPLE_BYTES:
+        raise _bad(f"'audio' must be whole pcm16 samples (an even number of bytes), got {len(event.audio)}")
 
 
 _CHECKS: dict[type, Callable[[Any], None]] = {
@@ -91,6 +132,7 @@ _CHECKS: dict[type, Callable[[Any], None]] = {
     SessionUpdate: _check_update,
     ResponseCancel: _check_cancel,
     StreamResume: _check_resume,
+    InputAudioAppend: _check_append,
 }
 
 

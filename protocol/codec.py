@@ -21,6 +21,12 @@ binary frame happens to hold UTF-8 JSON. Invalid UTF-8 in a text frame never
 reaches the codec: the WebSocket layer (websockets, uvicorn) closes with 1007
 before the app sees a ``str``. Strings that cannot be UTF-8 encoded (lone
 surrogates written as JSON escapes) are ``invalid_message``.
+
+Audio bytes (``input_audio.append.audio``, ``response.audio.delta.audio``) are
+a base64 string in JSON frames (standard alphabet, padded, canonical: 4/3 of
+the bytes, so a 1 MiB frame carries about 786 KB of audio, 16 s of 24 kHz
+pcm16) and ``bin`` in msgpack frames. Anything else in their place, a
+base64 string in a msgpack frame included, is ``invalid_message``.
 """
 
 from __future__ import annotations
@@ -75,7 +81,7 @@ def encode(event: ClientEvent | ServerEvent, fmt: Format) -> str | bytes:
         ValueError: an unknown ``fmt``; or, in JSON, a float field holding
             NaN or infinity (the decoder refuses those in both encodings).
     """
-    wire = _wire.to_wire(event)
+    wire = _wire.to_wire(event, bytes_as_base64=fmt == "json")
     if fmt == "json":
         return json.dumps(wire, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     if fmt == "msgpack":
@@ -119,7 +125,7 @@ class Decoder:
             cls = CLIENT_EVENTS.get(_read_type(obj))
             if cls is None:
                 raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown event type {obj['type']!r}")
-            event = _wire.from_wire(cls, obj)
+            event = _wire.from_wire(cls, obj, bytes_as_base64=self.fmt == "json")
             _rules.check_rules(event)
         except ProtocolError as e:
             e.event_id = event_id
@@ -136,11 +142,12 @@ def decode_server_event(frame: bytes | str) -> ServerEvent:
         ProtocolError: ``invalid_message`` or ``unknown_type`` (a client may
             skip events of types newer than it knows).
     """
-    obj = _parse(frame, "json" if isinstance(frame, str) else "msgpack")
+    fmt: Format = "json" if isinstance(frame, str) else "msgpack"
+    obj = _parse(frame, fmt)
     cls = SERVER_EVENTS.get(_read_type(obj))
     if cls is None:
         raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown event type {obj['type']!r}")
-    return _wire.from_wire(cls, obj)
+    return _wire.from_wire(cls, obj, bytes_as_base64=fmt == "json")
 
 
 def _frame_size(frame: bytes | str, limit: int) -> int:
@@ -196,7 +203,7 @@ def _read_event_id(obj: dict[Any, Any]) -> str | None:
     event_id = obj.get("event_id")
     if event_id is None:
         return None
-    _wire.convert(str, event_id, "event_id")
+    _wire.convert(str, event_id, "event_id", bytes_as_base64=False)
     _rules.check_event_id(event_id)
     return event_id
 

@@ -7,9 +7,29 @@ wire ``type`` string. Optional fields default to ``None`` and are left out of
 encoded frames when ``None``; ``None`` in a decoded event means "not given".
 Sequences are tuples so events stay hashable and immutable.
 
-Enumerated string values are :data:`typing.Literal` types (``Role``,
-``OnDisconnect``, ``FinishReasonName``, ``StreamStatus``) except error codes,
-a ``str`` enum because each carries a default ``retryable``.
+Enumerated values are :data:`typing.Literal` types (``Role``,
+``OnDisconnect``, ``FinishReasonName``, ``StreamStatus``, ``Modality``,
+``TurnDetectionType``, ``SampleRate``) except error codes, a ``str`` enum
+because each carries a default ``retryable``.
+
+Audio (docs/protocol.md section 8). Audio is pcm16: 16-bit little-endian mono
+PCM. An audio field is ``bytes`` here (the samples themselves); the codec
+writes it as a base64 string in JSON frames and as msgpack ``bin`` in msgpack
+frames. Positions in audio are integer milliseconds counted from samples.
+
+Two wire nulls mean something other than "not given", so they decode to a
+value of their own instead of ``None``:
+
+- ``turn_detection: null`` (detection off) is :data:`TURN_DETECTION_OFF`,
+  ``TurnDetectionSettings(type="none")``: the same value the wire form
+  ``{"type": "none"}`` decodes to, so "off" has one representation.
+- ``output: null`` (text only) is :data:`AUDIO_OUTPUT_OFF`,
+  ``AudioOutputSettings(enabled=False)``. ``enabled`` is not a wire field: it
+  only marks this value, which takes no other field.
+
+Both are written back as ``null``. As ``SessionSettings``, the audio settings
+are a partial update in ``session.update`` (``None``: unchanged) and complete
+in ``session.updated`` (every field given; the two values above for "off").
 """
 
 from __future__ import annotations
@@ -20,16 +40,20 @@ from typing import ClassVar, Literal, TypeAlias
 
 PROTOCOL_VERSION = "bargein.v1"
 # The largest token offset, character or millisecond count, or token count a
-# client may send (``from``, ``heard_chars``, ``audio_end_ms``, ``max_tokens``,
-# ``top_k``; an SSE position). Far past anything a stream holds, and it fits
-# an int32 everywhere a value travels (torch, msgpack, Redis stream ids), so
-# no bigger number reaches those layers: it is refused where it comes in.
+# client may send (``from``, ``heard_chars``, ``audio_end_ms``,
+# ``audio_from_ms``, ``max_tokens``, ``top_k``; an SSE position). Far past
+# anything a stream holds, and it fits an int32 everywhere a value travels
+# (torch, msgpack, Redis stream ids), so no bigger number reaches those
+# layers: it is refused where it comes in.
 MAX_OFFSET = 2**31 - 1
 
 Role = Literal["system", "user", "assistant"]
 OnDisconnect = Literal["continue", "cancel"]
 FinishReasonName = Literal["stop", "length", "interrupted", "cancelled", "error"]
 StreamStatus = Literal["live", "complete"]
+Modality = Literal["text", "audio"]
+TurnDetectionType = Literal["server_vad", "none"]
+SampleRate = Literal[16000, 24000]  # samples per second of pcm16 audio
 
 
 class ErrorCode(str, enum.Enum):
@@ -93,6 +117,82 @@ class SamplingDefaults:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TurnDetectionSettings:
+    """How the server finds the user's turns in the input audio (``session.audio.input.turn_detection``).
+
+    ``type="none"`` alone (:data:`TURN_DETECTION_OFF`, wire ``null`` or
+    ``{"type": "none"}``) turns detection off: the client ends each turn with
+    ``input_audio.commit``.
+
+    Attributes:
+        type: ``"server_vad"`` (voice activity detection) or ``"none"``.
+        threshold: speech probability above which a frame is speech, in (0, 1).
+        prefix_padding_ms: audio kept before the detected start of speech, milliseconds.
+        silence_duration_ms: silence that ends a turn, milliseconds.
+        interrupt_response: the start of speech interrupts an active response (barge-in by voice).
+        create_response: the end of a turn starts a response.
+    """
+
+    type: TurnDetectionType | None = None
+    threshold: float | None = None
+    prefix_padding_ms: int | None = None
+    silence_duration_ms: int | None = None
+    interrupt_response: bool | None = None
+    create_response: bool | None = None
+
+
+TURN_DETECTION_OFF = TurnDetectionSettings(type="none")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AudioInputSettings:
+    """The user's audio (``session.audio.input``).
+
+    Attributes:
+        sample_rate: samples per second of the ``input_audio.append`` audio.
+        turn_detection: :data:`TURN_DETECTION_OFF` for the wire's ``null``.
+    """
+
+    sample_rate: SampleRate | None = None
+    turn_detection: TurnDetectionSettings | None = field(default=None, metadata={"null": TURN_DETECTION_OFF})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AudioOutputSettings:
+    """The server's spoken responses (``session.audio.output``).
+
+    Attributes:
+        enabled: ``False`` only in :data:`AUDIO_OUTPUT_OFF` (the wire's
+            ``null``, text only); not a wire field.
+        sample_rate: samples per second of the ``response.audio.delta`` audio.
+        voice: the server's name of the speaking voice.
+    """
+
+    enabled: bool = field(default=True, metadata={"wire": None})
+    sample_rate: SampleRate | None = None
+    voice: str | None = None
+
+    def __post_init__(self) -> None:
+        assert self.enabled or (self.sample_rate is None and self.voice is None), "text only takes no field"
+
+
+AUDIO_OUTPUT_OFF = AudioOutputSettings(enabled=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AudioSettings:
+    """Audio settings of a session (``session.audio``): partial in an update, complete in force.
+
+    Attributes:
+        input: the user's audio.
+        output: the spoken responses; :data:`AUDIO_OUTPUT_OFF` for the wire's ``null``.
+    """
+
+    input: AudioInputSettings | None = None
+    output: AudioOutputSettings | None = field(default=None, metadata={"null": AUDIO_OUTPUT_OFF})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SessionSettings:
     """Session settings: a partial update in ``session.update``, all in force in ``session.updated``."""
 
@@ -100,16 +200,22 @@ class SessionSettings:
     defaults: SamplingDefaults | None = None
     on_disconnect: OnDisconnect | None = None
     include_token_ids: bool | None = None
+    audio: AudioSettings | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Limits:
-    """Limits announced in ``session.created`` (bytes and tokens)."""
+    """Limits announced in ``session.created`` (bytes, tokens, milliseconds).
+
+    ``max_input_audio_ms`` is announced only by a server with audio: the most
+    uncommitted input audio it holds.
+    """
 
     max_frame_bytes: int
     max_prompt_tokens: int
     max_tokens: int
     max_context_tokens: int
+    max_input_audio_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -157,6 +263,7 @@ class ResponseCreate:
     seed: int | None = None
     stop: tuple[str, ...] | None = None
     interrupt_active: bool | None = None
+    modalities: tuple[Modality, ...] | None = None  # ("text",) or ("text", "audio"); None: the session's
     event_id: str | None = None
 
 
@@ -173,12 +280,17 @@ class ResponseCancel:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StreamResume:
-    """Replay a stream from token offset ``from_`` (wire ``from``), then follow it live."""
+    """Replay a stream from token offset ``from_`` (wire ``from``), then follow it live.
+
+    ``audio_from_ms``: replay the response's audio too, from this millisecond
+    of its output timeline (None: no audio).
+    """
 
     type: ClassVar[str] = "stream.resume"
     stream_id: str
     resume_token: str
     from_: int = field(metadata={"wire": "from"})
+    audio_from_ms: int | None = None
     event_id: str | None = None
 
 
@@ -200,7 +312,42 @@ class Ping:
     event_id: str | None = None
 
 
-ClientEvent: TypeAlias = SessionUpdate | ResponseCreate | ResponseCancel | StreamResume | SessionResume | Ping
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InputAudioAppend:
+    """Append pcm16 samples (``bytes``, an even number) to the user's input audio."""
+
+    type: ClassVar[str] = "input_audio.append"
+    audio: bytes
+    event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InputAudioCommit:
+    """End the user's turn now: its uncommitted audio becomes a user item."""
+
+    type: ClassVar[str] = "input_audio.commit"
+    event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InputAudioClear:
+    """Drop the uncommitted input audio (the input timeline goes on)."""
+
+    type: ClassVar[str] = "input_audio.clear"
+    event_id: str | None = None
+
+
+ClientEvent: TypeAlias = (
+    SessionUpdate
+    | ResponseCreate
+    | ResponseCancel
+    | StreamResume
+    | SessionResume
+    | Ping
+    | InputAudioAppend
+    | InputAudioCommit
+    | InputAudioClear
+)
 
 # --- server to client -------------------------------------------------------
 
@@ -243,6 +390,7 @@ class ResponseCreated:
     response_id: str
     stream_id: str
     resume_token: str
+    input_item_id: str | None = None  # the user item of the voice turn that started it
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -301,6 +449,77 @@ class Pong:
     type: ClassVar[str] = "pong"
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InputAudioSpeechStarted:
+    """Server VAD heard speech start at ``audio_start_ms`` of the input timeline (prefix padding included).
+
+    ``item_id``: the user item this turn will become, when known.
+    """
+
+    type: ClassVar[str] = "input_audio.speech_started"
+    audio_start_ms: int
+    item_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InputAudioSpeechStopped:
+    """Server VAD heard speech end at ``audio_end_ms`` of the input timeline (before the silence window)."""
+
+    type: ClassVar[str] = "input_audio.speech_stopped"
+    audio_end_ms: int
+    item_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InputAudioCommitted:
+    """A turn ended: input ``[audio_start_ms, audio_end_ms)`` became the user item ``item_id``."""
+
+    type: ClassVar[str] = "input_audio.committed"
+    item_id: str
+    audio_start_ms: int
+    audio_end_ms: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InputAudioTranscript:
+    """The transcript of user item ``item_id`` so far (whole, not a delta); ``final`` is the last one."""
+
+    type: ClassVar[str] = "input_audio.transcript"
+    item_id: str
+    text: str
+    final: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResponseAudioDelta:
+    """Spoken audio ``[start_ms, end_ms)`` of the response's output timeline.
+
+    Attributes:
+        audio: pcm16 samples at the session's output sample rate.
+        start_ms: position of the first sample, milliseconds (the previous delta's ``end_ms``).
+        end_ms: position after the last sample, milliseconds (rounded down).
+        text_end: code points of the response text spoken by ``end_ms``.
+    """
+
+    type: ClassVar[str] = "response.audio.delta"
+    response_id: str
+    stream_id: str
+    audio: bytes
+    start_ms: int
+    end_ms: int
+    text_end: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResponseAudioDone:
+    """The response's audio ended at ``end_ms``; comes before its ``response.done``."""
+
+    type: ClassVar[str] = "response.audio.done"
+    response_id: str
+    stream_id: str
+    end_ms: int
+
+
 ServerEvent: TypeAlias = (
     SessionCreated
     | SessionUpdated
@@ -311,10 +530,27 @@ ServerEvent: TypeAlias = (
     | StreamResumed
     | ErrorEvent
     | Pong
+    | InputAudioSpeechStarted
+    | InputAudioSpeechStopped
+    | InputAudioCommitted
+    | InputAudioTranscript
+    | ResponseAudioDelta
+    | ResponseAudioDone
 )
 
 CLIENT_EVENTS: dict[str, type[ClientEvent]] = {
-    c.type: c for c in (SessionUpdate, ResponseCreate, ResponseCancel, StreamResume, SessionResume, Ping)
+    c.type: c
+    for c in (
+        SessionUpdate,
+        ResponseCreate,
+        ResponseCancel,
+        StreamResume,
+        SessionResume,
+        Ping,
+        InputAudioAppend,
+        InputAudioCommit,
+        InputAudioClear,
+    )
 }
 SERVER_EVENTS: dict[str, type[ServerEvent]] = {
     c.type: c
@@ -328,6 +564,12 @@ SERVER_EVENTS: dict[str, type[ServerEvent]] = {
         StreamResumed,
         ErrorEvent,
         Pong,
+        InputAudioSpeechStarted,
+        InputAudioSpeechStopped,
+        InputAudioCommitted,
+        InputAudioTranscript,
+        ResponseAudioDelta,
+        ResponseAudioDone,
     )
 }
 
@@ -338,10 +580,19 @@ __all__ = [
     "OnDisconnect",
     "FinishReasonName",
     "StreamStatus",
+    "Modality",
+    "TurnDetectionType",
+    "SampleRate",
     "ErrorCode",
     "CloseCode",
     "InputItem",
     "SamplingDefaults",
+    "TurnDetectionSettings",
+    "TURN_DETECTION_OFF",
+    "AudioInputSettings",
+    "AudioOutputSettings",
+    "AUDIO_OUTPUT_OFF",
+    "AudioSettings",
     "SessionSettings",
     "Limits",
     "ActiveStream",
@@ -352,6 +603,9 @@ __all__ = [
     "StreamResume",
     "SessionResume",
     "Ping",
+    "InputAudioAppend",
+    "InputAudioCommit",
+    "InputAudioClear",
     "ClientEvent",
     "SessionCreated",
     "SessionUpdated",
@@ -362,6 +616,12 @@ __all__ = [
     "StreamResumed",
     "ErrorEvent",
     "Pong",
+    "InputAudioSpeechStarted",
+    "InputAudioSpeechStopped",
+    "InputAudioCommitted",
+    "InputAudioTranscript",
+    "ResponseAudioDelta",
+    "ResponseAudioDone",
     "ServerEvent",
     "CLIENT_EVENTS",
     "SERVER_EVENTS",

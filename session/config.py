@@ -68,3 +68,30 @@ class SessionConfig:
             raise ValueError(f"save_interval_s={self.save_interval_s} must be >= 0")
         if self.on_disconnect not in ("continue", "cancel"):
             raise ValueError(f"on_disconnect={self.on_disconnect!r} must be 'continue' or 'cancel'")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VoiceConfig:
+    """Limits of the voice side.
+
+    Attributes:
+        mode: ``auto`` (voice when its stack is installed, text only otherwise,
+            saying so at start-up), ``on`` (start-up fails without it) or
+            ``off``.
+        max_input_audio_ms: most uncommitted input audio a session holds
+            (announced in ``session.created``'s limits).
+        workers: threads running speech-to-text and synthesis (shared by
+            every session of the process).
+    """
+
+    mode: str = "auto"
+    max_input_audio_ms: int = 60_000
+    workers: int = 2
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("auto", "on", "off"):
+            raise ValueError(f"voice={self.mode!r} must be 'auto', 'on' or 'off'")
+        if self.max_input_audio_ms < 1000:
+            raise ValueError(f"max_input_audio_ms={self.max_input_audio_ms} must be >= 1000")
+        if self.workers < 1:
+            raise ValueError(f"workers={self.workers} must be >= 1")

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 
 from bargein.engine.request import FinishReason
 from bargein.protocol import events as pe
@@ -38,14 +39,18 @@ from bargein.session.session import (
     SubmitFailed,
     Submitted,
 )
+from bargein.session.speaker import Speaker
 from bargein.session.tokens import (
     check_resume_token,
     check_session_token,
     make_resume_token,
     make_session_token,
 )
+from bargein.session.voice_channel import VoiceChannel
 
 logger = logging.getLogger(__name__)
+NO_VOICE = "this server runs without its voice stack (see the server's log): text only"
+IDLE_POLL_S = 0.05  # how often a voice turn waiting for the active response looks
 
 
 class Connection:
@@ -83,6 +88,14 @@ class Connection:
             min_interval_s=service.config.save_interval_s,
         )
         self._restore_watch: asyncio.Task[None] | None = None  # a resumed session's active
+        # One event at a time, from the client or from a voice turn ending
+        # (transcribed off the loop): the session sees them in order.
+        self._lock = asyncio.Lock()
+        self.voice = (
+            None
+            if service.voice is None
+            else VoiceChannel(service.voice, self, observer=service.observer, clock=self._clock)
+        )
         service.sessions[self.session.session_id] = self
 
     def created_event(self) -> pe.SessionCreated:
@@ -98,6 +111,9 @@ class Connection:
                 max_prompt_tokens=max_model_len - 1,
                 max_tokens=self.service.config.max_tokens,
                 max_context_tokens=max_model_len,
+                max_input_audio_ms=None
+                if self.service.voice is None
+                else self.service.voice.config.max_input_audio_ms,
             ),
         )
 
@@ -113,6 +129,10 @@ class Connection:
         stream the log no longer has) echoing its ``event_id`` and
         ``response_id``, and the connection and its deliveries go on.
         """
+        async with self._lock:
+            await self._handle_locked(event, received_at)
+
+    async def _handle_locked(self, event: object, received_at: float | None) -> None:
         try:
             await self._dispatch(event, received_at)
         except TokenLogError as exc:
@@ -121,6 +141,22 @@ class Connection:
 
     async def _dispatch(self, event: object, received_at: float | None) -> None:
         """:meth:`handle` itself. Raises TokenLogError from the log."""
+        now = self._clock() if received_at is None else received_at
+        if isinstance(event, (pe.InputAudioAppend, pe.InputAudioCommit, pe.InputAudioClear)):
+            if self.voice is None:
+                await self._send(self._error(pe.ErrorCode.INVALID_PARAMETER, NO_VOICE, event))
+            else:
+                await self.voice.handle_input(event, now)
+            return
+        if isinstance(event, pe.SessionUpdate) and event.session.audio is not None:
+            problem = NO_VOICE if self.voice is None else self.voice.update(event.session.audio)
+            if problem is not None:
+                await self._send(self._error(pe.ErrorCode.INVALID_PARAMETER, problem, event))
+                return
+        if isinstance(event, pe.ResponseCancel) and self.voice is not None:
+            if event.audio_end_ms is not None and event.heard_chars is None:
+                event = replace(event, heard_chars=self.voice.heard_chars(event.response_id, event.audio_end_ms))
+            self.voice.stop_speaking(event.response_id)
         if isinstance(event, pe.StreamResume):
             await self._resume(event)
         elif (
@@ -136,13 +172,48 @@ class Connection:
         else:
             if isinstance(event, pe.ResponseCreate):
                 await self._settle_restored()
-            now = self._clock() if received_at is None else received_at
+                if self.voice is not None:
+                    event = self.voice.on_create(event)
             actions = self.session.handle(event, now)
             if isinstance(event, pe.ResponseCreate):
                 self._report_rejections(actions)
             await self._run(actions)
             if isinstance(event, (pe.ResponseCancel, pe.SessionUpdate)):
                 self._saver.request()  # a cut turn, new settings
+
+    # ---- what the voice channel calls (bargein.session.voice_channel.VoiceHost) -----
+
+    async def send(self, event: object) -> None:
+        """Write one server event to this connection."""
+        await self._send(event)
+
+    async def dispatch_as_client(self, event: object, now: float) -> None:
+        """Apply ``event`` as if the client had sent it (a voice turn's
+        ``response.create``), in order with the client's own events."""
+        async with self._lock:
+            if self.session.state is not State.CLOSED:
+                await self._handle_locked(event, now)
+
+    async def cancel_active(self, heard_chars: int | None, now: float) -> None:
+        """Barge-in by voice: cancel the active response, cut at ``heard_chars``
+        (the caller, inside :meth:`handle`, holds the lock)."""
+        active = self.session.active_response
+        if active is None or self.session.state is not State.GENERATING:
+            return
+        cancel = pe.ResponseCancel(response_id=active[0], heard_chars=heard_chars)
+        await self._run(self.session.handle(cancel, now))
+        self._saver.request()
+
+    @property
+    def active_response_id(self) -> str | None:
+        """The session's active response, if any."""
+        active = self.session.active_response
+        return None if active is None else active[0]
+
+    async def wait_idle(self) -> None:
+        """Return once the session has no active response (or is closed)."""
+        while self.session.state not in (State.IDLE, State.CLOSED):
+            await asyncio.sleep(IDLE_POLL_S)
 
     @staticmethod
     def _log_failed(event: object, exc: TokenLogError) -> pe.ErrorEvent:
@@ -183,6 +254,8 @@ class Connection:
         """The connection is gone: stop deliveries; apply the disconnect policy;
         save the conversation (its retention starts now) unless a newer
         connection on this node took it over."""
+        if self.voice is not None:
+            await self.voice.close()
         tasks = [task for _, task in self._deliveries.values()]
         if self._restore_watch is not None:
             tasks.append(self._restore_watch)
@@ -205,10 +278,17 @@ class Connection:
     async def _run(self, actions: list[Action]) -> None:
         for action in actions:
             if isinstance(action, Send):
-                if isinstance(action.event, pe.ResponseCreated):
-                    await self._drain_earlier(action.event.stream_id)
-                await self._send(action.event)
+                event = action.event
+                if isinstance(event, pe.ResponseCreated):
+                    await self._drain_earlier(event.stream_id)
+                    if self.voice is not None:
+                        event = self.voice.created(event)
+                elif isinstance(event, pe.SessionUpdated) and self.voice is not None:
+                    event = replace(event, session=replace(event.session, audio=self.voice.echo()))
+                await self._send(event)
             elif isinstance(action, Submit):
+                if self.voice is not None:
+                    self.voice.on_submit(action.response_id)
                 await self._submit(action)
             elif isinstance(action, StartDelivery):
                 self._start_delivery(action.response_id, action.stream_id, action.from_offset)
@@ -289,7 +369,9 @@ class Connection:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    def _start_delivery(self, response_id: str, stream_id: str, from_offset: int) -> None:
+    def _start_delivery(
+        self, response_id: str, stream_id: str, from_offset: int, *, speaker: Speaker | None = None
+    ) -> None:
         def delivered(text: str) -> None:
             if self.session.state is not State.CLOSED:
                 self.session.handle(Delivered(stream_id=stream_id, text=text), self._clock())
@@ -303,6 +385,9 @@ class Connection:
             on_delivered=delivered,
             include_token_ids=self.session.settings.include_token_ids,
             observer=self.service.observer,
+            speaker=speaker
+            if speaker is not None or self.voice is None
+            else self.voice.speaker_for(response_id, stream_id),
         )
         task = asyncio.create_task(delivery.run(), name=f"deliver-{stream_id}")
         self._deliveries[stream_id] = (delivery, task)
@@ -358,7 +443,15 @@ class Connection:
         self.service.observer.resumed(
             stream_id=event.stream_id, from_offset=event.from_, num_replayed=max(0, info.end - event.from_)
         )
-        self._start_delivery(info.response_id, event.stream_id, event.from_)
+        speaker = None
+        if event.audio_from_ms is not None and self.voice is not None:
+            # the audio is re-derived from the text: the speaker hears it all from 0
+            speaker = self.voice.speaker_for(
+                info.response_id, event.stream_id, skip_before_ms=event.audio_from_ms
+            )
+            assert speaker is not None
+            speaker.feed(await self._text_before(event.stream_id, min(event.from_, info.end)))
+        self._start_delivery(info.response_id, event.stream_id, event.from_, speaker=speaker)
 
     async def _text_before(self, stream_id: str, offset: int) -> str:
         """The text of the stream's log entries that end at or before ``offset``:

@@ -27,6 +27,7 @@ from bargein.protocol import events as pe
 from bargein.session.errors import StreamNotFound, StreamTruncated, TokenLogUnavailable
 from bargein.session.log import EndError, LogEntry, StreamEnd, TokenLog
 from bargein.session.observer import NullObserver, SessionObserver
+from bargein.session.speaker import Speaker
 
 logger = logging.getLogger(__name__)
 
@@ -175,6 +176,10 @@ class Delivery:
         on_delivered: called with each delta's text after it was sent.
         include_token_ids: put ``token_ids`` in the deltas.
         observer: told when delivery starts and ends and of each delta's size.
+        speaker: speaks the response (a :class:`~bargein.session.speaker.Speaker`):
+            fed each delta's text once it is sent; its ``response.audio.done``
+            comes before ``response.done`` (or before the error that ends a
+            failed delivery), so no audio event follows the response's end.
 
     Every entry of the log is sent before ``response.done``, also after a
     cancel: the service logs nothing once a cancel is accepted, so the
@@ -195,8 +200,10 @@ class Delivery:
         on_delivered: Callable[[str], None] = lambda text: None,
         include_token_ids: bool = False,
         observer: SessionObserver | None = None,
+        speaker: Speaker | None = None,
     ) -> None:
         self.log = log
+        self.speaker = speaker
         self.response_id = response_id
         self.stream_id = stream_id
         self.sent_end = from_offset  # offset after the last token sent
@@ -220,18 +227,31 @@ class Delivery:
         try:
             await self._deliver()
         except StreamTruncated as exc:  # before StreamNotFound: a subclass of it
+            await self._end_audio()
             await self._send(self._error(pe.ErrorCode.STREAM_TRUNCATED, truncated_message(exc), False))
         except StreamNotFound:
+            await self._end_audio()
             await self._send(self._error(pe.ErrorCode.NOT_FOUND, "stream not found", False))
         except TokenLogUnavailable:
+            await self._end_audio()
             await self._send(self._error(pe.ErrorCode.INTERNAL_ERROR, "token log unavailable", True))
         except Exception as exc:  # a bug: say so, and end this delivery explicitly
             logger.error(
                 "delivery of stream %s failed (a bug in bargein): %r", self.stream_id, exc, exc_info=exc
             )
+            await self._end_audio()
             await self._send(
                 self._error(pe.ErrorCode.INTERNAL_ERROR, "delivery failed; resume the stream", True)
             )
+        finally:
+            if self.speaker is not None:
+                self.speaker.stop()  # a cancelled delivery leaves no synthesis behind
+
+    async def _end_audio(self) -> None:
+        """A failed delivery: its audio stops here, ``response.audio.done`` first."""
+        if self.speaker is not None and not self.speaker.done:
+            self.speaker.stop()
+            await self.speaker.finish()
 
     async def _deliver(self) -> None:
         items = feed(self.log, self.stream_id, self.sent_end, observer=self._observer)
@@ -242,6 +262,8 @@ class Delivery:
                 else:
                     self.finish = item
         assert self.finish is not None, "a feed ends with its StreamEnd"
+        if self.speaker is not None:
+            await self.speaker.finish()
         if (end_error := self.finish.error) is not None:
             code = relayed_code(end_error)
             error = self._error(code, end_error.message, code.retryable)
@@ -261,6 +283,8 @@ class Delivery:
         await self._send(delta)
         self.sent_end = batch.end
         self._on_delivered(text)
+        if self.speaker is not None:
+            self.speaker.feed(text)
 
     def _error(self, code: pe.ErrorCode, message: str, retryable: bool) -> pe.ErrorEvent:
         return pe.ErrorEvent(code=code, message=message, retryable=retryable, response_id=self.response_id)

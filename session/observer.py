@@ -71,6 +71,18 @@ class SessionObserver(Protocol):
         """A ``response.delta`` went out carrying ``num_tokens`` tokens: the
         tokens generated but not yet sent when it was sent (delivery lag)."""
 
+    def transcribed(self, *, seconds: float, audio_s: float) -> None:
+        """A voice turn of ``audio_s`` seconds was transcribed in ``seconds``."""
+
+    def synthesized(self, *, audio_s: float, compute_s: float) -> None:
+        """A segment's ``audio_s`` seconds of speech took ``compute_s`` to synthesize."""
+
+    def voice_to_voice(self, seconds: float) -> None:
+        """End of a voice turn's speech (its audio's arrival) to its answer's first audio sent."""
+
+    def barge_in(self, seconds: float) -> None:
+        """Speech over the assistant (its audio's arrival) to its audio stopped and request aborted."""
+
 
 class NullObserver:
     """Observes nothing (the default, and for tests of the session layer)."""
@@ -114,4 +126,16 @@ class NullObserver:
         pass
 
     def delta_sent(self, num_tokens: int) -> None:
+        pass
+
+    def transcribed(self, *, seconds: float, audio_s: float) -> None:
+        pass
+
+    def synthesized(self, *, audio_s: float, compute_s: float) -> None:
+        pass
+
+    def voice_to_voice(self, seconds: float) -> None:
+        pass
+
+    def barge_in(self, seconds: float) -> None:
         pass

@@ -30,7 +30,7 @@ import time
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bargein.engine.errors import EngineStoppedError, PromptTooLongError
 from bargein.engine.request import EngineRequest, FinishReason, RequestOutput
@@ -52,6 +52,9 @@ from bargein.session.observer import NullObserver, SessionObserver
 from bargein.session.session import GenerationFinished, Submit, SubmitFailed, Submitted
 from bargein.session.supervise import TaskHealth, supervised
 from bargein.session.tokens import make_resume_token
+
+if TYPE_CHECKING:
+    from bargein.session.voice import VoiceRuntime
 
 logger = logging.getLogger(__name__)
 
@@ -154,6 +157,8 @@ class Service:
             no limits).
         cluster: a :class:`bargein.session.cluster.Cluster` when several nodes share
             the Redis log (leases, forwarded cancels, takeover); None alone.
+        voice: the voice models (:class:`bargein.session.voice.VoiceRuntime`);
+            None: text only (``input_audio.*`` and audio settings are refused).
     """
 
     def __init__(
@@ -169,8 +174,10 @@ class Service:
         observer: SessionObserver | None = None,
         admission: Admission | None = None,
         cluster: Any = None,
+        voice: VoiceRuntime | None = None,
     ) -> None:
         self.runner = runner
+        self.voice = voice
         self.cluster = cluster
         self.admission = admission or Admission(AdmissionConfig(max_waiting=0, max_queue_time_s=0))
         self.observer: SessionObserver = observer or NullObserver()

@@ -35,3 +35,12 @@ def playwright_sync_api() -> ModuleType:
     except ImportError as exc:
         missing(f"playwright is not installed ({exc}): `make install-dev` installs it")
     return sync_api
+
+
+def voice_stack() -> None:
+    """:func:`missing` unless the voice stack is installed (``bargein.voice.models.voice_stack_status``)."""
+    from bargein.voice.models import voice_stack_status
+
+    reason = voice_stack_status()
+    if reason is not None:
+        missing(reason)

@@ -114,7 +114,9 @@ def node_on_engine(
     ``sndbuf``: the kernel send buffer of its sockets, in bytes (None: the
     system's default), for tests whose buffers must fill at a known size.
     """
-    server = EmbeddedServer(settings, sndbuf=sndbuf, runner=live_server.state.runner)
+    server = EmbeddedServer(
+        settings, sndbuf=sndbuf, runner=live_server.state.runner, voice=live_server.state.voice
+    )
     server.start()
     try:
         yield server

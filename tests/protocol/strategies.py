@@ -29,12 +29,38 @@ sampling = {
 }
 input_item = st.builds(ev.InputItem, role=st.sampled_from(["system", "user", "assistant"]), content=text)
 defaults = st.builds(ev.SamplingDefaults, **sampling)
+
+# Audio: pcm16 is whole samples (an even number of bytes) from a client.
+pcm16 = st.binary(max_size=64).map(lambda b: b[: len(b) // 2 * 2])
+sample_rates = st.sampled_from([16000, 24000])
+turn_detection = st.just(ev.TURN_DETECTION_OFF) | st.builds(
+    ev.TurnDetectionSettings,
+    type=_opt(st.just("server_vad")),
+    threshold=_opt(st.floats(0, 1, exclude_min=True, exclude_max=True)),
+    prefix_padding_ms=_opt(st.integers(0, 10_000)),
+    silence_duration_ms=_opt(st.integers(0, 10_000)),
+    interrupt_response=_opt(st.booleans()),
+    create_response=_opt(st.booleans()),
+)
+audio_output = st.just(ev.AUDIO_OUTPUT_OFF) | st.builds(
+    ev.AudioOutputSettings, sample_rate=_opt(sample_rates), voice=_opt(ids)
+)
+audio_settings = st.builds(
+    ev.AudioSettings,
+    input=_opt(
+        st.builds(ev.AudioInputSettings, sample_rate=_opt(sample_rates), turn_detection=_opt(turn_detection))
+    ),
+    output=_opt(audio_output),
+)
+modalities = st.sampled_from([("text",), ("text", "audio"), ("audio", "text")])
+
 settings = st.builds(
     ev.SessionSettings,
     instructions=_opt(text),
     defaults=_opt(defaults),
     on_disconnect=_opt(st.sampled_from(["continue", "cancel"])),
     include_token_ids=_opt(st.booleans()),
+    audio=_opt(audio_settings),
 )
 
 client_events = st.one_of(
@@ -44,6 +70,7 @@ client_events = st.one_of(
         response_id=_opt(ids),
         input=_opt(st.lists(input_item, max_size=3).map(tuple)),
         interrupt_active=_opt(st.booleans()),
+        modalities=_opt(modalities),
         event_id=event_id,
         **sampling,
     ),
@@ -54,9 +81,19 @@ client_events = st.one_of(
         audio_end_ms=_opt(client_counts),
         event_id=event_id,
     ),
-    st.builds(ev.StreamResume, stream_id=ids, resume_token=text, from_=client_counts, event_id=event_id),
+    st.builds(
+        ev.StreamResume,
+        stream_id=ids,
+        resume_token=text,
+        from_=client_counts,
+        audio_from_ms=_opt(client_counts),
+        event_id=event_id,
+    ),
     st.builds(ev.SessionResume, session_id=ids, session_token=text, event_id=event_id),
     st.builds(ev.Ping, event_id=event_id),
+    st.builds(ev.InputAudioAppend, audio=pcm16, event_id=event_id),
+    st.builds(ev.InputAudioCommit, event_id=event_id),
+    st.builds(ev.InputAudioClear, event_id=event_id),
 )
 
 server_events = st.one_of(
@@ -71,6 +108,7 @@ server_events = st.one_of(
             max_prompt_tokens=counts,
             max_tokens=counts,
             max_context_tokens=counts,
+            max_input_audio_ms=_opt(counts),
         ),
     ),
     st.builds(ev.SessionUpdated, session=settings),
@@ -82,7 +120,7 @@ server_events = st.one_of(
             st.builds(ev.ActiveStream, response_id=ids, stream_id=ids, resume_token=text, end=counts)
         ),
     ),
-    st.builds(ev.ResponseCreated, response_id=ids, stream_id=ids, resume_token=text),
+    st.builds(ev.ResponseCreated, response_id=ids, stream_id=ids, resume_token=text, input_item_id=_opt(ids)),
     st.builds(
         ev.ResponseDelta,
         response_id=ids,
@@ -117,4 +155,18 @@ server_events = st.one_of(
         response_id=_opt(ids),
     ),
     st.just(ev.Pong()),
+    st.builds(ev.InputAudioSpeechStarted, audio_start_ms=counts, item_id=_opt(ids)),
+    st.builds(ev.InputAudioSpeechStopped, audio_end_ms=counts, item_id=_opt(ids)),
+    st.builds(ev.InputAudioCommitted, item_id=ids, audio_start_ms=counts, audio_end_ms=counts),
+    st.builds(ev.InputAudioTranscript, item_id=ids, text=text, final=st.booleans()),
+    st.builds(
+        ev.ResponseAudioDelta,
+        response_id=ids,
+        stream_id=ids,
+        audio=st.binary(max_size=64),
+        start_ms=counts,
+        end_ms=counts,
+        text_end=counts,
+    ),
+    st.builds(ev.ResponseAudioDone, response_id=ids, stream_id=ids, end_ms=counts),
 )

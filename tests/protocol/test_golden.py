@@ -2,11 +2,17 @@
 
 JSON frames must match byte for byte (compact, ``type`` first, fields in the
 order of PROTOCOL.md's tables, ``None`` optionals left out); msgpack frames
-must equal the same map packed by msgpack itself.
+must equal the same map packed by msgpack itself, with audio as ``bin``
+where the JSON frame has base64.
+
+``CLIENT_GOLDEN`` and ``SERVER_GOLDEN`` are the frames of the text protocol,
+as they were before audio: they must still encode and decode exactly so.
+``*_AUDIO_GOLDEN`` are the frames of the audio additions.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
@@ -146,31 +152,269 @@ SERVER_GOLDEN: list[tuple[Any, str]] = [
 ]
 
 
+# 4 samples of pcm16: 0, 1, -1, 32767 (base64 "AAABAP///38=", "/" included).
+PCM = b"\x00\x00\x01\x00\xff\xff\xff\x7f"
+AUDIO_ON = ev.AudioSettings(
+    input=ev.AudioInputSettings(
+        sample_rate=24000,
+        turn_detection=ev.TurnDetectionSettings(
+            type="server_vad",
+            threshold=0.5,
+            prefix_padding_ms=300,
+            silence_duration_ms=500,
+            interrupt_response=True,
+            create_response=True,
+        ),
+    ),
+    output=ev.AudioOutputSettings(sample_rate=24000, voice="amy"),
+)
+AUDIO_ON_WIRE = (
+    '{"input":{"sample_rate":24000,"turn_detection":{"type":"server_vad","threshold":0.5,"prefix_padding_ms":300,'
+    '"silence_duration_ms":500,"interrupt_response":true,"create_response":true}},'
+    '"output":{"sample_rate":24000,"voice":"amy"}}'
+)
+
+CLIENT_AUDIO_GOLDEN: list[tuple[Any, str]] = [
+    (
+        ev.SessionUpdate(
+            session=ev.SessionSettings(
+                audio=ev.AudioSettings(
+                    input=ev.AudioInputSettings(
+                        sample_rate=16000,
+                        turn_detection=ev.TurnDetectionSettings(
+                            type="server_vad",
+                            threshold=0.6,
+                            prefix_padding_ms=200,
+                            silence_duration_ms=700,
+                            interrupt_response=True,
+                            create_response=False,
+                        ),
+                    ),
+                    output=ev.AudioOutputSettings(sample_rate=24000, voice="amy"),
+                )
+            ),
+            event_id="e3",
+        ),
+        '{"type":"session.update","session":{"audio":{"input":{"sample_rate":16000,"turn_detection":'
+        '{"type":"server_vad","threshold":0.6,"prefix_padding_ms":200,"silence_duration_ms":700,'
+        '"interrupt_response":true,"create_response":false}},"output":{"sample_rate":24000,"voice":"amy"}}},'
+        '"event_id":"e3"}',
+    ),
+    (  # detection off and text only: the two meaningful nulls
+        ev.SessionUpdate(
+            session=ev.SessionSettings(
+                audio=ev.AudioSettings(
+                    input=ev.AudioInputSettings(turn_detection=ev.TURN_DETECTION_OFF),
+                    output=ev.AUDIO_OUTPUT_OFF,
+                )
+            )
+        ),
+        '{"type":"session.update","session":{"audio":{"input":{"turn_detection":null},"output":null}}}',
+    ),
+    (  # a partial update: one field of turn detection; output on with the defaults
+        ev.SessionUpdate(
+            session=ev.SessionSettings(
+                audio=ev.AudioSettings(
+                    input=ev.AudioInputSettings(
+                        turn_detection=ev.TurnDetectionSettings(silence_duration_ms=800)
+                    ),
+                    output=ev.AudioOutputSettings(),
+                )
+            )
+        ),
+        '{"type":"session.update","session":{"audio":{"input":{"turn_detection":{"silence_duration_ms":800}},'
+        '"output":{}}}}',
+    ),
+    (
+        ev.InputAudioAppend(audio=PCM, event_id="a1"),
+        '{"type":"input_audio.append","audio":"AAABAP///38=","event_id":"a1"}',
+    ),
+    (ev.InputAudioAppend(audio=b""), '{"type":"input_audio.append","audio":""}'),
+    (ev.InputAudioCommit(event_id="c1"), '{"type":"input_audio.commit","event_id":"c1"}'),
+    (ev.InputAudioClear(), '{"type":"input_audio.clear"}'),
+    (
+        ev.ResponseCreate(response_id="r2", modalities=("text", "audio"), interrupt_active=True),
+        '{"type":"response.create","response_id":"r2","interrupt_active":true,"modalities":["text","audio"]}',
+    ),
+    (ev.ResponseCreate(modalities=("text",)), '{"type":"response.create","modalities":["text"]}'),
+    (
+        ev.StreamResume(stream_id="s1", resume_token="tok", from_=17, audio_from_ms=2300, event_id="e4"),
+        '{"type":"stream.resume","stream_id":"s1","resume_token":"tok","from":17,"audio_from_ms":2300,'
+        '"event_id":"e4"}',
+    ),
+]
+
+SERVER_AUDIO_GOLDEN: list[tuple[Any, str]] = [
+    (
+        ev.SessionCreated(
+            session_id="sess",
+            session_token="st",
+            model="SmolLM2-135M-Instruct",
+            limits=ev.Limits(
+                max_frame_bytes=1048576,
+                max_prompt_tokens=2047,
+                max_tokens=1024,
+                max_context_tokens=2048,
+                max_input_audio_ms=60000,
+            ),
+        ),
+        '{"type":"session.created","session_id":"sess","session_token":"st","model":"SmolLM2-135M-Instruct",'
+        '"limits":{"max_frame_bytes":1048576,"max_prompt_tokens":2047,"max_tokens":1024,"max_context_tokens":2048,'
+        '"max_input_audio_ms":60000},"protocol":"bargein.v1"}',
+    ),
+    (
+        ev.SessionUpdated(
+            session=ev.SessionSettings(
+                defaults=ev.SamplingDefaults(),
+                on_disconnect="continue",
+                include_token_ids=False,
+                audio=AUDIO_ON,
+            )
+        ),
+        '{"type":"session.updated","session":{"defaults":{},"on_disconnect":"continue","include_token_ids":false,'
+        f'"audio":{AUDIO_ON_WIRE}}}}}',
+    ),
+    (  # complete settings with detection off and text only
+        ev.SessionUpdated(
+            session=ev.SessionSettings(
+                on_disconnect="cancel",
+                audio=ev.AudioSettings(
+                    input=ev.AudioInputSettings(sample_rate=16000, turn_detection=ev.TURN_DETECTION_OFF),
+                    output=ev.AUDIO_OUTPUT_OFF,
+                ),
+            )
+        ),
+        '{"type":"session.updated","session":{"on_disconnect":"cancel","audio":{"input":{"sample_rate":16000,'
+        '"turn_detection":null},"output":null}}}',
+    ),
+    (
+        ev.ResponseCreated(response_id="r1", stream_id="s1", resume_token="tok", input_item_id="item_1"),
+        '{"type":"response.created","response_id":"r1","stream_id":"s1","resume_token":"tok","input_item_id":"item_1"}',
+    ),
+    (
+        ev.InputAudioSpeechStarted(audio_start_ms=1200, item_id="item_1"),
+        '{"type":"input_audio.speech_started","audio_start_ms":1200,"item_id":"item_1"}',
+    ),
+    (
+        ev.InputAudioSpeechStarted(audio_start_ms=0),
+        '{"type":"input_audio.speech_started","audio_start_ms":0}',
+    ),
+    (
+        ev.InputAudioSpeechStopped(audio_end_ms=2950, item_id="item_1"),
+        '{"type":"input_audio.speech_stopped","audio_end_ms":2950,"item_id":"item_1"}',
+    ),
+    (
+        ev.InputAudioCommitted(item_id="item_1", audio_start_ms=1200, audio_end_ms=2950),
+        '{"type":"input_audio.committed","item_id":"item_1","audio_start_ms":1200,"audio_end_ms":2950}',
+    ),
+    (
+        ev.InputAudioTranscript(item_id="item_1", text="What is the", final=False),
+        '{"type":"input_audio.transcript","item_id":"item_1","text":"What is the","final":false}',
+    ),
+    (
+        ev.InputAudioTranscript(item_id="item_1", text="What is the capital of France?", final=True),
+        '{"type":"input_audio.transcript","item_id":"item_1","text":"What is the capital of France?","final":true}',
+    ),
+    (
+        ev.ResponseAudioDelta(
+            response_id="r1", stream_id="s1", audio=PCM, start_ms=480, end_ms=480, text_end=6
+        ),
+        '{"type":"response.audio.delta","response_id":"r1","stream_id":"s1","audio":"AAABAP///38=","start_ms":480,'
+        '"end_ms":480,"text_end":6}',
+    ),
+    (
+        ev.ResponseAudioDone(response_id="r1", stream_id="s1", end_ms=1730),
+        '{"type":"response.audio.done","response_id":"r1","stream_id":"s1","end_ms":1730}',
+    ),
+]
+
+# The fields that hold audio bytes, by event type: base64 in JSON, bin in msgpack.
+AUDIO_BYTES_FIELDS = {"input_audio.append": "audio", "response.audio.delta": "audio"}
+
+
 def _msgpack_golden(json_frame: str) -> bytes:
-    return msgpack.packb(json.loads(json_frame), use_bin_type=True)
+    obj = json.loads(json_frame)
+    if (key := AUDIO_BYTES_FIELDS.get(obj["type"])) is not None:
+        obj[key] = base64.b64decode(obj[key], validate=True)
+    return msgpack.packb(obj, use_bin_type=True)
 
 
 def test_every_event_type_has_a_golden_frame() -> None:
-    assert {type(e).type for e, _ in CLIENT_GOLDEN} == set(ev.CLIENT_EVENTS)
-    assert {type(e).type for e, _ in SERVER_GOLDEN} == set(ev.SERVER_EVENTS)
+    assert {type(e).type for e, _ in CLIENT_GOLDEN + CLIENT_AUDIO_GOLDEN} == set(ev.CLIENT_EVENTS)
+    assert {type(e).type for e, _ in SERVER_GOLDEN + SERVER_AUDIO_GOLDEN} == set(ev.SERVER_EVENTS)
 
 
-@pytest.mark.parametrize(("event", "frame"), CLIENT_GOLDEN + SERVER_GOLDEN)
+ALL_CLIENT_GOLDEN = CLIENT_GOLDEN + CLIENT_AUDIO_GOLDEN
+ALL_SERVER_GOLDEN = SERVER_GOLDEN + SERVER_AUDIO_GOLDEN
+
+
+@pytest.mark.parametrize(("event", "frame"), ALL_CLIENT_GOLDEN + ALL_SERVER_GOLDEN)
 def test_encode_matches_golden(event: Any, frame: str) -> None:
     assert encode(event, "json") == frame
     assert encode(event, "msgpack") == _msgpack_golden(frame)
 
 
-@pytest.mark.parametrize(("event", "frame"), CLIENT_GOLDEN)
+@pytest.mark.parametrize(("event", "frame"), ALL_CLIENT_GOLDEN)
 def test_client_golden_decodes(event: Any, frame: str) -> None:
     assert Decoder(fmt="json").decode(frame) == event
     assert Decoder(fmt="msgpack").decode(_msgpack_golden(frame)) == event
 
 
-@pytest.mark.parametrize(("event", "frame"), SERVER_GOLDEN)
+@pytest.mark.parametrize(("event", "frame"), ALL_SERVER_GOLDEN)
 def test_server_golden_decodes(event: Any, frame: str) -> None:
     assert decode_server_event(frame) == event
     assert decode_server_event(_msgpack_golden(frame)) == event
+
+
+@pytest.mark.parametrize(("event", "frame"), CLIENT_GOLDEN + SERVER_GOLDEN)
+def test_frames_without_audio_decode_without_audio(event: Any, frame: str) -> None:
+    # An old client's or server's frames: every audio addition reads as "not given".
+    decoded = Decoder().decode(frame) if type(event).type in ev.CLIENT_EVENTS else decode_server_event(frame)
+    if isinstance(decoded, ev.SessionUpdate | ev.SessionUpdated):
+        assert decoded.session.audio is None
+    if isinstance(decoded, ev.ResponseCreate):
+        assert decoded.modalities is None
+    if isinstance(decoded, ev.StreamResume):
+        assert decoded.audio_from_ms is None
+    if isinstance(decoded, ev.ResponseCreated):
+        assert decoded.input_item_id is None
+    if isinstance(decoded, ev.SessionCreated):
+        assert decoded.limits.max_input_audio_ms is None
+    new_keys = ('"audio"', '"modalities"', '"audio_from_ms"', '"input_item_id"', '"max_input_audio_ms"')
+    assert not [k for k in new_keys if k in frame]  # the frame is an old one
+
+
+def test_turn_detection_type_none_is_the_same_as_null() -> None:
+    # One value for "detection off", however the client wrote it; it is written back as null.
+    by_type = '{"type":"session.update","session":{"audio":{"input":{"turn_detection":{"type":"none"}}}}}'
+    by_null = '{"type":"session.update","session":{"audio":{"input":{"turn_detection":null}}}}'
+    off = ev.SessionUpdate(
+        session=ev.SessionSettings(
+            audio=ev.AudioSettings(input=ev.AudioInputSettings(turn_detection=ev.TURN_DETECTION_OFF))
+        )
+    )
+    assert Decoder().decode(by_type) == Decoder().decode(by_null) == off
+    assert encode(off, "json") == by_null
+    assert ev.TURN_DETECTION_OFF == ev.TurnDetectionSettings(type="none")
+
+
+def test_absent_null_and_off_are_three_values() -> None:
+    # Absent (None: unchanged) is not the meaningful null (off), on the wire or in the event.
+    absent = Decoder().decode('{"type":"session.update","session":{"audio":{"input":{}}}}')
+    off = Decoder().decode(
+        '{"type":"session.update","session":{"audio":{"input":{"turn_detection":null},"output":null}}}'
+    )
+    assert absent.session.audio == ev.AudioSettings(input=ev.AudioInputSettings())
+    assert off.session.audio == ev.AudioSettings(
+        input=ev.AudioInputSettings(turn_detection=ev.TURN_DETECTION_OFF), output=ev.AUDIO_OUTPUT_OFF
+    )
+    assert ev.AUDIO_OUTPUT_OFF.enabled is False and ev.AudioOutputSettings().enabled is True
+    # A null elsewhere still counts as absent.
+    assert Decoder().decode('{"type":"session.update","session":{"audio":null}}') == ev.SessionUpdate(
+        session=ev.SessionSettings()
+    )
+    with pytest.raises(AssertionError):
+        ev.AudioOutputSettings(enabled=False, voice="amy")  # text only takes no other field
 
 
 def test_msgpack_bytes_by_hand() -> None:
@@ -179,6 +423,9 @@ def test_msgpack_bytes_by_hand() -> None:
     # fixmap(2) {"type": "stream.resume"... "from": 0} ends with fixstr "from", positive fixint 0
     frame = encode(ev.StreamResume(stream_id="s", resume_token="t", from_=0), "msgpack")
     assert frame[0] == 0x84 and frame.endswith(bytes.fromhex("a4 66726f6d 00"))
+    # audio is bin 8 (0xc4, length 4), the samples as they are
+    frame = encode(ev.InputAudioAppend(audio=PCM[:4]), "msgpack")
+    assert frame[0] == 0x82 and frame.endswith(bytes.fromhex("a5 617564696f c4 04 00000100"))
 
 
 def test_integral_numbers_decode_as_floats_where_the_field_is_a_number() -> None:

@@ -136,6 +136,182 @@ def test_boundary_values_are_accepted() -> None:
     assert Decoder().decode(cancel) == ev.ResponseCancel(response_id="r", heard_chars=top, audio_end_ms=top)
 
 
+def _append(audio: Any) -> str:
+    return json.dumps({"type": "input_audio.append", "audio": audio})
+
+
+def _audio(audio: Any) -> str:
+    return json.dumps({"type": "session.update", "session": {"audio": audio}})
+
+
+def _turn(**fields: Any) -> str:
+    return _audio({"input": {"turn_detection": fields}})
+
+
+TD = "session.audio.input.turn_detection"
+
+# (frame, the field the message must name)
+AUDIO_INVALID_MESSAGE = [
+    pytest.param('{"type":"input_audio.append"}', "audio", id="append-missing-audio"),
+    pytest.param(_append(None), "audio", id="append-audio-null"),
+    pytest.param(_append(5), "audio", id="append-audio-int"),
+    pytest.param(_append(["AAAA"]), "audio", id="append-audio-list"),
+    pytest.param(_append("AAA"), "audio", id="base64-unpadded"),
+    pytest.param(_append("AA"), "audio", id="base64-unpadded-2"),
+    pytest.param(_append("AA=A"), "audio", id="base64-padding-inside"),
+    pytest.param(_append("AA==="), "audio", id="base64-excess-padding"),
+    pytest.param(_append("A"), "audio", id="base64-one-char"),
+    pytest.param(_append("AAA*"), "audio", id="base64-bad-char"),
+    pytest.param(_append("AP-_"), "audio", id="base64-urlsafe-alphabet"),
+    pytest.param(_append("AAAA AAAA"), "audio", id="base64-space"),
+    pytest.param(_append("AAAA\n"), "audio", id="base64-newline"),
+    pytest.param(_append("AB=="), "audio", id="base64-not-canonical"),
+    pytest.param(_append("é==="), "audio", id="base64-non-ascii"),
+    pytest.param(_audio(True), "session.audio", id="audio-not-map"),
+    pytest.param(_audio({"input": []}), "session.audio.input", id="input-not-map"),
+    pytest.param(_audio({"output": "amy"}), "session.audio.output", id="output-not-map"),
+    pytest.param(_audio({"input": {"turn_detection": "server_vad"}}), TD, id="turn_detection-not-map"),
+    pytest.param(_turn(threshold="0.5"), f"{TD}.threshold", id="threshold-string"),
+    pytest.param(_turn(prefix_padding_ms=300.0), f"{TD}.prefix_padding_ms", id="prefix_padding_ms-float"),
+    pytest.param(_turn(silence_duration_ms=True), f"{TD}.silence_duration_ms", id="silence_duration_ms-bool"),
+    pytest.param(_turn(interrupt_response=1), f"{TD}.interrupt_response", id="interrupt_response-int"),
+    pytest.param(_turn(create_response="yes"), f"{TD}.create_response", id="create_response-string"),
+    pytest.param(_audio({"output": {"voice": 5}}), "session.audio.output.voice", id="voice-int"),
+    pytest.param(_create(modalities="text"), "modalities", id="modalities-not-list"),
+    pytest.param(
+        '{"type":"stream.resume","stream_id":"s","resume_token":"t","from":0,"audio_from_ms":1.5}',
+        "audio_from_ms",
+        id="audio_from_ms-float",
+    ),
+]
+
+
+@pytest.mark.parametrize(("frame", "name"), AUDIO_INVALID_MESSAGE)
+def test_audio_invalid_message(frame: str, name: str) -> None:
+    error = _error(frame)
+    assert error.code is ErrorCode.INVALID_MESSAGE
+    assert f"'{name}'" in error.message
+
+
+AUDIO_INVALID_PARAMETER = [
+    pytest.param(_append("AAAA"), "audio", id="append-3-bytes"),
+    pytest.param(_append("AA=="), "audio", id="append-1-byte"),
+    pytest.param(
+        _audio({"input": {"sample_rate": 44100}}), "session.audio.input.sample_rate", id="in-rate-44100"
+    ),
+    pytest.param(
+        _audio({"input": {"sample_rate": 8000}}), "session.audio.input.sample_rate", id="in-rate-8000"
+    ),
+    pytest.param(
+        _audio({"input": {"sample_rate": "16000"}}), "session.audio.input.sample_rate", id="in-rate-str"
+    ),
+    pytest.param(
+        _audio({"input": {"sample_rate": 16000.0}}), "session.audio.input.sample_rate", id="in-rate-float"
+    ),
+    pytest.param(
+        _audio({"output": {"sample_rate": 22050}}), "session.audio.output.sample_rate", id="out-rate"
+    ),
+    pytest.param(_turn(type="semantic_vad"), f"{TD}.type", id="turn-type"),
+    pytest.param(_turn(threshold=0), f"{TD}.threshold", id="threshold=0"),
+    pytest.param(_turn(threshold=1), f"{TD}.threshold", id="threshold=1"),
+    pytest.param(_turn(threshold=-0.2), f"{TD}.threshold", id="threshold<0"),
+    pytest.param(_turn(threshold=1.5), f"{TD}.threshold", id="threshold>1"),
+    pytest.param(_turn(prefix_padding_ms=-1), f"{TD}.prefix_padding_ms", id="prefix_padding_ms<0"),
+    pytest.param(_turn(prefix_padding_ms=10_001), f"{TD}.prefix_padding_ms", id="prefix_padding_ms>10s"),
+    pytest.param(_turn(silence_duration_ms=-1), f"{TD}.silence_duration_ms", id="silence_duration_ms<0"),
+    pytest.param(
+        _turn(silence_duration_ms=10_001), f"{TD}.silence_duration_ms", id="silence_duration_ms>10s"
+    ),
+    pytest.param(_turn(type="none", threshold=0.5), TD, id="turn-off-with-fields"),
+    pytest.param(_turn(type="none", create_response=False), TD, id="turn-off-with-create_response"),
+    pytest.param(_audio({"output": {"voice": ""}}), "session.audio.output.voice", id="voice-empty"),
+    pytest.param(_audio({"output": {"voice": "v" * 65}}), "session.audio.output.voice", id="voice>64"),
+    pytest.param(_create(modalities=["audio"]), "modalities", id="modalities-audio-alone"),
+    pytest.param(_create(modalities=[]), "modalities", id="modalities-empty"),
+    pytest.param(_create(modalities=["text", "text"]), "modalities", id="modalities-duplicate"),
+    pytest.param(_create(modalities=["text", "audio", "audio"]), "modalities", id="modalities-audio-twice"),
+    pytest.param(_create(modalities=["text", "video"]), "modalities[1]", id="modalities-unknown"),
+    pytest.param(
+        '{"type":"stream.resume","stream_id":"s","resume_token":"t","from":0,"audio_from_ms":-1}',
+        "audio_from_ms",
+        id="audio_from_ms<0",
+    ),
+    pytest.param(
+        '{"type":"stream.resume","stream_id":"s","resume_token":"t","from":0,"audio_from_ms":2147483648}',
+        "audio_from_ms",
+        id="audio_from_ms>2**31-1",
+    ),
+]
+
+
+@pytest.mark.parametrize(("frame", "name"), AUDIO_INVALID_PARAMETER)
+def test_audio_invalid_parameter(frame: str, name: str) -> None:
+    error = _error(frame)
+    assert error.code is ErrorCode.INVALID_PARAMETER
+    assert f"'{name}'" in error.message
+
+
+def test_msgpack_audio_is_bin_only() -> None:
+    pcm = b"\x01\x00\x02\x00"
+    assert Decoder(fmt="msgpack").decode(
+        msgpack.packb({"type": "input_audio.append", "audio": pcm}, use_bin_type=True)
+    ) == ev.InputAudioAppend(audio=pcm)
+    # base64 text where msgpack carries bin is a mistyped field, even when it would decode
+    frame = msgpack.packb({"type": "input_audio.append", "audio": "AQACAA=="}, use_bin_type=True)
+    error = _error(frame, "msgpack")
+    assert error.code is ErrorCode.INVALID_MESSAGE and "'audio'" in error.message
+    odd = msgpack.packb({"type": "input_audio.append", "audio": pcm[:3]}, use_bin_type=True)
+    error = _error(odd, "msgpack")
+    assert error.code is ErrorCode.INVALID_PARAMETER and "3" in error.message
+
+
+def _decoded_audio(frame: str) -> ev.AudioSettings | None:
+    event = Decoder().decode(frame)
+    assert isinstance(event, ev.SessionUpdate)
+    return event.session.audio
+
+
+def test_audio_boundary_values_are_accepted() -> None:
+    assert Decoder().decode(_append("")) == ev.InputAudioAppend(audio=b"")  # no samples is whole samples
+    assert Decoder().decode(_append("AAD/fw==")) == ev.InputAudioAppend(audio=b"\x00\x00\xff\x7f")
+    for threshold, padding_ms, silence_ms in ((0.001, 0, 10_000), (0.999, 10_000, 0)):
+        frame = _turn(threshold=threshold, prefix_padding_ms=padding_ms, silence_duration_ms=silence_ms)
+        assert _decoded_audio(frame) == ev.AudioSettings(
+            input=ev.AudioInputSettings(
+                turn_detection=ev.TurnDetectionSettings(
+                    threshold=threshold, prefix_padding_ms=padding_ms, silence_duration_ms=silence_ms
+                )
+            )
+        )
+    assert _decoded_audio(_turn(type="none")) == ev.AudioSettings(
+        input=ev.AudioInputSettings(turn_detection=ev.TURN_DETECTION_OFF)
+    )
+    for rate in (16000, 24000):
+        assert _decoded_audio(_audio({"input": {"sample_rate": rate}, "output": {"sample_rate": rate}})) == (
+            ev.AudioSettings(
+                input=ev.AudioInputSettings(sample_rate=rate), output=ev.AudioOutputSettings(sample_rate=rate)
+            )
+        )
+    assert _decoded_audio(_audio({"output": {"voice": "v" * 64}})) == ev.AudioSettings(
+        output=ev.AudioOutputSettings(voice="v" * 64)
+    )
+    assert Decoder().decode(_create(modalities=["audio", "text"])) == ev.ResponseCreate(
+        modalities=("audio", "text")
+    )
+    top = 2**31 - 1
+    for ms in (0, top):
+        resume = {
+            "type": "stream.resume",
+            "stream_id": "s",
+            "resume_token": "t",
+            "from": 0,
+            "audio_from_ms": ms,
+        }
+        assert Decoder().decode(json.dumps(resume)) == ev.StreamResume(
+            stream_id="s", resume_token="t", from_=0, audio_from_ms=ms
+        )
+
+
 def test_msgpack_nan_is_invalid_parameter() -> None:
     frame = msgpack.packb({"type": "response.create", "temperature": float("nan")})
     assert _error(frame, "msgpack").code is ErrorCode.INVALID_PARAMETER

@@ -1,0 +1,225 @@
+"""Speaker: one response's text spoken as it is delivered (``response.audio.delta``).
+
+The delivery hands each delta's text to :meth:`Speaker.feed` after sending it;
+the speaker cuts the text into segments (sentences, or clauses: the first one
+short, for early first audio), synthesizes each in a worker thread as soon as
+it is complete, and sends its audio in chunks of at most ``chunk_ms``. Each
+chunk carries ``start_ms``/``end_ms`` on the response's output timeline and
+``text_end``, the code points of the response text spoken by ``end_ms``, from
+the synthesizer's own word timings; as only delivered text is ever segmented,
+``text_end`` never passes the text the client already has.
+
+The audio is re-derived, never stored: segmenting is a function of the text,
+and the synthesizer's timings are deterministic (``noise_w = 0``), so a
+client that resumes with ``audio_from_ms`` gets the same timeline again
+(:class:`Speaker` with ``skip_before_ms``), and the model generates nothing
+twice. Synthesis is cheap next to generation (a real-time factor of about
+0.05 here), while logging 24 kHz audio would cost 48 KB per second of speech
+in the token log of every stream.
+
+A barge-in calls :meth:`Speaker.stop`: no audio chunk of the response is sent
+after it. :meth:`Speaker.finish` speaks what is left (unless stopped) and
+sends ``response.audio.done``; the delivery awaits it before ``response.done``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+from bargein.protocol import events as pe
+from bargein.session.observer import SessionObserver
+from bargein.voice.align import Alignment
+from bargein.voice.audio import Resampler, float_to_pcm16
+from bargein.voice.segment import Segment, Segmenter
+
+logger = logging.getLogger(__name__)
+
+SendEvent = Callable[[object], Awaitable[None]]
+RunBlocking = Callable[[Callable[[], Any]], Awaitable[Any]]
+CHUNK_MS = 200  # audio per response.audio.delta: small enough to stop quickly
+# Markup a chat model writes that must not be read aloud; each becomes a space
+# so the synthesizer's character offsets stay those of the response text.
+_UNSPOKEN = str.maketrans({c: " " for c in "*#`_~|<>[]"})
+
+
+class SpeechSynth(Protocol):
+    """What the speaker needs of :class:`bargein.voice.tts.Synthesizer`."""
+
+    @property
+    def sample_rate(self) -> int: ...
+
+    def synthesize(self, text: str) -> Any: ...
+
+
+class Speaker:
+    """The spoken audio of one response.
+
+    Args:
+        synth: the synthesizer (shared; called from ``run_blocking``).
+        response_id, stream_id: the response, echoed in its audio events.
+        sample_rate: the session's output rate (Hz).
+        send: writes one server event, returns once it is on the wire.
+        run_blocking: runs a blocking call off the event loop (a thread pool).
+        skip_before_ms: audio before this output-timeline point is not sent
+            (a resume with ``audio_from_ms``); its timeline is still computed.
+        chunk_ms: most audio per delta.
+        clock: monotonic seconds (for the synthesis time).
+        on_first_audio: called once, when the first chunk went out.
+    """
+
+    def __init__(
+        self,
+        synth: SpeechSynth,
+        *,
+        response_id: str,
+        stream_id: str,
+        sample_rate: int,
+        send: SendEvent,
+        run_blocking: RunBlocking,
+        skip_before_ms: int = 0,
+        chunk_ms: int = CHUNK_MS,
+        clock: Callable[[], float],
+        observer: SessionObserver | None = None,
+        on_first_audio: Callable[[], None] | None = None,
+    ) -> None:
+        self.response_id = response_id
+        self.stream_id = stream_id
+        self.sample_rate = sample_rate
+        self.alignment = Alignment()
+        self.sent_end_ms = 0  # end of the last chunk sent (output timeline)
+        self.sent_text_end = 0
+        self.stopped = False
+        self.done = False  # response.audio.done was sent
+        self._synth = synth
+        self._send = send
+        self._run_blocking = run_blocking
+        self._skip_before = skip_before_ms * sample_rate // 1000  # samples
+        self._chunk = max(1, chunk_ms * sample_rate // 1000)
+        self._clock = clock
+        self._observer = observer
+        self._on_first_audio = on_first_audio
+        self._segmenter = Segmenter()
+        self._queue: asyncio.Queue[Segment | None] = asyncio.Queue()
+        self._samples = 0  # output timeline length so far, in samples
+        self._worker: asyncio.Task[None] | None = None
+
+    def feed(self, text: str) -> None:
+        """The delivery sent ``text``, the next characters of the response."""
+        if self.stopped or not text:
+            return
+        for segment in self._segmenter.feed(text):
+            self._enqueue(segment)
+
+    def stop(self) -> None:
+        """Barge-in: send no more audio (synthesis in flight is dropped)."""
+        self.stopped = True
+        if self._worker is not None:
+            self._worker.cancel()
+
+    async def finish(self) -> None:
+        """The response's text is complete (or was cut): speak the rest, unless
+        stopped, then send ``response.audio.done``."""
+        if not self.stopped:
+            for segment in self._segmenter.flush():
+                self._enqueue(segment)
+            if self._worker is not None:
+                self._queue.put_nowait(None)
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._worker
+        elif self._worker is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._worker
+        if self.done:
+            return
+        self.done = True
+        await self._send(
+            pe.ResponseAudioDone(response_id=self.response_id, stream_id=self.stream_id, end_ms=self.sent_end_ms)
+        )
+
+    def cut_chars(self, heard_ms: int | None) -> int:
+        """Where the assistant turn is cut when the user heard up to
+        ``heard_ms`` of the output timeline (None: all the audio sent): at a
+        word boundary at most one word past it, never past what was sent."""
+        ms = self.sent_end_ms if heard_ms is None else min(heard_ms, self.sent_end_ms)
+        return self.alignment.cut_at(ms)
+
+    # ---- the worker --------------------------------------------------------------
+
+    def _enqueue(self, segment: Segment) -> None:
+        self._queue.put_nowait(segment)
+        if self._worker is None:
+            self._worker = asyncio.create_task(self._speak(), name=f"speak-{self.stream_id}")
+
+    async def _speak(self) -> None:
+        while (segment := await self._queue.get()) is not None:
+            try:
+                await self._speak_segment(segment)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a synthesizer failure costs the audio, not the response
+                logger.exception("speech synthesis failed for stream %s; its audio stops", self.stream_id)
+                self.stopped = True
+                return
+
+    async def _speak_segment(self, segment: Segment) -> None:
+        text = segment.text.translate(_UNSPOKEN)
+        if not text.strip():
+            return
+        started = self._clock()
+        speech = await self._run_blocking(lambda: self._synth.synthesize(text))
+        audio = self._resampled(speech.audio)
+        if self._observer is not None and len(audio):
+            self._observer.synthesized(
+                audio_s=len(audio) / self.sample_rate, compute_s=self._clock() - started
+            )
+        scale = self.sample_rate / self._synth.sample_rate
+        base = self._samples
+        self.alignment.add_segment(
+            segment.start,
+            [
+                (segment.start + w.char_end, (base + w.sample_end * scale) * 1000 / self.sample_rate)
+                for w in speech.words
+            ],
+        )
+        self._samples += len(audio)
+        for lo in range(0, len(audio), self._chunk):
+            if self.stopped:
+                return
+            chunk_start, chunk_end = base + lo, base + min(lo + self._chunk, len(audio))
+            if chunk_end <= self._skip_before:
+                continue
+            piece = audio[max(lo, self._skip_before - base) : chunk_end - base]
+            await self._send_chunk(piece, chunk_end)
+
+    async def _send_chunk(self, piece: np.ndarray, end_sample: int) -> None:
+        start_ms = (end_sample - len(piece)) * 1000 // self.sample_rate
+        end_ms = end_sample * 1000 // self.sample_rate
+        text_end = self.alignment.text_end_at(end_ms)
+        await self._send(
+            pe.ResponseAudioDelta(
+                response_id=self.response_id,
+                stream_id=self.stream_id,
+                audio=float_to_pcm16(piece),
+                start_ms=start_ms,
+                end_ms=end_ms,
+                text_end=text_end,
+            )
+        )
+        first = self.sent_end_ms == 0
+        self.sent_end_ms, self.sent_text_end = end_ms, text_end
+        if first and self._on_first_audio is not None:
+            self._on_first_audio()
+
+    def _resampled(self, audio: np.ndarray) -> np.ndarray:
+        """The synthesizer's int16 audio as float32 at the session's rate."""
+        x = audio.astype(np.float32) / 32768.0
+        if self._synth.sample_rate == self.sample_rate:
+            return x
+        resampler = Resampler(self._synth.sample_rate, self.sample_rate)
+        return np.concatenate([resampler.process(x), resampler.flush()])

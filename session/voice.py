@@ -1,0 +1,221 @@
+"""The voice side of one connection: input audio to turns, settings, alignments.
+
+:class:`VoiceRuntime` is the process's share (the models and the thread pool
+they run in). :class:`VoiceInput` is one connection's input: it resamples the
+appended PCM16 to 16 kHz, keeps the uncommitted audio (bounded), runs the
+VAD frame by frame and the turn detector on its probabilities, and returns
+what the detector saw; the connection (``session/connection.py``) turns that
+into protocol events, barge-ins and responses. Nothing here sends or awaits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+import numpy as np
+
+from bargein.session.config import VoiceConfig
+from bargein.voice.audio import INPUT_RATES, OUTPUT_RATES, Resampler, pcm16_to_float
+from bargein.voice.input_buffer import InputAudioBuffer
+from bargein.voice.turns import TurnDetection, TurnDetector, TurnEvent
+from bargein.voice.vad import FRAME_SAMPLES, SAMPLE_RATE
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+DEFAULT_OUTPUT_RATE = 24000  # OpenAI's realtime default
+
+
+class VoiceRuntime:
+    """The loaded voice models and the threads they run in.
+
+    Args:
+        models: a :class:`bargein.voice.models.VoiceModels` (VAD, transcriber,
+            synthesizer).
+        config: limits.
+    """
+
+    def __init__(self, models: Any, config: VoiceConfig) -> None:
+        self.models = models
+        self.config = config
+        self._pool = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="voice")
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        """``fn()`` in the voice thread pool (the models release the GIL)."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
+
+    def close(self) -> None:
+        """Stop the threads (after the last connection closed)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AudioSettings:
+    """A session's audio settings in force (``session.update``'s ``audio``).
+
+    Attributes:
+        input_rate: Hz of ``input_audio.append`` PCM16.
+        turn_detection: server VAD parameters; None: no detection (the client
+            commits its turns with ``input_audio.commit``).
+        output_rate: Hz of ``response.audio.delta`` PCM16; None: text only.
+        voice: the synthesizer voice.
+    """
+
+    input_rate: int = SAMPLE_RATE
+    turn_detection: TurnDetection | None = TurnDetection()
+    output_rate: int | None = None
+    voice: str = "joe"
+
+    def __post_init__(self) -> None:
+        if self.input_rate not in INPUT_RATES:
+            raise ValueError(f"input sample_rate={self.input_rate} must be one of {list(INPUT_RATES)}")
+        if self.output_rate is not None and self.output_rate not in OUTPUT_RATES:
+            raise ValueError(f"output sample_rate={self.output_rate} must be one of {list(OUTPUT_RATES)}")
+
+
+class VoiceInput:
+    """One connection's input audio, its VAD and its turns.
+
+    Args:
+        runtime: the process's voice models.
+        settings: the audio settings in force (see :meth:`apply`).
+    """
+
+    def __init__(self, runtime: VoiceRuntime, settings: AudioSettings) -> None:
+        self._runtime = runtime
+        self._vad = runtime.models.vad.stream()
+        self.settings = settings
+        self.buffer = InputAudioBuffer(sample_rate=SAMPLE_RATE, max_ms=runtime.config.max_input_audio_ms)
+        self._resampler = Resampler(settings.input_rate, SAMPLE_RATE)
+        self._pending = np.zeros(0, dtype=np.float32)  # samples short of a VAD frame
+        self._detector = self._new_detector()
+        # (input-timeline ms after an append, monotonic time it arrived): when
+        # the frame of a given ms arrived, for the voice-to-voice latency
+        self._arrivals: deque[tuple[int, float]] = deque(maxlen=512)
+
+    def apply(self, settings: AudioSettings) -> None:
+        """New settings: a new input rate restarts the resampler; new turn
+        detection parameters restart the detector (the buffer is kept)."""
+        old, self.settings = self.settings, settings
+        if settings.input_rate != old.input_rate:
+            self._resampler = Resampler(settings.input_rate, SAMPLE_RATE)
+        if settings.turn_detection != old.turn_detection:
+            self._detector = self._new_detector()
+
+    def _new_detector(self) -> TurnDetector | None:
+        params = self.settings.turn_detection
+        return None if params is None else TurnDetector(params, frame_ms=FRAME_SAMPLES * 1000 // SAMPLE_RATE)
+
+    @property
+    def turn_detection(self) -> TurnDetection | None:
+        """The detector's parameters, or None without server VAD."""
+        return self.settings.turn_detection
+
+    @property
+    def in_speech(self) -> bool:
+        """Whether the detector is inside a turn now."""
+        return self._detector is not None and self._detector.in_speech
+
+    def append(self, pcm: bytes, received_at: float) -> list[TurnEvent]:
+        """Append PCM16 at the input rate; return what the detector saw in it.
+
+        Raises:
+            ValueError: not whole PCM16 samples.
+            bargein.voice.input_buffer.InputAudioFull: the uncommitted audio
+                would pass ``max_input_audio_ms`` (nothing is appended).
+        """
+        samples = self._resampler.process(pcm16_to_float(pcm))
+        self.buffer.append(samples)
+        self._arrivals.append((self.buffer.total_ms, received_at))
+        if self._detector is None:
+            return []
+        frames = np.concatenate([self._pending, samples])
+        usable = len(frames) - len(frames) % FRAME_SAMPLES
+        self._pending = frames[usable:]
+        events: list[TurnEvent] = []
+        for lo in range(0, usable, FRAME_SAMPLES):
+            events += self._detector.push(self._vad.probability(frames[lo : lo + FRAME_SAMPLES]))
+        if not self._detector.in_speech:
+            # bounded without a turn end: keep only what a turn's prefix padding may need
+            padding = self._detector.params.prefix_padding_ms
+            self.buffer.trim_before(max(0, self.buffer.total_ms - padding - FRAME_SAMPLES * 1000 // SAMPLE_RATE))
+        return events
+
+    def turn_start_ms(self) -> int:
+        """Where the current (or just ended) turn's audio starts on the input timeline."""
+        assert self._detector is not None
+        return self._detector.turn_start_ms
+
+    def take(self, start_ms: int, end_ms: int) -> np.ndarray:
+        """A turn's audio (float32, 16 kHz), dropping everything before ``end_ms``."""
+        return self.buffer.take(start_ms, end_ms)
+
+    def take_all(self) -> tuple[int, int, np.ndarray]:
+        """``input_audio.commit``: all uncommitted audio, its start and end ms."""
+        end = self.buffer.total_ms
+        start = end - self.buffer.duration_ms
+        audio = self.buffer.take(start, end)
+        self.reset()
+        return start, end, audio
+
+    def clear(self) -> None:
+        """``input_audio.clear``: drop the uncommitted audio (the timeline goes on)."""
+        self.buffer.clear()
+        self.reset()
+
+    def reset(self) -> None:
+        """Restart the VAD and the detector (after a commit or a clear)."""
+        self._pending = np.zeros(0, dtype=np.float32)
+        self._vad.reset()
+        if self._detector is not None:
+            self._detector.reset()
+
+    def arrival_of(self, ms: int) -> float | None:
+        """When the append holding input-timeline ``ms`` arrived (monotonic s)."""
+        for end, at in self._arrivals:
+            if end >= ms:
+                return at
+        return None
+
+
+def merged(settings: AudioSettings, update: Any) -> AudioSettings:
+    """``settings`` with a ``session.update``'s ``audio`` merged field by field.
+
+    Raises:
+        ValueError: a value is out of range (the message names the field).
+    """
+    new = settings
+    if update.input is not None:
+        if update.input.sample_rate is not None:
+            new = replace(new, input_rate=update.input.sample_rate)
+        td = update.input.turn_detection
+        if td is not None:
+            if td.type == "none":
+                new = replace(new, turn_detection=None)
+            else:
+                base = new.turn_detection or TurnDetection()
+                fields = {
+                    k: getattr(td, k)
+                    for k in (
+                        "threshold",
+                        "prefix_padding_ms",
+                        "silence_duration_ms",
+                        "interrupt_response",
+                        "create_response",
+                    )
+                    if getattr(td, k, None) is not None
+                }
+                new = replace(new, turn_detection=replace(base, **fields))
+    if update.output is not None:
+        out = update.output
+        if getattr(out, "enabled", True) is False:
+            new = replace(new, output_rate=None)
+        else:
+            rate = out.sample_rate or new.output_rate or DEFAULT_OUTPUT_RATE
+            new = replace(new, output_rate=rate, voice=out.voice or new.voice)
+    return new

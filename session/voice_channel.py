@@ -1,0 +1,321 @@
+"""The voice loop of one connection: turns in, barge-ins, responses spoken out.
+
+:class:`VoiceChannel` sits beside a connection's :class:`~bargein.session.session.Session`.
+It takes the audio events (``input_audio.*``), runs them through
+:class:`~bargein.session.voice.VoiceInput`, and acts on what the turn detector
+saw:
+
+- speech started: ``input_audio.speech_started``; with ``interrupt_response``
+  the response being spoken stops at once (its :class:`Speaker` sends nothing
+  more) and is cancelled as a ``response.cancel`` would, cut at the text of
+  the audio sent (a client that reports ``audio_end_ms`` re-cuts it);
+- speech stopped (or ``input_audio.commit``): ``input_audio.speech_stopped``,
+  ``input_audio.committed``, then the turn is transcribed off the event loop
+  (``input_audio.transcript``) and, with ``create_response``, a response is
+  created with the transcript as its user item; without it the item waits
+  for the client's next ``response.create``.
+
+It also keeps each voice response's speaker, so ``response.cancel`` with
+``audio_end_ms`` maps milliseconds to characters, and a resume with
+``audio_from_ms`` re-derives the audio from the logged text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from bargein.protocol import events as pe
+from bargein.session.observer import SessionObserver
+from bargein.session.speaker import Speaker
+from bargein.session.voice import DEFAULT_OUTPUT_RATE, AudioSettings, VoiceInput, VoiceRuntime, merged
+from bargein.voice.input_buffer import InputAudioFull
+from bargein.voice.turns import SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped
+
+logger = logging.getLogger(__name__)
+_REMEMBERED = 16  # responses whose speaker a late response.cancel can still name
+
+
+class VoiceHost(Protocol):
+    """What the channel needs of its connection."""
+
+    async def send(self, event: object) -> None:
+        """Write one server event."""
+
+    async def dispatch_as_client(self, event: object, now: float) -> None:
+        """Apply ``event`` as if the client sent it (takes the connection's lock)."""
+
+    async def cancel_active(self, heard_chars: int | None, now: float) -> None:
+        """Cancel the active response now (the caller holds the lock)."""
+
+    @property
+    def active_response_id(self) -> str | None:
+        """The session's active response, if any."""
+
+    def wait_idle(self) -> Awaitable[None]:
+        """Resolves once the session has no active response."""
+
+
+@dataclass(slots=True)
+class _VoiceResponse:
+    """What the channel knows of one response it speaks or started."""
+
+    speaker: Speaker | None = None
+    audio: bool = False  # spoken (modalities, or the session's output)
+    input_item_id: str | None = None
+    speech_end_at: float | None = None  # arrival of the turn's last voiced audio
+
+
+class VoiceChannel:
+    """The voice side of one connection.
+
+    Args:
+        runtime: the process's voice models and threads.
+        host: the connection.
+        observer: voice metrics.
+        clock: monotonic seconds.
+    """
+
+    def __init__(
+        self,
+        runtime: VoiceRuntime,
+        host: VoiceHost,
+        *,
+        observer: SessionObserver,
+        clock: Callable[[], float],
+    ) -> None:
+        self.runtime = runtime
+        self.settings = AudioSettings()
+        self._host = host
+        self._observer = observer
+        self._clock = clock
+        self._input: VoiceInput | None = None  # made at the first audio
+        self._responses: OrderedDict[str, _VoiceResponse] = OrderedDict()
+        self._pending_items: list[tuple[str, pe.InputItem]] = []  # turns without a response yet
+        self._next: _VoiceResponse | None = None  # of the response.create being applied
+        self._next_audio = False
+        self._turns: set[asyncio.Task[None]] = set()
+
+    # ---- settings ----------------------------------------------------------------
+
+    def update(self, audio: Any) -> str | None:
+        """Merge a ``session.update``'s ``audio``; the problem, or None."""
+        try:
+            new = merged(self.settings, audio)
+        except ValueError as exc:
+            return str(exc)
+        self.settings = new
+        if self._input is not None:
+            self._input.apply(new)
+        return None
+
+    def echo(self) -> pe.AudioSettings:
+        """The audio settings in force, as ``session.updated`` reports them."""
+        s, td = self.settings, self.settings.turn_detection
+        detection = (
+            pe.TURN_DETECTION_OFF
+            if td is None
+            else pe.TurnDetectionSettings(
+                type="server_vad",
+                threshold=td.threshold,
+                prefix_padding_ms=td.prefix_padding_ms,
+                silence_duration_ms=td.silence_duration_ms,
+                interrupt_response=td.interrupt_response,
+                create_response=td.create_response,
+            )
+        )
+        return pe.AudioSettings(
+            input=pe.AudioInputSettings(sample_rate=s.input_rate, turn_detection=detection),  # type: ignore[arg-type]
+            output=pe.AUDIO_OUTPUT_OFF
+            if s.output_rate is None
+            else pe.AudioOutputSettings(sample_rate=s.output_rate, voice=s.voice),  # type: ignore[arg-type]
+        )
+
+    # ---- input -------------------------------------------------------------------
+
+    async def handle_input(self, event: object, received_at: float) -> None:
+        """``input_audio.append``/``commit``/``clear`` (the caller holds the lock)."""
+        inp = self._input
+        if inp is None:
+            inp = self._input = VoiceInput(self.runtime, self.settings)
+        if isinstance(event, pe.InputAudioAppend):
+            try:
+                seen = inp.append(event.audio, received_at)
+            except InputAudioFull as exc:
+                await self._error(pe.ErrorCode.INVALID_PARAMETER, str(exc), event)
+                return
+            except ValueError as exc:
+                await self._error(pe.ErrorCode.INVALID_PARAMETER, f"audio: {exc}", event)
+                return
+            for what in seen:
+                await self._on_turn_event(what, inp, received_at)
+        elif isinstance(event, pe.InputAudioCommit):
+            start, end, audio = inp.take_all()
+            self._start_turn(audio, start, end, speech_end_at=received_at)
+        elif isinstance(event, pe.InputAudioClear):
+            inp.clear()
+
+    async def _on_turn_event(self, what: object, inp: VoiceInput, now: float) -> None:
+        td = inp.turn_detection
+        assert td is not None
+        if isinstance(what, SpeechStarted):
+            if td.interrupt_response:
+                await self._barge_in(now)
+            await self._host.send(pe.InputAudioSpeechStarted(audio_start_ms=what.audio_start_ms))
+        elif isinstance(what, SpeechStopped):
+            await self._host.send(pe.InputAudioSpeechStopped(audio_end_ms=what.audio_end_ms))
+            start = inp.turn_start_ms()
+            audio = inp.take(start, what.audio_end_ms)
+            inp.reset()
+            self._start_turn(audio, start, what.audio_end_ms, speech_end_at=inp.arrival_of(what.audio_end_ms))
+        elif isinstance(what, (SpeechPaused, SpeechResumed)):
+            pass  # speculative starts: not yet
+
+    async def _barge_in(self, now: float) -> None:
+        """Speech started over the assistant: stop its audio, cancel it."""
+        active = self._host.active_response_id
+        stopped = False
+        for response in self._responses.values():
+            if response.speaker is not None and not response.speaker.stopped:
+                response.speaker.stop()
+                stopped = True
+        if active is None:
+            return
+        known = self._responses.get(active)
+        speaker = None if known is None else known.speaker
+        await self._host.cancel_active(None if speaker is None else speaker.cut_chars(None), now)
+        if stopped or speaker is not None:
+            self._observer.barge_in(self._clock() - now)
+
+    def _start_turn(self, audio: Any, start_ms: int, end_ms: int, *, speech_end_at: float | None) -> None:
+        item_id = f"item_{uuid.uuid4().hex}"
+        task = asyncio.create_task(
+            self._turn(item_id, audio, start_ms, end_ms, speech_end_at), name=f"turn-{item_id}"
+        )
+        self._turns.add(task)
+        task.add_done_callback(self._turns.discard)
+
+    async def _turn(
+        self, item_id: str, audio: Any, start_ms: int, end_ms: int, speech_end_at: float | None
+    ) -> None:
+        """Commit, transcribe, and answer one user turn."""
+        await self._host.send(pe.InputAudioCommitted(item_id=item_id, audio_start_ms=start_ms, audio_end_ms=end_ms))
+        started = self._clock()
+        text = await self.runtime.run(lambda: self.runtime.models.transcriber.transcribe(audio))
+        self._observer.transcribed(seconds=self._clock() - started, audio_s=len(audio) / 16000)
+        await self._host.send(pe.InputAudioTranscript(item_id=item_id, text=text, final=True))
+        if not text:
+            return  # silence or noise: no words, no item
+        item = pe.InputItem(role="user", content=text)
+        td = self.settings.turn_detection
+        if td is None or not td.create_response:
+            # push to talk (no server VAD) or no auto response: the client's
+            # next response.create answers it, as in OpenAI's realtime API
+            self._pending_items.append((item_id, item))
+            return
+        if not td.interrupt_response:
+            await self._host.wait_idle()  # the turn waits for the active response
+        self._next = _VoiceResponse(input_item_id=item_id, speech_end_at=speech_end_at)
+        create = pe.ResponseCreate(input=(item,), interrupt_active=True)
+        await self._host.dispatch_as_client(create, self._clock())
+
+    # ---- responses -----------------------------------------------------------------
+
+    def on_create(self, event: pe.ResponseCreate) -> pe.ResponseCreate:
+        """A ``response.create`` is being applied: add the turns still waiting
+        for a response to its input, and note whether it is spoken."""
+        modalities = event.modalities
+        self._next_audio = (
+            "audio" in modalities if modalities is not None else self.settings.output_rate is not None
+        )
+        if self._next is None:
+            self._next = _VoiceResponse()
+            if self._pending_items:
+                self._next.input_item_id = self._pending_items[-1][0]
+        if self._pending_items:
+            items = tuple(item for _, item in self._pending_items)
+            self._pending_items.clear()
+            event = replace(event, input=items + (event.input or ()))
+        return event
+
+    def on_submit(self, response_id: str) -> None:
+        """The response being created got its id."""
+        response = self._next or _VoiceResponse()
+        self._next = None
+        response.audio = self._next_audio
+        self._responses[response_id] = response
+        self._responses.move_to_end(response_id)
+        while len(self._responses) > _REMEMBERED:
+            self._responses.popitem(last=False)
+
+    def created(self, event: pe.ResponseCreated) -> pe.ResponseCreated:
+        """``response.created`` with the ``input_item_id`` of a voice turn."""
+        response = self._responses.get(event.response_id)
+        if response is None or response.input_item_id is None:
+            return event
+        return replace(event, input_item_id=response.input_item_id)
+
+    def speaker_for(self, response_id: str, stream_id: str, *, skip_before_ms: int = 0) -> Speaker | None:
+        """The speaker of a response being delivered (None: text only)."""
+        response = self._responses.get(response_id)
+        if response is None:
+            if not skip_before_ms and self.settings.output_rate is None:
+                return None
+            response = self._responses[response_id] = _VoiceResponse()
+        elif not response.audio and not skip_before_ms:
+            return None
+        speech_end_at = response.speech_end_at
+
+        def first_audio() -> None:
+            if speech_end_at is not None:
+                self._observer.voice_to_voice(self._clock() - speech_end_at)
+
+        response.speaker = Speaker(
+            self.runtime.models.synthesizer,
+            response_id=response_id,
+            stream_id=stream_id,
+            sample_rate=self.settings.output_rate or DEFAULT_OUTPUT_RATE,
+            send=self._host.send,
+            run_blocking=self.runtime.run,
+            skip_before_ms=skip_before_ms,
+            clock=self._clock,
+            observer=self._observer,
+            on_first_audio=first_audio,
+        )
+        return response.speaker
+
+    def heard_chars(self, response_id: str, audio_end_ms: int) -> int | None:
+        """Characters of ``response_id`` spoken by ``audio_end_ms`` (cut at a
+        word boundary); None when it had no audio."""
+        response = self._responses.get(response_id)
+        if response is None or response.speaker is None:
+            return None
+        return response.speaker.cut_chars(audio_end_ms)
+
+    def stop_speaking(self, response_id: str) -> None:
+        """A cancel: the response's speaker sends no more audio."""
+        response = self._responses.get(response_id)
+        if response is not None and response.speaker is not None:
+            response.speaker.stop()
+
+    async def close(self) -> None:
+        """The connection is gone: stop its turns."""
+        for task in list(self._turns):
+            task.cancel()
+        for task in list(self._turns):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _error(self, code: pe.ErrorCode, message: str, event: object) -> None:
+        await self._host.send(
+            pe.ErrorEvent(
+                code=code, message=message, retryable=code.retryable, event_id=getattr(event, "event_id", None)
+            )
+        )
+

@@ -1,0 +1,269 @@
+"""The voice loop end to end: real models, a real socket, speech made by espeak-ng.
+
+A voice turn is speech synthesized here by Debian's espeak-ng, sent as
+``input_audio.append`` in 40 ms chunks (faster than real time: every offset
+is counted from samples, so the server's turns do not depend on the pace);
+the server finds the turn with its VAD, transcribes it, answers in text and
+audio, and cuts a barge-in's turn at the audio the client says it heard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.app.conftest import LiveServer
+from tests.app.resume_helpers import Conn
+from tests.speech import espeak_pcm16, noise_pcm16, silence_pcm16
+
+pytestmark = pytest.mark.slow
+
+RATE = 16000
+CHUNK_MS = 40
+QUESTION = "What is the capital of France?"
+
+
+@pytest.fixture
+def voice_server(live_server: LiveServer) -> LiveServer:
+    if live_server.state.voice is None:
+        from tests.needs import missing
+
+        missing("the voice stack is not installed (make install)")
+    return live_server
+
+
+async def send_audio(conn: Conn, pcm: bytes, *, pace_s: float = 0.0) -> None:
+    """``pcm`` as ``input_audio.append`` events of CHUNK_MS each."""
+    step = RATE * 2 * CHUNK_MS // 1000
+    for lo in range(0, len(pcm), step):
+        await conn.send(type="input_audio.append", audio=base64.b64encode(pcm[lo : lo + step]).decode())
+        if pace_s:
+            await asyncio.sleep(pace_s)
+
+
+async def voice_session(conn: Conn, **turn_detection: Any) -> dict[str, Any]:
+    await conn.send(
+        type="session.update",
+        session={
+            "defaults": {"temperature": 0, "max_tokens": 48},
+            "audio": {
+                "input": {"sample_rate": RATE, "turn_detection": {"type": "server_vad", **turn_detection}},
+                "output": {"sample_rate": 24000},
+            },
+        },
+    )
+    return await conn.expect("session.updated")
+
+
+async def until(conn: Conn, kind: str, events: list[dict[str, Any]]) -> dict[str, Any]:
+    while True:
+        event = await conn.recv()
+        events.append(event)
+        if event["type"] == kind:
+            return event
+
+
+def turn(text: str) -> bytes:
+    return silence_pcm16(500, RATE) + espeak_pcm16(text, RATE) + silence_pcm16(1200, RATE)
+
+
+async def test_a_spoken_question_is_heard_transcribed_and_answered_in_speech(
+    voice_server: LiveServer,
+) -> None:
+    conn = await Conn.open(voice_server.ws_url)
+    try:
+        updated = await voice_session(conn)
+        assert updated["session"]["audio"]["output"]["sample_rate"] == 24000
+        assert conn.created["limits"]["max_input_audio_ms"] > 0
+        await send_audio(conn, turn(QUESTION))
+        events: list[dict[str, Any]] = []
+        done = await until(conn, "response.done", events)
+        kinds = [e["type"] for e in events]
+        started = events[kinds.index("input_audio.speech_started")]
+        stopped = events[kinds.index("input_audio.speech_stopped")]
+        committed = events[kinds.index("input_audio.committed")]
+        transcript = events[kinds.index("input_audio.transcript")]
+        created = events[kinds.index("response.created")]
+        # the speech starts after the 500 ms of silence, minus the prefix padding
+        assert 0 <= started["audio_start_ms"] <= 500
+        assert stopped["audio_end_ms"] > started["audio_start_ms"] + 500
+        assert committed["audio_end_ms"] == stopped["audio_end_ms"]
+        words = transcript["text"].lower()
+        assert "capital" in words and "france" in words, transcript
+        assert transcript["final"] is True and transcript["item_id"] == committed["item_id"]
+        assert created["input_item_id"] == committed["item_id"]
+        text = "".join(e["text"] for e in events if e["type"] == "response.delta")
+        audio = [e for e in events if e["type"] == "response.audio.delta"]
+        assert text and audio
+        # audio of the text, in order, never ahead of the text sent
+        sent = 0
+        last_end, last_text_end = 0, 0
+        for event in events:
+            if event["type"] == "response.delta":
+                sent += len(event["text"])
+            elif event["type"] == "response.audio.delta":
+                assert event["start_ms"] == last_end
+                assert event["end_ms"] > event["start_ms"]
+                assert last_text_end <= event["text_end"] <= sent
+                assert len(base64.b64decode(event["audio"])) == (event["end_ms"] - event["start_ms"]) * 48
+                last_end, last_text_end = event["end_ms"], event["text_end"]
+        assert last_text_end >= len(text.rstrip()) - 1  # the whole answer was spoken
+        audio_done = events[kinds.index("response.audio.done")]
+        assert kinds.index("response.audio.done") > max(i for i, k in enumerate(kinds) if k == "response.audio.delta")
+        assert audio_done["end_ms"] == last_end
+        assert done["finish_reason"] in ("stop", "length")
+    finally:
+        await conn.close()
+
+
+async def test_speaking_over_the_answer_interrupts_it_and_cuts_the_turn_at_what_was_heard(
+    voice_server: LiveServer,
+) -> None:
+    conn = await Conn.open(voice_server.ws_url)
+    try:
+        await voice_session(conn)
+        await conn.send(
+            type="response.create",
+            response_id="story",
+            modalities=["text", "audio"],
+            max_tokens=200,
+            input=[{"role": "user", "content": "Tell me a long story about a dragon and a knight."}],
+        )
+        events: list[dict[str, Any]] = []
+        await until(conn, "response.audio.delta", events)
+        # the user talks over it
+        await send_audio(conn, espeak_pcm16("Stop, stop please.", RATE))
+        await until(conn, "input_audio.speech_started", events)
+        barge_at = len(events)
+        done = await until(conn, "response.done", events)
+        assert done["finish_reason"] == "interrupted"
+        after = events[barge_at:]
+        assert not [e for e in after if e["type"] == "response.audio.delta"], "audio after the barge-in"
+        assert [e["type"] for e in after if e["type"].startswith("response.audio")] == ["response.audio.done"]
+        stats = await voice_server.wait_idle()
+        assert stats.num_running == 0
+        # The client played 1.2 s of the answer: the turn is cut there, at a word.
+        text = "".join(e["text"] for e in events if e["type"] == "response.delta")
+        audio = [e for e in events if e["type"] == "response.audio.delta"]
+        heard_ms = min(1200, audio[-1]["end_ms"])
+        await conn.send(type="response.cancel", response_id="story", audio_end_ms=heard_ms)
+        await until(conn, "response.done", events)
+        # let the spoken "stop" turn end; its answer's prompt holds the cut turn
+        await send_audio(conn, silence_pcm16(1500, RATE))
+        await until(conn, "response.created", events)
+        prompt = voice_server.tokenizer.decode(voice_server.recent_requests()[-1].prompt_token_ids)
+        kept = prompt.split("<|im_start|>assistant\n")[-2].split("<|im_end|>")[0]
+        spoken_by = max([e["text_end"] for e in audio if e["end_ms"] <= heard_ms], default=0)
+        spoken_through = next((e["text_end"] for e in audio if e["end_ms"] > heard_ms), audio[-1]["text_end"])
+        assert text.startswith(kept)
+        assert len(kept) < len(text)  # cut, not all that was generated
+        assert len(kept.rstrip()) >= len(text[:spoken_by].rstrip())
+        # at a word boundary at most one word past what was spoken by heard_ms
+        assert len(kept.split()) <= len(text[:spoken_through].split()) + 1
+        await until(conn, "response.done", events)
+    finally:
+        await conn.close()
+
+
+@pytest.mark.parametrize("sound", ["silence", "noise"])
+async def test_silence_and_quiet_noise_do_not_barge_in(voice_server: LiveServer, sound: str) -> None:
+    conn = await Conn.open(voice_server.ws_url)
+    try:
+        await voice_session(conn)
+        await conn.send(
+            type="response.create",
+            modalities=["text", "audio"],
+            max_tokens=24,
+            input=[{"role": "user", "content": "Say something about the sea."}],
+        )
+        events: list[dict[str, Any]] = []
+        await until(conn, "response.created", events)
+        pcm = silence_pcm16(2000, RATE) if sound == "silence" else noise_pcm16(2000, RATE, dbfs=-40.0)
+        await send_audio(conn, pcm)
+        done = await until(conn, "response.done", events)
+        assert done["finish_reason"] in ("stop", "length")
+        assert not [e for e in events if e["type"].startswith("input_audio.")]
+    finally:
+        await conn.close()
+
+
+async def test_bad_audio_is_refused_and_the_connection_goes_on(voice_server: LiveServer) -> None:
+    conn = await Conn.open(voice_server.ws_url)
+    try:
+        await conn.send(type="input_audio.append", audio=base64.b64encode(b"\x00\x01\x02").decode())
+        error = await conn.expect("error")
+        assert error["code"] == "invalid_parameter"
+        # without server VAD nothing ends a turn: the buffer stops at its bound
+        await conn.send(
+            type="session.update", session={"audio": {"input": {"turn_detection": None}}}
+        )
+        await conn.expect("session.updated")
+        limit_ms = conn.created["limits"]["max_input_audio_ms"]
+        second = silence_pcm16(1000, RATE)
+        refused = None
+        for _ in range(limit_ms // 1000 + 2):
+            await conn.send(type="input_audio.append", audio=base64.b64encode(second).decode(), event_id="a")
+        await conn.send(type="ping")
+        while (event := await conn.recv())["type"] != "pong":
+            if event["type"] == "error":
+                refused = event
+        assert refused is not None and refused["code"] == "invalid_parameter"
+        assert str(limit_ms) in refused["message"]
+        await conn.send(type="input_audio.clear")
+        await conn.send(type="input_audio.append", audio=base64.b64encode(second).decode())
+        await conn.send(type="ping")
+        assert (await conn.recv())["type"] == "pong"  # accepted again after the clear
+    finally:
+        await conn.close()
+
+
+async def test_push_to_talk_commit_and_a_resume_re_derives_the_same_audio(voice_server: LiveServer) -> None:
+    conn = await Conn.open(voice_server.ws_url)
+    try:
+        await voice_session(conn)
+        await conn.send(type="session.update", session={"audio": {"input": {"turn_detection": None}}})
+        await conn.expect("session.updated")
+        await send_audio(conn, espeak_pcm16("Tell me about the moon.", RATE))
+        await conn.send(type="input_audio.commit")
+        events: list[dict[str, Any]] = []
+        transcript = await until(conn, "input_audio.transcript", events)
+        assert "moon" in transcript["text"].lower()
+        # push to talk: the client asks for the answer
+        await conn.send(type="response.create", modalities=["text", "audio"])
+        created = await until(conn, "response.created", events)
+        await until(conn, "response.done", events)
+        audio = [e for e in events if e["type"] == "response.audio.delta"]
+        assert audio
+    finally:
+        await conn.close()
+    again = await Conn.open(voice_server.ws_url)
+    try:
+        from_ms = audio[len(audio) // 2]["start_ms"]
+        await again.send(
+            type="stream.resume",
+            stream_id=created["stream_id"],
+            resume_token=created["resume_token"],
+            audio_from_ms=from_ms,
+            **{"from": 0},
+        )
+        replay: list[dict[str, Any]] = []
+        await until(again, "response.done", replay)
+        replayed = [e for e in replay if e["type"] == "response.audio.delta"]
+        assert replayed[0]["start_ms"] == from_ms
+        # the same timeline and alignment from there on
+        original = [(e["start_ms"], e["end_ms"], e["text_end"]) for e in audio if e["start_ms"] >= from_ms]
+        assert [(e["start_ms"], e["end_ms"], e["text_end"]) for e in replayed] == original
+    finally:
+        await again.close()
+
+
+def test_speech_helpers_make_what_they_say() -> None:
+    pcm = espeak_pcm16("hello there", RATE)
+    x = np.frombuffer(pcm, dtype=np.int16)
+    assert 0.3 * RATE < len(x) < 3 * RATE and np.abs(x).max() > 1000
+    noise = np.frombuffer(noise_pcm16(1000, RATE, dbfs=-40.0), dtype=np.int16).astype(np.float64) / 32768
+    assert abs(20 * np.log10(np.sqrt(np.mean(noise**2))) + 40) < 1.0

