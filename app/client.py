@@ -313,9 +313,10 @@ class RealtimeClient:
         audio the user heard) say where the conversation cuts it. Deltas still
         in flight before the ``response.done`` are added to
         ``self.current.text``. Called before ``response.created`` came (a
-        :meth:`respond` stopped early), it waits for it first. For a response
-        already done (a voice barge-in the server cut on its own), it only
-        sends the cancel, which re-cuts that turn.
+        :meth:`respond` stopped early), it waits for it first. A response
+        already done (a voice barge-in the server cut on its own, an answer
+        still playing) is re-cut: the server answers with ``response.done``
+        again, which is returned.
         """
         response = self.current
         assert response is not None, "no response to cancel"
@@ -327,6 +328,7 @@ class RealtimeClient:
         if audio_end_ms is not None:
             event["audio_end_ms"] = audio_end_ms
         await self.send(event)
+        response.done = None  # a finished response's cancel is answered with its response.done again
         async for _ in self._follow(response):
             pass
         assert response.done is not None

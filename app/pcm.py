@@ -2,8 +2,9 @@
 
 Audio on bargein's wire is ``pcm16``: 16-bit little-endian mono samples, as
 ``bytes`` here (docs/protocol.md, "Audio"). WAV files are read and written
-with the stdlib :mod:`wave` (integer PCM; Python 3.11's ``wave`` reads no
-``WAVE_FORMAT_EXTENSIBLE`` or float files). Converting another sample width
+with the stdlib :mod:`wave`: integer PCM, and on Python 3.11 not the
+``WAVE_FORMAT_EXTENSIBLE`` header that tools write for more than 16 bits or
+2 channels (``sox FILE -b 16 OUT.wav`` converts such a file). Converting another sample width
 or channel count needs ``numpy``, another rate ``soxr``; both are imported
 only then, so sending a 16 kHz mono file needs neither.
 """
@@ -54,7 +55,10 @@ def read_wav(path: str | os.PathLike[str], *, sample_rate: int) -> bytes:
             width, channels, rate = wav.getsampwidth(), wav.getnchannels(), wav.getframerate()
             frames = wav.readframes(wav.getnframes())
     except (wave.Error, EOFError) as exc:
-        raise ValueError(f"{os.fspath(path)!r} is not a WAV file of integer PCM ({exc})") from None
+        raise ValueError(
+            f"{os.fspath(path)!r} is not a WAV file of integer PCM ({exc}); "
+            "`sox FILE -b 16 OUT.wav` converts one"
+        ) from None
     if (width, channels) != (SAMPLE_BYTES, 1):
         frames = _to_pcm16_mono(frames, width, channels)
     return resample(frames, rate, sample_rate)
