@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: serve test lint install install-dev system-deps bench clean
+.PHONY: serve test lint install install-dev system-deps voice-deps bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -31,21 +31,30 @@ install: $(VENV)/.installed
 
 install-dev: $(VENV)/.installed-dev system-deps
 
+# espeak-ng is the voice's phonemizer (voice/espeak.py), a Debian binary run
+# as a subprocess (GPL-3.0: it stays out of bargein's process). Without it the
+# server runs text only and says why at start-up, so a machine that cannot
+# install it still serves.
+ESPEAK := espeak-ng
+
+voice-deps:
+	@command -v $(ESPEAK) >/dev/null || { apt-get update -q && apt-get install -y -q $(ESPEAK); } \
+		|| echo "voice-deps: could not install $(ESPEAK): the server will run text only" >&2
+
 # Debian packages the tests drive for real, checked as the tests find them:
 # `redis-server` on PATH (tests/redis_server.py), the executable
-# /usr/bin/chromium (tests/app/test_browser.py), and `espeak-ng` (the voice's
-# phonemizer, voice/espeak.py) and `sox` (tests/voice/speech.py) on PATH.
-# Still missing after the install is an error here, not a run that skips their
-# tests (in CI, with CI=true, the tests fail on them too: tests/needs.py).
+# /usr/bin/chromium (tests/app/test_browser.py), `espeak-ng` (the voice tests)
+# and `sox` (tests/voice/speech.py) on PATH. Still missing after the install is
+# an error here, not a run that skips their tests (in CI, with CI=true, the
+# tests fail on them too: tests/needs.py).
 REDIS_SERVER := redis-server
 CHROMIUM := /usr/bin/chromium
-ESPEAK := espeak-ng
 SOX := sox
 
 system-deps:
 	@if ! command -v $(REDIS_SERVER) >/dev/null || ! test -x $(CHROMIUM) \
 		|| ! command -v $(ESPEAK) >/dev/null || ! command -v $(SOX) >/dev/null; then \
-		apt-get update -q && apt-get install -y -q redis-server chromium espeak-ng sox; \
+		apt-get update -q && apt-get install -y -q redis-server chromium $(ESPEAK) $(SOX); \
 	fi
 	@command -v $(REDIS_SERVER) >/dev/null \
 		|| { echo "system-deps: $(REDIS_SERVER) is not on PATH" >&2; exit 1; }
@@ -53,7 +62,7 @@ system-deps:
 	@command -v $(ESPEAK) >/dev/null || { echo "system-deps: $(ESPEAK) is not on PATH" >&2; exit 1; }
 	@command -v $(SOX) >/dev/null || { echo "system-deps: $(SOX) is not on PATH" >&2; exit 1; }
 
-serve: install
+serve: install voice-deps
 	$(BIN)/bargein serve --host $(HOST) --port $(PORT)
 
 test: install-dev

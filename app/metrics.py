@@ -79,6 +79,8 @@ class Metrics:
             self.admission_rejections.labels(reason=reason)
         for phase in ("prefill", "decode"):
             self.step_duration.labels(phase=phase)
+        for outcome in ("adopted", "dropped"):
+            self.voice_speculations.labels(outcome=outcome)
 
     def _define_latencies(self, r: CollectorRegistry | None) -> None:
         self.ttft = Histogram(
@@ -235,6 +237,13 @@ class Metrics:
         )
         self.generated_tokens = Counter("bargein_generated_tokens", "Tokens sampled.", registry=r)
         # vLLM's prefix_cache_queries / prefix_cache_hits: hits / queries is the hit rate.
+        self.voice_speculations = Counter(
+            "bargein_voice_speculations",
+            "Voice turns answered at a short pause: adopted (the turn ended there) or dropped "
+            "(the user went on speaking; the answer was aborted unseen).",
+            ["outcome"],
+            registry=r,
+        )
         self.prefix_cache_queries = Counter(
             "bargein_prefix_cache_queries",
             "Prompt tokens looked up in the prefix cache at admission.",

@@ -72,6 +72,9 @@ class Observer:
     def barge_in(self, seconds: float) -> None:
         self.metrics.barge_in.observe(seconds)
 
+    def speculation(self, *, adopted: bool) -> None:
+        self.metrics.voice_speculations.labels(outcome="adopted" if adopted else "dropped").inc()
+
     def rejected(self, reason: str, *, response_id: str | None) -> None:
         self.metrics.admission_rejections.labels(reason=reason).inc()
         with bind(request_id=response_id):

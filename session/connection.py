@@ -154,8 +154,10 @@ class Connection:
                 await self._send(self._error(pe.ErrorCode.INVALID_PARAMETER, problem, event))
                 return
         if isinstance(event, pe.ResponseCancel) and self.voice is not None:
-            if event.audio_end_ms is not None and event.heard_chars is None:
-                event = replace(event, heard_chars=self.voice.heard_chars(event.response_id, event.audio_end_ms))
+            event = replace(
+                event,
+                heard_chars=self.voice.heard_chars(event.response_id, event.heard_chars, event.audio_end_ms),
+            )
             self.voice.stop_speaking(event.response_id)
         if isinstance(event, pe.StreamResume):
             await self._resume(event)
@@ -173,6 +175,7 @@ class Connection:
             if isinstance(event, pe.ResponseCreate):
                 await self._settle_restored()
                 if self.voice is not None:
+                    await self.voice.drop_speculation(now, unless=event.response_id)
                     event = self.voice.on_create(event)
             actions = self.session.handle(event, now)
             if isinstance(event, pe.ResponseCreate):
@@ -193,6 +196,23 @@ class Connection:
         async with self._lock:
             if self.session.state is not State.CLOSED:
                 await self._handle_locked(event, now)
+
+    async def dispatch_if(self, event: object, now: float, wanted: Callable[[], bool]) -> None:
+        """:meth:`dispatch_as_client` if ``wanted()`` says so once the lock is held."""
+        async with self._lock:
+            if self.session.state is not State.CLOSED and wanted():
+                await self._handle_locked(event, now)
+
+    async def release(self, actions: list[object]) -> None:
+        """Carry out actions the voice channel held back (a speculative turn's)."""
+        async with self._lock:
+            if self.session.state is not State.CLOSED:
+                await self._run(actions)  # type: ignore[arg-type]
+
+    async def retract(self, response_id: str, now: float) -> None:
+        """Withdraw a speculative response and its turns (the lock is held)."""
+        await self._run(self.session.retract(response_id, now))
+        self._saver.request()
 
     async def cancel_active(self, heard_chars: int | None, now: float) -> None:
         """Barge-in by voice: cancel the active response, cut at ``heard_chars``
@@ -277,6 +297,8 @@ class Connection:
 
     async def _run(self, actions: list[Action]) -> None:
         for action in actions:
+            if self.voice is not None and self.voice.holds(action):
+                continue  # a speculative voice turn's, shown if the turn ends
             if isinstance(action, Send):
                 event = action.event
                 if isinstance(event, pe.ResponseCreated):

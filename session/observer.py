@@ -83,6 +83,10 @@ class SessionObserver(Protocol):
     def barge_in(self, seconds: float) -> None:
         """Speech over the assistant (its audio's arrival) to its audio stopped and request aborted."""
 
+    def speculation(self, *, adopted: bool) -> None:
+        """A voice turn answered at a pause was shown (the turn ended there) or
+        dropped (the user went on speaking; its KV blocks were freed)."""
+
 
 class NullObserver:
     """Observes nothing (the default, and for tests of the session layer)."""
@@ -138,4 +142,7 @@ class NullObserver:
         pass
 
     def barge_in(self, seconds: float) -> None:
+        pass
+
+    def speculation(self, *, adopted: bool) -> None:
         pass

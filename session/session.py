@@ -226,6 +226,35 @@ class Session:
             )
             self.state = State.GENERATING
 
+    def retract(self, response_id: str, now: float) -> list[Action]:
+        """Withdraw a response as if it had never been asked for: a voice turn
+        answered speculatively at a pause, over which the user went on
+        speaking. Its input turns (and its assistant turn, if it already
+        finished) leave the conversation, and its request is aborted with
+        nothing kept. A response that is neither active nor the last one
+        is left as it is (nothing to undo).
+
+        Raises:
+            IllegalTransition: it is being submitted.
+        """
+        active = self._active
+        if active is not None and active.response_id == response_id:
+            if self.state is State.SUBMITTING:
+                raise IllegalTransition(self.state, "retract")
+            del self.turns[len(self.turns) - active.num_input_turns :]
+            self._active = None
+            self.state = State.IDLE
+            return [
+                Abort(
+                    stream_id=active.stream_id, reason=FinishReason.CANCELLED, requested_at=now, kept_chars=0
+                )
+            ]
+        done = self._responses.get(response_id)
+        if done is not None and done.turn_index is not None and done.turn_index == len(self.turns) - 1:
+            del self.turns[done.turn_index - done.num_input_turns :]
+            del self._responses[response_id]
+        return []
+
     def messages(self) -> tuple[Message, ...]:
         """The prompt's items: instructions (as a system turn) then the turns."""
         system = self.settings.instructions

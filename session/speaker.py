@@ -99,7 +99,7 @@ class Speaker:
         self._synth = synth
         self._send = send
         self._run_blocking = run_blocking
-        self._skip_before = skip_before_ms * sample_rate // 1000  # samples
+        self._skip_before_ms = skip_before_ms
         self._chunk = max(1, chunk_ms * sample_rate // 1000)
         self._clock = clock
         self._observer = observer
@@ -139,7 +139,9 @@ class Speaker:
             return
         self.done = True
         await self._send(
-            pe.ResponseAudioDone(response_id=self.response_id, stream_id=self.stream_id, end_ms=self.sent_end_ms)
+            pe.ResponseAudioDone(
+                response_id=self.response_id, stream_id=self.stream_id, end_ms=self.sent_end_ms
+            )
         )
 
     def cut_chars(self, heard_ms: int | None) -> int:
@@ -180,27 +182,33 @@ class Speaker:
             )
         scale = self.sample_rate / self._synth.sample_rate
         base = self._samples
+        ms = 1000 / self.sample_rate
         self.alignment.add_segment(
-            segment.start,
-            [
-                (segment.start + w.char_end, (base + w.sample_end * scale) * 1000 / self.sample_rate)
+            start_ms=base * ms,
+            end_ms=(base + len(audio)) * ms,
+            word_ends=[
+                (segment.start + w.char_end, min(base + w.sample_end * scale, base + len(audio)) * ms)
                 for w in speech.words
             ],
         )
         self._samples += len(audio)
+        skip = -(-self._skip_before_ms * self.sample_rate // 1000)  # first sample at or after it
         for lo in range(0, len(audio), self._chunk):
             if self.stopped:
                 return
-            chunk_start, chunk_end = base + lo, base + min(lo + self._chunk, len(audio))
-            if chunk_end <= self._skip_before:
+            chunk_end = base + min(lo + self._chunk, len(audio))
+            # Chunks are cut the same way on every derivation; a resume skips
+            # those that end (in whole ms, as announced) by audio_from_ms.
+            if chunk_end * 1000 // self.sample_rate <= self._skip_before_ms:
                 continue
-            piece = audio[max(lo, self._skip_before - base) : chunk_end - base]
+            piece = audio[max(lo, skip - base) : chunk_end - base]
             await self._send_chunk(piece, chunk_end)
 
     async def _send_chunk(self, piece: np.ndarray, end_sample: int) -> None:
         start_ms = (end_sample - len(piece)) * 1000 // self.sample_rate
         end_ms = end_sample * 1000 // self.sample_rate
-        text_end = self.alignment.text_end_at(end_ms)
+        # at the exact end, not the rounded-down ms: a segment's last word ends there
+        text_end = self.alignment.text_end_at(end_sample * 1000 / self.sample_rate)
         await self._send(
             pe.ResponseAudioDelta(
                 response_id=self.response_id,

@@ -23,7 +23,7 @@ import numpy as np
 from bargein.session.config import VoiceConfig
 from bargein.voice.audio import INPUT_RATES, OUTPUT_RATES, Resampler, pcm16_to_float
 from bargein.voice.input_buffer import InputAudioBuffer
-from bargein.voice.turns import TurnDetection, TurnDetector, TurnEvent
+from bargein.voice.turns import SpeechPaused, SpeechStopped, TurnDetection, TurnDetector, TurnEvent
 from bargein.voice.vad import FRAME_SAMPLES, SAMPLE_RATE
 
 logger = logging.getLogger(__name__)
@@ -91,6 +91,7 @@ class VoiceInput:
         self._vad = runtime.models.vad.stream()
         self.settings = settings
         self.buffer = InputAudioBuffer(sample_rate=SAMPLE_RATE, max_ms=runtime.config.max_input_audio_ms)
+        self._frame_ms = FRAME_SAMPLES * 1000 // SAMPLE_RATE
         self._resampler = Resampler(settings.input_rate, SAMPLE_RATE)
         self._pending = np.zeros(0, dtype=np.float32)  # samples short of a VAD frame
         self._detector = self._new_detector()
@@ -105,11 +106,16 @@ class VoiceInput:
         if settings.input_rate != old.input_rate:
             self._resampler = Resampler(settings.input_rate, SAMPLE_RATE)
         if settings.turn_detection != old.turn_detection:
+            self._pending = np.zeros(0, dtype=np.float32)
             self._detector = self._new_detector()
 
     def _new_detector(self) -> TurnDetector | None:
         params = self.settings.turn_detection
-        return None if params is None else TurnDetector(params, frame_ms=FRAME_SAMPLES * 1000 // SAMPLE_RATE)
+        if params is None:
+            return None
+        return TurnDetector(
+            params, frame_ms=FRAME_SAMPLES * 1000 // SAMPLE_RATE, start_ms=self.buffer.total_ms
+        )
 
     @property
     def turn_detection(self) -> TurnDetection | None:
@@ -121,8 +127,10 @@ class VoiceInput:
         """Whether the detector is inside a turn now."""
         return self._detector is not None and self._detector.in_speech
 
-    def append(self, pcm: bytes, received_at: float) -> list[TurnEvent]:
-        """Append PCM16 at the input rate; return what the detector saw in it.
+    def append(self, pcm: bytes, received_at: float) -> list[tuple[TurnEvent, np.ndarray | None]]:
+        """Append PCM16 at the input rate; return what the detector saw in it,
+        each with the turn's audio (float32, 16 kHz) for a stop (taken: the
+        buffer drops it) and a pause (a copy, for a speculative start).
 
         Raises:
             ValueError: not whole PCM16 samples.
@@ -137,23 +145,18 @@ class VoiceInput:
         frames = np.concatenate([self._pending, samples])
         usable = len(frames) - len(frames) % FRAME_SAMPLES
         self._pending = frames[usable:]
-        events: list[TurnEvent] = []
+        seen: list[tuple[TurnEvent, np.ndarray | None]] = []
         for lo in range(0, usable, FRAME_SAMPLES):
-            events += self._detector.push(self._vad.probability(frames[lo : lo + FRAME_SAMPLES]))
-        if not self._detector.in_speech:
-            # bounded without a turn end: keep only what a turn's prefix padding may need
-            padding = self._detector.params.prefix_padding_ms
-            self.buffer.trim_before(max(0, self.buffer.total_ms - padding - FRAME_SAMPLES * 1000 // SAMPLE_RATE))
-        return events
-
-    def turn_start_ms(self) -> int:
-        """Where the current (or just ended) turn's audio starts on the input timeline."""
-        assert self._detector is not None
-        return self._detector.turn_start_ms
-
-    def take(self, start_ms: int, end_ms: int) -> np.ndarray:
-        """A turn's audio (float32, 16 kHz), dropping everything before ``end_ms``."""
-        return self.buffer.take(start_ms, end_ms)
+            for event in self._detector.push(self._vad.probability(frames[lo : lo + FRAME_SAMPLES])):
+                audio = None
+                if isinstance(event, SpeechStopped):
+                    audio = self.buffer.take(event.audio_start_ms, event.audio_end_ms)
+                elif isinstance(event, SpeechPaused):
+                    audio = self.buffer.read(event.audio_start_ms, event.audio_end_ms)
+                seen.append((event, audio))
+        # bounded without a turn end: only what the detector's turn may still need stays
+        self.buffer.trim_before(self._detector.keep_from_ms)
+        return seen
 
     def take_all(self) -> tuple[int, int, np.ndarray]:
         """``input_audio.commit``: all uncommitted audio, its start and end ms."""
@@ -169,11 +172,12 @@ class VoiceInput:
         self.reset()
 
     def reset(self) -> None:
-        """Restart the VAD and the detector (after a commit or a clear)."""
+        """Restart the VAD and the detector (after a commit or a clear): the
+        next frame starts at the end of the input timeline."""
         self._pending = np.zeros(0, dtype=np.float32)
         self._vad.reset()
         if self._detector is not None:
-            self._detector.reset()
+            self._detector.reset(self.buffer.total_ms)
 
     def arrival_of(self, ms: int) -> float | None:
         """When the append holding input-timeline ``ms`` arrived (monotonic s)."""

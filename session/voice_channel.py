@@ -28,14 +28,15 @@ import logging
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from bargein.protocol import events as pe
+from bargein.session.actions import Send, StartDelivery
 from bargein.session.observer import SessionObserver
 from bargein.session.speaker import Speaker
 from bargein.session.voice import DEFAULT_OUTPUT_RATE, AudioSettings, VoiceInput, VoiceRuntime, merged
-from bargein.voice.input_buffer import InputAudioFull
+from bargein.voice.errors import InputAudioFull
 from bargein.voice.turns import SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped
 
 logger = logging.getLogger(__name__)
@@ -60,6 +61,31 @@ class VoiceHost(Protocol):
 
     def wait_idle(self) -> Awaitable[None]:
         """Resolves once the session has no active response."""
+
+    async def dispatch_if(self, event: object, now: float, wanted: Callable[[], bool]) -> None:
+        """Apply ``event`` as the client's if ``wanted()``, asked under the lock."""
+
+    async def release(self, actions: list[object]) -> None:
+        """Carry out actions held back (under the lock)."""
+
+    async def retract(self, response_id: str, now: float) -> None:
+        """Withdraw a response and its turns (the caller holds the lock)."""
+
+
+@dataclass(slots=True, kw_only=True)
+class _Speculation:
+    """A turn answered at a pause, before its end (see VoiceChannel)."""
+
+    item_id: str
+    audio_start_ms: int
+    audio_end_ms: int  # where the pause began
+    speech_end_at: float | None
+    task: asyncio.Task[None] | None = None
+    text: str | None = None  # its transcript, once known
+    response_id: str | None = None  # once its response.create is applied
+    held: list[object] = field(default_factory=list)  # its response.created, its delivery
+    wanted: bool = True  # False once the user went on speaking
+    adopted: bool = False
 
 
 @dataclass(slots=True)
@@ -101,6 +127,8 @@ class VoiceChannel:
         self._next: _VoiceResponse | None = None  # of the response.create being applied
         self._next_audio = False
         self._turns: set[asyncio.Task[None]] = set()
+        self._speculation: _Speculation | None = None  # of the turn being spoken
+        self._unshown: list[_Speculation] = []  # speculations whose answer is held back
 
     # ---- settings ----------------------------------------------------------------
 
@@ -153,15 +181,15 @@ class VoiceChannel:
             except ValueError as exc:
                 await self._error(pe.ErrorCode.INVALID_PARAMETER, f"audio: {exc}", event)
                 return
-            for what in seen:
-                await self._on_turn_event(what, inp, received_at)
+            for what, audio in seen:
+                await self._on_turn_event(what, audio, inp, received_at)
         elif isinstance(event, pe.InputAudioCommit):
             start, end, audio = inp.take_all()
             self._start_turn(audio, start, end, speech_end_at=received_at)
         elif isinstance(event, pe.InputAudioClear):
             inp.clear()
 
-    async def _on_turn_event(self, what: object, inp: VoiceInput, now: float) -> None:
+    async def _on_turn_event(self, what: object, audio: Any, inp: VoiceInput, now: float) -> None:
         td = inp.turn_detection
         assert td is not None
         if isinstance(what, SpeechStarted):
@@ -170,12 +198,124 @@ class VoiceChannel:
             await self._host.send(pe.InputAudioSpeechStarted(audio_start_ms=what.audio_start_ms))
         elif isinstance(what, SpeechStopped):
             await self._host.send(pe.InputAudioSpeechStopped(audio_end_ms=what.audio_end_ms))
-            start = inp.turn_start_ms()
-            audio = inp.take(start, what.audio_end_ms)
-            inp.reset()
-            self._start_turn(audio, start, what.audio_end_ms, speech_end_at=inp.arrival_of(what.audio_end_ms))
-        elif isinstance(what, (SpeechPaused, SpeechResumed)):
-            pass  # speculative starts: not yet
+            speculation, self._speculation = self._speculation, None
+            if speculation is not None and speculation.audio_end_ms == what.audio_end_ms:
+                self._spawn(self._adopt(speculation), f"adopt-{speculation.item_id}")
+                return
+            if speculation is not None:
+                await self._drop(speculation, now)
+            self._start_turn(
+                audio, what.audio_start_ms, what.audio_end_ms, speech_end_at=inp.arrival_of(what.audio_end_ms)
+            )
+        elif isinstance(what, SpeechPaused):
+            if td.create_response and self._speculation is None and self._host.active_response_id is None:
+                speculation = _Speculation(
+                    item_id=f"item_{uuid.uuid4().hex}",
+                    audio_start_ms=what.audio_start_ms,
+                    audio_end_ms=what.audio_end_ms,
+                    speech_end_at=inp.arrival_of(what.audio_end_ms),
+                )
+                self._speculation = speculation
+                self._unshown.append(speculation)
+                speculation.task = self._spawn(
+                    self._speculate(speculation, audio), f"speculate-{speculation.item_id}"
+                )
+        elif isinstance(what, SpeechResumed) and self._speculation is not None:
+            speculation, self._speculation = self._speculation, None
+            await self._drop(speculation, now)
+
+    # ---- speculative turns ---------------------------------------------------------
+    #
+    # At a short pause (TurnDetection.pause_ms) the turn so far is transcribed
+    # and answered at once, out of the client's sight: its response.created and
+    # delivery are held. If the silence lasts until the turn ends, the held
+    # response is adopted (the user hears an answer the transcription and the
+    # prefill of which already ran during the silence window); if the user goes
+    # on speaking, it is retracted: its items leave the conversation and its
+    # request is aborted, freeing its KV blocks.
+
+    async def _speculate(self, speculation: _Speculation, audio: Any) -> None:
+        started = self._clock()
+        text = await self.runtime.run(lambda: self.runtime.models.transcriber.transcribe(audio))
+        self._observer.transcribed(seconds=self._clock() - started, audio_s=len(audio) / 16000)
+        speculation.text = text
+        if not text:
+            return
+        response_id = f"resp_{uuid.uuid4().hex}"
+
+        def still_wanted() -> bool:
+            # checked under the connection's lock, where barge-ins and resumes run
+            wanted = speculation.wanted and self._host.active_response_id is None
+            if wanted:
+                speculation.response_id = response_id
+                self._next = _VoiceResponse(
+                    input_item_id=speculation.item_id, speech_end_at=speculation.speech_end_at
+                )
+            return wanted
+
+        create = pe.ResponseCreate(response_id=response_id, input=(pe.InputItem(role="user", content=text),))
+        await self._host.dispatch_if(create, self._clock(), still_wanted)
+
+    async def _adopt(self, speculation: _Speculation) -> None:
+        """The turn ended where the speculation's pause began: show its answer."""
+        await self._host.send(
+            pe.InputAudioCommitted(
+                item_id=speculation.item_id,
+                audio_start_ms=speculation.audio_start_ms,
+                audio_end_ms=speculation.audio_end_ms,
+            )
+        )
+        if speculation.task is not None:
+            await speculation.task
+        await self._host.send(
+            pe.InputAudioTranscript(item_id=speculation.item_id, text=speculation.text or "", final=True)
+        )
+        speculation.adopted = True
+        self._unshown.remove(speculation)
+        self._observer.speculation(adopted=True)
+        if speculation.held:
+            await self._host.release(speculation.held)
+
+    async def _drop(self, speculation: _Speculation, now: float) -> None:
+        """The user went on speaking: retract the speculative answer (the
+        caller holds the connection's lock)."""
+        speculation.wanted = False
+        if speculation in self._unshown:
+            self._unshown.remove(speculation)
+        self._observer.speculation(adopted=False)
+        if speculation.response_id is not None:
+            self._responses.pop(speculation.response_id, None)
+            await self._host.retract(speculation.response_id, now)
+
+    async def drop_speculation(self, now: float, *, unless: str | None) -> None:
+        """A ``response.create`` other than the speculation's own (response id
+        ``unless``): the speculative answer of the turn being spoken gives way
+        (the caller holds the lock)."""
+        speculation = self._speculation
+        if speculation is not None and (unless is None or speculation.response_id != unless):
+            self._speculation = None
+            await self._drop(speculation, now)
+
+    def holds(self, action: object) -> bool:
+        """Keep ``action`` back if it shows a speculative response not adopted yet."""
+        for speculation in self._unshown:
+            if speculation.response_id is None:
+                continue
+            shows = (isinstance(action, StartDelivery) and action.response_id == speculation.response_id) or (
+                isinstance(action, Send)
+                and isinstance(action.event, pe.ResponseCreated)
+                and action.event.response_id == speculation.response_id
+            )
+            if shows:
+                speculation.held.append(action)
+                return True
+        return False
+
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[None]:
+        task = asyncio.create_task(coro, name=name)
+        self._turns.add(task)
+        task.add_done_callback(self._turns.discard)
+        return task
 
     async def _barge_in(self, now: float) -> None:
         """Speech started over the assistant: stop its audio, cancel it."""
@@ -195,17 +335,15 @@ class VoiceChannel:
 
     def _start_turn(self, audio: Any, start_ms: int, end_ms: int, *, speech_end_at: float | None) -> None:
         item_id = f"item_{uuid.uuid4().hex}"
-        task = asyncio.create_task(
-            self._turn(item_id, audio, start_ms, end_ms, speech_end_at), name=f"turn-{item_id}"
-        )
-        self._turns.add(task)
-        task.add_done_callback(self._turns.discard)
+        self._spawn(self._turn(item_id, audio, start_ms, end_ms, speech_end_at), f"turn-{item_id}")
 
     async def _turn(
         self, item_id: str, audio: Any, start_ms: int, end_ms: int, speech_end_at: float | None
     ) -> None:
         """Commit, transcribe, and answer one user turn."""
-        await self._host.send(pe.InputAudioCommitted(item_id=item_id, audio_start_ms=start_ms, audio_end_ms=end_ms))
+        await self._host.send(
+            pe.InputAudioCommitted(item_id=item_id, audio_start_ms=start_ms, audio_end_ms=end_ms)
+        )
         started = self._clock()
         text = await self.runtime.run(lambda: self.runtime.models.transcriber.transcribe(audio))
         self._observer.transcribed(seconds=self._clock() - started, audio_s=len(audio) / 16000)
@@ -290,13 +428,19 @@ class VoiceChannel:
         )
         return response.speaker
 
-    def heard_chars(self, response_id: str, audio_end_ms: int) -> int | None:
-        """Characters of ``response_id`` spoken by ``audio_end_ms`` (cut at a
-        word boundary); None when it had no audio."""
+    def heard_chars(self, response_id: str, heard_chars: int | None, audio_end_ms: int | None) -> int | None:
+        """The ``heard_chars`` a ``response.cancel`` of ``response_id`` means.
+
+        For a spoken response the cut is at the audio: at ``audio_end_ms``
+        (a word boundary at most one word past it), else at the audio sent;
+        with ``heard_chars`` too, the shorter cut wins. A text-only response
+        keeps the client's ``heard_chars``.
+        """
         response = self._responses.get(response_id)
         if response is None or response.speaker is None:
-            return None
-        return response.speaker.cut_chars(audio_end_ms)
+            return heard_chars
+        cut = response.speaker.cut_chars(audio_end_ms)
+        return cut if heard_chars is None else min(cut, heard_chars)
 
     def stop_speaking(self, response_id: str) -> None:
         """A cancel: the response's speaker sends no more audio."""
@@ -315,7 +459,9 @@ class VoiceChannel:
     async def _error(self, code: pe.ErrorCode, message: str, event: object) -> None:
         await self._host.send(
             pe.ErrorEvent(
-                code=code, message=message, retryable=code.retryable, event_id=getattr(event, "event_id", None)
+                code=code,
+                message=message,
+                retryable=code.retryable,
+                event_id=getattr(event, "event_id", None),
             )
         )
-

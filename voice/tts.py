@@ -64,7 +64,13 @@ class Speech:
     words: tuple[WordEnd, ...]
 
 
-EMPTY_SPEECH = Speech(audio=np.zeros(0, dtype=np.int16), words=())
+def _empty_audio() -> npt.NDArray[np.int16]:
+    audio = np.zeros(0, dtype=np.int16)
+    audio.setflags(write=False)  # shared by every empty Speech
+    return audio
+
+
+EMPTY_SPEECH = Speech(audio=_empty_audio(), words=())
 
 
 @dataclass(frozen=True)

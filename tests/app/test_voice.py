@@ -109,11 +109,17 @@ async def test_a_spoken_question_is_heard_transcribed_and_answered_in_speech(
                 assert event["start_ms"] == last_end
                 assert event["end_ms"] > event["start_ms"]
                 assert last_text_end <= event["text_end"] <= sent
-                assert len(base64.b64decode(event["audio"])) == (event["end_ms"] - event["start_ms"]) * 48
+                # 24 kHz PCM16: 48 bytes a millisecond (each end rounded down to a ms)
+                assert (
+                    abs(len(base64.b64decode(event["audio"])) / 48 - (event["end_ms"] - event["start_ms"]))
+                    < 1
+                )
                 last_end, last_text_end = event["end_ms"], event["text_end"]
         assert last_text_end >= len(text.rstrip()) - 1  # the whole answer was spoken
         audio_done = events[kinds.index("response.audio.done")]
-        assert kinds.index("response.audio.done") > max(i for i, k in enumerate(kinds) if k == "response.audio.delta")
+        assert kinds.index("response.audio.done") > max(
+            i for i, k in enumerate(kinds) if k == "response.audio.delta"
+        )
         assert audio_done["end_ms"] == last_end
         assert done["finish_reason"] in ("stop", "length")
     finally:
@@ -130,7 +136,7 @@ async def test_speaking_over_the_answer_interrupts_it_and_cuts_the_turn_at_what_
             type="response.create",
             response_id="story",
             modalities=["text", "audio"],
-            max_tokens=200,
+            max_tokens=64,
             input=[{"role": "user", "content": "Tell me a long story about a dragon and a knight."}],
         )
         events: list[dict[str, Any]] = []
@@ -198,9 +204,7 @@ async def test_bad_audio_is_refused_and_the_connection_goes_on(voice_server: Liv
         error = await conn.expect("error")
         assert error["code"] == "invalid_parameter"
         # without server VAD nothing ends a turn: the buffer stops at its bound
-        await conn.send(
-            type="session.update", session={"audio": {"input": {"turn_detection": None}}}
-        )
+        await conn.send(type="session.update", session={"audio": {"input": {"turn_detection": None}}})
         await conn.expect("session.updated")
         limit_ms = conn.created["limits"]["max_input_audio_ms"]
         second = silence_pcm16(1000, RATE)
@@ -267,3 +271,47 @@ def test_speech_helpers_make_what_they_say() -> None:
     assert 0.3 * RATE < len(x) < 3 * RATE and np.abs(x).max() > 1000
     noise = np.frombuffer(noise_pcm16(1000, RATE, dbfs=-40.0), dtype=np.int16).astype(np.float64) / 32768
     assert abs(20 * np.log10(np.sqrt(np.mean(noise**2))) + 40) < 1.0
+
+
+async def test_an_answer_started_at_a_pause_is_dropped_unseen_when_the_user_goes_on(
+    voice_server: LiveServer,
+) -> None:
+    conn = await Conn.open(voice_server.ws_url)
+    try:
+        # a long silence window, so the pause outlasts transcription and submit
+        await voice_session(conn, silence_duration_ms=6000)
+        before = len(voice_server.recent_requests())
+        await send_audio(conn, espeak_pcm16("Tell me about", RATE))
+        paused_ms = 0
+        while len(voice_server.recent_requests()) == before:  # a pause, in real time
+            assert paused_ms < 5000, "no answer was started at the pause"
+            await send_audio(conn, silence_pcm16(CHUNK_MS, RATE), pace_s=CHUNK_MS / 1000)
+            paused_ms += CHUNK_MS
+        speculative = voice_server.recent_requests()[before:]
+        assert len(speculative) == 1  # answered at the pause, out of the client's sight
+        await send_audio(conn, espeak_pcm16("the planet Mars.", RATE) + silence_pcm16(6200, RATE))
+        events: list[dict[str, Any]] = []
+        await until(conn, "response.done", events)
+        kinds = [e["type"] for e in events]
+        assert kinds.count("response.created") == 1 and kinds.count("input_audio.committed") == 1
+        assert "mars" in events[kinds.index("input_audio.transcript")]["text"].lower()
+        final = voice_server.recent_requests()[-1]
+        assert final.request_id != speculative[0].request_id
+        prompt = voice_server.tokenizer.decode(final.prompt_token_ids)
+        assert prompt.count("<|im_start|>user") == 1  # the dropped turn left the conversation
+        stats = await voice_server.wait_idle()
+        assert stats.num_running == 0  # the speculative request was aborted, its blocks freed
+        metrics = (await asyncio.to_thread(_metrics, voice_server)).splitlines()
+        assert any(
+            line.startswith('bargein_voice_speculations_total{outcome="dropped"}')
+            and float(line.split()[-1]) >= 1
+            for line in metrics
+        )
+    finally:
+        await conn.close()
+
+
+def _metrics(server: LiveServer) -> str:
+    import httpx
+
+    return httpx.get(f"{server.http_url}/metrics", timeout=10).text

@@ -25,7 +25,24 @@ def espeak_speech(text: str, rate: int = 16000) -> npt.NDArray[np.float32]:
         ["espeak-ng", "-v", "en-us", "--stdout", text], check=True, capture_output=True, timeout=30
     ).stdout
     raw = subprocess.run(
-        ["sox", "-t", "wav", "-", "-t", "raw", "-r", str(rate), "-e", "signed", "-b", "16", "-c", "1", "-"],
+        [
+            "sox",
+            "-D",
+            "-t",
+            "wav",
+            "-",
+            "-t",
+            "raw",
+            "-r",
+            str(rate),
+            "-e",
+            "signed",
+            "-b",
+            "16",
+            "-c",
+            "1",
+            "-",
+        ],
         input=wav,
         check=True,
         capture_output=True,
