@@ -14,7 +14,15 @@ protected paths:
 
 - a request whose ``Origin`` header is not in ``--allowed-origins`` (when an
   allow-list is set) is refused with HTTP 403; clients that send no
-  ``Origin`` (not browsers) are not concerned;
+  ``Origin`` (not browsers) are not concerned. Origins compare in the form
+  browsers send them (:func:`normalize_origin`: lower case, no default port,
+  no trailing slash). The entry ``self`` allows the origin the request was
+  addressed to (:func:`request_origin`): the ``Host`` header with the
+  request's scheme, which behind a TLS-terminating proxy is the one its
+  ``X-Forwarded-Proto`` says, when uvicorn trusts that proxy
+  (``--forwarded-allow-ips``; the browser's ``Origin`` is ``https://...``
+  while the proxy talks plain HTTP to bargein). The proxy must pass the
+  client's ``Host`` on (nginx: ``proxy_set_header Host $http_host``);
 - when API keys are configured, every request must carry one: the
   ``Authorization: Bearer <key>`` header, or, on a WebSocket, the offered
   subprotocol ``bearer.<key>`` (browsers cannot set headers; the server never
@@ -41,9 +49,10 @@ caps of :mod:`bargein.session.admission` count against: the principal when API k
 are configured (every request carries a valid one), else the client's
 address (:func:`address_key`). Without keys any bearer string is accepted,
 so a string is no identity: a client rotating it would get fresh limits with
-each one. ``X-Forwarded-For`` is not trusted (any client can write it): behind
-a reverse proxy every client shares the proxy's address, so such deployments
-configure API keys.
+each one. The address is the peer's, or, from a proxy in
+``--forwarded-allow-ips`` (uvicorn's proxy headers, default: loopback only),
+the one its ``X-Forwarded-For`` names; from any other peer the header is
+ignored (any client can write it).
 """
 
 from __future__ import annotations
@@ -52,6 +61,7 @@ import hashlib
 import ipaddress
 import json
 import logging
+import urllib.parse
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,6 +86,11 @@ OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 _QUERY_KEY_NAMES = frozenset(
     {"api_key", "api-key", "apikey", "key", "access_token", "token", "authorization"}
 )
+# The allowed-origins entry meaning "the origin the request was addressed to".
+SELF_ORIGIN = "self"
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+# A WebSocket's scope scheme is ws/wss; its page's origin is http/https.
+_HTTP_SCHEMES = {"ws": "http", "wss": "https"}
 # uvicorn (0.54, websockets-sansio) logs this at ERROR after a handshake answered
 # with an HTTP response, as a refusal here is: one line per refused client.
 _UVICORN_DENIAL_LINE = "ASGI callable returned without completing handshake."
@@ -147,8 +162,8 @@ class AuthConfig:
 
     Attributes:
         key_digests: SHA-256 digests of the accepted keys; empty: no key needed.
-        allowed_origins: browser origins allowed (``scheme://host[:port]``);
-            empty: any.
+        allowed_origins: browser origins allowed, in :func:`normalize_origin`'s
+            form (``scheme://host[:port]``, or :data:`SELF_ORIGIN`); empty: any.
     """
 
     key_digests: frozenset[str] = field(default_factory=frozenset, repr=False)
@@ -159,6 +174,46 @@ class AuthConfig:
         """Whether a request for ``path`` (decoded) goes through the checks."""
         canonical = canonical_path(path)
         return canonical not in self.open_paths and canonical.startswith(PROTECTED_PREFIXES)
+
+
+def normalize_origin(origin: str) -> str:
+    """``origin`` as browsers serialize it (RFC 6454 section 6.2): ``scheme://host[:port]``
+    with scheme and host in lower case and no default port (80, 443) or
+    trailing slash; :data:`SELF_ORIGIN` stays as it is.
+
+    Raises:
+        ValueError: ``origin`` is not an http or https origin (a path, a query,
+            user info, a bad port), naming it.
+    """
+    if origin == SELF_ORIGIN:
+        return origin
+    bad = ValueError(f"origin {origin!r} must be scheme://host[:port] (http or https), or {SELF_ORIGIN}")
+    parts = urllib.parse.urlsplit(origin.strip())
+    scheme = parts.scheme.lower()
+    if scheme not in _DEFAULT_PORTS or not parts.hostname or parts.username is not None:
+        raise bad
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise bad
+    try:
+        port = parts.port
+    except ValueError:
+        raise bad from None
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname  # IPv6 keeps its brackets
+    return f"{scheme}://{host}" if port in (None, _DEFAULT_PORTS[scheme]) else f"{scheme}://{host}:{port}"
+
+
+def request_origin(scope: Scope) -> str | None:
+    """The origin a request was addressed to: its ``Host`` header and scheme
+    (``https`` for ``wss``; behind a trusted proxy the forwarded one), in
+    :func:`normalize_origin`'s form; None without a usable ``Host``."""
+    host = _headers(scope).get("host")
+    if not host:
+        return None
+    scheme = scope.get("scheme", "http")
+    try:
+        return normalize_origin(f"{_HTTP_SCHEMES.get(scheme, scheme)}://{host}")
+    except ValueError:
+        return None
 
 
 def canonical_path(path: str) -> str:
@@ -236,8 +291,7 @@ class AuthMiddleware:
     def _refusal(self, scope: Scope, key: str | None) -> tuple[int, str, str] | None:
         """``(status, code, message)`` of a request to refuse, or None."""
         origin = _headers(scope).get("origin")
-        allowed = self.config.allowed_origins
-        if allowed and origin is not None and origin not in allowed:
+        if self.config.allowed_origins and origin is not None and not self._origin_allowed(scope, origin):
             logger.info("request refused", extra={"reason": "origin", "origin": origin[:200]})
             return 403, "origin_not_allowed", "this Origin is not allowed"
         digests = self.config.key_digests
@@ -249,6 +303,15 @@ class AuthMiddleware:
                 message += "; a key in the query string is not accepted (it would be logged)"
             return 401, reason, message
         return None
+
+    def _origin_allowed(self, scope: Scope, origin: str) -> bool:
+        """Whether a browser page of ``origin`` may call: listed, or ``self`` and the request's own."""
+        try:
+            origin = normalize_origin(origin)
+        except ValueError:  # "null" (a sandboxed frame, a file:// page) or garbage
+            return False
+        allowed = self.config.allowed_origins
+        return origin in allowed or (SELF_ORIGIN in allowed and origin == request_origin(scope))
 
 
 def _key_in_query(scope: Scope) -> bool:

@@ -5,7 +5,10 @@ flag or a missing model ends with one clear line and exit status 2; then it
 loads the model (with a progress bar) while uvicorn already answers
 ``/healthz``. ``chat`` is a command-line chat on :mod:`bargein.app.client` (no torch);
 Ctrl-C while an answer streams barges in (the conversation keeps what was
-printed), Ctrl-C at the prompt quits.
+printed), Ctrl-C at the prompt quits. ``chat --voice FILE.wav`` speaks the
+file as one voice turn instead (:mod:`bargein.app.voice_client`): it prints
+what the server heard and the answer as it streams, writes the answer's
+audio to a WAV file, and exits when the answer is done.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import contextlib
 import os
 import signal
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -51,6 +55,25 @@ def _build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--instructions", default=None, help="system prompt")
     chat.add_argument("--max-tokens", type=int, default=256, help="per answer")
     chat.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    chat.add_argument(
+        "--voice",
+        metavar="FILE.wav",
+        default=None,
+        help="speak this WAV file as one voice turn (server VAD), print the transcript and the "
+        "answer, save the answer's audio, and exit",
+    )
+    chat.add_argument(
+        "--voice-out",
+        metavar="ANSWER.wav",
+        default=None,
+        help="with --voice: where the answer's audio goes (default: FILE.answer.wav beside "
+        "FILE.wav, or a temporary file; the path is printed)",
+    )
+    chat.add_argument(
+        "--fast",
+        action="store_true",
+        help="with --voice: send the file as fast as the socket takes it, not in real time",
+    )
     return parser
 
 
@@ -74,8 +97,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # refusal p99 6 ms instead of 163 ms, for a few percent of decode speed
     # (docs/perf/saturation.md). A value the user set is kept.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    from bargein.app.listen import check_tls
+
     try:
         settings = settings_from_args(args)
+        check_tls(settings.server)
         check_model(settings)
     except (SettingsError, FileNotFoundError) as exc:
         parser.exit(2, f"bargein serve: error: {exc}\n")
@@ -131,6 +157,7 @@ def serve(settings: Settings) -> int:
     import uvicorn
     from tqdm import tqdm
 
+    from bargein.app.listen import uvicorn_config
     from bargein.app.logging import configure_logging
     from bargein.app.server import LOAD_FAILED, create_app
 
@@ -154,7 +181,7 @@ def serve(settings: Settings) -> int:
             bar.close()
             # /readyz also needs the token log (Redis) reachable: it says when
             print(
-                f"bargein serve: model loaded; serving on http://{config.host}:{config.port}/ "
+                f"bargein serve: model loaded; serving on {config.scheme}://{config.host}:{config.port}/ "
                 "(GET /readyz says whether requests can be taken)",
                 file=sys.stderr,
             )
@@ -162,20 +189,8 @@ def serve(settings: Settings) -> int:
         bar.set_postfix_str(LOAD_STAGES[LOAD_STAGES.index(stage) + 1])
 
     app = create_app(settings, progress=progress)
-    # websockets' sans-I/O implementation: the legacy one is deprecated.
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=config.host,
-            port=config.port,
-            log_level=config.log_level,
-            ws="websockets-sansio",
-            ws_max_size=settings.session.max_frame_bytes,
-            ws_ping_interval=config.ws_ping_interval_s or None,
-            ws_ping_timeout=config.ws_ping_timeout_s or None,
-            log_config=None,
-        )
-    )  # keep the structured logging set up above
+    # log_config=None keeps the structured logging set up above
+    server = uvicorn.Server(uvicorn_config(app, settings, log_config=None))
     server.run()
     return 1 if failed else 0
 
@@ -188,6 +203,8 @@ async def _chat(args: argparse.Namespace) -> int:
 
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     try:
+        if args.voice is not None:
+            return await _voice_chat(args, headers)
         async with RealtimeClient(args.url, headers=headers) as client:
             if args.instructions:
                 await client.update(instructions=args.instructions)
@@ -218,6 +235,72 @@ async def _chat(args: argparse.Namespace) -> int:
         hint = " (--api-key or BARGEIN_API_KEY)" if status == 401 else ""
         print(f"bargein chat: {args.url} refused the connection: HTTP {status}{hint}", file=sys.stderr)
         return 1
+
+
+async def _voice_chat(args: argparse.Namespace, headers: dict[str, str]) -> int:
+    """``chat --voice``: one spoken turn and its answer; returns the exit status.
+
+    Raises:
+        OSError, InvalidStatus: the server cannot be reached (reported by :func:`_chat`).
+    """
+    from bargein.app.client import INPUT_RATE, ServerError
+    from bargein.app.pcm import WavSink, read_wav
+    from bargein.app.voice_client import VoiceClient, voice_settings
+
+    try:
+        pcm = read_wav(args.voice, sample_rate=INPUT_RATE)
+    except (OSError, ValueError) as exc:
+        print(f"bargein chat: --voice {args.voice!r}: {exc}", file=sys.stderr)
+        return 2
+    out = args.voice_out or default_voice_out(args.voice)
+    async with VoiceClient(args.url, headers=headers) as client:
+        if not client.has_audio:
+            print(
+                f"bargein chat: {args.url} serves no audio (its session.created announces no "
+                "limits.max_input_audio_ms)",
+                file=sys.stderr,
+            )
+            return 1
+        session: dict[str, Any] = {
+            "audio": voice_settings(input_rate=INPUT_RATE),
+            "defaults": {"max_tokens": args.max_tokens, "temperature": args.temperature},
+        }
+        if args.instructions:
+            session["instructions"] = args.instructions
+        try:
+            await client.update(**session)
+            with WavSink(out, client.output_rate) as sink:
+                turn = await client.talk(
+                    pcm,
+                    realtime=not args.fast,
+                    on_transcript=_print_final_transcript,
+                    on_text=lambda text: print(text, end="", flush=True),
+                    on_audio=sink,
+                )
+        except (ServerError, TimeoutError) as exc:
+            print(f"bargein chat: {exc}", file=sys.stderr)
+            return 1
+    print()
+    done = turn.response.done if turn.response is not None else None
+    reason = done["finish_reason"] if done else "none"
+    print(f"answer audio: {out} ({sink.duration_ms / 1000:.1f} s; {reason})", file=sys.stderr)
+    return 0
+
+
+def _print_final_transcript(text: str, final: bool) -> None:
+    if final:  # partial transcripts would interleave with the answer
+        print(f"> {text}", flush=True)
+
+
+def default_voice_out(voice: str) -> str:
+    """Where ``chat --voice FILE.wav`` writes the answer: ``FILE.answer.wav`` beside
+    the question when that folder is writable, else a new temporary file."""
+    stem, _ = os.path.splitext(voice)
+    if os.access(os.path.dirname(os.path.abspath(voice)), os.W_OK):
+        return stem + ".answer.wav"
+    handle, path = tempfile.mkstemp(prefix="bargein-answer-", suffix=".wav")
+    os.close(handle)
+    return path
 
 
 async def _answer(client: Any, line: str, args: argparse.Namespace) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import uvicorn
 
+from bargein.app.listen import uvicorn_config
 from bargein.app.server import AppState, create_app
 from bargein.app.settings import Settings
 
@@ -44,15 +45,7 @@ class EmbeddedServer:
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
         self._sock.bind(("127.0.0.1", 0))
         self.host, self.port = self._sock.getsockname()
-        config = uvicorn.Config(
-            self.app,
-            ws="websockets-sansio",
-            lifespan="on",
-            log_level=settings.server.log_level,
-            ws_max_size=settings.session.max_frame_bytes,
-            ws_ping_interval=settings.server.ws_ping_interval_s or None,
-            ws_ping_timeout=settings.server.ws_ping_timeout_s or None,
-        )
+        config = uvicorn_config(self.app, settings, lifespan="on")
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._sock]}, name="bargein-server", daemon=True
@@ -60,13 +53,14 @@ class EmbeddedServer:
 
     @property
     def ws_url(self) -> str:
-        """The realtime endpoint."""
-        return f"ws://{self.host}:{self.port}/v1/realtime"
+        """The realtime endpoint (``wss://`` when the settings give a certificate)."""
+        scheme = "wss" if self.settings.server.ssl_certfile else "ws"
+        return f"{scheme}://{self.host}:{self.port}/v1/realtime"
 
     @property
     def http_url(self) -> str:
-        """The HTTP base URL."""
-        return f"http://{self.host}:{self.port}"
+        """The HTTP base URL (``https://`` with a certificate)."""
+        return f"{self.settings.server.scheme}://{self.host}:{self.port}"
 
     def start(self, timeout_s: float = 300.0) -> None:
         """Start serving and wait until ``/readyz`` says the model is loaded.
@@ -81,7 +75,8 @@ class EmbeddedServer:
             if not self._thread.is_alive():
                 raise RuntimeError("the server thread died while starting")
             try:
-                response = httpx.get(self.http_url + "/readyz", timeout=2)
+                # our own socket: the certificate (made for a name, maybe self-signed) is not in question
+                response = httpx.get(self.http_url + "/readyz", timeout=2, verify=False)
             except httpx.TransportError:
                 response = None
             if response is not None and response.status_code == 200:

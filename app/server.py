@@ -29,7 +29,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
 from bargein import static
-from bargein.app.auth import OPEN_PATHS, AuthConfig, AuthMiddleware, load_api_keys
+from bargein.app.auth import OPEN_PATHS, AuthConfig, AuthMiddleware, load_api_keys, normalize_origin
 from bargein.app.logging import client_logger, quiet_client_faults, set_ids
 from bargein.app.metrics import Metrics, create_metrics
 from bargein.app.observer import Observer
@@ -281,7 +281,7 @@ def create_app(
     public = frozenset({"/metrics"}) if settings.server.public_metrics else frozenset()
     auth = AuthConfig(
         key_digests=load_api_keys(settings.server.api_keys),
-        allowed_origins=frozenset(settings.server.allowed_origins),
+        allowed_origins=frozenset(normalize_origin(o) for o in settings.server.allowed_origins),
         open_paths=OPEN_PATHS | public,
     )
     app = Starlette(

@@ -9,11 +9,13 @@ built from per-component configs (engine, session, server).
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from bargein.app.auth import normalize_origin
 from bargein.app.logging import LogFormat
 from bargein.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from bargein.session.admission import AdmissionConfig
@@ -53,7 +55,9 @@ class ServerConfig:
             when several worker processes serve; ``/metrics`` then sums them.
         api_keys: API keys: a file (one a line) or a comma list; ``None``: no
             key needed (see ``app/auth.py``). Never printed.
-        allowed_origins: browser ``Origin`` values allowed; empty: any.
+        allowed_origins: browser ``Origin`` values allowed (``scheme://host[:port]``,
+            or ``self``: the origin the request was addressed to, see
+            ``app/auth.py``); empty: any.
         public_metrics: with ``api_keys``, serve ``/metrics`` without a key
             (a scraper on a private network); off, it needs one like ``/v1``.
         ws_ping_interval_s: seconds between WebSocket pings (uvicorn's
@@ -67,6 +71,14 @@ class ServerConfig:
             node; ``None``: ``host:port``, see :attr:`node_name`).
         lease_ttl_s: with Redis, a stream whose node stops renewing its lease
             this long is continued by the node a client resumes it on.
+        ssl_certfile, ssl_keyfile: PEM certificate (chain) and private key:
+            serve ``https://`` and ``wss://`` (uvicorn's TLS); both or neither.
+        forwarded_allow_ips: addresses or networks (``*``: any) of the reverse
+            proxies whose ``X-Forwarded-For`` and ``X-Forwarded-Proto`` are
+            trusted (uvicorn's ``forwarded_allow_ips``, same default): from
+            them the client address (logs, limits) and the scheme (the
+            ``self`` origin) are the forwarded ones; from anyone else the
+            headers are ignored.
     """
 
     host: str = "127.0.0.1"
@@ -88,11 +100,19 @@ class ServerConfig:
     max_outgoing_bytes: int = 1 << 20
     node_id: str | None = None
     lease_ttl_s: float = 5.0
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    forwarded_allow_ips: tuple[str, ...] = ("127.0.0.1", "::1")
 
     @property
     def node_name(self) -> str:
         """``node_id``, or ``host:port`` when none was given."""
         return self.node_id or f"{self.host}:{self.port}"
+
+    @property
+    def scheme(self) -> str:
+        """``https`` when serving TLS, else ``http``."""
+        return "https" if self.ssl_certfile else "http"
 
     def __post_init__(self) -> None:
         for name in ("ws_ping_interval_s", "ws_ping_timeout_s", "slow_client_timeout_s"):
@@ -110,6 +130,30 @@ class ServerConfig:
             raise ValueError(f"log_format={self.log_format!r} must be 'logfmt' or 'json'")
         if self.log_backend == "redis" and not self.redis_url:
             raise ValueError("log_backend='redis' needs a redis_url")
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ValueError(
+                f"ssl_certfile={self.ssl_certfile!r} and ssl_keyfile={self.ssl_keyfile!r} go together: "
+                "give both (--ssl-certfile and --ssl-keyfile) or neither"
+            )
+        _check_trusted_proxies(self.forwarded_allow_ips)
+        for origin in self.allowed_origins:
+            normalize_origin(origin)  # raises ValueError naming a malformed entry
+
+
+def _check_trusted_proxies(addresses: tuple[str, ...]) -> None:
+    """Refuse ``forwarded_allow_ips`` that uvicorn would read otherwise than they
+    say: it takes an entry that is not an address or a network (host bits
+    unset) as a literal name matching nothing, and ``*`` only alone."""
+    if addresses == ("*",):
+        return
+    for address in addresses:
+        try:
+            ipaddress.ip_network(address)
+        except ValueError:
+            raise ValueError(
+                f"forwarded_allow_ips entry {address!r} must be an IP address or a network "
+                "(10.0.0.0/8), or the list just * (any peer)"
+            ) from None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -188,6 +232,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] 
     _add(parser, env, "--max-tokens", e.max_tokens, int, "most tokens of one response")
     _add_session_and_log_arguments(parser, env)
     _add_limit_arguments(parser, env)
+    _add_transport_arguments(parser, env)
     _add(
         parser,
         env,
@@ -350,7 +395,15 @@ def _add_limit_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]
         str,
         "API keys: a file (one key a line) or a comma list; unset: no key needed",
     )
-    _add(parser, env, "--allowed-origins", "", str, "browser Origins allowed (comma list)")
+    _add(
+        parser,
+        env,
+        "--allowed-origins",
+        "",
+        str,
+        "browser Origins allowed (comma list of scheme://host[:port]; self: the origin the "
+        "request was addressed to, with the scheme a trusted proxy forwards)",
+    )
     _add(
         parser,
         env,
@@ -436,17 +489,46 @@ def _add_limit_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]
     )
 
 
+def _add_transport_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    """Flags of TLS and of the reverse proxies in front."""
+    _add(
+        parser,
+        env,
+        "--ssl-certfile",
+        None,
+        str,
+        "PEM certificate (chain): serve https:// and wss:// (with --ssl-keyfile)",
+    )
+    _add(parser, env, "--ssl-keyfile", None, str, "PEM private key of --ssl-certfile")
+    _add(
+        parser,
+        env,
+        "--forwarded-allow-ips",
+        ",".join(ServerConfig().forwarded_allow_ips),
+        str,
+        "reverse proxies (comma list of addresses or networks, * for any) whose "
+        "X-Forwarded-For/-Proto are trusted",
+    )
+
+
+def _comma_list(text: str | None) -> tuple[str, ...]:
+    return tuple(item.strip() for item in (text or "").split(",") if item.strip())
+
+
 def _limits_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """The ``ServerConfig`` fields of :func:`_add_limit_arguments`'s flags."""
-    origins = tuple(o.strip() for o in (args.allowed_origins or "").split(",") if o.strip())
+    """The ``ServerConfig`` fields of the flags of :func:`_add_limit_arguments`
+    and :func:`_add_transport_arguments`."""
     return {
         "api_keys": args.api_keys,
-        "allowed_origins": origins,
+        "allowed_origins": _comma_list(args.allowed_origins),
         "public_metrics": args.public_metrics,
         "ws_ping_interval_s": args.ws_ping_interval,
         "ws_ping_timeout_s": args.ws_ping_timeout,
         "slow_client_timeout_s": args.slow_client_timeout,
         "max_outgoing_bytes": args.max_outgoing_bytes,
+        "ssl_certfile": args.ssl_certfile or None,
+        "ssl_keyfile": args.ssl_keyfile or None,
+        "forwarded_allow_ips": _comma_list(args.forwarded_allow_ips),
     }
 
 

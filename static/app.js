@@ -1,7 +1,13 @@
 // The bargein page: chat view, Stop, barge-in by typing or talking, a live
 // panel, and a "drop connection" control that shows the auto-resume.
+//
+// Two voice modes: server voice (the default when the server announces audio:
+// the microphone streams to the server, which finds the turns, transcribes
+// them and speaks its answers; server_voice.js) and browser speech (the Web
+// Speech API hears and speaks here; voice.js).
 
 import { BargeinClient, countChars } from "./bargein.js";
+import { ServerVoice, headOf } from "./server_voice.js";
 import { Listener, Speaker, voiceSupport } from "./voice.js";
 
 const $ = (id) => document.getElementById(id);
@@ -9,7 +15,7 @@ const params = new URLSearchParams(location.search);
 
 const ui = {
   messages: $("messages"), prompt: $("prompt"), composer: $("composer"), send: $("send"),
-  stop: $("stop"), drop: $("drop"), voice: $("voice"), voiceStatus: $("voice-status"),
+  stop: $("stop"), drop: $("drop"), voice: $("voice"), voiceMode: $("voice-mode"), voiceStatus: $("voice-status"),
   conn: $("conn"), note: $("reconnecting"), noteText: $("reconnecting-text"), error: $("page-error"),
   maxTokens: $("max-tokens"), temperature: $("temperature"), instructions: $("instructions"),
 };
@@ -21,8 +27,15 @@ const STATE_LABELS = {
 
 /** The answer on screen now: its BargeinResponse, its elements and its timings. */
 let turn = null;
-/** Voice mode: the recognition, or null when off. */
+/** Every answer on screen, by response id (a barge-in may cut one that is no longer `turn`). */
+const turns = new Map();
+/** Browser speech mode: the recognition, or null when off. */
 let listener = null;
+/** Server voice mode: the ServerVoice, or null when off. */
+let serverVoice = null;
+/** User bubbles of spoken turns, by item id (filled in by their transcripts). */
+const spokenTurns = new Map();
+let audioTicker = 0;
 
 const client = new BargeinClient(realtimeUrl(), {
   apiKey: params.get("key") ?? undefined,
@@ -60,6 +73,11 @@ function submit(text) {
  * Typed barge-in without voice needs nothing here: `interrupt_active` does it.
  */
 function bargeIn() {
+  if (serverVoice) {
+    const cut = serverVoice.interrupt();
+    if (cut) markCut(cut, "interrupted");
+    return;
+  }
   const speaker = turn?.speaker;
   if (!speaker || speaker.silenced || turn.response.cancelled) return;
   const unheard = speaker.speaking || !turn.response.finished;
@@ -72,6 +90,13 @@ function bargeIn() {
 /** Stop button: the answer ends where the screen (or the voice) got to. */
 function stop() {
   if (!turn || turn.response.cancelled) return;
+  if (serverVoice) {
+    const cut = serverVoice.interrupt();
+    if (cut) markCut(cut, "stopped");
+    if (!turn.response.finished) setStatus(turn, "stopping", "stopping…");
+    ui.stop.disabled = true;
+    return;
+  }
   if (turn.response.finished && !turn.speaker?.speaking) return;
   const heardChars = turn.speaker ? turn.speaker.silence() : countChars(turn.shown);
   turn.heardChars = heardChars;
@@ -101,12 +126,39 @@ function addMessage(role, text) {
   return { item, node: body.firstChild, meta };
 }
 
+/**
+ * An answer cut by a barge-in or Stop in server voice: the text the user heard
+ * stays, the rest is shown as not heard (the server kept the heard part).
+ * @param {{response: import("./bargein.js").BargeinResponse, ms: number, textEnd: number}} cut
+ * @param {"interrupted" | "stopped"} status
+ */
+function markCut({ response, ms, textEnd }, status) {
+  const shown = turns.get(response.id);
+  if (!shown) return;
+  Object.assign(shown, { cutStatus: status, heardChars: textEnd, playedMs: ms });
+  shown.item.dataset.playedMs = String(ms);
+  shown.item.dataset.heardChars = String(textEnd);
+  const heard = headOf(shown.shown, textEnd);
+  if (heard.length < shown.shown.length) {
+    shown.node.data = heard;
+    const rest = document.createElement("span");
+    rest.className = "unheard";
+    rest.title = "Not heard: cut by the barge-in";
+    rest.textContent = shown.shown.slice(heard.length);
+    shown.node.after(rest);
+  }
+  // An answer whose text had all arrived is cut all the same (the server re-cuts its turn).
+  if (response.finished) setStatus(shown, status, doneLabel(shown, status));
+}
+
 /** @param {import("./bargein.js").BargeinResponse} response */
 function showResponse(response) {
+  if (response.inputItemId) spokenTurn(response.inputItemId); // the question's bubble comes first
   const { item, node, meta } = addMessage("assistant", "");
   item.dataset.responseId = response.id;
   const speaker = listener && voiceSupport().synthesis ? new Speaker(speechSynthesis) : null;
   turn = { response, item, node, meta, speaker, shown: "", sentAt: performance.now(), firstAt: 0, firstEnd: 0 };
+  turns.set(response.id, turn);
   const mine = turn;
   setStatus(mine, "streaming", "");
   ui.stop.disabled = false;
@@ -142,17 +194,28 @@ function onDelta(current, delta) {
 function onDone(current, done) {
   current.speaker?.finish();
   const reason = done.finish_reason;
-  const usage = done.usage ? ` · ${done.usage.completion_tokens} tokens` : "";
-  const labels = { stop: "done", length: "length limit", interrupted: "interrupted", cancelled: "cancelled", error: "error" };
-  const status = reason === "interrupted" && current.response.cancelled ? "stopped" : reason;
-  const heard = current.heardChars === undefined ? "" : ` · ${current.heardChars} chars kept`;
-  const label = status === "stopped" ? "stopped" : labels[reason] ?? reason;
-  setStatus(current, status, `${label}${usage}${heard}`);
+  current.usage = done.usage;
+  setStatus(current, finalStatus(current, reason), doneLabel(current, reason));
   if (current === turn) {
-    ui.stop.disabled = !current.speaker?.speaking; // Stop can still silence the voice
+    ui.stop.disabled = !current.speaker?.speaking && !serverVoice?.player?.pending(current.response.id); // Stop can still silence the voice
     setText("stat-finish", reason);
     setText("stat-end", String(done.end));
   }
+}
+
+/** An answer's end as the page shows it: a cut's own status, "stopped" for Stop, else the finish reason. */
+function finalStatus(current, reason) {
+  return current.cutStatus ?? (reason === "interrupted" && current.response.cancelled ? "stopped" : reason);
+}
+
+function doneLabel(current, reason) {
+  const labels = { stop: "done", length: "length limit", interrupted: "interrupted", cancelled: "cancelled", error: "error" };
+  const status = finalStatus(current, reason);
+  const usage = current.usage ? ` · ${current.usage.completion_tokens} tokens` : "";
+  const played = current.playedMs === undefined ? "" : ` · ${current.playedMs} ms heard`;
+  const heard = current.heardChars === undefined ? "" : ` · ${current.heardChars} chars kept`;
+  const label = status === "stopped" ? "stopped" : labels[status] ?? status;
+  return `${label}${usage}${played}${heard}`;
 }
 
 function onResponseError(current, error) {
@@ -181,7 +244,7 @@ function setText(id, text) {
 }
 
 function resetStats() {
-  for (const id of ["stat-ttft", "stat-tps", "stat-offsets", "stat-end", "stat-stream", "stat-finish"]) setText(id, "–");
+  for (const id of ["stat-ttft", "stat-tps", "stat-offsets", "stat-end", "stat-stream", "stat-finish", "stat-audio"]) setText(id, "–");
 }
 
 /** Errors are shown on the page and logged: none are expected in normal use. */
@@ -207,7 +270,14 @@ function onStateChange({ state, attempt, delayMs }) {
 
 client.addEventListener("statechange", (event) => onStateChange(event.detail));
 client.addEventListener("event", (event) => {
-  if (event.detail.type === "stream.resumed") setText("stat-resumes", `${client.resumes} (from ${event.detail.from})`);
+  const detail = event.detail;
+  if (detail.type === "stream.resumed") setText("stat-resumes", `${client.resumes} (from ${detail.from})`);
+  else if (detail.type === "input_audio.committed") spokenTurn(detail.item_id);
+  else if (detail.type === "input_audio.transcript") onTranscript(detail);
+});
+// Answers the server starts by itself: the replies to spoken turns.
+client.addEventListener("response", (event) => {
+  if (event.detail.fromServer) showResponse(event.detail);
 });
 client.addEventListener("error", (event) => reportError(`${event.detail.code}: ${event.detail.message}`));
 client.addEventListener("sessionlost", () => {
@@ -220,7 +290,29 @@ client.addEventListener("sessionlost", () => {
 
 // ---- voice ---------------------------------------------------------------------
 
+/** The user bubble of a spoken turn, made when the server commits the turn. */
+function spokenTurn(itemId) {
+  let bubble = spokenTurns.get(itemId);
+  if (!bubble) {
+    bubble = addMessage("user", "…");
+    bubble.item.dataset.itemId = itemId;
+    bubble.item.dataset.status = "transcribing";
+    spokenTurns.set(itemId, bubble);
+  }
+  return bubble;
+}
+
+function onTranscript({ item_id: itemId, text, final }) {
+  const bubble = spokenTurn(itemId);
+  bubble.node.data = text || (final ? "(nothing heard)" : "…");
+  if (final) bubble.item.dataset.status = "heard";
+}
+
 function toggleVoice() {
+  if (serverVoice) {
+    stopServerVoice();
+    return;
+  }
   if (listener) {
     listener.stop();
     listener = null;
@@ -228,7 +320,12 @@ function toggleVoice() {
     turn?.speaker?.silence();
     if (turn) turn.speaker = null;
     ui.voice.setAttribute("aria-pressed", "false");
+    ui.voiceMode.disabled = false;
     ui.voiceStatus.textContent = "";
+    return;
+  }
+  if (ui.voiceMode.value === "server") {
+    startServerVoice();
     return;
   }
   const support = voiceSupport();
@@ -246,7 +343,69 @@ function toggleVoice() {
   });
   listener.start();
   ui.voice.setAttribute("aria-pressed", "true");
+  ui.voiceMode.disabled = true; // one mode at a time: turn voice off to switch
   ui.voiceStatus.textContent = "Listening. Talk over the answer to interrupt it (headphones avoid the answer interrupting itself).";
+}
+
+async function startServerVoice() {
+  const voice = new ServerVoice(client);
+  serverVoice = voice;
+  voice.addEventListener("bargein", (event) => markCut(event.detail, "interrupted"));
+  voice.addEventListener("state", (event) => {
+    const notes = { listening: "Hearing you…", speaking: "Speaking. Talk over the answer to interrupt it." };
+    if (notes[event.detail]) ui.voiceStatus.textContent = notes[event.detail];
+  });
+  ui.voice.setAttribute("aria-pressed", "true");
+  ui.voiceMode.disabled = true;
+  ui.voiceStatus.textContent = "Opening the microphone…";
+  try {
+    await voice.start();
+  } catch (error) {
+    if (serverVoice === voice) serverVoice = null;
+    ui.voice.setAttribute("aria-pressed", "false");
+    ui.voiceMode.disabled = false;
+    ui.voiceStatus.textContent = microphoneMessage(error);
+    return;
+  }
+  ui.voiceStatus.textContent = "Listening (server voice). Talk over the answer to interrupt it.";
+  audioTicker = setInterval(showPlayed, 100);
+}
+
+function stopServerVoice() {
+  const voice = serverVoice;
+  serverVoice = null;
+  clearInterval(audioTicker);
+  ui.voice.setAttribute("aria-pressed", "false");
+  ui.voiceMode.disabled = false;
+  ui.voiceStatus.textContent = "";
+  voice.stop().catch((error) => reportError(`voice off: ${error.message}`));
+}
+
+function microphoneMessage(error) {
+  const messages = {
+    NotAllowedError: "Microphone access was refused.",
+    NotFoundError: "No microphone was found.",
+    SecurityError: "The microphone needs a secure page: https:// (or localhost).",
+  };
+  return messages[error?.name] ?? `Server voice failed: ${error?.message ?? error}`;
+}
+
+/** The live panel's "Audio" line, and the answer's `data-played-ms`, while it plays. */
+function showPlayed() {
+  if (!serverVoice || !turn || turn.cutStatus) return;
+  const { ms } = serverVoice.played(turn.response);
+  turn.item.dataset.playedMs = String(ms);
+  setText("stat-audio", `${ms} ms played of ${turn.response.audioEndMs}`);
+  if (turn.response.finished) ui.stop.disabled = !serverVoice.player?.pending(turn.response.id);
+}
+
+/** The voice mode to offer: server voice when the server has audio, unless the URL says `?voice=browser`. */
+function chooseVoiceMode() {
+  const server = ui.voiceMode.querySelector('option[value="server"]');
+  server.disabled = !client.audioAvailable;
+  server.textContent = client.audioAvailable ? "Server voice" : "Server voice (not on this server)";
+  const wanted = params.get("voice") ?? (client.audioAvailable ? "server" : "browser");
+  ui.voiceMode.value = wanted === "server" && !client.audioAvailable ? "browser" : wanted;
 }
 
 // ---- wiring --------------------------------------------------------------------
@@ -281,6 +440,7 @@ client.connect().then(
   (created) => {
     setText("stat-model", created.model ?? "–");
     $("stat-model").title = created.model ?? "";
+    chooseVoiceMode();
   },
   (error) => reportError(`could not connect: ${error.message}`),
 );

@@ -10,7 +10,10 @@
 //
 // Offsets, not luck, keep the text whole across reconnects: every response
 // remembers the `end` of the last delta it accepted, resumes from there, and
-// drops (or trims) replayed deltas it already holds.
+// drops (or trims) replayed deltas it already holds. Audio (a server that
+// announces `limits.max_input_audio_ms`) works the same way in milliseconds:
+// `appendAudio(pcm16)` sends the user's audio, a response's `audio` events
+// carry its spoken answer, and a resume asks for the audio from `audioEndMs`.
 
 /** The WebSocket subprotocol for JSON frames. */
 export const SUBPROTOCOL = "bargein.v1.json";
@@ -69,6 +72,42 @@ export class BargeinError extends Error {
 }
 
 /**
+ * pcm16 samples as the protocol's base64 (little-endian, whatever the platform).
+ * @param {Int16Array} pcm
+ * @returns {string}
+ */
+export function pcmToBase64(pcm) {
+  const bytes = new Uint8Array(pcm.length * 2);
+  const view = new DataView(bytes.buffer);
+  for (let i = 0; i < pcm.length; i += 1) view.setInt16(2 * i, pcm[i], true);
+  let binary = "";
+  for (let i = 0; i < bytes.length; i += 0x8000) binary += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
+  return btoa(binary);
+}
+
+/**
+ * The protocol's base64 audio as pcm16 samples.
+ * @param {string} text
+ * @returns {Int16Array}
+ */
+export function base64ToPcm(text) {
+  const binary = atob(text);
+  const view = new DataView(new ArrayBuffer(binary.length - (binary.length % 2)));
+  for (let i = 0; i < view.byteLength; i += 1) view.setUint8(i, binary.charCodeAt(i));
+  const pcm = new Int16Array(view.byteLength / 2);
+  for (let i = 0; i < pcm.length; i += 1) pcm[i] = view.getInt16(2 * i, true);
+  return pcm;
+}
+
+/**
+ * @typedef {object} AudioChunk  one piece of a response's spoken answer
+ * @property {Int16Array} pcm  pcm16 samples at the session's output rate, not heard before
+ * @property {number} startMs  output timeline position of the first sample
+ * @property {number} endMs  position after the last sample
+ * @property {number} textEnd  code points of the response text spoken by `endMs`
+ */
+
+/**
  * @typedef {object} Delta  one piece of a response, as accepted by the client
  * @property {string} text  text of tokens [start, end) not seen before
  * @property {number} start  token offset of the first token
@@ -77,11 +116,15 @@ export class BargeinError extends Error {
 
 /**
  * One assistant turn. Async-iterable over its deltas; also an EventTarget:
- * `created`, `delta` (detail: Delta), `resumed` (detail: the `stream.resumed`
- * event), `done` (detail: the `response.done` event), `error` (detail: BargeinError).
+ * `created`, `delta` (detail: Delta), `audio` (detail: AudioChunk), `audiodone`
+ * (detail: the `response.audio.done` event), `resumed` (detail: the
+ * `stream.resumed` event), `done` (detail: the `response.done` event), `error`
+ * (detail: BargeinError).
  *
- * After `cancel()` no further deltas are handed out (what is on screen stays
- * what was heard) although late ones are still counted in `text` and `end`.
+ * After `cancel()` no further deltas or audio are handed out (what is on screen
+ * stays what was heard) although late ones are still counted in `text`, `end`
+ * and `audioEndMs`. A response the server started by itself (a voice turn) has
+ * `fromServer` true and its `inputItemId`.
  */
 export class BargeinResponse extends EventTarget {
   /** @param {BargeinClient} client @param {string} id */
@@ -108,6 +151,15 @@ export class BargeinResponse extends EventTarget {
     /** @type {Delta[]} deltas handed out, for iterators that start late */
     this.deltas = [];
     this.finished = false;
+    /** Output timeline ms after the last audio accepted: where a resume's audio starts. */
+    this.audioEndMs = 0;
+    /** Code points of `text` spoken by `audioEndMs`. */
+    this.textEnd = 0;
+    this.audioDone = false;
+    /** True for a response the server started (a voice turn's), not `send()`. */
+    this.fromServer = false;
+    /** @type {string | null} the user item of the voice turn that started it */
+    this.inputItemId = null;
     // Token offset -> this.text.length at that offset, to trim a replayed delta
     // that starts before `end` at a boundary this client has seen.
     this._boundaries = new Map([[0, 0]]);
@@ -125,8 +177,10 @@ export class BargeinResponse extends EventTarget {
 
   /**
    * Barge-in: stop this response. The server keeps `heardChars` characters of
-   * it in the conversation (default: everything delivered).
-   * @param {{heardChars?: number}} [options]
+   * it in the conversation, or the text spoken in its first `audioEndMs`
+   * milliseconds of audio (default: everything delivered). Also for a response
+   * that has ended (the most recent one): it re-cuts that turn.
+   * @param {{heardChars?: number, audioEndMs?: number}} [options]
    */
   cancel(options = {}) {
     this.client.cancel(this, options);
@@ -147,7 +201,31 @@ export class BargeinResponse extends EventTarget {
   _onCreated(event) {
     this.streamId = event.stream_id;
     this.resumeToken = event.resume_token;
+    this.inputItemId = event.input_item_id ?? null;
     this._emit("created", event);
+  }
+
+  /**
+   * Accepts audio once, as `_onDelta` does text: by output timeline milliseconds.
+   * @param {Record<string, any>} event  `response.audio.delta`
+   * @param {number} rate  samples per second of the audio
+   */
+  _onAudioDelta(event, rate) {
+    if (this.finished || event.end_ms <= this.audioEndMs) return;
+    let pcm = base64ToPcm(String(event.audio));
+    if (event.start_ms < this.audioEndMs) pcm = pcm.subarray(Math.floor(((this.audioEndMs - event.start_ms) * rate) / 1000));
+    const startMs = Math.max(event.start_ms, this.audioEndMs);
+    this.audioEndMs = event.end_ms;
+    this.textEnd = event.text_end;
+    if (this.cancelled) return;
+    this._emit("audio", { pcm, startMs, endMs: event.end_ms, textEnd: event.text_end });
+  }
+
+  /** @param {Record<string, any>} event  `response.audio.done` */
+  _onAudioDone(event) {
+    if (this.audioDone) return;
+    this.audioDone = true;
+    this._emit("audiodone", event);
   }
 
   /** @param {Record<string, any>} event  `stream.resumed` */
@@ -226,7 +304,8 @@ export class BargeinResponse extends EventTarget {
  *
  * Events (all CustomEvent): `statechange` (detail: {state, attempt, delayMs}),
  * `event` (detail: every server event, unknown types included), `sent`
- * (detail: every client event), `response` (detail: a new BargeinResponse), `error`
+ * (detail: every client event), `response` (detail: a new BargeinResponse:
+ * from `send()`, or one the server started for a voice turn), `error`
  * (detail: a BargeinError not tied to one response), `sessionlost` (detail: a
  * BargeinError: after a reconnect the server no longer had the conversation, so
  * the client goes on in a new session; streams still resume).
@@ -251,6 +330,8 @@ export class BargeinClient extends EventTarget {
     /** @type {Record<string, number> | null} limits from `session.created` */
     this.limits = null;
     /** @type {string | null} */ this.model = null;
+    /** @type {Record<string, any> | null} `session.audio` in force (from `session.updated`) */
+    this.audio = null;
     /** @type {Map<string, BargeinResponse>} */
     this.responses = new Map();
     /** Number of streams resumed (`stream.resumed`) since connect(). */
@@ -272,6 +353,16 @@ export class BargeinClient extends EventTarget {
       clearTimeout(this._timer);
       this._openSocket();
     };
+  }
+
+  /** Whether the server hears and speaks audio (it announces `limits.max_input_audio_ms`). */
+  get audioAvailable() {
+    return this.limits?.max_input_audio_ms != null;
+  }
+
+  /** Samples per second of the responses' audio. */
+  get outputRate() {
+    return this.audio?.output?.sample_rate ?? 24000;
   }
 
   /** The response still generating or being delivered, if any. */
@@ -300,16 +391,44 @@ export class BargeinClient extends EventTarget {
   }
 
   /**
-   * Changes the session (`session.update`).
-   * @param {Record<string, any>} session  any of instructions, defaults, on_disconnect, include_token_ids
+   * Changes the session (`session.update`); once accepted, it is also applied
+   * to a new session after a reconnect.
+   * @param {Record<string, any>} session  any of instructions, defaults, on_disconnect,
+   *   include_token_ids, audio
    * @returns {Promise<Record<string, any>>} the settings now in force
    */
   updateSession(session) {
-    this.options.session = { ...(this.options.session ?? {}), ...session };
     const pending = deferred();
     const eventId = this._send({ type: "session.update", session }, pending);
-    this._updates.push({ eventId, ...pending });
+    const accepted = (settings) => {
+      this.options.session = { ...(this.options.session ?? {}), ...session };
+      pending.resolve(settings);
+    };
+    this._updates.push({ eventId, resolve: accepted, reject: pending.reject });
     return pending.promise;
+  }
+
+  /**
+   * Appends pcm16 mono at the session's input rate to the user's audio
+   * (`input_audio.append`). A live source: while the connection is not open the
+   * audio is dropped, not queued.
+   * @param {Int16Array} pcm
+   * @returns {boolean} whether it was sent
+   */
+  appendAudio(pcm) {
+    if (this.state !== "open") return false;
+    this._send({ type: "input_audio.append", audio: pcmToBase64(pcm) });
+    return true;
+  }
+
+  /** Ends the user's turn now (`input_audio.commit`: push to talk). */
+  commitAudio() {
+    this._send({ type: "input_audio.commit" });
+  }
+
+  /** Drops the uncommitted input audio (`input_audio.clear`). */
+  clearAudio() {
+    this._send({ type: "input_audio.clear" });
   }
 
   /**
@@ -334,13 +453,15 @@ export class BargeinClient extends EventTarget {
   /**
    * Barge-in on `response` (`response.cancel`). Safe to call more than once.
    * @param {BargeinResponse | string} response  a BargeinResponse or its id
-   * @param {{heardChars?: number}} [options]  characters the user saw or heard (code points)
+   * @param {{heardChars?: number, audioEndMs?: number}} [options]  characters the user
+   *   saw or heard (code points), or milliseconds of its audio the user heard
    */
   cancel(response, options = {}) {
     const target = typeof response === "string" ? this.responses.get(response) : response;
     const id = typeof response === "string" ? response : response.id;
     const event = { type: "response.cancel", response_id: id };
     if (options.heardChars !== undefined) event.heard_chars = Math.max(0, Math.floor(options.heardChars));
+    if (options.audioEndMs !== undefined) event.audio_end_ms = Math.max(0, Math.floor(options.audioEndMs));
     if (target) {
       target.cancelled = true;
       target._cancel = event; // sent again after a resume, in case the socket lost it
@@ -487,6 +608,7 @@ export class BargeinClient extends EventTarget {
   }
 
   _onSessionUpdated(event) {
+    this.audio = event.session?.audio ?? this.audio;
     const update = this._updates.shift();
     if (!update) return;
     this._pending.delete(update.eventId);
@@ -518,6 +640,7 @@ export class BargeinClient extends EventTarget {
         continue;
       }
       const event = { type: "stream.resume", stream_id: response.streamId, resume_token: response.resumeToken, from: response.end };
+      if (this.audio?.output || response.audioEndMs > 0) event.audio_from_ms = response.audioEndMs;
       response._eventId = this._send(event, { direct: true, reject: (error) => response._fail(error) });
       if (response._cancel) this._send(response._cancel, { direct: true });
     }
@@ -527,10 +650,18 @@ export class BargeinClient extends EventTarget {
   }
 
   _onResponseEvent(event) {
-    const response = this.responses.get(event.response_id);
+    const response = this.responses.get(event.response_id) ?? this._serverStarted(event);
     if (!response) return;
     if (event.type === "response.delta") {
       response._onDelta(event);
+      return;
+    }
+    if (event.type === "response.audio.delta") {
+      response._onAudioDelta(event, this.outputRate);
+      return;
+    }
+    if (event.type === "response.audio.done") {
+      response._onAudioDone(event);
       return;
     }
     this._pending.delete(response._eventId); // answered: created, resumed or done
@@ -540,6 +671,17 @@ export class BargeinClient extends EventTarget {
       response._onResumed(event);
     }
     else if (event.type === "response.done") response._onDone(event);
+  }
+
+  /** A `response.created` the client did not ask for (server VAD started it): a new response. */
+  _serverStarted(event) {
+    if (event.type !== "response.created") return null;
+    const response = new BargeinResponse(this, event.response_id);
+    response.fromServer = true;
+    response.inputItemId = event.input_item_id ?? null; // known to `response` listeners already
+    this.responses.set(response.id, response);
+    this._emit("response", response);
+    return response;
   }
 
   _onError(event) {
@@ -641,6 +783,8 @@ const SERVER_EVENTS = {
   "response.delta": BargeinClient.prototype._onResponseEvent,
   "response.done": BargeinClient.prototype._onResponseEvent,
   "stream.resumed": BargeinClient.prototype._onResponseEvent,
+  "response.audio.delta": BargeinClient.prototype._onResponseEvent,
+  "response.audio.done": BargeinClient.prototype._onResponseEvent,
   error: BargeinClient.prototype._onError,
 };
 

@@ -7,22 +7,18 @@ to a path to save a screenshot of the page mid-answer (docs/img/chat.png).
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.needs import missing, playwright_sync_api
+from tests.app.browser import ANSWER, launch, pages_on
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-CHROMIUM = Path("/usr/bin/chromium")
 PROMPT = "Write two sentences about the sea."
-ANSWER = ".msg.assistant:last-of-type"
 
 
 @pytest.fixture(scope="module")
@@ -33,94 +29,16 @@ def bargein_url(live_server: Any) -> str:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """Headless Debian chromium, one per module (a launch costs about a second).
-
-    Without chromium or playwright the browser tests skip, or fail in CI
-    (``CI=true``: tests/needs.py).
-    """
-    if not CHROMIUM.exists():
-        missing(f"Debian's chromium is missing ({CHROMIUM}): `make system-deps` installs it")
-    sync_api = playwright_sync_api()
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True)
+    """Headless Debian chromium, one per module (a launch costs about a second)."""
+    with launch() as browser:
         yield browser
-        browser.close()
-
-
-class Page:
-    """A fresh page on the bargein client that records console errors and frames."""
-
-    def __init__(self, browser: Any, base_url: str, query: str, init_script: str | None) -> None:
-        self.context = browser.new_context(viewport={"width": 1280, "height": 800})
-        if init_script:
-            self.context.add_init_script(init_script)
-        self.page = self.context.new_page()
-        self.errors: list[str] = []
-        self.sent: list[dict[str, Any]] = []
-        self.received: list[dict[str, Any]] = []
-        self.sockets = 0
-        self.page.on("console", self._on_console)
-        self.page.on("pageerror", lambda error: self.errors.append(f"pageerror: {error}"))
-        self.page.on("websocket", self._on_websocket)
-        self.page.goto(f"{base_url}/?{query}")
-        self.page.wait_for_selector('#conn[data-state="open"]', timeout=30_000)
-
-    def _on_console(self, message: Any) -> None:
-        if message.type == "error":
-            self.errors.append(f"console: {message.text}")
-
-    def _on_websocket(self, socket: Any) -> None:
-        self.sockets += 1
-        socket.on("framesent", lambda frame: self.sent.append(json.loads(frame)))
-        socket.on("framereceived", lambda frame: self.received.append(json.loads(frame)))
-
-    def ask(self, text: str) -> None:
-        self.page.fill("#prompt", text)
-        self.page.press("#prompt", "Enter")
-
-    def answer_text(self) -> str:
-        return self.page.inner_text(f"{ANSWER} .text")
-
-    def wait_for_streaming_text(self, min_chars: int) -> None:
-        """Waits until the answer shows text and is still arriving."""
-        self.page.wait_for_function(
-            """(min) => {
-                const answer = document.querySelector('.msg.assistant:last-of-type');
-                return answer && answer.dataset.status === 'streaming'
-                    && answer.querySelector('.text').textContent.length >= min;
-            }""",
-            arg=min_chars,
-            timeout=60_000,
-            polling=10,
-        )
-
-    def wait_for_end(self) -> str:
-        """Waits until the answer has ended; returns its finish status."""
-        self.page.wait_for_function(
-            "() => !['streaming', 'stopping'].includes("
-            "document.querySelector('.msg.assistant:last-of-type').dataset.status)",
-            timeout=120_000,
-        )
-        return self.page.get_attribute(ANSWER, "data-status")
-
-    def of_type(self, frames: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-        return [frame for frame in frames if frame.get("type") == kind]
 
 
 @pytest.fixture
 def open_page(browser: Any, bargein_url: str) -> Iterator[Any]:
     """Opens pages on the client; fails the test on any console or page error."""
-    pages: list[Page] = []
-
-    def open_(query: str = "max_tokens=48&temperature=0", init_script: str | None = None) -> Page:
-        pages.append(Page(browser, bargein_url, query, init_script))
-        return pages[-1]
-
-    yield open_
-    errors = [error for page in pages for error in page.errors]
-    for page in pages:
-        page.context.close()
-    assert errors == []
+    with pages_on(browser, bargein_url) as open_:
+        yield open_
 
 
 def test_answer_streams_in(open_page: Any) -> None:
@@ -344,7 +262,7 @@ SCRIPTED_SPEECH = r"""
 
 
 def test_talking_over_the_voice_cuts_the_turn_to_what_was_spoken(open_page: Any, live_server: Any) -> None:
-    page = open_page("max_tokens=64&temperature=0", init_script=SCRIPTED_SPEECH)
+    page = open_page("max_tokens=64&temperature=0&voice=browser", init_script=SCRIPTED_SPEECH)
     page.page.click("#voice")
     assert page.page.get_attribute("#voice", "aria-pressed") == "true"
     page.page.evaluate("window.__say('Write two sentences about the sea.')")
@@ -365,7 +283,10 @@ def test_talking_over_the_voice_cuts_the_turn_to_what_was_spoken(open_page: Any,
 
 
 def test_voice_mode_says_when_the_browser_lacks_speech(open_page: Any) -> None:
-    page = open_page(init_script="delete window.webkitSpeechRecognition; delete window.SpeechRecognition;")
+    page = open_page(
+        "max_tokens=48&temperature=0&voice=browser",
+        init_script="delete window.webkitSpeechRecognition; delete window.SpeechRecognition;",
+    )
     page.page.click("#voice")
     assert page.page.get_attribute("#voice", "aria-pressed") == "false"
     assert "lacks speech recognition" in page.page.inner_text("#voice-status")
