@@ -214,6 +214,11 @@ class Speaker:
         end_ms = end_sample * 1000 // self.sample_rate
         # at the exact end, not the rounded-down ms: a segment's last word ends there
         text_end = self.alignment.text_end_at(end_sample * 1000 / self.sample_rate)
+        first = self.sent_end_ms == 0
+        # Counted as sent once handed to send: a stop() while it is written
+        # cancels the wait, not the frame (it is queued for the wire), so the
+        # cut and response.audio.done's end_ms must include it.
+        self.sent_end_ms, self.sent_text_end = end_ms, text_end
         await self._send(
             pe.ResponseAudioDelta(
                 response_id=self.response_id,
@@ -224,8 +229,6 @@ class Speaker:
                 text_end=text_end,
             )
         )
-        first = self.sent_end_ms == 0
-        self.sent_end_ms, self.sent_text_end = end_ms, text_end
         if first and self._on_first_audio is not None:
             self._on_first_audio()
 
