@@ -25,7 +25,6 @@ sends ``response.audio.done``; the delivery awaits it before ``response.done``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -130,11 +129,10 @@ class Speaker:
                 self._enqueue(segment)
             if self._worker is not None:
                 self._queue.put_nowait(None)
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._worker
-        elif self._worker is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._worker
+        if self._worker is not None:
+            # wait() does not raise the worker's CancelledError (a stop), so
+            # a cancellation of the caller itself propagates, never swallowed
+            await asyncio.wait((self._worker,))
         if self.done:
             return
         self.done = True
