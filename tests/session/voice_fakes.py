@@ -187,7 +187,10 @@ class Client:
             type="session.update",
             session={
                 "audio": {
-                    "input": {"sample_rate": RATE, "turn_detection": {"type": "server_vad", **turn_detection}},
+                    "input": {
+                        "sample_rate": RATE,
+                        "turn_detection": {"type": "server_vad", **turn_detection},
+                    },
                     "output": {"sample_rate": 24000} if output else None,
                 }
             },
@@ -232,7 +235,10 @@ def _output(
 
 
 async def voice_service(
-    models: FakeModels | None = None, *, config: VoiceConfig | None = None, session: SessionConfig | None = None
+    models: FakeModels | None = None,
+    *,
+    config: VoiceConfig | None = None,
+    session: SessionConfig | None = None,
 ) -> tuple[Service, ThreadedEngine, FakeModels]:
     """A started Service on a ThreadedEngine with fake voice models."""
     models = models or FakeModels(vad=FakeVad(), transcriber=FakeTranscriber(), synthesizer=FakeSynth())
