@@ -333,7 +333,14 @@ class Connection:
                     self.voice.on_submit(action.response_id)
                 await self._submit(action)
             elif isinstance(action, StartDelivery):
-                self._start_delivery(action.response_id, action.stream_id, action.from_offset)
+                speaker = (
+                    None
+                    if self.voice is None
+                    else self.voice.speaker_for(action.response_id, action.stream_id)
+                )
+                self._start_delivery(
+                    action.response_id, action.stream_id, action.from_offset, speaker=speaker
+                )
             elif isinstance(action, Abort):
                 self._abort(action)
             elif isinstance(action, StopDelivery):
@@ -427,9 +434,7 @@ class Connection:
             on_delivered=delivered,
             include_token_ids=self.session.settings.include_token_ids,
             observer=self.service.observer,
-            speaker=speaker
-            if speaker is not None or self.voice is None
-            else self.voice.speaker_for(response_id, stream_id),
+            speaker=speaker,
         )
         task = asyncio.create_task(delivery.run(), name=f"deliver-{stream_id}")
         self._deliveries[stream_id] = (delivery, task)
@@ -491,8 +496,8 @@ class Connection:
             speaker = self.voice.speaker_for(
                 info.response_id, event.stream_id, skip_before_ms=event.audio_from_ms
             )
-            assert speaker is not None
-            speaker.feed(await self._text_before(event.stream_id, min(event.from_, info.end)))
+            if speaker is not None:  # None: a text-only response of this connection
+                speaker.feed(await self._text_before(event.stream_id, min(event.from_, info.end)))
         self._start_delivery(info.response_id, event.stream_id, event.from_, speaker=speaker)
 
     async def _text_before(self, stream_id: str, offset: int) -> str:

@@ -408,15 +408,23 @@ class VoiceChannel:
             return event
         return replace(event, input_item_id=response.input_item_id)
 
-    def speaker_for(self, response_id: str, stream_id: str, *, skip_before_ms: int = 0) -> Speaker | None:
-        """The speaker of a response being delivered (None: text only)."""
+    def speaker_for(
+        self, response_id: str, stream_id: str, *, skip_before_ms: int | None = None
+    ) -> Speaker | None:
+        """The speaker of a response being delivered (None: text only).
+
+        ``skip_before_ms``: a resume's ``audio_from_ms``. A response of this
+        connection is spoken if it was created so; one of another connection
+        only on a resume that asks for its audio (whether it was spoken is
+        not logged).
+        """
         response = self._responses.get(response_id)
         if response is None:
-            if not skip_before_ms and self.settings.output_rate is None:
+            if skip_before_ms is None:
                 return None
-            response = self._responses[response_id] = _VoiceResponse()
-        elif not response.audio and not skip_before_ms:
-            return None
+            response = self._responses[response_id] = _VoiceResponse(audio=True)
+        elif not response.audio:
+            return None  # audio_from_ms of a text-only response is ignored (8.8)
         speech_end_at = response.speech_end_at
 
         def first_audio() -> None:
@@ -430,7 +438,7 @@ class VoiceChannel:
             sample_rate=self.settings.output_rate or DEFAULT_OUTPUT_RATE,
             send=self._host.send,
             run_blocking=self.runtime.run,
-            skip_before_ms=skip_before_ms,
+            skip_before_ms=skip_before_ms or 0,
             clock=self._clock,
             observer=self._observer,
             on_first_audio=first_audio,

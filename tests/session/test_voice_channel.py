@@ -525,27 +525,65 @@ async def test_a_client_response_create_does_not_take_a_voice_turns_item_id() ->
 # ---- resume and disconnects ------------------------------------------------------------
 
 
-async def test_a_resume_of_a_text_stream_with_audio_from_ms_has_no_audio() -> None:
+def audio_events(events: list[Any]) -> list[Any]:
+    return [e for e in events if isinstance(e, (pe.ResponseAudioDelta, pe.ResponseAudioDone))]
+
+
+async def resume(c: VoiceClient, created: pe.ResponseCreated, **fields: Any) -> list[Any]:
+    """The events of a stream.resume of ``created`` from 0, until its response.done."""
+    before = len(c.events)
+    await c.send(
+        type="stream.resume",
+        stream_id=created.stream_id,
+        resume_token=created.resume_token,
+        **{"from": 0},
+        **fields,
+    )
+    await c.wait_until(lambda: any(isinstance(e, pe.ResponseDone) for e in c.events[before:]), "resumed")
+    return c.events[before:]
+
+
+async def test_a_resume_with_audio_from_ms_of_a_text_stream_has_no_audio() -> None:
     c = await client()
     try:
-        await c.send(type="response.create", response_id="t", input=[{"role": "user", "content": "Hi."}])
+        await c.voice_session()
+        await c.send(
+            type="response.create",
+            modalities=["text"],
+            response_id="t",
+            input=[{"role": "user", "content": "Hi."}],
+        )
         (created,) = await c.wait_for(pe.ResponseCreated)
         c.generate(created.stream_id, "Hello", " there.", finish=FinishReason.STOP)
         await c.wait_for(pe.ResponseDone)
-        for from_ms in (0, 500):
-            other = VoiceClient(c.service, c.engine, c.models)
-            await other.send(
-                type="stream.resume",
-                stream_id=created.stream_id,
-                resume_token=created.resume_token,
-                audio_from_ms=from_ms,
-                **{"from": 0},
-            )
-            await other.wait_for(pe.ResponseDone)
-            assert not [
-                e for e in other.events if isinstance(e, (pe.ResponseAudioDelta, pe.ResponseAudioDone))
-            ]
-            await other.close()
+        assert not audio_events(c.events)
+        for from_ms in (0, 500):  # 8.8: ignored for a stream that was not spoken
+            assert not audio_events(await resume(c, created, audio_from_ms=from_ms))
+        other = VoiceClient(c.service, c.engine, c.models)  # a text-only connection
+        replay = await resume(other, created, audio_from_ms=0)
+        assert "".join(e.text for e in replay if isinstance(e, pe.ResponseDelta)) == "Hello there."
+        await other.close()
+    finally:
+        await done(c)
+
+
+async def test_a_resume_without_audio_from_ms_has_no_audio_events() -> None:
+    c = await client()
+    try:
+        await c.voice_session()
+        created = await spoken_story(c)
+        c.generate(created.stream_id, finish=FinishReason.STOP)
+        await c.wait_for(pe.ResponseDone)
+        spoken = [(e.start_ms, e.end_ms, e.text_end) for e in c.of(pe.ResponseAudioDelta)]
+        assert not audio_events(await resume(c, created))  # as an older client expects
+        other = VoiceClient(c.service, c.engine, c.models)
+        await other.voice_session()  # even where the session speaks
+        assert not audio_events(await resume(other, created))
+        again = [
+            e for e in await resume(other, created, audio_from_ms=0) if isinstance(e, pe.ResponseAudioDelta)
+        ]
+        assert [(e.start_ms, e.end_ms, e.text_end) for e in again] == spoken
+        await other.close()
     finally:
         await done(c)
 
