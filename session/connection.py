@@ -148,14 +148,15 @@ class Connection:
             else:
                 await self.voice.handle_input(event, now)
             return
+        audio = None  # the audio settings of a session.update, applied if all of it is accepted
         if isinstance(event, pe.SessionUpdate) and event.session.audio is not None:
-            refused = (
+            audio = (
                 (pe.ErrorCode.INVALID_PARAMETER, NO_VOICE)
                 if self.voice is None
-                else self.voice.update(event.session.audio)
+                else self.voice.merge(event.session.audio)
             )
-            if refused is not None:
-                await self._send(self._error(*refused, event))
+            if isinstance(audio, tuple):
+                await self._send(self._error(*audio, event))
                 return
         if isinstance(event, pe.ResponseCancel) and self.voice is not None:
             event = replace(
@@ -190,6 +191,8 @@ class Connection:
             actions = self.session.handle(event, now)
             if isinstance(event, pe.ResponseCreate):
                 self._report_rejections(actions)
+            if audio is not None and self.voice is not None and _updated(actions):
+                self.voice.apply(audio)
             await self._run(actions)
             if isinstance(event, (pe.ResponseCancel, pe.SessionUpdate)):
                 self._saver.request()  # a cut turn, new settings
@@ -649,3 +652,8 @@ class Connection:
         info = await self.service.log.info(active[1])
         if info is None or info.status == "complete":
             await asyncio.shield(watch)
+
+
+def _updated(actions: list[Action]) -> bool:
+    """Whether the session accepted a ``session.update`` (it answers ``session.updated``)."""
+    return any(isinstance(a, Send) and isinstance(a.event, pe.SessionUpdated) for a in actions)

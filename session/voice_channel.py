@@ -132,9 +132,10 @@ class VoiceChannel:
 
     # ---- settings ----------------------------------------------------------------
 
-    def update(self, audio: pe.AudioSettings) -> tuple[pe.ErrorCode, str] | None:
-        """Merge a ``session.update``'s ``audio``; the error to answer, or None
-        (a refused update changes nothing)."""
+    def merge(self, audio: pe.AudioSettings) -> AudioSettings | tuple[pe.ErrorCode, str]:
+        """The settings a ``session.update``'s ``audio`` asks for, or the error
+        to answer; nothing changes until :meth:`apply` (the rest of the
+        update may still be refused, and a refused update changes nothing)."""
         try:
             new = merged(self.settings, audio)
         except ValueError as exc:
@@ -143,10 +144,13 @@ class VoiceChannel:
         if new.input_rate != self.settings.input_rate and held:
             # one turn has one rate
             return pe.ErrorCode.CONFLICT, "commit or clear the input audio before changing its sample_rate"
+        return new
+
+    def apply(self, new: AudioSettings) -> None:
+        """Put settings from :meth:`merge` in force."""
         self.settings = new
         if self._input is not None:
             self._input.apply(new)
-        return None
 
     def echo(self) -> pe.AudioSettings:
         """The audio settings in force, as ``session.updated`` reports them."""
