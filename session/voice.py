@@ -210,6 +210,10 @@ def merged(settings: AudioSettings, update: Any) -> AudioSettings:
                     raise ValueError(
                         "session.audio.input.turn_detection is off: turn it on with type 'server_vad'"
                     )
+                if "silence_duration_ms" in fields:
+                    # the pause that starts a speculative answer fits in any silence
+                    # window the protocol allows ([0, 10000] ms)
+                    fields["pause_ms"] = min(TurnDetection().pause_ms, fields["silence_duration_ms"])
                 base = new.turn_detection or TurnDetection()
                 new = replace(new, turn_detection=replace(base, **fields))
     if update.output is not None:

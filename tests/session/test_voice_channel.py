@@ -237,12 +237,17 @@ async def test_a_rate_change_with_audio_held_is_a_conflict_until_a_clear() -> No
 
 @pytest.mark.parametrize("silence_ms", [0, 100, 200, 10000])
 async def test_every_silence_duration_the_protocol_allows_is_accepted(silence_ms: int) -> None:
-    c = await client()
+    c = await client(VoiceConfig(speculate=True), texts=["Hi there."])
     try:
         await c.voice_session(output=False, silence_duration_ms=silence_ms)
         assert not c.of(pe.ErrorEvent), c.of(pe.ErrorEvent)
         (updated,) = await c.wait_for(pe.SessionUpdated)
         assert updated.session.audio.input.turn_detection.silence_duration_ms == silence_ms
+        if silence_ms < 800:  # TURN's silence ends the turn: answered once
+            await c.audio(TURN)
+            (created,) = await c.wait_for(pe.ResponseCreated)
+            assert len(c.engine.requests) == 1
+            assert c.of(pe.InputAudioSpeechStopped)[0].audio_end_ms == 960
     finally:
         await done(c)
 
