@@ -96,6 +96,7 @@ class _VoiceResponse:
     audio: bool = False  # spoken (modalities, or the session's output)
     input_item_id: str | None = None
     speech_end_at: float | None = None  # arrival of the turn's last voiced audio
+    num_pending_items: int = 0  # waiting turns its response.create took as input
 
 
 class VoiceChannel:
@@ -392,7 +393,7 @@ class VoiceChannel:
         if self._pending_items:
             creating.input_item_id = creating.input_item_id or self._pending_items[-1][0]
             items = tuple(item for _, item in self._pending_items)
-            self._pending_items.clear()
+            creating.num_pending_items = len(items)  # they leave the queue once it is submitted
             event = replace(event, input=items + (event.input or ()))
         self._creating = creating
         return event, None
@@ -400,6 +401,7 @@ class VoiceChannel:
     def on_submit(self, response_id: str) -> None:
         """The response being created got its id."""
         response, self._creating = self._creating or _VoiceResponse(), None
+        del self._pending_items[: response.num_pending_items]  # a refused create leaves them waiting
         self._responses[response_id] = response
         self._responses.move_to_end(response_id)
         while len(self._responses) > _REMEMBERED:
