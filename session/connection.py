@@ -203,15 +203,10 @@ class Connection:
         """Write one server event to this connection."""
         await self._send(event)
 
-    async def dispatch_as_client(self, event: object, now: float) -> None:
-        """Apply ``event`` as if the client had sent it (a voice turn's
-        ``response.create``), in order with the client's own events."""
-        async with self._lock:
-            if self.session.state is not State.CLOSED:
-                await self._handle_locked(event, now)
-
     async def dispatch_if(self, event: object, now: float, wanted: Callable[[], bool]) -> None:
-        """:meth:`dispatch_as_client` if ``wanted()`` says so once the lock is held."""
+        """Apply ``event`` as if the client had sent it (a voice turn's
+        ``response.create``), in order with the client's own events, if
+        ``wanted()`` says so once the lock is held."""
         async with self._lock:
             if self.session.state is not State.CLOSED and wanted():
                 await self._handle_locked(event, now)

@@ -49,9 +49,6 @@ class VoiceHost(Protocol):
     async def send(self, event: object) -> None:
         """Write one server event."""
 
-    async def dispatch_as_client(self, event: object, now: float) -> None:
-        """Apply ``event`` as if the client sent it (takes the connection's lock)."""
-
     async def cancel_active(self, heard_chars: int | None, now: float) -> None:
         """Cancel the active response now (the caller holds the lock)."""
 
@@ -63,7 +60,8 @@ class VoiceHost(Protocol):
         """Resolves once the session has no active response."""
 
     async def dispatch_if(self, event: object, now: float, wanted: Callable[[], bool]) -> None:
-        """Apply ``event`` as the client's if ``wanted()``, asked under the lock."""
+        """Apply ``event`` as if the client sent it, in order with the client's
+        own events, if ``wanted()``, asked once the connection's lock is held."""
 
     async def release(self, actions: list[object]) -> None:
         """Carry out actions held back (under the lock)."""
@@ -374,9 +372,15 @@ class VoiceChannel:
             return
         if not td.interrupt_response:
             await self._host.wait_idle()  # the turn waits for the active response
-        self._next = _VoiceResponse(input_item_id=item_id, speech_end_at=speech_end_at)
+
+        def claim() -> bool:
+            # under the lock: a client's response.create applied meanwhile must
+            # not take this turn's item id
+            self._next = _VoiceResponse(input_item_id=item_id, speech_end_at=speech_end_at)
+            return True
+
         create = pe.ResponseCreate(input=(item,), interrupt_active=True)
-        await self._host.dispatch_as_client(create, self._clock())
+        await self._host.dispatch_if(create, self._clock(), claim)
 
     # ---- responses -----------------------------------------------------------------
 
