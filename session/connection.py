@@ -192,7 +192,7 @@ class Connection:
             if isinstance(event, pe.ResponseCreate):
                 self._report_rejections(actions)
             if audio is not None and self.voice is not None and _updated(actions):
-                self.voice.apply(audio)
+                await self.voice.apply(audio, now)
             await self._run(actions)
             if isinstance(event, (pe.ResponseCancel, pe.SessionUpdate)):
                 self._saver.request()  # a cut turn, new settings

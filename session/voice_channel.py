@@ -145,8 +145,12 @@ class VoiceChannel:
             return pe.ErrorCode.CONFLICT, "commit or clear the input audio before changing its sample_rate"
         return new
 
-    def apply(self, new: AudioSettings) -> None:
-        """Put settings from :meth:`merge` in force."""
+    async def apply(self, new: AudioSettings, now: float) -> None:
+        """Put settings from :meth:`merge` in force (the caller holds the lock).
+        New turn detection forgets the turn in progress, and the answer
+        started at its pause."""
+        if new.turn_detection != self.settings.turn_detection:
+            await self.drop_speculation(now, unless=None)
         self.settings = new
         if self._input is not None:
             self._input.apply(new)
@@ -192,9 +196,11 @@ class VoiceChannel:
             for what, audio in seen:
                 await self._on_turn_event(what, audio, inp, received_at)
         elif isinstance(event, pe.InputAudioCommit):
+            await self.drop_speculation(received_at, unless=None)  # the turn ends here instead
             start, end, audio = inp.take_all()
             self._start_turn(audio, start, end, speech_end_at=received_at)
         elif isinstance(event, pe.InputAudioClear):
+            await self.drop_speculation(received_at, unless=None)  # with the turn it answered
             inp.clear()
 
     async def _on_turn_event(self, what: object, audio: Any, inp: VoiceInput, now: float) -> None:

@@ -479,22 +479,33 @@ async def test_an_answer_started_at_a_pause_leaves_no_trace_when_the_user_goes_o
         await done(c)
 
 
-async def test_a_clear_during_a_pause_drops_the_answer_started_there() -> None:
-    c = await client(SPECULATE, texts=["Tell me"])
+@pytest.mark.parametrize("ending", ["clear", "commit", "detection off"])
+async def test_a_turn_ended_by_the_client_during_a_pause_drops_the_answer_started_there(ending: str) -> None:
+    c = await client(SPECULATE, texts=["Tell me", "Tell me more."])
     try:
         await c.voice_session()
         speculative = await paused(c)
-        await c.send(type="input_audio.clear")  # the turn in progress is dropped
+        if ending == "clear":  # the turn in progress is dropped
+            await c.send(type="input_audio.clear")
+        elif ending == "commit":  # the turn ends now, with all its audio
+            await c.send(type="input_audio.commit")
+        else:  # the detector that found the turn is gone
+            await c.send(type="session.update", session={"audio": {"input": {"turn_detection": None}}})
         assert c.engine.aborted == [(speculative, FinishReason.CANCELLED)]
         c.generate(speculative, "Sure", finish=FinishReason.CANCELLED)
-        assert c.conn.session.turns == []
         await c.audio(silence(600))
         await c.send(type="ping")
         await c.wait_for(pe.Pong)
-        assert not shows(c.events, speculative) and not c.of(pe.InputAudioCommitted)
+        assert not shows(c.events, speculative)
+        if ending == "commit":
+            (created,) = await c.wait_for(pe.ResponseCreated)
+            assert conversation(c) == [{"role": "user", "content": "Tell me more."}]
+            assert created.input_item_id == c.of(pe.InputAudioCommitted)[0].item_id
+            return
+        assert c.conn.session.turns == [] and not c.of(pe.InputAudioCommitted)
         # the next response is not refused over an answer the client never saw
         await c.send(type="response.create", input=[{"role": "user", "content": "Hi."}])
-        (created,) = await c.wait_for(pe.ResponseCreated)
+        await c.wait_for(pe.ResponseCreated)
         assert conversation(c) == [{"role": "user", "content": "Hi."}]
     finally:
         await done(c)
