@@ -185,6 +185,12 @@ class Connection:
                     if problem is not None:
                         await self._send(self._refused_create(event, problem))
                         return
+                    active = self.active_response_id
+                    if event.interrupt_active and active is not None:
+                        # a spoken response is cut at its audio, as a cancel without heard_chars is (8.6)
+                        heard = self.voice.heard_chars(active, None, None)
+                        self.voice.stop_speaking(active)
+                        await self.cancel_active(heard, now)
                 elif event.modalities is not None and "audio" in event.modalities:
                     await self._send(self._refused_create(event, NO_VOICE))
                     return

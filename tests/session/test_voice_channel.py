@@ -366,13 +366,15 @@ async def test_interrupting_a_spoken_answer_with_a_response_create_keeps_what_wa
         c.generate(created.stream_id, *STORY[7:])
         await c.wait_until(lambda: text_of(c) == "".join(STORY), "delivered")
         spoken = c.of(pe.ResponseAudioDelta)[-1].text_end
-        await c.send(
-            type="response.create",
-            interrupt_active=True,
-            input=[{"role": "user", "content": "Shorter."}],
+        shorter = asyncio.create_task(
+            c.send(
+                type="response.create", interrupt_active=True, input=[{"role": "user", "content": "Shorter."}]
+            )
         )
+        await c.wait_until(lambda: c.engine.aborted, "interrupted")
+        c.generate(created.stream_id, finish=FinishReason.INTERRUPTED)  # the engine's next step
+        await asyncio.wait_for(shorter, 5)  # not held up by the synthesis of the rest
         c.models.synthesizer.gate.set()
-        c.generate(created.stream_id, finish=FinishReason.INTERRUPTED)
         await c.wait_for(pe.ResponseCreated, 2)
         assistant = conversation(c)[-2]
         assert assistant["role"] == "assistant"
