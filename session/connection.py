@@ -46,6 +46,7 @@ from bargein.session.tokens import (
     make_resume_token,
     make_session_token,
 )
+from bargein.session.voice import AudioSettings
 from bargein.session.voice_channel import VoiceChannel
 
 logger = logging.getLogger(__name__)
@@ -148,16 +149,17 @@ class Connection:
             else:
                 await self.voice.handle_input(event, now)
             return
-        audio = None  # the audio settings of a session.update, applied if all of it is accepted
+        audio: AudioSettings | None = None  # of a session.update, applied if all of it is accepted
         if isinstance(event, pe.SessionUpdate) and event.session.audio is not None:
-            audio = (
+            merged = (
                 (pe.ErrorCode.INVALID_PARAMETER, NO_VOICE)
                 if self.voice is None
                 else self.voice.merge(event.session.audio)
             )
-            if isinstance(audio, tuple):
-                await self._send(self._error(*audio, event))
+            if isinstance(merged, tuple):
+                await self._send(self._error(*merged, event))
                 return
+            audio = merged
         if isinstance(event, pe.ResponseCancel) and self.voice is not None:
             event = replace(
                 event,
