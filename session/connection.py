@@ -227,6 +227,8 @@ class Connection:
 
     async def retract(self, response_id: str, now: float) -> None:
         """Withdraw a speculative response and its turns (the lock is held)."""
+        if self.session.state is State.SUBMITTING:
+            return  # its submit was cancelled with the connection: nothing reached the engine
         await self._run(self.session.retract(response_id, now))
         self._saver.request()
 
@@ -301,7 +303,7 @@ class Connection:
         save the conversation (its retention starts now) unless a newer
         connection on this node took it over."""
         if self.voice is not None:
-            await self.voice.close()
+            await self.voice.close(self._clock())
         tasks = [task for _, task in self._deliveries.values()]
         if self._restore_watch is not None:
             tasks.append(self._restore_watch)

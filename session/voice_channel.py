@@ -481,13 +481,18 @@ class VoiceChannel:
         if response is not None and response.speaker is not None:
             response.speaker.stop()
 
-    async def close(self) -> None:
-        """The connection is gone: stop its turns."""
+    async def close(self, now: float) -> None:
+        """The connection is gone: stop its turns, and retract the answers
+        started at a pause that the client never saw (whatever the
+        disconnect policy keeps, it keeps what the client was shown)."""
         for task in list(self._turns):
             task.cancel()
         for task in list(self._turns):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        self._speculation = None
+        for speculation in list(self._unshown):
+            await self._drop(speculation, now)
 
     async def _error(self, code: pe.ErrorCode, message: str, event: object) -> None:
         await self._host.send(

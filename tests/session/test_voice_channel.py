@@ -513,6 +513,34 @@ async def test_a_turn_ended_by_the_client_during_a_pause_drops_the_answer_starte
         await done(c)
 
 
+async def test_a_disconnect_during_a_pause_cancels_the_answer_started_there() -> None:
+    c = await client(SPECULATE, texts=["Tell me"])
+    try:
+        await c.voice_session()
+        speculative = await paused(c)
+        await c.close()  # on_disconnect "continue" keeps the answers the client saw, not this one
+        assert c.engine.aborted == [(speculative, FinishReason.CANCELLED)]
+    finally:
+        await stop(c.service)
+
+
+async def test_a_disconnect_while_the_answer_at_a_pause_is_submitted_closes_cleanly() -> None:
+    c = await client(SPECULATE, texts=["Tell me"])
+    template = c.engine.tokenizer
+    try:
+        await c.voice_session()
+        template.gate.clear()  # type: ignore[attr-defined]
+        await c.audio(silence(320) + speech(640) + silence(256))
+        await c.wait_until(lambda: template.conversations, "submitting")  # type: ignore[attr-defined]
+        await asyncio.wait_for(c.close(), 5)
+        template.gate.set()  # type: ignore[attr-defined]
+        await asyncio.sleep(0.05)
+        assert not c.engine.requests and not c.engine.aborted  # nothing reached the engine
+    finally:
+        template.gate.set()  # type: ignore[attr-defined]
+        await stop(c.service)
+
+
 # ---- the lock between a voice turn and the client's events -----------------------------
 
 

@@ -134,9 +134,12 @@ class RecordingTemplate:
 
     def __init__(self) -> None:
         self.conversations: list[list[dict[str, str]]] = []
+        self.gate = threading.Event()  # tokenizing (in a thread) waits for it
+        self.gate.set()
 
     def apply_chat_template(self, conversation: list[dict[str, str]], **kwargs: object) -> list[int]:
         self.conversations.append([dict(m) for m in conversation])
+        assert self.gate.wait(GATE_TIMEOUT_S), "the test never opened the tokenizer's gate"
         return [1, 2, 3]
 
 
