@@ -273,6 +273,32 @@ async def test_the_input_bound_refuses_an_append_whole_and_the_connection_goes_o
         await done(c)
 
 
+async def test_positions_at_24_khz_count_every_sample_appended() -> None:
+    c = await client(texts=["One.", "Two."])
+    try:
+        await c.voice_session(output=False)
+        await c.send(
+            type="session.update",
+            session={"audio": {"input": {"sample_rate": 24000, "turn_detection": None}}},
+        )
+        pcm = speech(1500)  # 24,000 samples: 1000 ms at 24 kHz, sent 40 ms at a time
+        for lo in range(0, len(pcm), 1920):
+            await c.conn.handle(pe.InputAudioAppend(audio=pcm[lo : lo + 1920]))
+        await c.send(type="input_audio.commit")
+        await c.conn.handle(pe.InputAudioAppend(audio=pcm[: 2 * 2400]))  # 100 ms, then cleared
+        await c.send(type="input_audio.clear")
+        await c.send(type="session.update", session={"audio": {"input": {"sample_rate": 16000}}})
+        await c.audio(speech(500))
+        await c.send(type="input_audio.commit")
+        first, second = await c.wait_for(pe.InputAudioCommitted, 2)
+        # 8.2: the position after n samples at r Hz is floor(n * 1000 / r)
+        assert (first.audio_start_ms, first.audio_end_ms) == (0, 1000)
+        assert (second.audio_start_ms, second.audio_end_ms) == (1100, 1600)
+        assert c.models.transcriber.heard[0] == 16000  # the whole second, resampled to 16 kHz
+    finally:
+        await done(c)
+
+
 # ---- barge-in ----------------------------------------------------------------------
 
 
