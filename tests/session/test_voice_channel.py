@@ -348,6 +348,29 @@ async def test_speech_over_a_spoken_answer_cancels_it_cut_at_the_audio_sent() ->
         await done(c)
 
 
+async def test_speech_too_short_to_be_a_turn_does_not_barge_in() -> None:
+    c = await client()
+    try:
+        await c.voice_session()
+        created = await spoken_story(c)
+        # the VAD hears 96 ms of speech (a click, a cough): under min_speech_ms (128)
+        c.models.vad.script.extend([0.9, 0.9, 0.9, 0.02, 0.9, 0.02])
+        await c.audio(silence(32 * 8))
+        await c.send(type="ping")
+        await c.wait_for(pe.Pong)
+        assert not c.engine.aborted and not c.of(pe.InputAudioSpeechStarted)
+        # probabilities hovering between the stop threshold (0.35) and the start one (0.5)
+        # keep a turn going: one turn, not two
+        c.models.vad.script.extend([0.9] * 5 + [0.4] * 20 + [0.9] * 5 + [0.02] * 20)
+        await c.audio(silence(32 * 50))
+        assert len(c.of(pe.InputAudioSpeechStarted)) == 1
+        await c.wait_for(pe.InputAudioCommitted)
+        assert len(c.of(pe.InputAudioSpeechStopped)) == 1
+        assert c.engine.aborted == [(created.stream_id, FinishReason.INTERRUPTED)]
+    finally:
+        await done(c)
+
+
 async def test_a_cancel_with_audio_end_ms_cuts_at_the_word_being_spoken() -> None:
     c = await client()
     try:
