@@ -25,7 +25,6 @@ sends ``response.audio.done``; the delivery awaits it before ``response.done``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -130,11 +129,10 @@ class Speaker:
                 self._enqueue(segment)
             if self._worker is not None:
                 self._queue.put_nowait(None)
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._worker
-        elif self._worker is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._worker
+        if self._worker is not None:
+            # wait() does not raise the worker's CancelledError (a stop), so
+            # a cancellation of the caller itself propagates, never swallowed
+            await asyncio.wait((self._worker,))
         if self.done:
             return
         self.done = True
@@ -217,6 +215,11 @@ class Speaker:
         end_ms = end_sample * 1000 // self.sample_rate
         # at the exact end, not the rounded-down ms: a segment's last word ends there
         text_end = self.alignment.text_end_at(end_sample * 1000 / self.sample_rate)
+        first = self.sent_end_ms == 0
+        # Counted as sent once handed to send: a stop() while it is written
+        # cancels the wait, not the frame (it is queued for the wire), so the
+        # cut and response.audio.done's end_ms must include it.
+        self.sent_end_ms, self.sent_text_end = end_ms, text_end
         await self._send(
             pe.ResponseAudioDelta(
                 response_id=self.response_id,
@@ -227,8 +230,6 @@ class Speaker:
                 text_end=text_end,
             )
         )
-        first = self.sent_end_ms == 0
-        self.sent_end_ms, self.sent_text_end = end_ms, text_end
         if first and self._on_first_audio is not None:
             self._on_first_audio()
 

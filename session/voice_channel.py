@@ -49,9 +49,6 @@ class VoiceHost(Protocol):
     async def send(self, event: object) -> None:
         """Write one server event."""
 
-    async def dispatch_as_client(self, event: object, now: float) -> None:
-        """Apply ``event`` as if the client sent it (takes the connection's lock)."""
-
     async def cancel_active(self, heard_chars: int | None, now: float) -> None:
         """Cancel the active response now (the caller holds the lock)."""
 
@@ -63,7 +60,8 @@ class VoiceHost(Protocol):
         """Resolves once the session has no active response."""
 
     async def dispatch_if(self, event: object, now: float, wanted: Callable[[], bool]) -> None:
-        """Apply ``event`` as the client's if ``wanted()``, asked under the lock."""
+        """Apply ``event`` as if the client sent it, in order with the client's
+        own events, if ``wanted()``, asked once the connection's lock is held."""
 
     async def release(self, actions: list[object]) -> None:
         """Carry out actions held back (under the lock)."""
@@ -96,6 +94,7 @@ class _VoiceResponse:
     audio: bool = False  # spoken (modalities, or the session's output)
     input_item_id: str | None = None
     speech_end_at: float | None = None  # arrival of the turn's last voiced audio
+    num_pending_items: int = 0  # waiting turns its response.create took as input
 
 
 class VoiceChannel:
@@ -133,9 +132,10 @@ class VoiceChannel:
 
     # ---- settings ----------------------------------------------------------------
 
-    def update(self, audio: pe.AudioSettings) -> tuple[pe.ErrorCode, str] | None:
-        """Merge a ``session.update``'s ``audio``; the error to answer, or None
-        (a refused update changes nothing)."""
+    def merge(self, audio: pe.AudioSettings) -> AudioSettings | tuple[pe.ErrorCode, str]:
+        """The settings a ``session.update``'s ``audio`` asks for, or the error
+        to answer; nothing changes until :meth:`apply` (the rest of the
+        update may still be refused, and a refused update changes nothing)."""
         try:
             new = merged(self.settings, audio)
         except ValueError as exc:
@@ -144,10 +144,17 @@ class VoiceChannel:
         if new.input_rate != self.settings.input_rate and held:
             # one turn has one rate
             return pe.ErrorCode.CONFLICT, "commit or clear the input audio before changing its sample_rate"
+        return new
+
+    async def apply(self, new: AudioSettings, now: float) -> None:
+        """Put settings from :meth:`merge` in force (the caller holds the lock).
+        New turn detection forgets the turn in progress, and the answer
+        started at its pause."""
+        if new.turn_detection != self.settings.turn_detection:
+            await self.drop_speculation(now, unless=None)
         self.settings = new
         if self._input is not None:
             self._input.apply(new)
-        return None
 
     def echo(self) -> pe.AudioSettings:
         """The audio settings in force, as ``session.updated`` reports them."""
@@ -190,9 +197,11 @@ class VoiceChannel:
             for what, audio in seen:
                 await self._on_turn_event(what, audio, inp, received_at)
         elif isinstance(event, pe.InputAudioCommit):
+            await self.drop_speculation(received_at, unless=None)  # the turn ends here instead
             start, end, audio = inp.take_all()
             self._start_turn(audio, start, end, speech_end_at=received_at)
         elif isinstance(event, pe.InputAudioClear):
+            await self.drop_speculation(received_at, unless=None)  # with the turn it answered
             inp.clear()
 
     async def _on_turn_event(self, what: object, audio: Any, inp: VoiceInput, now: float) -> None:
@@ -381,9 +390,15 @@ class VoiceChannel:
             return
         if not td.interrupt_response:
             await self._host.wait_idle()  # the turn waits for the active response
-        self._next = _VoiceResponse(input_item_id=item_id, speech_end_at=speech_end_at)
+
+        def claim() -> bool:
+            # under the lock: a client's response.create applied meanwhile must
+            # not take this turn's item id
+            self._next = _VoiceResponse(input_item_id=item_id, speech_end_at=speech_end_at)
+            return True
+
         create = pe.ResponseCreate(input=(item,), interrupt_active=True)
-        await self._host.dispatch_as_client(create, self._clock())
+        await self._host.dispatch_if(create, self._clock(), claim)
 
     # ---- responses -----------------------------------------------------------------
 
@@ -400,7 +415,7 @@ class VoiceChannel:
         if self._pending_items:
             creating.input_item_id = creating.input_item_id or self._pending_items[-1][0]
             items = tuple(item for _, item in self._pending_items)
-            self._pending_items.clear()
+            creating.num_pending_items = len(items)  # they leave the queue once it is submitted
             event = replace(event, input=items + (event.input or ()))
         self._creating = creating
         return event, None
@@ -408,6 +423,7 @@ class VoiceChannel:
     def on_submit(self, response_id: str) -> None:
         """The response being created got its id."""
         response, self._creating = self._creating or _VoiceResponse(), None
+        del self._pending_items[: response.num_pending_items]  # a refused create leaves them waiting
         self._responses[response_id] = response
         self._responses.move_to_end(response_id)
         while len(self._responses) > _REMEMBERED:
@@ -420,15 +436,23 @@ class VoiceChannel:
             return event
         return replace(event, input_item_id=response.input_item_id)
 
-    def speaker_for(self, response_id: str, stream_id: str, *, skip_before_ms: int = 0) -> Speaker | None:
-        """The speaker of a response being delivered (None: text only)."""
+    def speaker_for(
+        self, response_id: str, stream_id: str, *, skip_before_ms: int | None = None
+    ) -> Speaker | None:
+        """The speaker of a response being delivered (None: text only).
+
+        ``skip_before_ms``: a resume's ``audio_from_ms``. A response of this
+        connection is spoken if it was created so; one of another connection
+        only on a resume that asks for its audio (whether it was spoken is
+        not logged).
+        """
         response = self._responses.get(response_id)
         if response is None:
-            if not skip_before_ms and self.settings.output_rate is None:
+            if skip_before_ms is None:
                 return None
-            response = self._responses[response_id] = _VoiceResponse()
-        elif not response.audio and not skip_before_ms:
-            return None
+            response = self._responses[response_id] = _VoiceResponse(audio=True)
+        elif not response.audio:
+            return None  # audio_from_ms of a text-only response is ignored (8.8)
         speech_end_at = response.speech_end_at
 
         def first_audio() -> None:
@@ -442,7 +466,7 @@ class VoiceChannel:
             sample_rate=self.settings.output_rate or DEFAULT_OUTPUT_RATE,
             send=self._host.send,
             run_blocking=self.runtime.run,
-            skip_before_ms=skip_before_ms,
+            skip_before_ms=skip_before_ms or 0,
             clock=self._clock,
             observer=self._observer,
             on_first_audio=first_audio,
@@ -469,13 +493,18 @@ class VoiceChannel:
         if response is not None and response.speaker is not None:
             response.speaker.stop()
 
-    async def close(self) -> None:
-        """The connection is gone: stop its turns."""
+    async def close(self, now: float) -> None:
+        """The connection is gone: stop its turns, and retract the answers
+        started at a pause that the client never saw (whatever the
+        disconnect policy keeps, it keeps what the client was shown)."""
         for task in list(self._turns):
             task.cancel()
         for task in list(self._turns):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        self._speculation = None
+        for speculation in list(self._unshown):
+            await self._drop(speculation, now)
 
     async def _error(self, code: pe.ErrorCode, message: str, event: object) -> None:
         await self._host.send(

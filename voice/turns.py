@@ -49,7 +49,8 @@ class TurnDetection:
             noise at -40 dBFS peaks at 0.05 here), which no duration rule fixes.
         pause_ms: silence after speech that suggests the turn is over, so a
             response may start speculatively (:class:`SpeechPaused`), ms;
-            ``< silence_duration_ms``.
+            ``<= silence_duration_ms`` (equal: the pause and the stop fall on
+            one frame).
         hysteresis: once speech started it continues while the probability is
             ``>= threshold - hysteresis`` (Silero's convention: 0.15), in [0, 1].
     """
@@ -72,8 +73,8 @@ class TurnDetection:
             value = getattr(self, name)
             if value < 0:
                 raise ValueError(f"self.{name}={value!r} must be >= 0")
-        if self.pause_ms >= self.silence_duration_ms:
-            raise ValueError(f"{self.pause_ms=} must be < {self.silence_duration_ms=}")
+        if self.pause_ms > self.silence_duration_ms:
+            raise ValueError(f"{self.pause_ms=} must be <= {self.silence_duration_ms=}")
 
     @property
     def stop_threshold(self) -> float:
@@ -116,7 +117,7 @@ class SpeechResumed:
 class SpeechStopped:
     """The turn ended: ``silence_duration_ms`` of silence (``input_audio.speech_stopped``).
 
-    Always after a :class:`SpeechPaused` of the same turn (``pause_ms <
+    Always after a :class:`SpeechPaused` of the same turn (``pause_ms <=
     silence_duration_ms``), possibly on the same frame.
 
     Attributes:
