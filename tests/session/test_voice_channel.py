@@ -353,8 +353,8 @@ async def test_speech_too_short_to_be_a_turn_does_not_barge_in() -> None:
     try:
         await c.voice_session()
         created = await spoken_story(c)
-        # the VAD hears 96 ms of speech (a click, a cough): under min_speech_ms (128)
-        c.models.vad.script.extend([0.9, 0.9, 0.9, 0.02, 0.9, 0.02])
+        # the VAD hears clicks of one 32 ms frame each: under min_speech_ms (64)
+        c.models.vad.script.extend([0.9, 0.02, 0.9, 0.02, 0.02, 0.9, 0.02])
         await c.audio(silence(32 * 8))
         await c.send(type="ping")
         await c.wait_for(pe.Pong)

@@ -272,4 +272,7 @@ def test_the_default_starts_a_turn_after_two_voiced_frames_not_one() -> None:
     click = [SILENCE] * 20 + [SPEECH] + [SILENCE] * 40
     assert run(TurnDetector(TurnDetection()), click * 5) == []
     word = [SILENCE] * 20 + [SPEECH] * 2 + [SILENCE] * 40
-    assert run(TurnDetector(TurnDetection()), word)[0] == (20 * 32 + 64, SpeechStarted(audio_start_ms=640 - 300))
+    assert run(TurnDetector(TurnDetection()), word)[0] == (
+        20 * 32 + 64,
+        SpeechStarted(audio_start_ms=640 - 300),
+    )
