@@ -69,8 +69,8 @@ class Segmenter:
     def __init__(
         self,
         *,
-        first_min_chars: int = 12,
-        first_max_chars: int = 32,
+        first_min_chars: int = 8,
+        first_max_chars: int = 16,
         min_chars: int = 60,
         max_chars: int = 200,
     ) -> None:
