@@ -2,8 +2,8 @@
 
 Chromium's fake capture device plays a WAV file made here by espeak-ng (and
 sox, to 48 kHz mono 16-bit, which the fake device takes): 1 s of silence, a
-question, 4 s of silence, a second sentence that talks over the answer, then
-a long silence (chromium loops the file). The page sends it to the server at
+question, 8 s of silence (``GAP_S``), a second sentence that talks over the
+answer, then a long silence (chromium loops the file). The page sends it to the server at
 16 kHz, shows what the server heard, plays the answer through Web Audio,
 and when the second sentence starts cuts the answer where it was heard.
 
@@ -34,7 +34,10 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 QUESTION = "Tell me a long story about a dragon."  # Whisper tiny.en hears it whole at any start
 SECOND = "Wait, stop. What is two plus two?"
 QUERY = "max_tokens=64&temperature=0"
-GAP_S = 4.0  # silence between the question and the second sentence: the answer plays meanwhile
+# Silence between the question and the second sentence, while the answer starts
+# playing: its first audio comes 2-3 s after the question on a quiet 2-core
+# machine, up to about 6 s under load; the answer (64 tokens) speaks for longer.
+GAP_S = 8.0
 FORMAT = ("-r", "48000", "-c", "1", "-b", "16", "-e", "signed")  # what chromium's fake microphone reads
 
 
@@ -247,12 +250,9 @@ def test_spoken_question_is_heard_answered_aloud_and_cut_by_the_second_sentence(
     heard = page.page.inner_text(".msg.user >> nth=0").lower()
     assert "story" in heard and "dragon" in heard, heard
     # the answer plays, and the second sentence talks over it
-    page.page.wait_for_function(
-        "() => Number(document.querySelector('.msg.assistant')?.dataset.playedMs) > 0", timeout=WAIT_MS
-    )
     first = ".msg.assistant >> nth=0"
     page.page.wait_for_function(
-        "() => document.querySelector('.msg.assistant').dataset.status === 'interrupted'", timeout=WAIT_MS
+        "() => document.querySelector('.msg.assistant')?.dataset.status === 'interrupted'", timeout=WAIT_MS
     )
     created = page.of_type(page.received, "response.created")[0]
     audio = [
@@ -268,7 +268,8 @@ def test_spoken_question_is_heard_answered_aloud_and_cut_by_the_second_sentence(
         c for c in page.of_type(page.sent, "response.cancel") if c["response_id"] == created["response_id"]
     ]
     played_ms = int(page.page.get_attribute(first, "data-played-ms"))
-    assert cancel["audio_end_ms"] == played_ms > 0
+    assert played_ms > 0, f"the second sentence came before the answer played (a loaded machine? {GAP_S=})"
+    assert cancel["audio_end_ms"] == played_ms
     assert played_ms <= audio[-1]["end_ms"]
     done = [
         d for d in page.of_type(page.received, "response.done") if d["response_id"] == created["response_id"]
