@@ -251,9 +251,13 @@ def test_spoken_question_is_heard_answered_aloud_and_cut_by_the_second_sentence(
     assert "story" in heard and "dragon" in heard, heard
     # the answer plays, and the second sentence talks over it
     first = ".msg.assistant >> nth=0"
-    page.page.wait_for_function(
-        "() => document.querySelector('.msg.assistant')?.dataset.status === 'interrupted'", timeout=WAIT_MS
-    )
+    try:
+        page.page.wait_for_function(
+            "() => document.querySelector('.msg.assistant')?.dataset.status === 'interrupted'",
+            timeout=60_000,  # the second sentence comes GAP_S after the question
+        )
+    except Exception as exc:  # playwright's TimeoutError: say what the page saw instead
+        raise AssertionError(f"the answer was not interrupted: {story(page)}") from exc
     created = page.of_type(page.received, "response.created")[0]
     audio = [
         e
@@ -302,6 +306,25 @@ def test_spoken_question_is_heard_answered_aloud_and_cut_by_the_second_sentence(
     playing_through = next((e["text_end"] for e in audio if e["end_ms"] > played_ms), audio[-1]["text_end"])
     assert answer.startswith(in_prompt) and in_prompt.startswith(kept.strip()), (in_prompt, kept)
     assert len(in_prompt.split()) <= len(answer[:playing_through].split()) + 1, (in_prompt, kept)
+
+
+def story(page: Any) -> str:
+    """What happened, for a failure message: the server's events (audio summed) and the bubbles."""
+    kinds: list[str] = []
+    for event in page.received:
+        kind = event["type"]
+        if kind in ("response.delta", "response.audio.delta") and kinds and kinds[-1].startswith(kind):
+            continue  # one entry per run of deltas
+        if kind == "response.done":
+            kind += f"({event['finish_reason']})"
+        if kind == "response.audio.done":
+            kind += f"({event['end_ms']} ms)"
+        kinds.append(kind)
+    bubbles = page.page.evaluate(
+        "() => [...document.querySelectorAll('.msg')].map((m) => [m.className, m.dataset.status,"
+        " m.dataset.playedMs, m.querySelector('.text').textContent.slice(0, 80)])"
+    )
+    return f"events {kinds}; bubbles {bubbles}"
 
 
 def next_prompt(live_server: Any, user_text: str, timeout_s: float = 60.0) -> str:
