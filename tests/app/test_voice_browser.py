@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from tests.app.browser import launch, pages_on
-from tests.needs import missing
+from tests.needs import missing, playwright_sync_api
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -256,7 +256,7 @@ def test_spoken_question_is_heard_answered_aloud_and_cut_by_the_second_sentence(
             "() => document.querySelector('.msg.assistant')?.dataset.status === 'interrupted'",
             timeout=60_000,  # the second sentence comes GAP_S after the question
         )
-    except Exception as exc:  # playwright's TimeoutError: say what the page saw instead
+    except playwright_sync_api().TimeoutError as exc:  # say what the page saw instead
         raise AssertionError(f"the answer was not interrupted: {story(page)}") from exc
     created = page.of_type(page.received, "response.created")[0]
     audio = [
