@@ -81,6 +81,8 @@ class Metrics:
             self.step_duration.labels(phase=phase)
         for outcome in ("adopted", "dropped"):
             self.voice_speculations.labels(outcome=outcome)
+        for outcome in ("real", "false"):
+            self.voice_barge_ins.labels(outcome=outcome)
 
     def _define_latencies(self, r: CollectorRegistry | None) -> None:
         self.ttft = Histogram(
@@ -237,6 +239,13 @@ class Metrics:
         )
         self.generated_tokens = Counter("bargein_generated_tokens", "Tokens sampled.", registry=r)
         # vLLM's prefix_cache_queries / prefix_cache_hits: hits / queries is the hit rate.
+        self.voice_barge_ins = Counter(
+            "bargein_voice_barge_ins",
+            "Barge-ins by voice, judged once the interrupting turn is transcribed: real (it held "
+            "words) or false (none: a cough, noise, the assistant's echo).",
+            ["outcome"],
+            registry=r,
+        )
         self.voice_speculations = Counter(
             "bargein_voice_speculations",
             "Voice turns answered at a short pause: adopted (the turn ended there) or dropped "

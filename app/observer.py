@@ -72,6 +72,9 @@ class Observer:
     def barge_in(self, seconds: float) -> None:
         self.metrics.barge_in.observe(seconds)
 
+    def barge_in_judged(self, *, real: bool) -> None:
+        self.metrics.voice_barge_ins.labels(outcome="real" if real else "false").inc()
+
     def speculation(self, *, adopted: bool) -> None:
         self.metrics.voice_speculations.labels(outcome="adopted" if adopted else "dropped").inc()
 

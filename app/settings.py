@@ -368,6 +368,14 @@ def _add_session_and_log_arguments(parser: argparse.ArgumentParser, env: Mapping
         int,
         "most uncommitted input audio one session may hold (ms)",
     )
+    _add(
+        parser,
+        env,
+        "--voice-speculation",
+        v.speculate,
+        _bool,
+        "answer a voice turn at its first short pause, dropping the answer if the user goes on",
+    )
     _add(parser, env, "--debug-endpoints", s.debug_endpoints, _bool, "serve GET /debug/engine (tests only)")
     _add(parser, env, "--log-level", s.log_level, str, "debug, info, warning, error")
     _add(parser, env, "--log-format", s.log_format, str, "logfmt or json (one object a line)")
@@ -585,7 +593,11 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                 rate_limit_requests=args.rate_limit_requests,
                 rate_limit_tokens=args.rate_limit_tokens,
             ),
-            voice=VoiceConfig(mode=args.voice, max_input_audio_ms=args.max_input_audio_ms),
+            voice=VoiceConfig(
+                mode=args.voice,
+                max_input_audio_ms=args.max_input_audio_ms,
+                speculate=args.voice_speculation,
+            ),
         )
     except ValueError as exc:
         raise SettingsError(str(exc)) from exc

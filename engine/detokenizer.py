@@ -15,7 +15,11 @@ Two jobs, one object per sequence:
    that could still be the beginning of a stop string is held back; once a
    stop string is seen, the text before it is released and everything from it
    on is dropped (``stopped`` turns true). At finish, ``flush()`` releases what
-   is held back and turned out not to be a stop string.
+   is held back and turned out not to be a stop string. With ``min_tokens``
+   (vLLM's), a stop string only counts where it ends after the text of the
+   first ``min_tokens`` output tokens (it may begin inside it), as vLLM's
+   detokenizer checks stop strings only once more tokens than
+   ``min_tokens`` were generated.
 
 Concatenating every delta of ``add`` and ``flush`` gives exactly
 ``tokenizer.decode(output_ids, skip_special_tokens=True)`` cut before the
@@ -49,10 +53,11 @@ class IncrementalDetokenizer:
         prompt_token_ids: the prompt, used as left context only (its text is
             never emitted).
         stop: stop strings (each non-empty); the released text never contains
-            one.
+            one that ends after the first ``min_tokens`` tokens' text.
+        min_tokens: output tokens whose text no stop string may end in (>= 0).
 
     Raises:
-        ValueError: a stop string is empty.
+        ValueError: a stop string is empty, or ``min_tokens < 0``.
     """
 
     def __init__(
@@ -60,9 +65,13 @@ class IncrementalDetokenizer:
         tokenizer: PreTrainedTokenizerBase,
         prompt_token_ids: Sequence[int],
         stop: Sequence[str] = (),
+        *,
+        min_tokens: int = 0,
     ) -> None:
         if any(not s for s in stop):
             raise ValueError(f"{stop=} must hold non-empty strings")
+        if min_tokens < 0:
+            raise ValueError(f"{min_tokens=} must be >= 0")
         self._decode = _skip_special_decoder(tokenizer)
         self._stop = tuple(stop)
         self._token_ids: list[int] = list(prompt_token_ids)
@@ -72,6 +81,12 @@ class IncrementalDetokenizer:
         self._prefix_offset = max(self._read_offset - _PREFIX_WINDOW, 0)
         self._held = ""  # decoded, not released: could begin a stop string
         self._released: list[str] = []
+        self._num_released_chars = 0
+        self._min_tokens = min_tokens
+        self._num_output_tokens = 0
+        # A stop string must end after this many characters of output text:
+        # the text decoded by the time the min_tokens-th token was added.
+        self._stop_after = 0
         self._stopped = False
         self._flushed = False
 
@@ -102,8 +117,14 @@ class IncrementalDetokenizer:
         assert not self._flushed, "add() after flush()"
         if self._stopped or not token_ids:
             return ""
+        protected = self._min_tokens - self._num_output_tokens
+        if 0 < protected < len(token_ids):  # the min_tokens boundary falls inside: mark it exactly
+            return self.add(token_ids[:protected]) + self.add(token_ids[protected:])
         self._token_ids.extend(token_ids)
         self._held += self._decode_new(final=False)
+        self._num_output_tokens += len(token_ids)
+        if self._num_output_tokens <= self._min_tokens:
+            self._stop_after = self._num_released_chars + len(self._held)
         return self._release(final=False)
 
     def flush(self) -> str:
@@ -145,7 +166,7 @@ class IncrementalDetokenizer:
     def _release(self, *, final: bool) -> str:
         """Move the held text that cannot be (part of) a stop string out."""
         held = self._held
-        match = _first_stop(held, self._stop)
+        match = _first_stop(held, self._stop, self._stop_after - self._num_released_chars)
         if match is not None:
             self._stopped = True
             cut = match
@@ -156,6 +177,7 @@ class IncrementalDetokenizer:
         delta, self._held = held[:cut], ("" if match is not None else held[cut:])
         if delta:
             self._released.append(delta)
+            self._num_released_chars += len(delta)
         return delta
 
 
@@ -183,14 +205,15 @@ def _skip_special_decoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[
     return lambda ids: backend.decode(ids, skip_special_tokens=True)
 
 
-def _first_stop(text: str, stop: Sequence[str]) -> int | None:
+def _first_stop(text: str, stop: Sequence[str], after: int = 0) -> int | None:
     """Start in ``text`` of the stop string that completes first, or None.
 
     "First" as if the text arrived one character at a time: the earliest end
     wins, and of the stop strings ending there the longest, so the result does
-    not depend on how the text was split into tokens or steps.
+    not depend on how the text was split into tokens or steps. Only matches
+    ending past ``text[:after]`` count (``after <= 0``: all).
     """
-    found = [(i + len(s), -len(s)) for s in stop if (i := text.find(s)) >= 0]
+    found = [(i + len(s), -len(s)) for s in stop if (i := text.find(s, max(0, after - len(s) + 1))) >= 0]
     if not found:
         return None
     end, neg_len = min(found)

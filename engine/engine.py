@@ -207,7 +207,7 @@ class LLMEngine:
             raise DuplicateRequestError(request_id)
         params = request.params
         self._detoks[request_id] = IncrementalDetokenizer(
-            self.runner.tokenizer, request.prompt_token_ids, params.stop
+            self.runner.tokenizer, request.prompt_token_ids, params.stop, min_tokens=params.min_tokens
         )
         self._generators[request_id] = make_generator(params.seed, self.runner.device)
         self.scheduler.add(request)
@@ -356,10 +356,20 @@ class LLMEngine:
         else:
             params = [seq.params for seq in seqs]
             generators = [self._generators[seq.request_id] for seq in seqs]
-            tokens = self.sampler(logits, params, generators)
+            banned = [self._banned(seq) for seq in seqs]
+            tokens = self.sampler(logits, params, generators, banned if any(banned) else None)
         self.time_by_phase["model"] += t1 - t0
         self.time_by_phase["sample"] += time.perf_counter() - t1
         return tokens
+
+    def _banned(self, seq: Sequence) -> frozenset[int]:
+        """Tokens ``seq`` may not sample now: EOS and its stop token ids while
+        it has fewer than ``min_tokens`` output tokens (vLLM bans EOS here
+        even with ``ignore_eos``, and so does this), else none."""
+        params = seq.params
+        if seq.num_output_tokens >= params.min_tokens:
+            return frozenset()
+        return self.scheduler.eos_token_ids.union(params.stop_token_ids)
 
     def _output(self, seq: Sequence) -> RequestOutput:
         """Detokenize ``seq``'s new token, apply stop strings, build its output."""

@@ -36,6 +36,10 @@ class SamplingParams:
             output text never contains them.
         stop_token_ids: token ids that end the sequence (besides EOS).
         ignore_eos: keep generating past EOS (benchmarks).
+        min_tokens: fewest new tokens, in [0, max_tokens] (vLLM's
+            ``min_tokens``): while fewer were generated, EOS and the stop
+            token ids cannot be sampled (their logits are masked) and no stop
+            string can end in the text of those first tokens.
     """
 
     max_tokens: int = 256
@@ -46,10 +50,13 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise ValueError(f"{self.max_tokens=} must be >= 1")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"{self.min_tokens=} must be in [0, max_tokens={self.max_tokens}]")
         if self.temperature < 0:
             raise ValueError(f"{self.temperature=} must be >= 0")
         if not 0 < self.top_p <= 1:

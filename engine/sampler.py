@@ -7,11 +7,15 @@ sort (as vLLM's ``apply_top_k_top_p``), and drawn with the exponential race
 trick vLLM and gpt-fast use) so a request's noise comes from its own
 ``torch.Generator``: the same seed gives the same tokens whatever else
 shares the batch.
+
+Banned tokens (``min_tokens``: EOS and the stop token ids of a request that
+has not reached its minimum) get ``-inf`` logits before all of this, greedy
+rows included, as vLLM's ``MinTokensLogitsProcessor`` does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import torch
 
@@ -53,6 +57,32 @@ def apply_top_k_top_p(
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 
 
+def mask_banned(logits: torch.Tensor, banned: Sequence[Collection[int]]) -> torch.Tensor:
+    """``logits`` with ``-inf`` at each row's banned token ids.
+
+    Args:
+        logits: ``[B, V]`` float32; not mutated.
+        banned: ``B`` collections of token ids; ids outside ``[0, V)`` are
+            skipped (a stop token id the vocabulary does not have can never be
+            sampled anyway).
+
+    Returns:
+        ``[B, V]``: a masked copy, or ``logits`` itself when nothing is banned.
+    """
+    vocab = logits.shape[-1]
+    rows: list[int] = []
+    cols: list[int] = []
+    for row, ids in enumerate(banned):
+        for token_id in ids:
+            if 0 <= token_id < vocab:
+                rows.append(row)
+                cols.append(token_id)
+    if not rows:
+        return logits
+    index = (torch.tensor(rows, device=logits.device), torch.tensor(cols, device=logits.device))
+    return logits.index_put(index, torch.tensor(float("-inf"), device=logits.device))
+
+
 class Sampler:
     """Samples one token per row of logits according to per-row params."""
 
@@ -61,6 +91,7 @@ class Sampler:
         logits: torch.Tensor,
         params: Sequence[SamplingParams],
         generators: Sequence[torch.Generator | None],
+        banned: Sequence[Collection[int]] | None = None,
     ) -> list[int]:
         """Pick the tokens.
 
@@ -69,11 +100,17 @@ class Sampler:
             params: ``B`` sampling params, row order.
             generators: ``B`` per-request generators (``None``: global RNG),
                 on ``logits.device``.
+            banned: ``B`` collections of token ids each row may not sample
+                (see :func:`mask_banned`), or ``None``. A row must leave at
+                least one token unbanned.
 
         Returns:
             ``B`` token ids.
         """
         assert logits.dim() == 2 and logits.shape[0] == len(params) == len(generators)
+        if banned is not None:
+            assert len(banned) == len(params)
+            logits = mask_banned(logits, banned)
         greedy_rows = [i for i, p in enumerate(params) if p.greedy]
         if len(greedy_rows) == len(params):
             return logits.argmax(dim=-1).tolist()

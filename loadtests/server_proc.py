@@ -50,12 +50,24 @@ def served(flags: Sequence[str], *, timeout_s: float = 300.0) -> Iterator[str]:
         "warning",
         *flags,
     ]
+    with serving(cmd, f"http://127.0.0.1:{port}", "/readyz", timeout_s=timeout_s) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def serving(cmd: Sequence[str], url: str, ready_path: str, *, timeout_s: float = 300.0) -> Iterator[str]:
+    """Run any server command; yield ``url`` once ``GET url + ready_path`` is 200;
+    stop it (SIGTERM, then SIGKILL after 30 s) at exit.
+
+    Raises:
+        RuntimeError: the server exited (its stderr's tail in the message) or
+            was not ready within ``timeout_s``.
+    """
     # stderr to a file, not a pipe nobody reads (a full pipe would stall the server)
     with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
-        url = f"http://127.0.0.1:{port}"
+        proc = subprocess.Popen(list(cmd), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
         try:
-            _wait_ready(proc, url, timeout_s, err)
+            _wait_ready(proc, url + ready_path, timeout_s, err)
             yield url
         finally:
             proc.terminate()
@@ -65,7 +77,7 @@ def served(flags: Sequence[str], *, timeout_s: float = 300.0) -> Iterator[str]:
                 proc.kill()
 
 
-def _wait_ready(proc: subprocess.Popen[bytes], url: str, timeout_s: float, err: IO[bytes]) -> None:
+def _wait_ready(proc: subprocess.Popen[bytes], ready_url: str, timeout_s: float, err: IO[bytes]) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -73,7 +85,7 @@ def _wait_ready(proc: subprocess.Popen[bytes], url: str, timeout_s: float, err: 
             tail = err.read().decode(errors="replace")[-2000:]
             raise RuntimeError(f"the server exited ({proc.returncode}): {tail}")
         with contextlib.suppress(httpx.TransportError):
-            if httpx.get(url + "/readyz", timeout=2).status_code == 200:
+            if httpx.get(ready_url, timeout=2).status_code == 200:
                 return
         time.sleep(0.5)
     raise RuntimeError(f"the server was not ready within {timeout_s} s")

@@ -82,11 +82,15 @@ class VoiceConfig:
             (announced in ``session.created``'s limits).
         workers: threads running speech-to-text and synthesis (shared by
             every session of the process).
+        speculate: answer a turn at its first short pause (transcribed and
+            submitted during the silence window; dropped, its KV blocks
+            freed, when the user goes on), so the answer starts sooner.
     """
 
     mode: str = "auto"
     max_input_audio_ms: int = 60_000
     workers: int = 2
+    speculate: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in ("auto", "on", "off"):

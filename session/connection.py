@@ -46,6 +46,7 @@ from bargein.session.tokens import (
     make_resume_token,
     make_session_token,
 )
+from bargein.session.voice import AudioSettings
 from bargein.session.voice_channel import VoiceChannel
 
 logger = logging.getLogger(__name__)
@@ -148,11 +149,17 @@ class Connection:
             else:
                 await self.voice.handle_input(event, now)
             return
+        audio: AudioSettings | None = None  # of a session.update, applied if all of it is accepted
         if isinstance(event, pe.SessionUpdate) and event.session.audio is not None:
-            problem = NO_VOICE if self.voice is None else self.voice.update(event.session.audio)
-            if problem is not None:
-                await self._send(self._error(pe.ErrorCode.INVALID_PARAMETER, problem, event))
+            merged = (
+                (pe.ErrorCode.INVALID_PARAMETER, NO_VOICE)
+                if self.voice is None
+                else self.voice.merge(event.session.audio)
+            )
+            if isinstance(merged, tuple):
+                await self._send(self._error(*merged, event))
                 return
+            audio = merged
         if isinstance(event, pe.ResponseCancel) and self.voice is not None:
             event = replace(
                 event,
@@ -176,10 +183,24 @@ class Connection:
                 await self._settle_restored()
                 if self.voice is not None:
                     await self.voice.drop_speculation(now, unless=event.response_id)
-                    event = self.voice.on_create(event)
+                    event, problem = self.voice.on_create(event)
+                    if problem is not None:
+                        await self._send(self._refused_create(event, problem))
+                        return
+                    active = self.active_response_id
+                    if event.interrupt_active and active is not None:
+                        # a spoken response is cut at its audio, as a cancel without heard_chars is (8.6)
+                        heard = self.voice.heard_chars(active, None, None)
+                        self.voice.stop_speaking(active)
+                        await self.cancel_active(heard, now)
+                elif event.modalities is not None and "audio" in event.modalities:
+                    await self._send(self._refused_create(event, NO_VOICE))
+                    return
             actions = self.session.handle(event, now)
             if isinstance(event, pe.ResponseCreate):
                 self._report_rejections(actions)
+            if audio is not None and self.voice is not None and _updated(actions):
+                await self.voice.apply(audio, now)
             await self._run(actions)
             if isinstance(event, (pe.ResponseCancel, pe.SessionUpdate)):
                 self._saver.request()  # a cut turn, new settings
@@ -190,15 +211,10 @@ class Connection:
         """Write one server event to this connection."""
         await self._send(event)
 
-    async def dispatch_as_client(self, event: object, now: float) -> None:
-        """Apply ``event`` as if the client had sent it (a voice turn's
-        ``response.create``), in order with the client's own events."""
-        async with self._lock:
-            if self.session.state is not State.CLOSED:
-                await self._handle_locked(event, now)
-
     async def dispatch_if(self, event: object, now: float, wanted: Callable[[], bool]) -> None:
-        """:meth:`dispatch_as_client` if ``wanted()`` says so once the lock is held."""
+        """Apply ``event`` as if the client had sent it (a voice turn's
+        ``response.create``), in order with the client's own events, if
+        ``wanted()`` says so once the lock is held."""
         async with self._lock:
             if self.session.state is not State.CLOSED and wanted():
                 await self._handle_locked(event, now)
@@ -211,6 +227,8 @@ class Connection:
 
     async def retract(self, response_id: str, now: float) -> None:
         """Withdraw a speculative response and its turns (the lock is held)."""
+        if self.session.state is State.SUBMITTING:
+            return  # its submit was cancelled with the connection: nothing reached the engine
         await self._run(self.session.retract(response_id, now))
         self._saver.request()
 
@@ -234,6 +252,16 @@ class Connection:
         """Return once the session has no active response (or is closed)."""
         while self.session.state not in (State.IDLE, State.CLOSED):
             await asyncio.sleep(IDLE_POLL_S)
+
+    def _refused_create(self, event: pe.ResponseCreate, problem: str) -> pe.ErrorEvent:
+        self.service.observer.rejected(pe.ErrorCode.INVALID_PARAMETER.value, response_id=event.response_id)
+        return pe.ErrorEvent(
+            code=pe.ErrorCode.INVALID_PARAMETER,
+            message=problem,
+            retryable=False,
+            event_id=event.event_id,
+            response_id=event.response_id,
+        )
 
     @staticmethod
     def _log_failed(event: object, exc: TokenLogError) -> pe.ErrorEvent:
@@ -275,7 +303,7 @@ class Connection:
         save the conversation (its retention starts now) unless a newer
         connection on this node took it over."""
         if self.voice is not None:
-            await self.voice.close()
+            await self.voice.close(self._clock())
         tasks = [task for _, task in self._deliveries.values()]
         if self._restore_watch is not None:
             tasks.append(self._restore_watch)
@@ -313,7 +341,14 @@ class Connection:
                     self.voice.on_submit(action.response_id)
                 await self._submit(action)
             elif isinstance(action, StartDelivery):
-                self._start_delivery(action.response_id, action.stream_id, action.from_offset)
+                speaker = (
+                    None
+                    if self.voice is None
+                    else self.voice.speaker_for(action.response_id, action.stream_id)
+                )
+                self._start_delivery(
+                    action.response_id, action.stream_id, action.from_offset, speaker=speaker
+                )
             elif isinstance(action, Abort):
                 self._abort(action)
             elif isinstance(action, StopDelivery):
@@ -407,9 +442,7 @@ class Connection:
             on_delivered=delivered,
             include_token_ids=self.session.settings.include_token_ids,
             observer=self.service.observer,
-            speaker=speaker
-            if speaker is not None or self.voice is None
-            else self.voice.speaker_for(response_id, stream_id),
+            speaker=speaker,
         )
         task = asyncio.create_task(delivery.run(), name=f"deliver-{stream_id}")
         self._deliveries[stream_id] = (delivery, task)
@@ -471,8 +504,8 @@ class Connection:
             speaker = self.voice.speaker_for(
                 info.response_id, event.stream_id, skip_before_ms=event.audio_from_ms
             )
-            assert speaker is not None
-            speaker.feed(await self._text_before(event.stream_id, min(event.from_, info.end)))
+            if speaker is not None:  # None: a text-only response of this connection
+                speaker.feed(await self._text_before(event.stream_id, min(event.from_, info.end)))
         self._start_delivery(info.response_id, event.stream_id, event.from_, speaker=speaker)
 
     async def _text_before(self, stream_id: str, offset: int) -> str:
@@ -624,3 +657,8 @@ class Connection:
         info = await self.service.log.info(active[1])
         if info is None or info.status == "complete":
             await asyncio.shield(watch)
+
+
+def _updated(actions: list[Action]) -> bool:
+    """Whether the session accepted a ``session.update`` (it answers ``session.updated``)."""
+    return any(isinstance(a, Send) and isinstance(a.event, pe.SessionUpdated) for a in actions)

@@ -83,6 +83,10 @@ class SessionObserver(Protocol):
     def barge_in(self, seconds: float) -> None:
         """Speech over the assistant (its audio's arrival) to its audio stopped and request aborted."""
 
+    def barge_in_judged(self, *, real: bool) -> None:
+        """The turn that barged in was transcribed: with words (real) or
+        without (false: a cough, noise, echo)."""
+
     def speculation(self, *, adopted: bool) -> None:
         """A voice turn answered at a pause was shown (the turn ended there) or
         dropped (the user went on speaking; its KV blocks were freed)."""
@@ -142,6 +146,9 @@ class NullObserver:
         pass
 
     def barge_in(self, seconds: float) -> None:
+        pass
+
+    def barge_in_judged(self, *, real: bool) -> None:
         pass
 
     def speculation(self, *, adopted: bool) -> None:

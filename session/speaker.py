@@ -25,7 +25,6 @@ sends ``response.audio.done``; the delivery awaits it before ``response.done``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -130,18 +129,20 @@ class Speaker:
                 self._enqueue(segment)
             if self._worker is not None:
                 self._queue.put_nowait(None)
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._worker
-        elif self._worker is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._worker
+        if self._worker is not None:
+            # wait() does not raise the worker's CancelledError (a stop), so
+            # a cancellation of the caller itself propagates, never swallowed
+            await asyncio.wait((self._worker,))
         if self.done:
             return
         self.done = True
+        # the audio's length: what was sent when stopped, else the whole timeline
+        # (on a resume past the end, nothing was sent but the audio is that long)
+        end_ms = self.sent_end_ms
+        if not self.stopped:
+            end_ms = max(end_ms, self._samples * 1000 // self.sample_rate)
         await self._send(
-            pe.ResponseAudioDone(
-                response_id=self.response_id, stream_id=self.stream_id, end_ms=self.sent_end_ms
-            )
+            pe.ResponseAudioDone(response_id=self.response_id, stream_id=self.stream_id, end_ms=end_ms)
         )
 
     def cut_chars(self, heard_ms: int | None) -> int:
@@ -187,8 +188,13 @@ class Speaker:
             start_ms=base * ms,
             end_ms=(base + len(audio)) * ms,
             word_ends=[
-                (segment.start + w.char_end, min(base + w.sample_end * scale, base + len(audio)) * ms)
-                for w in speech.words
+                # the last word carries what follows it in the segment (markup,
+                # spaces): text without sound counts as spoken with its words
+                (
+                    segment.end if i == len(speech.words) - 1 else segment.start + w.char_end,
+                    min(base + w.sample_end * scale, base + len(audio)) * ms,
+                )
+                for i, w in enumerate(speech.words)
             ],
         )
         self._samples += len(audio)
@@ -209,6 +215,11 @@ class Speaker:
         end_ms = end_sample * 1000 // self.sample_rate
         # at the exact end, not the rounded-down ms: a segment's last word ends there
         text_end = self.alignment.text_end_at(end_sample * 1000 / self.sample_rate)
+        first = self.sent_end_ms == 0
+        # Counted as sent once handed to send: a stop() while it is written
+        # cancels the wait, not the frame (it is queued for the wire), so the
+        # cut and response.audio.done's end_ms must include it.
+        self.sent_end_ms, self.sent_text_end = end_ms, text_end
         await self._send(
             pe.ResponseAudioDelta(
                 response_id=self.response_id,
@@ -219,8 +230,6 @@ class Speaker:
                 text_end=text_end,
             )
         )
-        first = self.sent_end_ms == 0
-        self.sent_end_ms, self.sent_text_end = end_ms, text_end
         if first and self._on_first_audio is not None:
             self._on_first_audio()
 

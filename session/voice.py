@@ -11,6 +11,7 @@ into protocol events, barge-ins and responses. Nothing here sends or awaits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable
@@ -22,6 +23,7 @@ import numpy as np
 
 from bargein.session.config import VoiceConfig
 from bargein.voice.audio import INPUT_RATES, OUTPUT_RATES, Resampler, pcm16_to_float
+from bargein.voice.errors import InputAudioFull
 from bargein.voice.input_buffer import InputAudioBuffer
 from bargein.voice.turns import SpeechPaused, SpeechStopped, TurnDetection, TurnDetector, TurnEvent
 from bargein.voice.vad import FRAME_SAMPLES, SAMPLE_RATE
@@ -29,6 +31,9 @@ from bargein.voice.vad import FRAME_SAMPLES, SAMPLE_RATE
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 DEFAULT_OUTPUT_RATE = 24000  # OpenAI's realtime default
+DEFAULT_INPUT_RATE = 24000  # OpenAI's too; clients capturing at 16 kHz say so
+DEFAULT_VOICE = "joe"
+VOICES = ("joe",)  # Piper en_US-joe-medium (voice/tts.py)
 
 
 class VoiceRuntime:
@@ -66,10 +71,10 @@ class AudioSettings:
         voice: the synthesizer voice.
     """
 
-    input_rate: int = SAMPLE_RATE
+    input_rate: int = DEFAULT_INPUT_RATE
     turn_detection: TurnDetection | None = TurnDetection()
     output_rate: int | None = None
-    voice: str = "joe"
+    voice: str = DEFAULT_VOICE
 
     def __post_init__(self) -> None:
         if self.input_rate not in INPUT_RATES:
@@ -104,6 +109,7 @@ class VoiceInput:
         detection parameters restart the detector (the buffer is kept)."""
         old, self.settings = self.settings, settings
         if settings.input_rate != old.input_rate:
+            self._flush_resampler()
             self._resampler = Resampler(settings.input_rate, SAMPLE_RATE)
         if settings.turn_detection != old.turn_detection:
             self._pending = np.zeros(0, dtype=np.float32)
@@ -160,6 +166,7 @@ class VoiceInput:
 
     def take_all(self) -> tuple[int, int, np.ndarray]:
         """``input_audio.commit``: all uncommitted audio, its start and end ms."""
+        self._flush_resampler()
         end = self.buffer.total_ms
         start = end - self.buffer.duration_ms
         audio = self.buffer.take(start, end)
@@ -168,8 +175,17 @@ class VoiceInput:
 
     def clear(self) -> None:
         """``input_audio.clear``: drop the uncommitted audio (the timeline goes on)."""
+        self._flush_resampler()
         self.buffer.clear()
         self.reset()
+
+    def _flush_resampler(self) -> None:
+        """Put the samples still in the resampler's filter (about 20 ms at
+        24 kHz) on the timeline, so that it ends where the client's appends
+        end (8.2); the next append starts a new resampler stream."""
+        tail = self._resampler.flush()
+        with contextlib.suppress(InputAudioFull):  # at the bound those few ms are dropped
+            self.buffer.append(tail)
 
     def reset(self) -> None:
         """Restart the VAD and the detector (after a commit or a clear): the
@@ -200,26 +216,35 @@ def merged(settings: AudioSettings, update: Any) -> AudioSettings:
         td = update.input.turn_detection
         if td is not None:
             if td.type == "none":
-                new = replace(new, turn_detection=None)
+                new = replace(new, turn_detection=None)  # its values are forgotten
             else:
-                base = new.turn_detection or TurnDetection()
-                fields = {
-                    k: getattr(td, k)
-                    for k in (
-                        "threshold",
-                        "prefix_padding_ms",
-                        "silence_duration_ms",
-                        "interrupt_response",
-                        "create_response",
+                fields = {k: getattr(td, k) for k in _DETECTION_FIELDS if getattr(td, k) is not None}
+                if td.type is None and new.turn_detection is None and fields:
+                    raise ValueError(
+                        "session.audio.input.turn_detection is off: turn it on with type 'server_vad'"
                     )
-                    if getattr(td, k, None) is not None
-                }
+                if "silence_duration_ms" in fields:
+                    # the pause that starts a speculative answer fits in any silence
+                    # window the protocol allows ([0, 10000] ms)
+                    fields["pause_ms"] = min(TurnDetection().pause_ms, fields["silence_duration_ms"])
+                base = new.turn_detection or TurnDetection()
                 new = replace(new, turn_detection=replace(base, **fields))
     if update.output is not None:
         out = update.output
-        if getattr(out, "enabled", True) is False:
-            new = replace(new, output_rate=None)
+        if not out.enabled:
+            new = replace(new, output_rate=None, voice=DEFAULT_VOICE)
         else:
+            if out.voice is not None and out.voice not in VOICES:
+                raise ValueError(f"session.audio.output.voice={out.voice!r} is not one of {list(VOICES)}")
             rate = out.sample_rate or new.output_rate or DEFAULT_OUTPUT_RATE
             new = replace(new, output_rate=rate, voice=out.voice or new.voice)
     return new
+
+
+_DETECTION_FIELDS = (
+    "threshold",
+    "prefix_padding_ms",
+    "silence_duration_ms",
+    "interrupt_response",
+    "create_response",
+)

@@ -49,9 +49,6 @@ class VoiceHost(Protocol):
     async def send(self, event: object) -> None:
         """Write one server event."""
 
-    async def dispatch_as_client(self, event: object, now: float) -> None:
-        """Apply ``event`` as if the client sent it (takes the connection's lock)."""
-
     async def cancel_active(self, heard_chars: int | None, now: float) -> None:
         """Cancel the active response now (the caller holds the lock)."""
 
@@ -63,7 +60,8 @@ class VoiceHost(Protocol):
         """Resolves once the session has no active response."""
 
     async def dispatch_if(self, event: object, now: float, wanted: Callable[[], bool]) -> None:
-        """Apply ``event`` as the client's if ``wanted()``, asked under the lock."""
+        """Apply ``event`` as if the client sent it, in order with the client's
+        own events, if ``wanted()``, asked once the connection's lock is held."""
 
     async def release(self, actions: list[object]) -> None:
         """Carry out actions held back (under the lock)."""
@@ -96,6 +94,7 @@ class _VoiceResponse:
     audio: bool = False  # spoken (modalities, or the session's output)
     input_item_id: str | None = None
     speech_end_at: float | None = None  # arrival of the turn's last voiced audio
+    num_pending_items: int = 0  # waiting turns its response.create took as input
 
 
 class VoiceChannel:
@@ -124,24 +123,38 @@ class VoiceChannel:
         self._input: VoiceInput | None = None  # made at the first audio
         self._responses: OrderedDict[str, _VoiceResponse] = OrderedDict()
         self._pending_items: list[tuple[str, pe.InputItem]] = []  # turns without a response yet
-        self._next: _VoiceResponse | None = None  # of the response.create being applied
-        self._next_audio = False
+        self._next: _VoiceResponse | None = None  # of a voice turn's response.create, before it is applied
+        self._creating: _VoiceResponse | None = None  # of the response.create being applied
         self._turns: set[asyncio.Task[None]] = set()
+        self._barged = False  # the turn being spoken interrupted a response
         self._speculation: _Speculation | None = None  # of the turn being spoken
         self._unshown: list[_Speculation] = []  # speculations whose answer is held back
 
     # ---- settings ----------------------------------------------------------------
 
-    def update(self, audio: Any) -> str | None:
-        """Merge a ``session.update``'s ``audio``; the problem, or None."""
+    def merge(self, audio: pe.AudioSettings) -> AudioSettings | tuple[pe.ErrorCode, str]:
+        """The settings a ``session.update``'s ``audio`` asks for, or the error
+        to answer; nothing changes until :meth:`apply` (the rest of the
+        update may still be refused, and a refused update changes nothing)."""
         try:
             new = merged(self.settings, audio)
         except ValueError as exc:
-            return str(exc)
+            return pe.ErrorCode.INVALID_PARAMETER, str(exc)
+        held = self._input is not None and self._input.buffer.duration_ms > 0
+        if new.input_rate != self.settings.input_rate and held:
+            # one turn has one rate
+            return pe.ErrorCode.CONFLICT, "commit or clear the input audio before changing its sample_rate"
+        return new
+
+    async def apply(self, new: AudioSettings, now: float) -> None:
+        """Put settings from :meth:`merge` in force (the caller holds the lock).
+        New turn detection forgets the turn in progress, and the answer
+        started at its pause."""
+        if new.turn_detection != self.settings.turn_detection:
+            await self.drop_speculation(now, unless=None)
         self.settings = new
         if self._input is not None:
             self._input.apply(new)
-        return None
 
     def echo(self) -> pe.AudioSettings:
         """The audio settings in force, as ``session.updated`` reports them."""
@@ -184,9 +197,11 @@ class VoiceChannel:
             for what, audio in seen:
                 await self._on_turn_event(what, audio, inp, received_at)
         elif isinstance(event, pe.InputAudioCommit):
+            await self.drop_speculation(received_at, unless=None)  # the turn ends here instead
             start, end, audio = inp.take_all()
             self._start_turn(audio, start, end, speech_end_at=received_at)
         elif isinstance(event, pe.InputAudioClear):
+            await self.drop_speculation(received_at, unless=None)  # with the turn it answered
             inp.clear()
 
     async def _on_turn_event(self, what: object, audio: Any, inp: VoiceInput, now: float) -> None:
@@ -208,7 +223,12 @@ class VoiceChannel:
                 audio, what.audio_start_ms, what.audio_end_ms, speech_end_at=inp.arrival_of(what.audio_end_ms)
             )
         elif isinstance(what, SpeechPaused):
-            if td.create_response and self._speculation is None and self._host.active_response_id is None:
+            if (
+                self.runtime.config.speculate
+                and td.create_response
+                and self._speculation is None
+                and self._host.active_response_id is None
+            ):
                 speculation = _Speculation(
                     item_id=f"item_{uuid.uuid4().hex}",
                     audio_start_ms=what.audio_start_ms,
@@ -270,6 +290,7 @@ class VoiceChannel:
         await self._host.send(
             pe.InputAudioTranscript(item_id=speculation.item_id, text=speculation.text or "", final=True)
         )
+        self._judge_barge_in(speculation.text or "")
         speculation.adopted = True
         self._unshown.remove(speculation)
         self._observer.speculation(adopted=True)
@@ -318,20 +339,29 @@ class VoiceChannel:
         return task
 
     async def _barge_in(self, now: float) -> None:
-        """Speech started over the assistant: stop its audio, cancel it."""
-        active = self._host.active_response_id
-        stopped = False
+        """Speech started over the assistant: stop its audio, cancel its
+        response (a response whose generation ended may still be speaking)."""
+        interrupted = False
         for response in self._responses.values():
             if response.speaker is not None and not response.speaker.stopped:
                 response.speaker.stop()
-                stopped = True
-        if active is None:
-            return
-        known = self._responses.get(active)
-        speaker = None if known is None else known.speaker
-        await self._host.cancel_active(None if speaker is None else speaker.cut_chars(None), now)
-        if stopped or speaker is not None:
+                interrupted = True
+        active = self._host.active_response_id
+        if active is not None:
+            known = self._responses.get(active)
+            speaker = None if known is None else known.speaker
+            await self._host.cancel_active(None if speaker is None else speaker.cut_chars(None), now)
+            interrupted = True
+        if interrupted:
             self._observer.barge_in(self._clock() - now)
+            self._barged = True
+
+    def _judge_barge_in(self, text: str) -> None:
+        """The turn that barged in is transcribed: without words (a cough,
+        noise, the assistant's own echo) the barge-in was a false one."""
+        if self._barged:
+            self._barged = False
+            self._observer.barge_in_judged(real=bool(text))
 
     def _start_turn(self, audio: Any, start_ms: int, end_ms: int, *, speech_end_at: float | None) -> None:
         item_id = f"item_{uuid.uuid4().hex}"
@@ -348,6 +378,7 @@ class VoiceChannel:
         text = await self.runtime.run(lambda: self.runtime.models.transcriber.transcribe(audio))
         self._observer.transcribed(seconds=self._clock() - started, audio_s=len(audio) / 16000)
         await self._host.send(pe.InputAudioTranscript(item_id=item_id, text=text, final=True))
+        self._judge_barge_in(text)
         if not text:
             return  # silence or noise: no words, no item
         item = pe.InputItem(role="user", content=text)
@@ -359,34 +390,40 @@ class VoiceChannel:
             return
         if not td.interrupt_response:
             await self._host.wait_idle()  # the turn waits for the active response
-        self._next = _VoiceResponse(input_item_id=item_id, speech_end_at=speech_end_at)
+
+        def claim() -> bool:
+            # under the lock: a client's response.create applied meanwhile must
+            # not take this turn's item id
+            self._next = _VoiceResponse(input_item_id=item_id, speech_end_at=speech_end_at)
+            return True
+
         create = pe.ResponseCreate(input=(item,), interrupt_active=True)
-        await self._host.dispatch_as_client(create, self._clock())
+        await self._host.dispatch_if(create, self._clock(), claim)
 
     # ---- responses -----------------------------------------------------------------
 
-    def on_create(self, event: pe.ResponseCreate) -> pe.ResponseCreate:
+    def on_create(self, event: pe.ResponseCreate) -> tuple[pe.ResponseCreate, str | None]:
         """A ``response.create`` is being applied: add the turns still waiting
-        for a response to its input, and note whether it is spoken."""
+        for a response to its input, and note whether it is spoken. Returns
+        the event to apply and the problem refusing it, if any."""
         modalities = event.modalities
-        self._next_audio = (
-            "audio" in modalities if modalities is not None else self.settings.output_rate is not None
-        )
-        if self._next is None:
-            self._next = _VoiceResponse()
-            if self._pending_items:
-                self._next.input_item_id = self._pending_items[-1][0]
+        audio = "audio" in modalities if modalities is not None else self.settings.output_rate is not None
+        if audio and self.settings.output_rate is None:
+            return event, "modalities asks for audio while session.audio.output is null (text only)"
+        creating, self._next = self._next or _VoiceResponse(), None
+        creating.audio = audio
         if self._pending_items:
+            creating.input_item_id = creating.input_item_id or self._pending_items[-1][0]
             items = tuple(item for _, item in self._pending_items)
-            self._pending_items.clear()
+            creating.num_pending_items = len(items)  # they leave the queue once it is submitted
             event = replace(event, input=items + (event.input or ()))
-        return event
+        self._creating = creating
+        return event, None
 
     def on_submit(self, response_id: str) -> None:
         """The response being created got its id."""
-        response = self._next or _VoiceResponse()
-        self._next = None
-        response.audio = self._next_audio
+        response, self._creating = self._creating or _VoiceResponse(), None
+        del self._pending_items[: response.num_pending_items]  # a refused create leaves them waiting
         self._responses[response_id] = response
         self._responses.move_to_end(response_id)
         while len(self._responses) > _REMEMBERED:
@@ -399,15 +436,23 @@ class VoiceChannel:
             return event
         return replace(event, input_item_id=response.input_item_id)
 
-    def speaker_for(self, response_id: str, stream_id: str, *, skip_before_ms: int = 0) -> Speaker | None:
-        """The speaker of a response being delivered (None: text only)."""
+    def speaker_for(
+        self, response_id: str, stream_id: str, *, skip_before_ms: int | None = None
+    ) -> Speaker | None:
+        """The speaker of a response being delivered (None: text only).
+
+        ``skip_before_ms``: a resume's ``audio_from_ms``. A response of this
+        connection is spoken if it was created so; one of another connection
+        only on a resume that asks for its audio (whether it was spoken is
+        not logged).
+        """
         response = self._responses.get(response_id)
         if response is None:
-            if not skip_before_ms and self.settings.output_rate is None:
+            if skip_before_ms is None:
                 return None
-            response = self._responses[response_id] = _VoiceResponse()
-        elif not response.audio and not skip_before_ms:
-            return None
+            response = self._responses[response_id] = _VoiceResponse(audio=True)
+        elif not response.audio:
+            return None  # audio_from_ms of a text-only response is ignored (8.8)
         speech_end_at = response.speech_end_at
 
         def first_audio() -> None:
@@ -421,7 +466,7 @@ class VoiceChannel:
             sample_rate=self.settings.output_rate or DEFAULT_OUTPUT_RATE,
             send=self._host.send,
             run_blocking=self.runtime.run,
-            skip_before_ms=skip_before_ms,
+            skip_before_ms=skip_before_ms or 0,
             clock=self._clock,
             observer=self._observer,
             on_first_audio=first_audio,
@@ -448,13 +493,18 @@ class VoiceChannel:
         if response is not None and response.speaker is not None:
             response.speaker.stop()
 
-    async def close(self) -> None:
-        """The connection is gone: stop its turns."""
+    async def close(self, now: float) -> None:
+        """The connection is gone: stop its turns, and retract the answers
+        started at a pause that the client never saw (whatever the
+        disconnect policy keeps, it keeps what the client was shown)."""
         for task in list(self._turns):
             task.cancel()
         for task in list(self._turns):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        self._speculation = None
+        for speculation in list(self._unshown):
+            await self._drop(speculation, now)
 
     async def _error(self, code: pe.ErrorCode, message: str, event: object) -> None:
         await self._host.send(

@@ -50,6 +50,10 @@ class Segmenter:
     Args:
         first_min_chars: the first segment is cut at a clause boundary once it
             holds this many code points (early first audio).
+        first_max_chars: ... and at its last space once it would pass this
+            many, clause or not (within ``[first_min_chars, max_chars]``):
+            the first audio waits for a few words of text and their
+            synthesis, not for a whole sentence.
         min_chars: later segments are cut at a clause boundary once they hold this many.
         max_chars: no segment is longer: one that would be is cut at its last
             space (or, with none, at ``max_chars``).
@@ -62,14 +66,24 @@ class Segmenter:
         ValueError: a bound below 0 (``max_chars`` below 1), or a minimum over ``max_chars``.
     """
 
-    def __init__(self, *, first_min_chars: int = 12, min_chars: int = 60, max_chars: int = 200) -> None:
+    def __init__(
+        self,
+        *,
+        first_min_chars: int = 12,
+        first_max_chars: int = 32,
+        min_chars: int = 60,
+        max_chars: int = 200,
+    ) -> None:
         if max_chars < 1:
             raise ValueError(f"{max_chars=} must be >= 1")
+        if first_max_chars < 1:
+            raise ValueError(f"{first_max_chars=} must be >= 1")
         if not 0 <= first_min_chars <= max_chars:
             raise ValueError(f"{first_min_chars=} must be in [0, {max_chars=}]")
         if not 0 <= min_chars <= max_chars:
             raise ValueError(f"{min_chars=} must be in [0, {max_chars=}]")
         self._first_min_chars = first_min_chars
+        self._first_max_chars = max(first_min_chars, min(first_max_chars, max_chars))
         self._min_chars = min_chars
         self._max_chars = max_chars
         self._text = ""
@@ -102,7 +116,7 @@ class Segmenter:
         t = self._text
         b = max(self._scan, self._start + 1)
         while True:
-            if b - self._start > self._max_chars:
+            if b - self._start > self._limit():
                 segments.append(self._emit(self._forced_cut()))
                 b = self._start + 1
                 continue
@@ -134,13 +148,17 @@ class Segmenter:
             return False
         return (before in _CLAUSE and after.isspace()) or before in _DASHES
 
+    def _limit(self) -> int:
+        """The longest the segment being built may be."""
+        return self._first_max_chars if self._start == 0 else self._max_chars
+
     def _forced_cut(self) -> int:
-        """Where to cut a segment over ``max_chars``: before its last space in reach."""
-        t, s = self._text, self._start
-        for w in range(s + self._max_chars, s, -1):
+        """Where to cut a segment over its limit: before its last space in reach."""
+        t, s, limit = self._text, self._start, self._limit()
+        for w in range(s + limit, s, -1):
             if t[w].isspace() and not t[w - 1].isspace():
                 return w
-        return s + self._max_chars
+        return s + limit
 
 
 def _ends_sentence(t: str, b: int) -> bool:

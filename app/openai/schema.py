@@ -8,7 +8,11 @@ answers with HTTP 400 and OpenAI's error body before anything is scheduled.
 Fields OpenAI defines that would change the answer's meaning and that bargein
 does not implement (``n`` other than 1, tools, logprobs, JSON response
 formats, penalties, logit bias) are refused the same way instead of being
-ignored; fields unknown to both are ignored, as OpenAI does.
+ignored; fields unknown to both are ignored, as OpenAI does. Two of vLLM's
+extra parameters are honoured, so benchmarks can fix output lengths across
+servers: ``ignore_eos`` (generate past EOS) and ``min_tokens`` (in
+``[0, max_tokens]``: no EOS, stop token or stop string ends the answer
+before that many tokens).
 
 The legacy ``POST /v1/completions`` (what ``vllm bench serve`` and lm-eval
 drive by default) takes one prompt string (or a list of one) and generates
@@ -363,7 +367,21 @@ def _sampling(body: Mapping[str, Any], config: SessionConfig) -> SamplingParams:
         top_p=1.0 if top_p is None else top_p,
         seed=_integer(body, "seed", 0, MAX_SEED),
         stop=_stop(body),
+        ignore_eos=_optional(body, "ignore_eos", bool, "a boolean") or False,
+        min_tokens=_min_tokens(body, max_tokens),
     )
+
+
+def _min_tokens(body: Mapping[str, Any], max_tokens: int) -> int:
+    """vLLM's ``min_tokens``: an integer in ``[0, max_tokens]`` (0 when absent)."""
+    value = _optional(body, "min_tokens", int, "an integer")
+    if value is None:
+        return 0
+    if not 0 <= value <= max_tokens:
+        raise ApiError(
+            f"'min_tokens' must be in [0, max_tokens={max_tokens}], got {str(value)[:40]}", param="min_tokens"
+        )
+    return value
 
 
 def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:

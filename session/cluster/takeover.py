@@ -130,7 +130,9 @@ class Continuation:
     ) -> None:
         self.offset = prefix.end
         self.num_prompt_tokens = len(record.prompt_token_ids)
-        self._detok = IncrementalDetokenizer(tokenizer, record.prompt_token_ids, record.params.stop)
+        self._detok = IncrementalDetokenizer(
+            tokenizer, record.prompt_token_ids, record.params.stop, min_tokens=record.params.min_tokens
+        )
         self._detok.add(prefix.token_ids)
         self._sent = len(prefix.text)  # characters of the stream's text already logged
         self._abort = abort
@@ -167,5 +169,8 @@ class Continuation:
 
 
 def continuation_params(params: SamplingParams, logged: int) -> SamplingParams:
-    """The params of a continuation after ``logged`` tokens (``logged < max_tokens``)."""
-    return replace(params, max_tokens=params.max_tokens - logged)
+    """The params of a continuation after ``logged`` tokens (``logged < max_tokens``):
+    the budgets less what the log already holds."""
+    return replace(
+        params, max_tokens=params.max_tokens - logged, min_tokens=max(0, params.min_tokens - logged)
+    )

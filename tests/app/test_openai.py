@@ -211,9 +211,79 @@ async def test_stop_seed_user_and_unknown_fields(client: openai.AsyncOpenAI) -> 
     assert sampled[0].choices[0].message.content == sampled[1].choices[0].message.content
 
 
+YES_NO = [{"role": "user", "content": "Reply with one word: yes or no?"}]  # "Yes." then EOS
+
+
+async def test_ignore_eos_and_min_tokens_fix_the_output_length(client: openai.AsyncOpenAI) -> None:
+    async def chat(stream: bool, **extra: Any) -> tuple[str, int, str | None]:
+        """(text, completion_tokens, finish_reason) of one greedy answer of at most 24 tokens."""
+        kwargs: dict[str, Any] = {"model": "bargein", "messages": YES_NO, "max_tokens": 24, "temperature": 0}
+        if not stream:
+            done = await client.chat.completions.create(**kwargs, extra_body=extra)
+            assert done.usage is not None
+            return (
+                done.choices[0].message.content or "",
+                done.usage.completion_tokens,
+                done.choices[0].finish_reason,
+            )
+        chunks = [
+            c
+            async for c in await client.chat.completions.create(
+                **kwargs, stream=True, stream_options={"include_usage": True}, extra_body=extra
+            )
+        ]
+        usage = chunks[-1].usage
+        assert usage is not None
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        return (
+            text,
+            usage.completion_tokens,
+            next(c.choices[0].finish_reason for c in chunks[::-1] if c.choices),
+        )
+
+    async def complete(stream: bool, **extra: Any) -> tuple[int, str | None]:
+        """(completion_tokens, finish_reason) of a legacy completion of at most 24 tokens."""
+        kwargs: dict[str, Any] = {
+            "model": "bargein",
+            "prompt": "Yes or no?",
+            "max_tokens": 24,
+            "temperature": 0,
+        }
+        if not stream:
+            done = await client.completions.create(**kwargs, extra_body=extra)
+            assert done.usage is not None
+            return done.usage.completion_tokens, done.choices[0].finish_reason
+        chunks = [
+            c
+            async for c in await client.completions.create(
+                **kwargs, stream=True, stream_options={"include_usage": True}, extra_body=extra
+            )
+        ]
+        assert chunks[-1].usage is not None
+        return chunks[-1].usage.completion_tokens, next(
+            c.choices[0].finish_reason for c in chunks[::-1] if c.choices
+        )
+
+    for stream in (False, True):
+        text, used, reason = await chat(stream)
+        assert (text, used, reason) == ("Yes.", 3, "stop"), stream  # EOS counts as a token
+        text, used, reason = await chat(stream, min_tokens=8)
+        assert text.startswith("Yes.") and used >= 8, (stream, text, used)
+        text, used, reason = await chat(stream, ignore_eos=True)
+        assert text.startswith("Yes.") and (used, reason) == (24, "length"), (stream, text)
+        _, used, reason = await chat(stream, ignore_eos=True, min_tokens=8)
+        assert (used, reason) == (24, "length"), stream
+        assert await complete(stream, ignore_eos=True) == (24, "length"), stream
+        used, _ = await complete(stream, min_tokens=20)
+        assert used >= 20, stream
+
+
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
+        ({"extra_body": {"min_tokens": 5}}, "min_tokens"),  # above max_tokens (4)
+        ({"extra_body": {"min_tokens": -1}}, "min_tokens"),
+        ({"extra_body": {"ignore_eos": "yes"}}, "ignore_eos"),
         ({"n": 2}, "n"),
         ({"temperature": 3}, "temperature"),
         ({"top_p": 0}, "top_p"),

@@ -51,9 +51,13 @@ def test_every_supported_field_is_honoured() -> None:
         n=1,
         user="u-1",
         bargein_on_disconnect="cancel",
+        ignore_eos=True,
+        min_tokens=10,
         frobnicate={"ignored": True},
     )
-    assert chat.params == SamplingParams(max_tokens=10, temperature=0.0, top_p=0.5, seed=7, stop=("\n",))
+    assert chat.params == SamplingParams(
+        max_tokens=10, temperature=0.0, top_p=0.5, seed=7, stop=("\n",), ignore_eos=True, min_tokens=10
+    )
     assert chat.stream and chat.include_usage
     assert chat.on_disconnect == "cancel" and chat.user == "u-1"
 
@@ -97,6 +101,11 @@ def test_messages_map_roles_and_join_text_parts() -> None:
         ({"max_completion_tokens": 1000}, "max_completion_tokens"),
         ({"seed": -1}, "seed"),
         ({"seed": 1.5}, "seed"),
+        ({"min_tokens": 33}, "min_tokens"),  # above the default max_tokens (32)
+        ({"max_tokens": 8, "min_tokens": 9}, "min_tokens"),
+        ({"min_tokens": -1}, "min_tokens"),
+        ({"min_tokens": 2.0}, "min_tokens"),
+        ({"ignore_eos": 1}, "ignore_eos"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"stop": [""]}, "stop"),
         ({"stop": 3}, "stop"),

@@ -170,6 +170,10 @@ async def test_speaking_over_the_answer_interrupts_it_and_cuts_the_turn_at_what_
         assert len(kept.rstrip()) >= len(text[:spoken_by].rstrip())
         # at a word boundary at most one word past what was spoken by heard_ms
         assert len(kept.split()) <= len(text[:spoken_through].split()) + 1
+        # the words of "stop" made it a real barge-in, not a false one (a cough)
+        metrics = (await asyncio.to_thread(_metrics, voice_server)).splitlines()
+        real = next(m for m in metrics if m.startswith('bargein_voice_barge_ins_total{outcome="real"}'))
+        assert float(real.split()[-1]) >= 1
         await until(conn, "response.done", events)
     finally:
         await conn.close()
@@ -204,7 +208,9 @@ async def test_bad_audio_is_refused_and_the_connection_goes_on(voice_server: Liv
         error = await conn.expect("error")
         assert error["code"] == "invalid_parameter"
         # without server VAD nothing ends a turn: the buffer stops at its bound
-        await conn.send(type="session.update", session={"audio": {"input": {"turn_detection": None}}})
+        await conn.send(
+            type="session.update", session={"audio": {"input": {"sample_rate": RATE, "turn_detection": None}}}
+        )
         await conn.expect("session.updated")
         limit_ms = conn.created["limits"]["max_input_audio_ms"]
         second = silence_pcm16(1000, RATE)

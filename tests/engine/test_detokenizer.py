@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from transformers import PreTrainedTokenizerBase
 
@@ -216,18 +216,42 @@ def test_stop_matching_on_any_chunking(text: str, stops: list[str], data: st.Dat
     assert detok.stopped == (cut is not None)
 
 
-def _char_by_char_cut(text: str, stops: Sequence[str]) -> int | None:
-    """Where a generator fed one character at a time would cut, or None."""
-    for k in range(1, len(text) + 1):
+@settings(max_examples=300, deadline=None)
+@given(
+    text=st.text(alphabet="abc ", max_size=30),
+    stops=st.lists(st.text(alphabet="abc", min_size=1, max_size=4), min_size=1, max_size=3),
+    min_tokens=st.integers(0, 12),
+    data=st.data(),
+)
+@example(text="ab", stops=["a"], min_tokens=1, data=None).via("a chunk across the boundary")
+def test_no_stop_string_ends_within_min_tokens(
+    text: str, stops: list[str], min_tokens: int, data: st.DataObject | None
+) -> None:
+    # One token per character: a stop string counts only where it ends after
+    # the first min_tokens characters (it may begin before), whatever the chunking.
+    sizes = [2] if data is None else data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=5))
+    detok = IncrementalDetokenizer(_CharTokenizer(), [], stop=stops, min_tokens=min_tokens)
+    out = "".join(_feed(detok, [ord(c) for c in text], sizes))
+    cut = _char_by_char_cut(text, stops, first=min_tokens + 1)
+    assert out == (text if cut is None else text[:cut])
+    assert detok.stopped == (cut is not None)
+
+
+def _char_by_char_cut(text: str, stops: Sequence[str], first: int = 1) -> int | None:
+    """Where a generator fed one character at a time would cut, checking stop
+    strings from the ``first``-th character on, or None."""
+    for k in range(first, len(text) + 1):
         ending = [s for s in stops if text[:k].endswith(s)]
         if ending:
             return k - max(map(len, ending))
     return None
 
 
-def test_empty_stop_string_is_refused() -> None:
+def test_empty_stop_string_and_negative_min_tokens_are_refused() -> None:
     with pytest.raises(ValueError):
         IncrementalDetokenizer(_CharTokenizer(), [], stop=[""])
+    with pytest.raises(ValueError):
+        IncrementalDetokenizer(_CharTokenizer(), [], stop=["a"], min_tokens=-1)
 
 
 class _CharTokenizer:

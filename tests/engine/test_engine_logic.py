@@ -146,6 +146,42 @@ def test_eos_and_stop_token_ids_end_with_stop_unless_ignored() -> None:
     assert outputs["sid"][-1].finish_reason is FinishReason.STOP
 
 
+def test_min_tokens_bans_eos_and_stop_token_ids_until_reached() -> None:
+    rng = random.Random(5)
+    # A prompt whose greedy answer ends at EOS within its first 4 tokens.
+    prompt = next(p for p in (prompt_of(rng, 6) for _ in range(5000)) if len(reference(p, 12, 48)) <= 4)
+    plain = reference(prompt, 12, 48)
+    engine = LLMEngine(FakeRunner(num_blocks=20), CONFIG)
+
+    def run(params: SamplingParams) -> list[RequestOutput]:
+        engine.add_request(EngineRequest(request_id="r", prompt_token_ids=prompt, params=params))
+        return run_all(engine, {})["r"]
+
+    outs = run(greedy(min_tokens=8))
+    tokens = [t for o in outs for t in o.new_token_ids]
+    assert len(tokens) >= 8 and EOS not in tokens[:8]
+    # Up to the banned EOS the answer is the unconstrained one; after min_tokens EOS ends it again.
+    assert tokens[: len(plain) - 1] == plain[:-1]
+    assert tokens[-1] == EOS or len(tokens) == 12
+    assert outs[-1].finish_reason is (FinishReason.STOP if tokens[-1] == EOS else FinishReason.LENGTH)
+
+    # A stop token id the min_tokens run would sample within its first 8 tokens is banned too.
+    stop_id = next(t for t in tokens[len(plain) - 1 : 8] if t not in plain)
+    with_stop = [t for o in run(greedy(min_tokens=8, stop_token_ids=(stop_id,))) for t in o.new_token_ids]
+    assert len(with_stop) >= 8 and EOS not in with_stop[:8] and stop_id not in with_stop[:8]
+
+    outs = run(greedy(min_tokens=8, ignore_eos=True))
+    assert outs[-1].num_output_tokens == 12 and outs[-1].finish_reason is FinishReason.LENGTH
+    assert engine.stats().num_free_blocks == 20
+
+
+def test_min_tokens_must_lie_within_max_tokens() -> None:
+    assert greedy(4, min_tokens=4).min_tokens == 4
+    for bad in (-1, 5):
+        with pytest.raises(ValueError, match="min_tokens"):
+            greedy(4, min_tokens=bad)
+
+
 def test_max_model_len_ends_with_length() -> None:
     engine = LLMEngine(FakeRunner(num_blocks=20), CONFIG)
     engine.add_request(

@@ -7,7 +7,7 @@ import math
 import torch
 
 from bargein.engine.request import SamplingParams
-from bargein.engine.sampler import Sampler, make_generator
+from bargein.engine.sampler import Sampler, make_generator, mask_banned
 
 CPU = torch.device("cpu")
 VOCAB = 64
@@ -26,6 +26,22 @@ def test_greedy_rows_take_the_argmax() -> None:
     ]
     tokens = Sampler()(logits, params, [None] * 3)
     assert tokens == logits.argmax(dim=-1).tolist()
+
+
+def test_banned_tokens_are_never_sampled_greedy_or_not() -> None:
+    logits = fixed_logits(2, rows=3)
+    top = logits.argmax(dim=-1).tolist()
+    banned = [{top[0]}, set(), set(logits[2].topk(VOCAB - 1).indices.tolist()) | {VOCAB + 5}]
+    params = [SamplingParams(temperature=0), SamplingParams(temperature=0), SamplingParams(seed=3)]
+    gens = [None, None, make_generator(3, CPU)]
+    for _ in range(20):
+        tokens = Sampler()(logits, params, gens, banned)
+        assert tokens[0] == int(logits[0].topk(2).indices[1])  # the runner-up
+        assert tokens[1] == top[1]
+        assert tokens[2] == int(logits[2].argmin())  # the one token left
+    assert torch.equal(mask_banned(logits, [set()] * 3), logits)  # not copied, not mutated
+    masked = mask_banned(logits, banned)
+    assert torch.isinf(masked[0, top[0]]) and torch.isfinite(logits).all()
 
 
 def test_greedy_and_random_rows_mix_in_one_batch() -> None:

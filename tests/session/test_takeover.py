@@ -14,7 +14,7 @@ from bargein.engine.config import ModelConfig
 from bargein.engine.detokenizer import IncrementalDetokenizer
 from bargein.engine.model.loader import load_tokenizer
 from bargein.engine.request import FinishReason, RequestOutput, SamplingParams
-from bargein.session.cluster.takeover import Continuation, GenerationRecord, LoggedPrefix
+from bargein.session.cluster.takeover import Continuation, GenerationRecord, LoggedPrefix, continuation_params
 
 pytestmark = pytest.mark.slow
 
@@ -27,13 +27,18 @@ def tokenizer() -> Any:
 
 
 def _uninterrupted(
-    tokenizer: Any, prompt: tuple[int, ...], ids: list[int], stop: tuple[str, ...]
-) -> tuple[list[str], str]:
-    """Per-token deltas of the node that would have generated it all, and all its text."""
-    detok = IncrementalDetokenizer(tokenizer, prompt, stop)
-    deltas = [detok.add([t]) for t in ids]
+    tokenizer: Any, prompt: tuple[int, ...], ids: list[int], params: SamplingParams
+) -> tuple[list[str], str, int | None]:
+    """Per-token deltas of the node that would have generated it all, all its
+    text, and how many tokens it took to stop (None: no stop string matched)."""
+    detok = IncrementalDetokenizer(tokenizer, prompt, params.stop, min_tokens=params.min_tokens)
+    deltas, stop_at = [], None
+    for i, token in enumerate(ids, start=1):
+        deltas.append(detok.add([token]))
+        if detok.stopped and stop_at is None:
+            stop_at = i
     deltas[-1] += detok.flush()
-    return deltas, detok.text
+    return deltas, detok.text, stop_at
 
 
 def _continue(
@@ -70,19 +75,20 @@ def _continue(
     return text, end, False
 
 
-@pytest.mark.parametrize("stop", [(), ("STOP",)])
+@pytest.mark.parametrize(
+    ("stop", "min_tokens"),
+    [((), 0), (("STOP",), 0), (("e",), 12), (("STOP", "e"), 20)],  # "e" in "Tea", the first token
+)
 def test_the_joined_text_equals_an_uninterrupted_run_at_every_takeover_point(
-    tokenizer: Any, stop: tuple[str, ...]
+    tokenizer: Any, stop: tuple[str, ...], min_tokens: int
 ) -> None:
     prompt = tuple(tokenizer.encode("Say something."))
     ids = tokenizer.encode(TEXT, add_special_tokens=False)
-    record = GenerationRecord(prompt_token_ids=prompt, params=SamplingParams(max_tokens=len(ids), stop=stop))
-    deltas, full = _uninterrupted(tokenizer, prompt, ids, stop)
-    stop_at = (
-        next((i + 1 for i in range(len(ids)) if "STOP" in tokenizer.decode(ids[: i + 1])), None)
-        if stop
-        else None
-    )
+    params = SamplingParams(max_tokens=len(ids), stop=stop, min_tokens=min_tokens)
+    record = GenerationRecord(prompt_token_ids=prompt, params=params)
+    deltas, full, stop_at = _uninterrupted(tokenizer, prompt, ids, params)
+    assert (stop_at is None) == (not stop)
+    assert stop_at is None or stop_at > min_tokens  # min_tokens held the stop string off
     for split in range(1, len(ids)):
         if stop_at is not None and split >= stop_at:
             break  # the dead node would have ended the stream itself
@@ -91,6 +97,12 @@ def test_the_joined_text_equals_an_uninterrupted_run_at_every_takeover_point(
         assert logged_text + text == full, split
         if stop:
             assert stopped and end == stop_at, (split, end, stop_at)
+
+
+def test_a_continuation_has_the_budgets_less_the_logged_tokens() -> None:
+    params = SamplingParams(max_tokens=10, min_tokens=4, ignore_eos=True)
+    assert continuation_params(params, 3) == SamplingParams(max_tokens=7, min_tokens=1, ignore_eos=True)
+    assert continuation_params(params, 6) == SamplingParams(max_tokens=4, min_tokens=0, ignore_eos=True)
 
 
 def test_a_generation_record_round_trips(tokenizer: Any) -> None:
@@ -105,6 +117,7 @@ def test_a_generation_record_round_trips(tokenizer: Any) -> None:
             stop=("a", "\u00e9"),
             stop_token_ids=(3,),
             ignore_eos=True,
+            min_tokens=4,
         ),
     )
     assert GenerationRecord.decode(record.encode()) == record

@@ -198,3 +198,13 @@ def test_segments_cover_the_text_and_do_not_depend_on_the_chunking(
         at = s.end
     one_shot = Segmenter(first_min_chars=first_min, min_chars=min_chars, max_chars=max_chars)
     assert segments == one_shot.feed(text) + one_shot.flush()
+
+
+def test_the_first_segment_is_cut_at_a_space_after_a_few_words_without_a_clause() -> None:
+    segmenter = Segmenter(first_min_chars=12, first_max_chars=24, min_chars=60, max_chars=200)
+    text = "The quick brown fox jumps over the lazy dog and keeps running far away"
+    first = segmenter.feed(text)
+    assert [s.text for s in first] == ["The quick brown fox"]  # the last space within 24 characters
+    rest = segmenter.flush()
+    assert "".join(s.text for s in first + rest) == text
+    assert len(rest) == 1  # later segments wait for a clause or a sentence end

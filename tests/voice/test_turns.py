@@ -37,7 +37,7 @@ def run(detector: TurnDetector, probabilities: Sequence[float]) -> list[tuple[in
 
 
 def test_silence_never_starts_a_turn() -> None:
-    detector = TurnDetector(TurnDetection())
+    detector = TurnDetector(TurnDetection(min_speech_ms=128))
     # just below the threshold: hysteresis only counts once speech started
     assert run(detector, [0.0, 0.2, 0.49, 0.3] * 500) == []
     assert not detector.in_speech
@@ -45,7 +45,7 @@ def test_silence_never_starts_a_turn() -> None:
 
 
 def test_one_second_of_speech_gives_started_paused_stopped_with_exact_offsets() -> None:
-    detector = TurnDetector(TurnDetection())
+    detector = TurnDetector(TurnDetection(min_speech_ms=128))
     probs = [SILENCE] * frames(640) + [SPEECH] * frames(1024) + [SILENCE] * frames(1024)
     events = run(detector, probs)
     onset, end = 640, 640 + 1024
@@ -61,16 +61,16 @@ def test_one_second_of_speech_gives_started_paused_stopped_with_exact_offsets() 
 
 
 def test_prefix_padding_is_clamped_at_the_first_frame() -> None:
-    events = run(TurnDetector(TurnDetection()), [SILENCE] * 2 + [SPEECH] * 10)
+    events = run(TurnDetector(TurnDetection(min_speech_ms=128)), [SILENCE] * 2 + [SPEECH] * 10)
     assert events == [(64 + 128, SpeechStarted(audio_start_ms=0))]
-    later = TurnDetector(TurnDetection(), start_ms=10_000)
+    later = TurnDetector(TurnDetection(min_speech_ms=128), start_ms=10_000)
     assert run(later, [SILENCE, SPEECH, SPEECH, SPEECH, SPEECH]) == [
         (10_000 + 160, SpeechStarted(audio_start_ms=10_000))
     ]
 
 
 def test_started_is_emitted_while_in_speech_and_in_speech_follows() -> None:
-    detector = TurnDetector(TurnDetection())
+    detector = TurnDetector(TurnDetection(min_speech_ms=128))
     assert run(detector, [SPEECH] * 3) == []
     assert not detector.in_speech
     assert detector.push(SPEECH) == [SpeechStarted(audio_start_ms=0)]
@@ -79,7 +79,7 @@ def test_started_is_emitted_while_in_speech_and_in_speech_follows() -> None:
 
 
 def test_a_click_shorter_than_min_speech_does_nothing() -> None:
-    detector = TurnDetector(TurnDetection())
+    detector = TurnDetector(TurnDetection(min_speech_ms=128))
     click = [SILENCE] * 20 + [SPEECH] * frames(64) + [SILENCE] * 40
     assert run(detector, click * 5) == []
     # the same click long enough is a turn
@@ -89,7 +89,7 @@ def test_a_click_shorter_than_min_speech_does_nothing() -> None:
 
 
 def test_a_short_pause_inside_speech_is_paused_then_resumed_and_no_stop() -> None:
-    detector = TurnDetector(TurnDetection())
+    detector = TurnDetector(TurnDetection(min_speech_ms=128))
     probs = [SPEECH] * frames(512) + [SILENCE] * frames(320) + [SPEECH] * frames(512)
     events = [e for _, e in run(detector, probs)]
     assert events == [
@@ -106,7 +106,7 @@ def test_a_short_pause_inside_speech_is_paused_then_resumed_and_no_stop() -> Non
 
 
 def test_probabilities_between_the_stop_and_start_thresholds_keep_speech_going() -> None:
-    params = TurnDetection()
+    params = TurnDetection(min_speech_ms=128)
     assert params.stop_threshold == pytest.approx(0.35)
     detector = TurnDetector(params)
     hover = [0.36, 0.49, 0.4, 0.35]
@@ -124,7 +124,7 @@ def test_probabilities_between_the_stop_and_start_thresholds_keep_speech_going()
 
 def test_hysteresis_also_holds_while_a_turn_is_starting() -> None:
     # one frame over the threshold, then hovering: one candidate that becomes a turn
-    events = run(TurnDetector(TurnDetection()), [SILENCE, SPEECH, 0.4, 0.4, 0.4])
+    events = run(TurnDetector(TurnDetection(min_speech_ms=128)), [SILENCE, SPEECH, 0.4, 0.4, 0.4])
     assert events == [(160, SpeechStarted(audio_start_ms=0))]
 
 
@@ -142,7 +142,7 @@ def test_a_low_threshold_still_lets_speech_stop() -> None:
 
 
 def test_reset_drops_the_turn_silently_and_moves_the_clamp() -> None:
-    detector = TurnDetector(TurnDetection())
+    detector = TurnDetector(TurnDetection(min_speech_ms=128))
     run(detector, [SPEECH] * 20)
     assert detector.in_speech
     detector.reset()
@@ -170,7 +170,7 @@ def test_pause_and_stop_can_fall_on_one_frame() -> None:
 
 
 def test_keep_from_ms_never_drops_audio_a_turn_needs() -> None:
-    detector = TurnDetector(TurnDetection())
+    detector = TurnDetector(TurnDetection(min_speech_ms=128))
     run(detector, [SILENCE] * 100)
     assert detector.keep_from_ms == 3200 - 300
     detector.push(SPEECH)  # a candidate: its padding must be kept
@@ -196,7 +196,7 @@ def test_keep_from_ms_never_drops_audio_a_turn_needs() -> None:
         ("silence_duration_ms", -1),
         ("min_speech_ms", -5),
         ("pause_ms", -1),
-        ("pause_ms", 500),
+        ("pause_ms", 501),
         ("hysteresis", -0.1),
         ("hysteresis", 1.5),
     ],
@@ -208,7 +208,7 @@ def test_out_of_range_settings_are_refused_naming_the_field(field: str, value: f
 
 def test_frame_ms_must_be_positive() -> None:
     with pytest.raises(ValueError, match="frame_ms"):
-        TurnDetector(TurnDetection(), frame_ms=0)
+        TurnDetector(TurnDetection(min_speech_ms=128), frame_ms=0)
 
 
 # A probability stream with runs, as a VAD gives: speech, silence and in-between.
@@ -220,7 +220,7 @@ params_st = st.builds(
     TurnDetection,
     threshold=st.sampled_from([0.3, 0.5, 0.8]),
     prefix_padding_ms=st.integers(0, 1000),
-    silence_duration_ms=st.integers(100, 1000),
+    silence_duration_ms=st.integers(99, 1000),
     min_speech_ms=st.integers(0, 300),
     pause_ms=st.integers(0, 99),
 )
@@ -264,4 +264,15 @@ def test_events_follow_the_turn_grammar_with_consistent_offsets(
 @given(probs=runs)
 def test_no_frame_at_or_over_the_threshold_means_no_events(probs: list[float]) -> None:
     quiet = [min(p, 0.49) for p in probs]
-    assert run(TurnDetector(TurnDetection()), quiet) == []
+    assert run(TurnDetector(TurnDetection(min_speech_ms=128)), quiet) == []
+
+
+def test_the_default_starts_a_turn_after_two_voiced_frames_not_one() -> None:
+    assert TurnDetection().min_speech_ms == 64
+    click = [SILENCE] * 20 + [SPEECH] + [SILENCE] * 40
+    assert run(TurnDetector(TurnDetection()), click * 5) == []
+    word = [SILENCE] * 20 + [SPEECH] * 2 + [SILENCE] * 40
+    assert run(TurnDetector(TurnDetection()), word)[0] == (
+        20 * 32 + 64,
+        SpeechStarted(audio_start_ms=640 - 300),
+    )

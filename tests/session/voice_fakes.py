@@ -1,0 +1,259 @@
+"""Stand-ins for the voice models, for session tests without a model.
+
+- :class:`FakeVad`: speech probability from each frame's loudness (a frame
+  of :func:`speech` is speech, a frame of :func:`silence` is not), or
+  scripted probabilities, one per frame, while its script lasts.
+- :class:`FakeTranscriber`: returns scripted texts, optionally only once a
+  test opens its gate (it runs in the voice threads, as Whisper does).
+- :class:`FakeSynth`: ``samples_per_char`` samples per code point of the
+  segment it is given, each word ending where its characters end.
+
+With them a real :class:`~bargein.session.voice.VoiceRuntime` (its thread
+pool), a real :class:`~bargein.session.connection.Connection` and a real
+:class:`~bargein.session.service.Service` run the voice loop; the engine is
+``tests/session/test_service.py``'s ``ThreadedEngine``, stepped by the test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from bargein.engine.request import FinishReason, RequestOutput
+from bargein.protocol import Decoder
+from bargein.protocol import events as pe
+from bargein.session.config import SessionConfig, VoiceConfig
+from bargein.session.connection import Connection
+from bargein.session.service import Service
+from bargein.session.voice import VoiceRuntime
+from bargein.voice.tts import Speech, WordEnd
+from tests.session.test_service import CountingLog, ThreadedEngine
+
+RATE = 16000  # the tests' input rate: no resampling
+FRAME_MS = 32
+GATE_TIMEOUT_S = 30.0  # a hang guard, never a timing assumption
+
+
+def speech(ms: int) -> bytes:
+    """``ms`` of PCM16 at RATE that FakeVad hears as speech (a loud square wave)."""
+    n = RATE * ms // 1000
+    x = np.where(np.arange(n) % 40 < 20, 12000, -12000).astype("<i2")
+    return x.tobytes()
+
+
+def silence(ms: int) -> bytes:
+    """``ms`` of digital silence at RATE."""
+    return bytes(2 * (RATE * ms // 1000))
+
+
+class FakeVadStream:
+    def __init__(self, vad: FakeVad) -> None:
+        self._vad = vad
+
+    def reset(self) -> None:
+        self._vad.resets += 1
+
+    def probability(self, frame: np.ndarray) -> float:
+        assert frame.shape == (512,)
+        self._vad.frames += 1
+        if self._vad.script:
+            return self._vad.script.popleft()
+        return 0.95 if float(np.abs(frame).mean()) > 0.1 else 0.02
+
+
+class FakeVad:
+    """Loud frames are speech; ``script`` (if any) overrides, one value per frame."""
+
+    def __init__(self, script: Iterable[float] = ()) -> None:
+        self.script: deque[float] = deque(script)
+        self.frames = 0
+        self.resets = 0
+
+    def stream(self) -> FakeVadStream:
+        return FakeVadStream(self)
+
+
+class FakeTranscriber:
+    """Returns ``texts`` in turn (then ``default``), after its gate opens."""
+
+    def __init__(self, *texts: str, default: str = "hello there") -> None:
+        self.texts: deque[str] = deque(texts)
+        self.default = default
+        self.gate = threading.Event()
+        self.gate.set()
+        self.heard: list[int] = []  # samples of each call, in order
+        self.started = threading.Event()  # set at each call, before the gate
+
+    def transcribe(self, audio: np.ndarray) -> str:
+        self.heard.append(len(audio))
+        self.started.set()
+        assert self.gate.wait(GATE_TIMEOUT_S), "the test never opened the transcriber's gate"
+        return self.texts.popleft() if self.texts else self.default
+
+
+class FakeSynth:
+    """``samples_per_char`` samples a code point; a word ends where its characters do."""
+
+    def __init__(self, sample_rate: int = 24000, samples_per_char: int = 480) -> None:
+        self.sample_rate = sample_rate
+        self.samples_per_char = samples_per_char
+        self.texts: list[str] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.fail: str | None = None  # a text containing it raises
+
+    def synthesize(self, text: str) -> Speech:
+        self.texts.append(text)
+        assert self.gate.wait(GATE_TIMEOUT_S), "the test never opened the synthesizer's gate"
+        if self.fail is not None and self.fail in text:
+            raise RuntimeError("injected synthesis failure")
+        n = self.samples_per_char
+        words = tuple(WordEnd(char_end=m.end(), sample_end=m.end() * n) for m in re.finditer(r"\S+", text))
+        if not words:
+            return Speech(audio=np.zeros(0, dtype=np.int16), words=())
+        return Speech(audio=np.full(len(text) * n, 3000, dtype=np.int16), words=words)
+
+
+@dataclass
+class FakeModels:
+    vad: FakeVad
+    transcriber: FakeTranscriber
+    synthesizer: FakeSynth
+
+
+class RecordingTemplate:
+    """The engine's tokenizer: records each conversation it is given."""
+
+    def __init__(self) -> None:
+        self.conversations: list[list[dict[str, str]]] = []
+        self.gate = threading.Event()  # tokenizing (in a thread) waits for it
+        self.gate.set()
+
+    def apply_chat_template(self, conversation: list[dict[str, str]], **kwargs: object) -> list[int]:
+        self.conversations.append([dict(m) for m in conversation])
+        assert self.gate.wait(GATE_TIMEOUT_S), "the test never opened the tokenizer's gate"
+        return [1, 2, 3]
+
+
+class Client:
+    """A Connection with a fake engine and fake voice models; records what it sends."""
+
+    def __init__(self, service: Service, engine: ThreadedEngine, models: FakeModels) -> None:
+        self.service = service
+        self.engine = engine
+        self.models = models
+        self.events: list[Any] = []
+        self.conn = Connection(service, self._send)
+        self.n_out: dict[str, int] = {}  # tokens generated per stream
+
+    async def _send(self, event: object) -> None:
+        self.events.append(event)
+        await asyncio.sleep(0)  # a socket write yields
+
+    def of(self, kind: type) -> list[Any]:
+        return [e for e in self.events if isinstance(e, kind)]
+
+    async def wait_for(
+        self, kind: type, count: int = 1, where: Callable[[Any], bool] = lambda e: True
+    ) -> list[Any]:
+        for _ in range(3000):
+            found = [e for e in self.of(kind) if where(e)]
+            if len(found) >= count:
+                return found
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"no {count} {kind.__name__} in {[type(e).__name__ for e in self.events]}")
+
+    async def wait_until(self, predicate: Callable[[], bool], what: str) -> None:
+        for _ in range(3000):
+            if predicate():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"never {what}")
+
+    async def audio(self, pcm: bytes, chunk_ms: int = 32) -> None:
+        """``pcm`` as input_audio.append events of ``chunk_ms`` each."""
+        step = 2 * RATE * chunk_ms // 1000
+        for lo in range(0, len(pcm), step):
+            await self.conn.handle(pe.InputAudioAppend(audio=pcm[lo : lo + step]))
+
+    async def voice_session(self, *, output: bool = True, **turn_detection: Any) -> None:
+        """16 kHz input, server VAD with ``turn_detection``, 24 kHz output (or text only)."""
+        await self.send(
+            type="session.update",
+            session={
+                "audio": {
+                    "input": {
+                        "sample_rate": RATE,
+                        "turn_detection": {"type": "server_vad", **turn_detection},
+                    },
+                    "output": {"sample_rate": 24000} if output else None,
+                }
+            },
+        )
+
+    async def send(self, **fields: Any) -> None:
+        """A client event as the wire gives it (JSON, decoded and validated)."""
+        await self.conn.handle(wire(**fields))
+
+    def generate(self, stream_id: str, *texts: str, finish: FinishReason | None = None) -> None:
+        """The engine writes ``texts`` (one token each), then ends with ``finish``."""
+        steps: list[list[RequestOutput]] = []
+        for text in texts:
+            n = self.n_out.get(stream_id, 0) + 1
+            self.n_out[stream_id] = n
+            steps.append([_output(stream_id, (7,), text, n)])
+        if finish is not None:
+            steps.append([_output(stream_id, (), "", self.n_out.get(stream_id, 0), finish)])
+        self.engine.run_steps(steps)
+
+    async def close(self) -> None:
+        await self.conn.close()
+
+
+def wire(**fields: Any) -> Any:
+    """The client event of a JSON frame with ``fields``."""
+    return Decoder(fmt="json").decode(json.dumps(fields))
+
+
+def _output(
+    stream_id: str, tokens: tuple[int, ...], text: str, n: int, finish: FinishReason | None = None
+) -> RequestOutput:
+    return RequestOutput(
+        request_id=stream_id,
+        new_token_ids=tokens,
+        text=text,
+        num_prompt_tokens=3,
+        num_output_tokens=n,
+        finished=finish is not None,
+        finish_reason=finish,
+    )
+
+
+async def voice_service(
+    models: FakeModels | None = None,
+    *,
+    config: VoiceConfig | None = None,
+    session: SessionConfig | None = None,
+) -> tuple[Service, ThreadedEngine, FakeModels]:
+    """A started Service on a ThreadedEngine with fake voice models."""
+    models = models or FakeModels(vad=FakeVad(), transcriber=FakeTranscriber(), synthesizer=FakeSynth())
+    engine = ThreadedEngine()
+    engine.tokenizer = RecordingTemplate()  # type: ignore[assignment]
+    runtime = VoiceRuntime(models, config or VoiceConfig())
+    service = Service(engine, CountingLog(), session or SessionConfig(), secret=b"k", voice=runtime)
+    await service.start()
+    return service, engine, models
+
+
+async def stop(service: Service) -> None:
+    await service.stop()
+    assert service.voice is not None
+    service.voice.close()
