@@ -24,6 +24,7 @@ from bargein.app.embedded import EmbeddedServer
 from bargein.app.listen import check_tls
 from bargein.app.settings import ServerConfig, Settings, SettingsError, parse_serve_args
 from bargein.session.config import SessionConfig
+from tests.app.browser import launch
 from tests.app.conftest import LiveServer, node_on_engine
 from tests.app.log_capture import server_log
 from tests.needs import missing
@@ -194,3 +195,19 @@ def test_client_address_in_the_access_log_is_the_forwarded_one_from_a_trusted_pr
         assert proxied(server, **{"X-Forwarded-Proto": "https"}) == 200
     (line,) = [r for r in log.records if "/v1/models" in r.getMessage()]
     assert "203.0.113.9" in line.getMessage()
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_the_page_over_https_talks_wss_and_may_ask_for_the_microphone(tls_server: EmbeddedServer) -> None:
+    with launch() as browser:
+        # a self-signed certificate: the page's own check is not the point here
+        context = browser.new_context(ignore_https_errors=True)
+        page = context.new_page()
+        page.goto(f"https://localhost:{tls_server.port}/")
+        page.wait_for_selector('#conn[data-state="open"]', timeout=30_000)
+        secure = page.evaluate("() => [isSecureContext, Boolean(navigator.mediaDevices?.getUserMedia)]")
+        socket_url = page.evaluate("() => window.bargein.url")
+        context.close()
+    assert secure == [True, True]
+    assert socket_url == f"wss://localhost:{tls_server.port}/v1/realtime"
