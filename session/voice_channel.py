@@ -38,6 +38,7 @@ from bargein.session.speaker import Speaker
 from bargein.session.voice import DEFAULT_OUTPUT_RATE, AudioSettings, VoiceInput, VoiceRuntime, merged
 from bargein.voice.errors import InputAudioFull
 from bargein.voice.turns import SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped
+from bargein.voice.vad import SAMPLE_RATE
 
 logger = logging.getLogger(__name__)
 _REMEMBERED = 16  # responses whose speaker a late response.cancel can still name
@@ -254,10 +255,15 @@ class VoiceChannel:
     # on speaking, it is retracted: its items leave the conversation and its
     # request is aborted, freeing its KV blocks.
 
-    async def _speculate(self, speculation: _Speculation, audio: Any) -> None:
+    async def _transcribe(self, audio: Any) -> str:
+        """A turn's text (``audio``: float32 at 16 kHz), in the voice threads; timed."""
         started = self._clock()
-        text = await self.runtime.run(lambda: self.runtime.models.transcriber.transcribe(audio))
-        self._observer.transcribed(seconds=self._clock() - started, audio_s=len(audio) / 16000)
+        text: str = await self.runtime.run(lambda: self.runtime.models.transcriber.transcribe(audio))
+        self._observer.transcribed(seconds=self._clock() - started, audio_s=len(audio) / SAMPLE_RATE)
+        return text
+
+    async def _speculate(self, speculation: _Speculation, audio: Any) -> None:
+        text = await self._transcribe(audio)
         speculation.text = text
         if not text:
             return
@@ -374,9 +380,7 @@ class VoiceChannel:
         await self._host.send(
             pe.InputAudioCommitted(item_id=item_id, audio_start_ms=start_ms, audio_end_ms=end_ms)
         )
-        started = self._clock()
-        text = await self.runtime.run(lambda: self.runtime.models.transcriber.transcribe(audio))
-        self._observer.transcribed(seconds=self._clock() - started, audio_s=len(audio) / 16000)
+        text = await self._transcribe(audio)
         await self._host.send(pe.InputAudioTranscript(item_id=item_id, text=text, final=True))
         self._judge_barge_in(text)
         if not text:
