@@ -104,6 +104,16 @@ def live_server() -> Iterator[LiveServer]:
         server.stop()
 
 
+@pytest.fixture
+def voice_server(live_server: LiveServer) -> LiveServer:
+    """``live_server``, which must serve audio (its voice stack installed)."""
+    if live_server.state.voice is None:
+        from tests.needs import missing
+
+        missing("the server serves no audio: the voice stack is not installed (make install)")
+    return live_server
+
+
 @contextlib.contextmanager
 def node_on_engine(
     live_server: LiveServer, settings: Settings, *, sndbuf: int | None = None

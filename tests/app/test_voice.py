@@ -18,53 +18,13 @@ import pytest
 
 from tests.app.conftest import LiveServer
 from tests.app.resume_helpers import Conn
+from tests.app.voice_helpers import CHUNK_MS, RATE, metrics_text, send_audio, until, voice_session
 from tests.speech import espeak_pcm16, noise_pcm16, silence_pcm16
 
 pytestmark = pytest.mark.slow
 
-RATE = 16000
-CHUNK_MS = 40
+MAX_TOKENS = 48
 QUESTION = "What is the capital of France?"
-
-
-@pytest.fixture
-def voice_server(live_server: LiveServer) -> LiveServer:
-    if live_server.state.voice is None:
-        from tests.needs import missing
-
-        missing("the voice stack is not installed (make install)")
-    return live_server
-
-
-async def send_audio(conn: Conn, pcm: bytes, *, pace_s: float = 0.0) -> None:
-    """``pcm`` as ``input_audio.append`` events of CHUNK_MS each."""
-    step = RATE * 2 * CHUNK_MS // 1000
-    for lo in range(0, len(pcm), step):
-        await conn.send(type="input_audio.append", audio=base64.b64encode(pcm[lo : lo + step]).decode())
-        if pace_s:
-            await asyncio.sleep(pace_s)
-
-
-async def voice_session(conn: Conn, **turn_detection: Any) -> dict[str, Any]:
-    await conn.send(
-        type="session.update",
-        session={
-            "defaults": {"temperature": 0, "max_tokens": 48},
-            "audio": {
-                "input": {"sample_rate": RATE, "turn_detection": {"type": "server_vad", **turn_detection}},
-                "output": {"sample_rate": 24000},
-            },
-        },
-    )
-    return await conn.expect("session.updated")
-
-
-async def until(conn: Conn, kind: str, events: list[dict[str, Any]]) -> dict[str, Any]:
-    while True:
-        event = await conn.recv()
-        events.append(event)
-        if event["type"] == kind:
-            return event
 
 
 def turn(text: str) -> bytes:
@@ -76,7 +36,7 @@ async def test_a_spoken_question_is_heard_transcribed_and_answered_in_speech(
 ) -> None:
     conn = await Conn.open(voice_server.ws_url)
     try:
-        updated = await voice_session(conn)
+        updated = await voice_session(conn, max_tokens=MAX_TOKENS)
         assert updated["session"]["audio"]["output"]["sample_rate"] == 24000
         assert conn.created["limits"]["max_input_audio_ms"] > 0
         await send_audio(conn, turn(QUESTION))
@@ -131,7 +91,7 @@ async def test_speaking_over_the_answer_interrupts_it_and_cuts_the_turn_at_what_
 ) -> None:
     conn = await Conn.open(voice_server.ws_url)
     try:
-        await voice_session(conn)
+        await voice_session(conn, max_tokens=MAX_TOKENS)
         await conn.send(
             type="response.create",
             response_id="story",
@@ -171,7 +131,7 @@ async def test_speaking_over_the_answer_interrupts_it_and_cuts_the_turn_at_what_
         # at a word boundary at most one word past what was spoken by heard_ms
         assert len(kept.split()) <= len(text[:spoken_through].split()) + 1
         # the words of "stop" made it a real barge-in, not a false one (a cough)
-        metrics = (await asyncio.to_thread(_metrics, voice_server)).splitlines()
+        metrics = (await asyncio.to_thread(metrics_text, voice_server)).splitlines()
         real = next(m for m in metrics if m.startswith('bargein_voice_barge_ins_total{outcome="real"}'))
         assert float(real.split()[-1]) >= 1
         await until(conn, "response.done", events)
@@ -183,7 +143,7 @@ async def test_speaking_over_the_answer_interrupts_it_and_cuts_the_turn_at_what_
 async def test_silence_and_quiet_noise_do_not_barge_in(voice_server: LiveServer, sound: str) -> None:
     conn = await Conn.open(voice_server.ws_url)
     try:
-        await voice_session(conn)
+        await voice_session(conn, max_tokens=MAX_TOKENS)
         await conn.send(
             type="response.create",
             modalities=["text", "audio"],
@@ -234,7 +194,7 @@ async def test_bad_audio_is_refused_and_the_connection_goes_on(voice_server: Liv
 async def test_push_to_talk_commit_and_a_resume_re_derives_the_same_audio(voice_server: LiveServer) -> None:
     conn = await Conn.open(voice_server.ws_url)
     try:
-        await voice_session(conn)
+        await voice_session(conn, max_tokens=MAX_TOKENS)
         await conn.send(type="session.update", session={"audio": {"input": {"turn_detection": None}}})
         await conn.expect("session.updated")
         await send_audio(conn, espeak_pcm16("Tell me about the moon.", RATE))
@@ -285,7 +245,7 @@ async def test_an_answer_started_at_a_pause_is_dropped_unseen_when_the_user_goes
     conn = await Conn.open(voice_server.ws_url)
     try:
         # a long silence window, so the pause outlasts transcription and submit
-        await voice_session(conn, silence_duration_ms=6000)
+        await voice_session(conn, max_tokens=MAX_TOKENS, silence_duration_ms=6000)
         # by id: recent_requests keeps the last 256 only, so its length stops growing
         before = {r.request_id for r in voice_server.recent_requests()}
         await send_audio(conn, espeak_pcm16("Tell me about", RATE))
@@ -308,7 +268,7 @@ async def test_an_answer_started_at_a_pause_is_dropped_unseen_when_the_user_goes
         assert prompt.count("<|im_start|>user") == 1  # the dropped turn left the conversation
         stats = await voice_server.wait_idle()
         assert stats.num_running == 0  # the speculative request was aborted, its blocks freed
-        metrics = (await asyncio.to_thread(_metrics, voice_server)).splitlines()
+        metrics = (await asyncio.to_thread(metrics_text, voice_server)).splitlines()
         assert any(
             line.startswith('bargein_voice_speculations_total{outcome="dropped"}')
             and float(line.split()[-1]) >= 1
@@ -316,9 +276,3 @@ async def test_an_answer_started_at_a_pause_is_dropped_unseen_when_the_user_goes
         )
     finally:
         await conn.close()
-
-
-def _metrics(server: LiveServer) -> str:
-    import httpx
-
-    return httpx.get(f"{server.http_url}/metrics", timeout=10).text

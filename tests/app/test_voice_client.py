@@ -33,13 +33,6 @@ QUESTION = "What is the capital of France?"
 GREEDY = {"temperature": 0, "max_tokens": 24}
 
 
-@pytest.fixture
-def voice_server(live_server: LiveServer) -> LiveServer:
-    if live_server.state.voice is None:
-        missing("the server serves no audio: the voice stack is not installed (make install)")
-    return live_server
-
-
 @pytest.fixture(scope="module")
 def question_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The question as espeak-ng writes it (22,050 Hz mono): the client resamples it."""

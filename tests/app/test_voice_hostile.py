@@ -31,22 +31,12 @@ from bargein.session.voice import VoiceRuntime
 from tests.app.conftest import MAX_FRAME_BYTES, LiveServer
 from tests.app.log_capture import Records, server_log
 from tests.app.resume_helpers import Conn
+from tests.app.voice_helpers import CHUNK_MS, RATE, send_audio, until, voice_session
 from tests.speech import espeak_pcm16, noise_pcm16, silence_pcm16
 
 pytestmark = pytest.mark.slow
 
-RATE = 16000
-CHUNK_MS = 40
 MAX_TOKENS = 12  # short answers: the tests are about the voice loop, not the text
-
-
-@pytest.fixture
-def voice_server(live_server: LiveServer) -> LiveServer:
-    if live_server.state.voice is None:
-        from tests.needs import missing
-
-        missing("the voice stack is not installed (make install)")
-    return live_server
 
 
 @pytest.fixture(scope="module")
@@ -86,36 +76,6 @@ def clean_server_log() -> Iterator[Records]:
 
 def b64(pcm: bytes) -> str:
     return base64.b64encode(pcm).decode()
-
-
-async def send_audio(conn: Conn, pcm: bytes, *, rate: int = RATE, pace_s: float = 0.0) -> None:
-    step = rate * 2 * CHUNK_MS // 1000
-    for lo in range(0, len(pcm), step):
-        await conn.send(type="input_audio.append", audio=b64(pcm[lo : lo + step]))
-        if pace_s:
-            await asyncio.sleep(pace_s)
-
-
-async def voice_session(conn: Conn, *, output: bool = True, **turn_detection: Any) -> dict[str, Any]:
-    await conn.send(
-        type="session.update",
-        session={
-            "defaults": {"temperature": 0, "max_tokens": MAX_TOKENS},
-            "audio": {
-                "input": {"sample_rate": RATE, "turn_detection": {"type": "server_vad", **turn_detection}},
-                "output": {"sample_rate": 24000} if output else None,
-            },
-        },
-    )
-    return await conn.expect("session.updated")
-
-
-async def until(conn: Conn, kind: str, events: list[dict[str, Any]]) -> dict[str, Any]:
-    while True:
-        event = await conn.recv()
-        events.append(event)
-        if event["type"] == kind:
-            return event
 
 
 async def until_pong(conn: Conn) -> list[dict[str, Any]]:
@@ -244,7 +204,9 @@ async def test_commits_of_nothing_are_empty_turns_that_start_nothing(voice_serve
     with clean_server_log():
         conn = await Conn.open(voice_server.ws_url)
         try:
-            await voice_session(conn)  # server VAD with create_response: still nothing to answer
+            await voice_session(
+                conn, max_tokens=MAX_TOKENS
+            )  # server VAD with create_response: still nothing to answer
             for _ in range(3):
                 await conn.send(type="input_audio.commit")
             events = await until_pong(conn)
@@ -267,7 +229,7 @@ async def test_a_clear_in_the_middle_of_a_turn_drops_it_and_the_next_turn_is_hea
     with clean_server_log():
         conn = await Conn.open(voice_server.ws_url)
         try:
-            await voice_session(conn, output=False)
+            await voice_session(conn, max_tokens=MAX_TOKENS, output=False)
             words = silence_pcm16(300, RATE) + espeak_pcm16("Tell me a long story about the sea", RATE)
             await send_audio(conn, words)
             events: list[dict[str, Any]] = []
@@ -305,7 +267,7 @@ async def test_cancels_with_audio_positions_that_fit_no_response(voice_server: L
     with clean_server_log():
         conn = await Conn.open(voice_server.ws_url)
         try:
-            await voice_session(conn)
+            await voice_session(conn, max_tokens=MAX_TOKENS)
             first = await spoken(conn, "Name a color.", response_id="first")
             second = await spoken(conn, "Name a fruit.", response_id="second")
             check_spoken(first, "first")
@@ -333,7 +295,7 @@ async def test_resumes_with_audio_positions_past_the_end_or_of_text(voice_server
     with clean_server_log():
         conn = await Conn.open(voice_server.ws_url)
         try:
-            await voice_session(conn)
+            await voice_session(conn, max_tokens=MAX_TOKENS)
             events = await spoken(conn, "Name a color.", response_id="voiced")
             created = next(e for e in events if e["type"] == "response.created")
             audio_end = [e for e in events if e["type"] == "response.audio.done"][0]["end_ms"]
@@ -367,7 +329,7 @@ async def test_output_turned_off_while_a_turn_is_transcribed_answers_it_in_text(
     with clean_server_log():
         conn = await Conn.open(plain_server.ws_url)
         try:
-            await voice_session(conn)
+            await voice_session(conn, max_tokens=MAX_TOKENS)
             await send_audio(conn, turn("What is the capital of France?"))
             events: list[dict[str, Any]] = []
             await until(conn, "input_audio.committed", events)
@@ -386,7 +348,7 @@ async def test_detection_turned_off_while_a_turn_is_transcribed_leaves_it_to_the
     with clean_server_log():
         conn = await Conn.open(plain_server.ws_url)
         try:
-            await voice_session(conn, output=False)
+            await voice_session(conn, max_tokens=MAX_TOKENS, output=False)
             await send_audio(conn, turn("What is the capital of France?"))
             events: list[dict[str, Any]] = []
             committed = await until(conn, "input_audio.committed", events)
@@ -409,7 +371,7 @@ async def test_a_socket_lost_in_the_middle_of_a_turn_leaves_nothing_behind(voice
     with clean_server_log():
         for lost_at in ("input_audio.speech_started", "input_audio.committed"):
             conn = await Conn.open(voice_server.ws_url)
-            await voice_session(conn)
+            await voice_session(conn, max_tokens=MAX_TOKENS)
             await send_audio(conn, turn("Tell me about the moon."))
             await until(conn, lost_at, [])
             conn.drop()
@@ -424,7 +386,7 @@ async def test_a_socket_lost_while_an_answer_is_spoken_leaves_nothing_behind(
     writers = len(voice_server.state.writers)
     with clean_server_log():
         conn = await Conn.open(voice_server.ws_url)
-        await voice_session(conn)
+        await voice_session(conn, max_tokens=MAX_TOKENS)
         await conn.send(
             type="response.create",
             max_tokens=64,
@@ -447,7 +409,7 @@ async def test_a_socket_lost_during_a_pause_cancels_the_answer_started_there(
     finished = dict(voice_server.stats().num_finished_by_reason)
     with clean_server_log():
         conn = await Conn.open(voice_server.ws_url)
-        await voice_session(conn, silence_duration_ms=6000)
+        await voice_session(conn, max_tokens=MAX_TOKENS, silence_duration_ms=6000)
         await conn.send(type="session.update", session={"defaults": {"temperature": 0, "max_tokens": 64}})
         await conn.expect("session.updated")
         # by id: recent_requests keeps the last 256 only, so its length stops growing
@@ -486,7 +448,7 @@ async def test_many_connections_streaming_audio_at_once_are_each_answered(voice_
     async def one(question: str) -> list[dict[str, Any]]:
         conn = await Conn.open(voice_server.ws_url)
         try:
-            await voice_session(conn)
+            await voice_session(conn, max_tokens=MAX_TOKENS)
             sender = asyncio.create_task(send_audio(conn, audio[question], pace_s=0.005))
             events: list[dict[str, Any]] = []
             await until(conn, "response.done", events)

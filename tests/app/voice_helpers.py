@@ -1,0 +1,59 @@
+"""What the voice tests over a real socket share: audio in chunks, a voice
+session's settings, reading events up to a kind, the metrics page."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from typing import Any
+
+import httpx
+
+from tests.app.conftest import LiveServer
+from tests.app.resume_helpers import Conn
+
+RATE = 16000
+CHUNK_MS = 40
+
+
+async def send_audio(conn: Conn, pcm: bytes, *, rate: int = RATE, pace_s: float = 0.0) -> None:
+    """``pcm`` (PCM16 at ``rate``) as ``input_audio.append`` events of CHUNK_MS
+    each, ``pace_s`` apart (0: as fast as the socket takes them)."""
+    step = rate * 2 * CHUNK_MS // 1000
+    for lo in range(0, len(pcm), step):
+        await conn.send(type="input_audio.append", audio=base64.b64encode(pcm[lo : lo + step]).decode())
+        if pace_s:
+            await asyncio.sleep(pace_s)
+
+
+async def voice_session(
+    conn: Conn, *, max_tokens: int, output: bool = True, **turn_detection: Any
+) -> dict[str, Any]:
+    """Greedy answers of ``max_tokens``, server VAD (with ``turn_detection``'s
+    fields) at RATE, spoken at 24 kHz unless ``output`` is False; returns
+    the ``session.updated``."""
+    await conn.send(
+        type="session.update",
+        session={
+            "defaults": {"temperature": 0, "max_tokens": max_tokens},
+            "audio": {
+                "input": {"sample_rate": RATE, "turn_detection": {"type": "server_vad", **turn_detection}},
+                "output": {"sample_rate": 24000} if output else None,
+            },
+        },
+    )
+    return await conn.expect("session.updated")
+
+
+async def until(conn: Conn, kind: str, events: list[dict[str, Any]]) -> dict[str, Any]:
+    """Read events into ``events`` up to the first of ``kind``; return that one."""
+    while True:
+        event = await conn.recv()
+        events.append(event)
+        if event["type"] == kind:
+            return event
+
+
+def metrics_text(server: LiveServer) -> str:
+    """The server's ``/metrics`` page (blocking: call it in a thread)."""
+    return httpx.get(f"{server.http_url}/metrics", timeout=10).text
