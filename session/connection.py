@@ -477,19 +477,28 @@ class Connection:
             return
         if info.status == "live":
             await self.service.follow(event.stream_id)  # its node may have died
-        if self.session.knows_stream(event.stream_id):
-            # the heard-text cut of a barge-in counts from what the client holds
+        speaker = None
+        if event.audio_from_ms is not None and self.voice is not None:
+            # None: a text-only response of this connection
+            speaker = self.voice.speaker_for(
+                info.response_id, event.stream_id, skip_before_ms=event.audio_from_ms
+            )
+        held: str | None = None  # the stream's text before from, read once for both uses
+        if self.session.knows_stream(event.stream_id) or speaker is not None:
             try:
                 held = await self._text_before(event.stream_id, min(event.from_, info.end))
-            except TokenLogError:  # the delivery below reports the log's state
-                logger.warning(
+            except TokenLogError:
+                if speaker is not None:
+                    raise  # the audio is re-derived from all of the text
+                logger.warning(  # the delivery below reports the log's state
                     "stream %s: text before %d unreadable; the delivered count stays",
                     event.stream_id,
                     event.from_,
                 )
-            else:
-                if self.session.state is not State.CLOSED:
-                    self.session.handle(ResumedFrom(stream_id=event.stream_id, text=held), self._clock())
+        if held is not None and self.session.knows_stream(event.stream_id):
+            # the heard-text cut of a barge-in counts from what the client holds
+            if self.session.state is not State.CLOSED:
+                self.session.handle(ResumedFrom(stream_id=event.stream_id, text=held), self._clock())
         await self._send(
             pe.StreamResumed(
                 stream_id=event.stream_id, response_id=info.response_id, from_=event.from_, status=info.status
@@ -498,14 +507,8 @@ class Connection:
         self.service.observer.resumed(
             stream_id=event.stream_id, from_offset=event.from_, num_replayed=max(0, info.end - event.from_)
         )
-        speaker = None
-        if event.audio_from_ms is not None and self.voice is not None:
-            # the audio is re-derived from the text: the speaker hears it all from 0
-            speaker = self.voice.speaker_for(
-                info.response_id, event.stream_id, skip_before_ms=event.audio_from_ms
-            )
-            if speaker is not None:  # None: a text-only response of this connection
-                speaker.feed(await self._text_before(event.stream_id, min(event.from_, info.end)))
+        if speaker is not None and held is not None:
+            speaker.feed(held)  # the audio is re-derived from the text: the speaker hears it all from 0
         self._start_delivery(info.response_id, event.stream_id, event.from_, speaker=speaker)
 
     async def _text_before(self, stream_id: str, offset: int) -> str:
