@@ -26,7 +26,8 @@ protected paths:
 - when API keys are configured, every request must carry one: the
   ``Authorization: Bearer <key>`` header, or, on a WebSocket, the offered
   subprotocol ``bearer.<key>`` (browsers cannot set headers; the server never
-  echoes it). Missing or wrong: HTTP 401 with ``WWW-Authenticate: Bearer``.
+  echoes it), or ``openai-insecure-api-key.<key>``, the one OpenAI's browser
+  clients offer. Missing or wrong: HTTP 401 with ``WWW-Authenticate: Bearer``.
   A key in the query string (``?api_key=``) is not one: query strings end
   up in access logs and browser histories (the 401 says so).
 
@@ -78,6 +79,7 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 ANONYMOUS = "anonymous"
+OPENAI_KEY_PREFIX = "openai-insecure-api-key."  # the subprotocol OpenAI's browser clients send a key in
 # Canonical forms (see canonical_path); "/v1" also covers "/v1foo": over-protecting
 # a static file name is harmless, letting a spelling of a route through is not.
 PROTECTED_PREFIXES = ("/v1", "/debug", "/metrics")
@@ -235,16 +237,18 @@ def _headers(scope: Scope) -> dict[str, str]:
 
 
 def presented_key(scope: Scope) -> str | None:
-    """The key a request carries: bearer header first, then a ``bearer.`` subprotocol."""
+    """The key a request carries: bearer header first, then a ``bearer.`` (or
+    OpenAI's ``openai-insecure-api-key.``) subprotocol."""
     scheme, _, key = _headers(scope).get("authorization", "").partition(" ")
     if scheme.lower() == "bearer" and key.strip():
         return key.strip()
     offered: Iterable[str] = scope.get("subprotocols", []) if scope["type"] == "websocket" else ()
     return next(
         (
-            p[len(BEARER_PREFIX) :]
+            p[len(prefix) :]
             for p in offered
-            if p.startswith(BEARER_PREFIX) and len(p) > len(BEARER_PREFIX)
+            for prefix in (BEARER_PREFIX, OPENAI_KEY_PREFIX)
+            if p.startswith(prefix) and len(p) > len(prefix)
         ),
         None,
     )

@@ -41,6 +41,7 @@ class Outgoing:
         max_bytes: most bytes of encoded frames waiting for the transport.
         slow_timeout_s: longest time over the bound before close 4008 (0: never).
         clock: monotonic seconds.
+        encoder: makes the frame of an event (default: bargein's codec in ``fmt``).
 
     Attributes:
         too_slow: set when the client stayed over its bound too long; from
@@ -55,9 +56,10 @@ class Outgoing:
         max_bytes: int = 1 << 20,
         slow_timeout_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
+        encoder: Callable[[Any], str | bytes] | None = None,
     ) -> None:
         self._ws = ws
-        self._fmt = fmt
+        self._encode = encoder or (lambda event: encode(event, fmt))
         self.max_bytes = max_bytes
         self.slow_timeout_s = slow_timeout_s
         self._clock = clock
@@ -78,7 +80,7 @@ class Outgoing:
         once when the socket is closed)."""
         if self._closed:
             return
-        frame = encode(event, self._fmt)
+        frame = self._encode(event)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.queued_bytes += len(frame)
         self._queue.put_nowait((frame, done))

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,8 @@ from bargein.app.logging import client_logger, quiet_client_faults, set_ids
 from bargein.app.metrics import Metrics, create_metrics
 from bargein.app.observer import Observer
 from bargein.app.openai.fallback import fallback_routes, internal_error
+from bargein.app.openai.realtime.endpoint import OPENAI_SUBPROTOCOL, OpenAIRealtime, wants_openai
+from bargein.app.openai.realtime.endpoint import encode as encode_openai
 from bargein.app.openai.routes import openai_routes
 from bargein.app.outgoing import Outgoing
 from bargein.app.settings import Settings
@@ -44,7 +46,7 @@ from bargein.session.connection import Connection
 from bargein.session.errors import TokenLogUnavailable
 from bargein.session.log import TokenLog, open_token_log
 from bargein.session.service import Service
-from bargein.session.voice import VoiceRuntime
+from bargein.session.voice import VOICES, VoiceRuntime
 from bargein.voice.models import VoiceUnavailable, load_voice_models
 
 logger = logging.getLogger("bargein")
@@ -383,9 +385,15 @@ async def debug_engine(request: Request) -> JSONResponse:
 
 
 async def realtime(ws: WebSocket) -> None:
-    """``/v1/realtime``: one conversation per connection (docs/protocol.md)."""
+    """``/v1/realtime``: one conversation per connection, in bargein's protocol
+    or, for OpenAI's clients (:func:`wants_openai`), in OpenAI's Realtime
+    schema (docs/protocol.md sections 1 and 11)."""
     state = _state(ws.app)
-    fmt, subprotocol, _ = select_subprotocol(ws.scope.get("subprotocols", []))
+    offered = ws.scope.get("subprotocols", [])
+    openai = wants_openai(ws.scope)
+    fmt, subprotocol, _ = select_subprotocol(offered)
+    if openai:
+        fmt, subprotocol = "json", OPENAI_SUBPROTOCOL if OPENAI_SUBPROTOCOL in offered else None
     await ws.accept(subprotocol=subprotocol)
     if state.service is None or state.service.saturated():
         reason = "model loading" if state.service is None else "overloaded"
@@ -395,12 +403,28 @@ async def realtime(ws: WebSocket) -> None:
         return
     server = state.settings.server
     writer = Outgoing(
-        ws, fmt, max_bytes=server.max_outgoing_bytes, slow_timeout_s=server.slow_client_timeout_s
+        ws,
+        fmt,
+        max_bytes=server.max_outgoing_bytes,
+        slow_timeout_s=server.slow_client_timeout_s,
+        encoder=encode_openai if openai else None,
+    )
+    service = state.service
+    adapter = (
+        OpenAIRealtime(
+            writer.send,
+            model=service.runner.model_name,
+            has_voice=service.voice is not None,
+            voices=VOICES,
+            on_error=state.observer.protocol_error,
+        )
+        if openai
+        else None
     )
     scope_state = ws.scope.get("state", {})  # set by bargein.app.auth.AuthMiddleware
     connection = Connection(
-        state.service,
-        writer.send,
+        service,
+        writer.send if adapter is None else adapter.send,
         principal=scope_state.get("principal", "anonymous"),
         limit_key=scope_state.get("limit_key"),
     )
@@ -409,9 +433,19 @@ async def realtime(ws: WebSocket) -> None:
     state.writers.add(writer)
     code: int = CloseCode.NORMAL
     try:
-        await writer.send(connection.created_event())
-        decoder = Decoder(fmt=fmt, max_frame_bytes=state.settings.session.max_frame_bytes)
-        closed_with = await _read_loop(ws, connection, writer, decoder, state.observer)
+        if adapter is None:
+            await writer.send(connection.created_event())
+            handle = _bargein_frames(
+                connection,
+                writer,
+                Decoder(fmt=fmt, max_frame_bytes=state.settings.session.max_frame_bytes),
+                state.observer,
+            )
+        else:
+            adapter.attach(connection)
+            await adapter.open()
+            handle = _openai_frames(adapter, state.settings.session.max_frame_bytes)
+        closed_with = await _read_loop(ws, writer, handle)
         if closed_with == CloseCode.INVALID_UTF8:  # uvicorn closed it; its line is dropped
             client_logger.info("client sent invalid UTF-8 in a text frame: closed with 1007")
         if writer.too_slow.is_set():
@@ -429,12 +463,42 @@ async def realtime(ws: WebSocket) -> None:
         await writer.close(code)
 
 
-async def _read_loop(
-    ws: WebSocket, connection: Connection, writer: Outgoing, decoder: Decoder, observer: Observer
-) -> int | None:
-    """Decode frames and hand them over, until the client goes away (or
-    stayed too slow, see :mod:`bargein.app.outgoing`); returns the close code of the
-    disconnect (None when the server stopped reading)."""
+FrameHandler = Callable[[str | bytes, float], Awaitable[None]]
+
+
+def _bargein_frames(
+    connection: Connection, writer: Outgoing, decoder: Decoder, observer: Observer
+) -> FrameHandler:
+    """Frames of bargein's protocol: decoded, then applied."""
+
+    async def handle(frame: str | bytes, received_at: float) -> None:
+        try:
+            event = decoder.decode(frame)
+        except ProtocolError as exc:
+            observer.protocol_error(exc.code.value)
+            await writer.send(exc.to_event())
+            return
+        await connection.handle(event, received_at)
+
+    return handle
+
+
+def _openai_frames(adapter: OpenAIRealtime, max_frame_bytes: int) -> FrameHandler:
+    """Frames of OpenAI's schema; one over the frame limit closes with 1009, as in bargein's."""
+
+    async def handle(frame: str | bytes, received_at: float) -> None:
+        size = len(frame.encode()) if isinstance(frame, str) else len(frame)
+        if size > max_frame_bytes:
+            raise FrameTooLarge(size, max_frame_bytes)
+        await adapter.handle_frame(frame, received_at)
+
+    return handle
+
+
+async def _read_loop(ws: WebSocket, writer: Outgoing, handle: FrameHandler) -> int | None:
+    """Hand frames over, until the client goes away (or stayed too slow, see
+    :mod:`bargein.app.outgoing`); returns the close code of the disconnect
+    (None when the server stopped reading)."""
     while True:
         message = await _receive(ws, writer.too_slow)
         received_at = time.monotonic()
@@ -445,13 +509,7 @@ async def _read_loop(
         frame = message.get("text")
         if frame is None:
             frame = message.get("bytes") or b""
-        try:
-            event = decoder.decode(frame)
-        except ProtocolError as exc:
-            observer.protocol_error(exc.code.value)
-            await writer.send(exc.to_event())
-            continue
-        await connection.handle(event, received_at)
+        await handle(frame, received_at)
 
 
 async def _receive(ws: WebSocket, stop: asyncio.Event) -> Any:

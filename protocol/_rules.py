@@ -29,6 +29,7 @@ from bargein.protocol.events import (
 
 MAX_EVENT_ID_CHARS = 64
 MAX_RESPONSE_ID_CHARS = 64
+MAX_ITEM_ID_CHARS = 64
 MAX_STOP_STRINGS = 4
 MAX_SEED = 2**63 - 1  # fits an int64 everywhere (torch generators, Redis, msgpack)
 MAX_VOICE_CHARS = 64
@@ -77,6 +78,9 @@ def _check_create(event: ResponseCreate) -> None:
     _check_sampling(event, "")
     if event.response_id is not None and not 0 < len(event.response_id) <= MAX_RESPONSE_ID_CHARS:
         raise _bad(f"'response_id' must be 1 to {MAX_RESPONSE_ID_CHARS} characters")
+    for i, item in enumerate(event.input or ()):
+        if item.item_id is not None and not 0 < len(item.item_id) <= MAX_ITEM_ID_CHARS:
+            raise _bad(f"'input[{i}].item_id' must be 1 to {MAX_ITEM_ID_CHARS} characters")
     if event.modalities is not None:
         # Audio is the text spoken: there is no audio without its text.
         if "text" not in event.modalities or len(set(event.modalities)) != len(event.modalities):

@@ -98,10 +98,12 @@ class CloseCode(enum.IntEnum):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class InputItem:
-    """One conversation item of ``response.create.input``."""
+    """One conversation item of ``response.create.input``; ``item_id`` names it
+    (default: the server makes one)."""
 
     role: Role
     content: str
+    item_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -264,6 +266,7 @@ class ResponseCreate:
     stop: tuple[str, ...] | None = None
     interrupt_active: bool | None = None
     modalities: tuple[Modality, ...] | None = None  # ("text",) or ("text", "audio"); None: the session's
+    instructions: str | None = None  # this response's system prompt, in place of the session's
     event_id: str | None = None
 
 
@@ -391,6 +394,7 @@ class ResponseCreated:
     stream_id: str
     resume_token: str
     input_item_id: str | None = None  # the user item of the voice turn that started it
+    modalities: tuple[Modality, ...] | None = None  # on a server with audio: whether it is spoken
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

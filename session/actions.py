@@ -8,7 +8,7 @@ slotted, keyword-only dataclasses, so a test compares them with ``==``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from bargein.engine.request import FinishReason, SamplingParams
@@ -17,10 +17,95 @@ from bargein.protocol import events as pe
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Message:
-    """One conversation item, as the chat template takes it."""
+    """One conversation item, as the chat template takes it.
+
+    ``item_id`` names it for the item events below (OpenAI's
+    ``conversation.item.*``); the session gives every item it holds one. It
+    is left out of ``==``: two messages are equal when the model sees the same.
+    """
 
     role: str
     content: str
+    item_id: str | None = field(default=None, compare=False)
+
+
+# ---- item events: the conversation edited item by item ---------------------
+# Not bargein wire events: the OpenAI realtime adapter (bargein.app.openai.realtime)
+# makes them from conversation.item.* and translates the answers below back.
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AddItem:
+    """Insert ``item`` after ``previous_item_id`` (None: at the end; ``"root"``:
+    first). Answered with :class:`ItemAdded`, or ``error``."""
+
+    item: Message
+    previous_item_id: str | None = None
+    event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeleteItem:
+    """Remove item ``item_id``. Answered with :class:`ItemDeleted`, or ``error``."""
+
+    item_id: str
+    event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetrieveItem:
+    """Ask for item ``item_id``. Answered with :class:`ItemRetrieved`, or ``error``."""
+
+    item_id: str
+    event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TruncateItem:
+    """Cut the assistant item ``item_id`` to what the user heard.
+
+    ``heard_chars`` (code points; None: everything delivered) is clamped to
+    what this connection delivered of it; ``audio_end_ms`` is the audio the
+    user heard of a spoken response, turned into ``heard_chars`` by the
+    connection. An item still generating is cancelled, as ``response.cancel``
+    with the same cut. Answered with :class:`ItemTruncated`, or ``error``.
+    """
+
+    item_id: str
+    heard_chars: int | None = None
+    audio_end_ms: int | None = None
+    event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ItemAdded:
+    """``item`` is in the conversation, after ``previous_item_id`` (None: first)."""
+
+    item: Message
+    previous_item_id: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ItemDeleted:
+    """Item ``item_id`` left the conversation."""
+
+    item_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ItemRetrieved:
+    """Item ``item`` as the conversation holds it now."""
+
+    item: Message
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ItemTruncated:
+    """The assistant item ``item_id`` now holds its first ``kept_chars`` code points."""
+
+    item_id: str
+    kept_chars: int
+    audio_end_ms: int | None
 
 
 # ---- internal events: what the service reports back -----------------------

@@ -16,6 +16,9 @@ class SessionConfig:
         max_frame_bytes: largest client frame; bigger ones close with 1009.
         instructions: default system prompt of a new session (``None``: none).
         max_input_items: most conversation items one ``response.create`` adds.
+        max_conversation_items: most items one conversation holds before an
+            item event adds one (OpenAI's ``conversation.item.create``; the
+            prompt's token limit bounds the rest).
         on_disconnect: what happens to a response still generating when its
             client disconnects, unless the client chose: ``"continue"`` (it
             runs to the end into the log, for a resume) or ``"cancel"``
@@ -45,6 +48,7 @@ class SessionConfig:
     max_frame_bytes: int = 1 << 20
     instructions: str | None = None
     max_input_items: int = 256
+    max_conversation_items: int = 4096
     on_disconnect: str = "continue"
     abandon_grace_s: float = 30.0
     drain_timeout_s: float = 10.0
@@ -60,6 +64,8 @@ class SessionConfig:
             raise ValueError(f"max_frame_bytes={self.max_frame_bytes} must be >= 1024")
         if self.max_input_items < 1:
             raise ValueError(f"max_input_items={self.max_input_items} must be >= 1")
+        if self.max_conversation_items < 1:
+            raise ValueError(f"max_conversation_items={self.max_conversation_items} must be >= 1")
         if self.abandon_grace_s < 0:
             raise ValueError(f"abandon_grace_s={self.abandon_grace_s} must be >= 0")
         if self.drain_timeout_s <= 0:

@@ -17,6 +17,7 @@ from dataclasses import replace
 
 from bargein.engine.request import FinishReason
 from bargein.protocol import events as pe
+from bargein.session.actions import AddItem, DeleteItem, TruncateItem
 from bargein.session.delivery import Delivery, SendEvent, done_event
 from bargein.session.errors import StreamNotFound, TokenLogError
 from bargein.session.log import StreamEnd
@@ -38,6 +39,7 @@ from bargein.session.session import (
     Submit,
     SubmitFailed,
     Submitted,
+    assistant_item_id,
 )
 from bargein.session.speaker import Speaker
 from bargein.session.tokens import (
@@ -160,6 +162,12 @@ class Connection:
                 await self._send(self._error(*merged, event))
                 return
             audio = merged
+        if isinstance(event, TruncateItem) and self.voice is not None:
+            response_id = self.session.response_of_item(event.item_id)
+            if response_id is not None:
+                heard = self.voice.heard_chars(response_id, event.heard_chars, event.audio_end_ms)
+                event = replace(event, heard_chars=heard)
+                self.voice.stop_speaking(response_id)
         if isinstance(event, pe.ResponseCancel) and self.voice is not None:
             event = replace(
                 event,
@@ -202,8 +210,8 @@ class Connection:
             if audio is not None and self.voice is not None and _updated(actions):
                 await self.voice.apply(audio, now)
             await self._run(actions)
-            if isinstance(event, (pe.ResponseCancel, pe.SessionUpdate)):
-                self._saver.request()  # a cut turn, new settings
+            if isinstance(event, (pe.ResponseCancel, pe.SessionUpdate, AddItem, DeleteItem, TruncateItem)):
+                self._saver.request()  # a cut turn, new settings, an edited conversation
 
     # ---- what the voice channel calls (bargein.session.voice_channel.VoiceHost) -----
 
@@ -591,11 +599,17 @@ class Connection:
         active = saved.active
         info = None if active is None else await self.service.log.info(active.stream_id)
         if active is not None and info is None:
-            turns.append(Message(role="assistant", content=active.delivered))
+            turns.append(
+                Message(
+                    role="assistant", content=active.delivered, item_id=assistant_item_id(active.stream_id)
+                )
+            )
         elif active is not None and info is not None and info.finish is not None:
             if info.finish.error is None:
                 text = (await self._stream_text(active.stream_id))[0]
-                turns.append(Message(role="assistant", content=text))
+                turns.append(
+                    Message(role="assistant", content=text, item_id=assistant_item_id(active.stream_id))
+                )
             else:
                 del turns[len(turns) - active.num_input_turns :]
         live = active if info is not None and info.status == "live" else None

@@ -65,7 +65,7 @@ class SavedSession:
     active: SavedActive | None
 
     def to_bytes(self) -> bytes:
-        """Compact UTF-8 JSON (turns as ``[role, content]`` pairs)."""
+        """Compact UTF-8 JSON (turns as ``[role, content, item_id]`` triples)."""
         s = self.settings
         body: dict[str, Any] = {
             "v": FORMAT_VERSION,
@@ -77,7 +77,7 @@ class SavedSession:
                 "on_disconnect": s.on_disconnect,
                 "include_token_ids": s.include_token_ids,
             },
-            "turns": [[t.role, t.content] for t in self.turns],
+            "turns": [[t.role, t.content, t.item_id] for t in self.turns],
             "active": None
             if self.active is None
             else [
@@ -105,7 +105,11 @@ class SavedSession:
                 session_id=body["session_id"],
                 principal=body["principal"],
                 settings=ConversationSettings(**body["settings"]),
-                turns=tuple(Message(role=r, content=c) for r, c in body["turns"]),
+                # a save of an older node holds [role, content] pairs
+                turns=tuple(
+                    Message(role=t[0], content=t[1], item_id=t[2] if len(t) > 2 else None)
+                    for t in body["turns"]
+                ),
                 active=None
                 if active is None
                 else SavedActive(

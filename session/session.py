@@ -37,23 +37,37 @@ from bargein.protocol import events as pe
 from bargein.session.actions import (
     Abort,
     Action,
+    AddItem,
+    DeleteItem,
     Delivered,
     Disconnected,
     GenerationFinished,
+    ItemAdded,
+    ItemDeleted,
+    ItemRetrieved,
+    ItemTruncated,
     Message,
     ResumedFrom,
+    RetrieveItem,
     Send,
     StartDelivery,
     StopDelivery,
     Submit,
     SubmitFailed,
     Submitted,
+    TruncateItem,
 )
 from bargein.session.config import SessionConfig
 from bargein.session.errors import SessionError
 
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 _REMEMBERED_RESPONSES = 64  # finished responses a late cancel can still name
+
+
+def assistant_item_id(stream_id: str) -> str:
+    """The id of the assistant item a response's stream becomes: made from the
+    stream, so the same on every node and after a resume."""
+    return f"item_{stream_id}"
 
 
 class State(enum.Enum):
@@ -84,6 +98,12 @@ class _Response:
     event_id: str | None = None  # of its response.create, echoed by a submit error
     turn_index: int | None = None  # its assistant turn, once it has one
     num_input_turns: int = 0  # conversation items its response.create appended
+    instructions: str | None = None  # of its response.create, replacing the session's
+
+    @property
+    def item_id(self) -> str:
+        """Its assistant item's id."""
+        return assistant_item_id(self.stream_id)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -173,6 +193,10 @@ class Session:
             ResumedFrom: self._on_resumed_from,
             GenerationFinished: self._on_finished,
             Disconnected: self._on_disconnected,
+            AddItem: self._on_add_item,
+            DeleteItem: self._on_delete_item,
+            RetrieveItem: self._on_retrieve_item,
+            TruncateItem: self._on_truncate_item,
         }
 
     @property
@@ -215,7 +239,7 @@ class Session:
         if self.state is not State.IDLE or self.turns or self._responses:
             raise IllegalTransition(self.state, "restore")
         self.settings = settings
-        self.turns = list(turns)
+        self.turns = [t if t.item_id else replace(t, item_id=self._item_id()) for t in turns]
         if active is not None:
             response_id, stream_id, delivered, num_input_turns = active
             self._active = _Response(
@@ -255,11 +279,19 @@ class Session:
             del self._responses[response_id]
         return []
 
-    def messages(self) -> tuple[Message, ...]:
-        """The prompt's items: instructions (as a system turn) then the turns."""
-        system = self.settings.instructions
+    def messages(self, instructions: str | None = None) -> tuple[Message, ...]:
+        """The prompt's items: instructions (as a system turn) then the turns.
+
+        ``instructions``: a response's own, in place of the session's.
+        """
+        system = self.settings.instructions if instructions is None else instructions
         head = (Message(role="system", content=system),) if system else ()
         return head + tuple(self.turns)
+
+    def response_of_item(self, item_id: str) -> str | None:
+        """The ``response_id`` whose assistant item is ``item_id``, if remembered."""
+        response = self._response_of_item(item_id)
+        return None if response is None else response.response_id
 
     # ---- client events -----------------------------------------------------
 
@@ -310,16 +342,24 @@ class Session:
         response_id = event.response_id or f"resp_{stream_id}"
         self.turns += items
         self._active = _Response(
-            response_id=response_id, stream_id=stream_id, event_id=event.event_id, num_input_turns=len(items)
+            response_id=response_id,
+            stream_id=stream_id,
+            event_id=event.event_id,
+            num_input_turns=len(items),
+            instructions=event.instructions,
         )
         self.state = State.SUBMITTING
+        messages = self.messages(event.instructions)
         return actions + [
-            Submit(response_id=response_id, stream_id=stream_id, messages=self.messages(), params=params)
+            Submit(response_id=response_id, stream_id=stream_id, messages=messages, params=params)
         ]
 
     def _check_create(self, event: pe.ResponseCreate) -> tuple[str | None, SamplingParams, list[Message]]:
         """Validate a ``response.create``: (problem or None, params, new items)."""
-        items = [Message(role=i.role, content=i.content) for i in event.input or ()]
+        items = [
+            Message(role=i.role, content=i.content, item_id=i.item_id or self._item_id())
+            for i in event.input or ()
+        ]
         overrides = {k: getattr(event, k) for k in SAMPLING_FIELDS if getattr(event, k, None) is not None}
         try:
             params = self._sampling({**self.settings.defaults, **overrides})
@@ -331,6 +371,9 @@ class Session:
             return f"input holds more than {self.config.max_input_items} items", params, []
         if not self.turns and not items:
             return "the conversation is empty: send input", params, []
+        ids = [i.item_id for i in items]
+        if len(set(ids)) < len(ids) or any(self._index_of(i) is not None for i in ids if i):
+            return "an input item_id is already in the conversation", params, []
         return None, params, items
 
     def _sampling(self, fields: Mapping[str, Any]) -> SamplingParams:
@@ -385,7 +428,114 @@ class Session:
             return
         text = self.turns[index].content
         heard = _clamp(heard_chars, min(len(text), len(response.delivered)))
-        self.turns[index] = Message(role="assistant", content=text[:heard])
+        self.turns[index] = replace(self.turns[index], content=text[:heard])
+
+    # ---- item events (OpenAI's conversation.item.*) --------------------------
+
+    def _on_add_item(self, event: AddItem, now: float) -> list[Action]:
+        if self._active is not None:
+            return [_error(pe.ErrorCode.CONFLICT, "a response is active: add items once it is done", event)]
+        item = event.item if event.item.item_id else replace(event.item, item_id=self._item_id())
+        if self._index_of(item.item_id or "") is not None:
+            return [
+                _error(pe.ErrorCode.CONFLICT, f"item {item.item_id!r} is already in the conversation", event)
+            ]
+        previous = event.previous_item_id
+        if previous is None:
+            at = len(self.turns)
+        elif previous == "root":
+            at = 0
+        elif (index := self._index_of(previous)) is not None:
+            at = index + 1
+        else:
+            return [
+                _error(
+                    pe.ErrorCode.NOT_FOUND, f"previous_item_id {previous!r} is not in the conversation", event
+                )
+            ]
+        if len(self.turns) >= self.config.max_conversation_items:
+            limit = self.config.max_conversation_items
+            return [
+                _error(pe.ErrorCode.INVALID_PARAMETER, f"the conversation holds {limit} items already", event)
+            ]
+        self._shift_turn_indexes(at, +1)
+        self.turns.insert(at, item)
+        before = self.turns[at - 1].item_id if at > 0 else None
+        return [Send(event=ItemAdded(item=item, previous_item_id=before))]
+
+    def _on_delete_item(self, event: DeleteItem, now: float) -> list[Action]:
+        if self._active is not None:
+            return [
+                _error(pe.ErrorCode.CONFLICT, "a response is active: delete items once it is done", event)
+            ]
+        index = self._index_of(event.item_id)
+        if index is None:
+            return [
+                _error(pe.ErrorCode.NOT_FOUND, f"item {event.item_id!r} is not in the conversation", event)
+            ]
+        del self.turns[index]
+        for response in self._responses.values():
+            if response.turn_index == index:
+                response.turn_index = None  # its turn is gone: a late cancel cuts nothing
+        self._shift_turn_indexes(index + 1, -1)
+        return [Send(event=ItemDeleted(item_id=event.item_id))]
+
+    def _on_retrieve_item(self, event: RetrieveItem, now: float) -> list[Action]:
+        index = self._index_of(event.item_id)
+        if index is None:
+            return [
+                _error(pe.ErrorCode.NOT_FOUND, f"item {event.item_id!r} is not in the conversation", event)
+            ]
+        return [Send(event=ItemRetrieved(item=self.turns[index]))]
+
+    def _on_truncate_item(self, event: TruncateItem, now: float) -> list[Action]:
+        active = self._active
+        if active is not None and active.item_id == event.item_id:
+            if self.state is State.SUBMITTING:
+                raise IllegalTransition(self.state, event)
+            actions = self._interrupt(event.heard_chars, now)
+            kept = len(self.turns[-1].content)
+            return actions + [
+                Send(
+                    event=ItemTruncated(
+                        item_id=event.item_id, kept_chars=kept, audio_end_ms=event.audio_end_ms
+                    )
+                )
+            ]
+        index = self._index_of(event.item_id)
+        if index is None:
+            return [
+                _error(pe.ErrorCode.NOT_FOUND, f"item {event.item_id!r} is not in the conversation", event)
+            ]
+        item = self.turns[index]
+        if item.role != "assistant":
+            return [_error(pe.ErrorCode.INVALID_PARAMETER, "only assistant items can be truncated", event)]
+        response = self._response_of_item(event.item_id)
+        # what the user can have heard: this connection's delivery when it
+        # made the item, else (an item created with conversation.item.create) all of it
+        delivered = len(item.content) if response is None else min(len(item.content), len(response.delivered))
+        kept = _clamp(event.heard_chars, delivered)
+        self.turns[index] = replace(item, content=item.content[:kept])
+        return [
+            Send(event=ItemTruncated(item_id=event.item_id, kept_chars=kept, audio_end_ms=event.audio_end_ms))
+        ]
+
+    def _index_of(self, item_id: str) -> int | None:
+        return next((i for i, t in enumerate(self.turns) if t.item_id == item_id), None)
+
+    def _response_of_item(self, item_id: str) -> _Response | None:
+        if self._active is not None and self._active.item_id == item_id:
+            return self._active
+        return next((r for r in self._responses.values() if r.item_id == item_id), None)
+
+    def _shift_turn_indexes(self, start: int, by: int) -> None:
+        """Keep remembered responses pointing at their turns across an insert or delete."""
+        for response in self._responses.values():
+            if response.turn_index is not None and response.turn_index >= start:
+                response.turn_index += by
+
+    def _item_id(self) -> str:
+        return f"item_{self._new_id()}"
 
     # ---- internal events ---------------------------------------------------
 
@@ -457,7 +607,7 @@ class Session:
         """End the active response, keeping ``text`` as its assistant turn."""
         active = self._active
         assert active is not None
-        self.turns.append(Message(role="assistant", content=text))
+        self.turns.append(Message(role="assistant", content=text, item_id=active.item_id))
         active.turn_index = len(self.turns) - 1
         self._responses[active.response_id] = active
         self._responses.move_to_end(active.response_id)

@@ -129,6 +129,9 @@ class VoiceChannel:
         self._turns: set[asyncio.Task[None]] = set()
         self._barged = False  # the turn being spoken interrupted a response
         self._speculation: _Speculation | None = None  # of the turn being spoken
+        # the user item the turn being spoken becomes (announced at its start),
+        # unless an answer started at a pause is adopted: that has its own item
+        self._turn_item_id: str | None = None
         self._unshown: list[_Speculation] = []  # speculations whose answer is held back
 
     # ---- settings ----------------------------------------------------------------
@@ -211,9 +214,14 @@ class VoiceChannel:
         if isinstance(what, SpeechStarted):
             if td.interrupt_response:
                 await self._barge_in(now)
-            await self._host.send(pe.InputAudioSpeechStarted(audio_start_ms=what.audio_start_ms))
+            self._turn_item_id = f"item_{uuid.uuid4().hex}"
+            await self._host.send(
+                pe.InputAudioSpeechStarted(audio_start_ms=what.audio_start_ms, item_id=self._turn_item_id)
+            )
         elif isinstance(what, SpeechStopped):
-            await self._host.send(pe.InputAudioSpeechStopped(audio_end_ms=what.audio_end_ms))
+            await self._host.send(
+                pe.InputAudioSpeechStopped(audio_end_ms=what.audio_end_ms, item_id=self._turn_item_id)
+            )
             speculation, self._speculation = self._speculation, None
             if speculation is not None and speculation.audio_end_ms == what.audio_end_ms:
                 self._spawn(self._adopt(speculation), f"adopt-{speculation.item_id}")
@@ -279,7 +287,8 @@ class VoiceChannel:
                 )
             return wanted
 
-        create = pe.ResponseCreate(response_id=response_id, input=(pe.InputItem(role="user", content=text),))
+        item = pe.InputItem(role="user", content=text, item_id=speculation.item_id)
+        create = pe.ResponseCreate(response_id=response_id, input=(item,))
         await self._host.dispatch_if(create, self._clock(), still_wanted)
 
     async def _adopt(self, speculation: _Speculation) -> None:
@@ -370,7 +379,7 @@ class VoiceChannel:
             self._observer.barge_in_judged(real=bool(text))
 
     def _start_turn(self, audio: Any, start_ms: int, end_ms: int, *, speech_end_at: float | None) -> None:
-        item_id = f"item_{uuid.uuid4().hex}"
+        item_id, self._turn_item_id = self._turn_item_id or f"item_{uuid.uuid4().hex}", None
         self._spawn(self._turn(item_id, audio, start_ms, end_ms, speech_end_at), f"turn-{item_id}")
 
     async def _turn(
@@ -385,7 +394,7 @@ class VoiceChannel:
         self._judge_barge_in(text)
         if not text:
             return  # silence or noise: no words, no item
-        item = pe.InputItem(role="user", content=text)
+        item = pe.InputItem(role="user", content=text, item_id=item_id)
         td = self.settings.turn_detection
         if td is None or not td.create_response:
             # push to talk (no server VAD) or no auto response: the client's
@@ -434,11 +443,13 @@ class VoiceChannel:
             self._responses.popitem(last=False)
 
     def created(self, event: pe.ResponseCreated) -> pe.ResponseCreated:
-        """``response.created`` with the ``input_item_id`` of a voice turn."""
+        """``response.created`` with its ``modalities``, and the ``input_item_id``
+        of a voice turn."""
         response = self._responses.get(event.response_id)
-        if response is None or response.input_item_id is None:
+        if response is None:
             return event
-        return replace(event, input_item_id=response.input_item_id)
+        modalities: tuple[pe.Modality, ...] = ("text", "audio") if response.audio else ("text",)
+        return replace(event, input_item_id=response.input_item_id, modalities=modalities)
 
     def speaker_for(
         self, response_id: str, stream_id: str, *, skip_before_ms: int | None = None

@@ -1,0 +1,492 @@
+"""bargein's server events to OpenAI Realtime server events (GA schema).
+
+:class:`Translator` is fed every event bargein's connection sends, in order,
+and returns the OpenAI events to write instead (JSON objects, ``event_id``
+included). One bargein response becomes OpenAI's sequence for a response
+with one assistant message item of one content part::
+
+    response.created, response.output_item.added, conversation.item.added,
+    response.content_part.added, response.output_text.delta (or
+    response.output_audio_transcript.delta and response.output_audio.delta)...,
+    response.output_text.done (or output_audio.done, output_audio_transcript.done),
+    response.content_part.done, response.output_item.done,
+    conversation.item.done, response.done
+
+``response.done``'s status comes from bargein's ``finish_reason``: ``stop`` is
+``completed``; ``length`` is ``incomplete`` (``max_output_tokens``);
+``interrupted`` is ``cancelled`` (``turn_detected`` when the user's speech
+started while it was active, else ``client_cancelled``); ``cancelled`` is
+``cancelled`` without a reason (the server's disconnect policy or shutdown),
+or ``failed`` after an ``error`` of the response (dropped at its queue
+deadline); ``error`` is ``failed``.
+
+bargein's additions ride along as extra fields OpenAI clients ignore:
+``session.created.session.bargein`` (``session_id``, ``session_token``,
+``limits``) and ``response.created.response.bargein`` (``stream_id``,
+``resume_token``). Sans-I/O.
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from bargein.app.openai.realtime.inbound import OPENAI_AUDIO_RATE, OpenAISession
+from bargein.protocol import events as pe
+from bargein.protocol._wire import to_wire
+from bargein.session.actions import ItemAdded, ItemDeleted, ItemRetrieved, ItemTruncated, Message
+from bargein.session.session import assistant_item_id
+
+_CLIENT_ERRORS = {
+    pe.ErrorCode.INVALID_MESSAGE,
+    pe.ErrorCode.UNKNOWN_TYPE,
+    pe.ErrorCode.INVALID_PARAMETER,
+    pe.ErrorCode.PROMPT_TOO_LONG,
+    pe.ErrorCode.CONFLICT,
+    pe.ErrorCode.NOT_FOUND,
+    pe.ErrorCode.FORBIDDEN,
+}
+
+
+@dataclass(slots=True, kw_only=True)
+class _Response:
+    """One response being translated."""
+
+    response_id: str
+    stream_id: str
+    audio: bool
+    metadata: dict[str, str] | None
+    max_output_tokens: int | None
+    text: str = ""
+    turn_detected: bool = False  # the user's speech started while it was active
+    failed: dict[str, Any] | None = None  # the error that ended it
+
+
+@dataclass(slots=True, kw_only=True)
+class Translator:
+    """One connection's server-side translation.
+
+    Attributes:
+        session: the OpenAI-only settings (shared with the inbound side).
+        model: the served model's name.
+        conversation: the session's items now (for ``previous_item_id``).
+        voice_audio: per ``session.updated``, whether the server speaks.
+    """
+
+    session: OpenAISession
+    model: str
+    conversation: Callable[[], Sequence[Message]]
+    _created: pe.SessionCreated | None = None
+    _announced: bool = False
+    _responses: dict[str, _Response] = field(default_factory=dict)
+    _done: list[str] = field(default_factory=list)  # recent finished response ids
+    _spoken_items: set[str] = field(default_factory=set)  # assistant items that were audio
+    _settings: pe.SessionSettings | None = None
+
+    def translate(self, event: object) -> list[dict[str, Any]]:
+        """The OpenAI events that stand for one bargein server event (maybe none)."""
+        handler = _HANDLERS.get(type(event))
+        out = [] if handler is None else handler(self, event)
+        for e in out:
+            e.setdefault("event_id", f"event_{uuid.uuid4().hex[:24]}")
+        return out
+
+    def error(
+        self,
+        code: str,
+        message: str,
+        *,
+        param: str | None = None,
+        event_id: str | None = None,
+        kind: str = "invalid_request_error",
+    ) -> dict[str, Any]:
+        """An OpenAI ``error`` event."""
+        return {
+            "type": "error",
+            "event_id": f"event_{uuid.uuid4().hex[:24]}",
+            "error": {"type": kind, "code": code, "message": message, "param": param, "event_id": event_id},
+        }
+
+    # ---- session ---------------------------------------------------------------
+
+    def _on_session_created(self, event: pe.SessionCreated) -> list[dict[str, Any]]:
+        self._created = event  # announced with the settings, at the first session.updated
+        return []
+
+    def _on_session_updated(self, event: pe.SessionUpdated) -> list[dict[str, Any]]:
+        self._settings = event.session
+        session = self.session_object()
+        if self._announced:
+            return [{"type": "session.updated", "session": session}]
+        self._announced = True
+        created = self._created
+        if created is not None:
+            session["bargein"] = {
+                "session_id": created.session_id,
+                "session_token": created.session_token,
+                "protocol": created.protocol,
+                "limits": to_wire(created.limits, bytes_as_base64=True),
+            }
+        return [{"type": "session.created", "session": session}]
+
+    def session_object(self) -> dict[str, Any]:
+        """OpenAI's session resource for the settings in force."""
+        s = self._settings or pe.SessionSettings()
+        audio = s.audio
+        speaks = audio is not None and audio.output is not None and audio.output.enabled
+        td = None if audio is None or audio.input is None else audio.input.turn_detection
+        turn_detection = (
+            None
+            if td is None or td.type == "none"
+            else {
+                "type": "server_vad",
+                "threshold": td.threshold,
+                "prefix_padding_ms": td.prefix_padding_ms,
+                "silence_duration_ms": td.silence_duration_ms,
+                "create_response": td.create_response,
+                "interrupt_response": td.interrupt_response,
+                "idle_timeout_ms": None,
+            }
+        )
+        body: dict[str, Any] = {
+            "type": "realtime",
+            "object": "realtime.session",
+            "id": f"sess_{self._created.session_id}" if self._created else "sess_",
+            "model": self.model,
+            "output_modalities": ["audio"] if speaks else ["text"],
+            "instructions": s.instructions or "",
+            "tools": [],
+            "tool_choice": "auto",
+            "max_output_tokens": self.session.max_output_tokens or "inf",
+            "tracing": None,
+            "truncation": "auto",
+            "prompt": None,
+            "expires_at": 0,
+            "include": None,
+        }
+        if audio is not None:
+            inp = audio.input
+            out = audio.output
+            body["audio"] = {
+                "input": {
+                    "format": {
+                        "type": "audio/pcm",
+                        "rate": inp.sample_rate if inp and inp.sample_rate else OPENAI_AUDIO_RATE,
+                    },
+                    "transcription": self.session.transcription,
+                    "noise_reduction": None,
+                    "turn_detection": turn_detection,
+                },
+                "output": {
+                    "format": {"type": "audio/pcm", "rate": OPENAI_AUDIO_RATE},
+                    "voice": out.voice if out is not None and out.voice else None,
+                    "speed": 1.0,
+                },
+            }
+        return body
+
+    def _on_session_resumed(self, event: pe.SessionResumed) -> list[dict[str, Any]]:
+        return [{"type": "bargein.session.resumed", **to_wire(event, bytes_as_base64=True)}]
+
+    # ---- responses ---------------------------------------------------------------
+
+    def _on_response_created(self, event: pe.ResponseCreated) -> list[dict[str, Any]]:
+        asked = self.session.asked.pop(event.response_id, None)
+        audio = event.modalities is not None and "audio" in event.modalities
+        response = _Response(
+            response_id=event.response_id,
+            stream_id=event.stream_id,
+            audio=audio,
+            metadata=None if asked is None else asked.metadata,
+            max_output_tokens=self.session.max_output_tokens if asked is None else asked.max_output_tokens,
+        )
+        self._responses[event.response_id] = response
+        item_id = assistant_item_id(event.stream_id)
+        if audio:
+            self._spoken_items.add(item_id)
+        body = self._response_object(response, "in_progress", None, None)
+        body["bargein"] = {"stream_id": event.stream_id, "resume_token": event.resume_token}
+        turns = self.conversation()
+        previous = turns[-1].item_id if turns else None
+        item = self._item(
+            Message(role="assistant", content="", item_id=item_id), status="in_progress", empty=True
+        )
+        ids = {"response_id": event.response_id, "item_id": item_id, "output_index": 0}
+        return [
+            {"type": "response.created", "response": body},
+            {
+                "type": "response.output_item.added",
+                "response_id": event.response_id,
+                "output_index": 0,
+                "item": item,
+            },
+            {"type": "conversation.item.added", "previous_item_id": previous, "item": item},
+            {"type": "response.content_part.added", **ids, "content_index": 0, "part": _part(audio, "")},
+        ]
+
+    def _on_delta(self, event: pe.ResponseDelta) -> list[dict[str, Any]]:
+        response = self._responses.get(event.response_id)
+        if response is None or not event.text:
+            return []
+        response.text += event.text
+        kind = "response.output_audio_transcript.delta" if response.audio else "response.output_text.delta"
+        return [{"type": kind, **self._ids(response), "delta": event.text}]
+
+    def _on_audio_delta(self, event: pe.ResponseAudioDelta) -> list[dict[str, Any]]:
+        response = self._responses.get(event.response_id)
+        if response is None:
+            return []
+        audio = base64.b64encode(event.audio).decode("ascii")
+        return [{"type": "response.output_audio.delta", **self._ids(response), "delta": audio}]
+
+    def _on_audio_done(self, event: pe.ResponseAudioDone) -> list[dict[str, Any]]:
+        response = self._responses.get(event.response_id)
+        if response is None:
+            return []
+        return [{"type": "response.output_audio.done", **self._ids(response)}]
+
+    def _on_done(self, event: pe.ResponseDone) -> list[dict[str, Any]]:
+        response = self._responses.pop(event.response_id, None)
+        if response is None:
+            return []  # a done sent again (a late cancel), or of a response never announced
+        self._done.append(event.response_id)
+        del self._done[:-64]
+        status, details = self._status(response, event.finish_reason)
+        ids = self._ids(response)
+        item_status = "completed" if status == "completed" else "incomplete"
+        item = self._item(
+            Message(role="assistant", content=response.text, item_id=ids["item_id"]), status=item_status
+        )
+        if response.audio:
+            text_done = {"type": "response.output_audio_transcript.done", **ids, "transcript": response.text}
+        else:
+            text_done = {"type": "response.output_text.done", **ids, "text": response.text}
+        usage = event.usage
+        body = self._response_object(response, status, details, usage)
+        body["output"] = [item]
+        return [
+            text_done,
+            {"type": "response.content_part.done", **ids, "part": _part(response.audio, response.text)},
+            {
+                "type": "response.output_item.done",
+                "response_id": response.response_id,
+                "output_index": 0,
+                "item": item,
+            },
+            {"type": "conversation.item.done", "item": item},
+            {"type": "response.done", "response": body},
+        ]
+
+    def _status(self, response: _Response, finish: str) -> tuple[str, dict[str, Any] | None]:
+        if finish == "stop":
+            return "completed", None
+        if finish == "length":
+            return "incomplete", {"type": "incomplete", "reason": "max_output_tokens"}
+        if finish == "interrupted":
+            reason = "turn_detected" if response.turn_detected else "client_cancelled"
+            return "cancelled", {"type": "cancelled", "reason": reason}
+        if finish == "cancelled" and response.failed is None:
+            return "cancelled", {"type": "cancelled", "reason": None}
+        error = response.failed or {
+            "type": "server_error",
+            "code": "internal_error",
+            "message": "generation failed",
+        }
+        return "failed", {"type": "failed", "error": error}
+
+    def _response_object(
+        self, response: _Response, status: str, details: dict[str, Any] | None, usage: pe.Usage | None
+    ) -> dict[str, Any]:
+        return {
+            "object": "realtime.response",
+            "id": response.response_id,
+            "status": status,
+            "status_details": details,
+            "output": [],
+            "conversation_id": f"conv_{self._created.session_id}" if self._created else None,
+            "output_modalities": ["audio"] if response.audio else ["text"],
+            "max_output_tokens": response.max_output_tokens or "inf",
+            "audio": {"output": {"format": {"type": "audio/pcm", "rate": OPENAI_AUDIO_RATE}, "voice": None}},
+            "metadata": response.metadata,
+            "usage": None
+            if usage is None
+            else {
+                "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+                "input_tokens": usage.prompt_tokens,
+                "output_tokens": usage.completion_tokens,
+                "input_token_details": {
+                    "cached_tokens": usage.cached_tokens,
+                    "text_tokens": usage.prompt_tokens,
+                    "audio_tokens": 0,
+                    "image_tokens": 0,
+                },
+                "output_token_details": {"text_tokens": usage.completion_tokens, "audio_tokens": 0},
+            },
+        }
+
+    def _ids(self, response: _Response) -> dict[str, Any]:
+        return {
+            "response_id": response.response_id,
+            "item_id": assistant_item_id(response.stream_id),
+            "output_index": 0,
+            "content_index": 0,
+        }
+
+    def _on_stream_resumed(self, event: pe.StreamResumed) -> list[dict[str, Any]]:
+        out = [{"type": "bargein.stream.resumed", **to_wire(event, bytes_as_base64=True)}]
+        if event.response_id not in self._responses:
+            # a new connection knows nothing of it: announce it, so the deltas have their item
+            created = pe.ResponseCreated(
+                response_id=event.response_id, stream_id=event.stream_id, resume_token=""
+            )
+            out += self._on_response_created(created)
+        return out
+
+    def _on_error(self, event: pe.ErrorEvent) -> list[dict[str, Any]]:
+        kind = "invalid_request_error" if event.code in _CLIENT_ERRORS else "server_error"
+        code = event.code.value
+        if event.code is pe.ErrorCode.CONFLICT and "already active" in event.message:
+            code = "conversation_already_has_active_response"
+        out = self.error(code, event.message, event_id=event.event_id, kind=kind)
+        if event.retry_after_ms is not None:
+            out["error"]["retry_after_ms"] = event.retry_after_ms
+        if event.response_id is not None:
+            out["error"]["response_id"] = event.response_id
+            response = self._responses.get(event.response_id)
+            if response is not None:
+                response.failed = {"type": kind, "code": code, "message": event.message}
+        return [out]
+
+    # ---- input audio ---------------------------------------------------------
+
+    def _on_speech_started(self, event: pe.InputAudioSpeechStarted) -> list[dict[str, Any]]:
+        for response in self._responses.values():
+            response.turn_detected = True  # a barge-in by voice cancels it with this reason
+        return [
+            {
+                "type": "input_audio_buffer.speech_started",
+                "audio_start_ms": event.audio_start_ms,
+                "item_id": event.item_id,
+            }
+        ]
+
+    def _on_speech_stopped(self, event: pe.InputAudioSpeechStopped) -> list[dict[str, Any]]:
+        return [
+            {
+                "type": "input_audio_buffer.speech_stopped",
+                "audio_end_ms": event.audio_end_ms,
+                "item_id": event.item_id,
+            }
+        ]
+
+    def _on_committed(self, event: pe.InputAudioCommitted) -> list[dict[str, Any]]:
+        turns = self.conversation()
+        previous = turns[-1].item_id if turns else None
+        item = {
+            "id": event.item_id,
+            "object": "realtime.item",
+            "type": "message",
+            "role": "user",
+            "status": "completed",
+            "content": [{"type": "input_audio", "transcript": None}],
+        }
+        return [
+            {"type": "input_audio_buffer.committed", "item_id": event.item_id, "previous_item_id": previous},
+            {"type": "conversation.item.added", "previous_item_id": previous, "item": item},
+        ]
+
+    def _on_transcript(self, event: pe.InputAudioTranscript) -> list[dict[str, Any]]:
+        ids = {"item_id": event.item_id, "content_index": 0}
+        if not event.final:
+            return [{"type": "conversation.item.input_audio_transcription.delta", **ids, "delta": event.text}]
+        item = {
+            "id": event.item_id,
+            "object": "realtime.item",
+            "type": "message",
+            "role": "user",
+            "status": "completed",
+            "content": [{"type": "input_audio", "transcript": event.text}],
+        }
+        return [
+            {
+                "type": "conversation.item.input_audio_transcription.completed",
+                **ids,
+                "transcript": event.text,
+            },
+            {"type": "conversation.item.done", "item": item},
+        ]
+
+    # ---- items ---------------------------------------------------------------
+
+    def _on_item_added(self, event: ItemAdded) -> list[dict[str, Any]]:
+        item = self._item(event.item)
+        return [
+            {"type": "conversation.item.added", "previous_item_id": event.previous_item_id, "item": item},
+            {"type": "conversation.item.done", "previous_item_id": event.previous_item_id, "item": item},
+        ]
+
+    def _on_item_deleted(self, event: ItemDeleted) -> list[dict[str, Any]]:
+        return [{"type": "conversation.item.deleted", "item_id": event.item_id}]
+
+    def _on_item_retrieved(self, event: ItemRetrieved) -> list[dict[str, Any]]:
+        return [{"type": "conversation.item.retrieved", "item": self._item(event.item)}]
+
+    def _on_item_truncated(self, event: ItemTruncated) -> list[dict[str, Any]]:
+        truncated = {
+            "type": "conversation.item.truncated",
+            "item_id": event.item_id,
+            "content_index": 0,
+            "audio_end_ms": event.audio_end_ms or 0,
+        }
+        return [truncated]
+
+    def _item(self, message: Message, *, status: str = "completed", empty: bool = False) -> dict[str, Any]:
+        """OpenAI's conversation item for a bargein conversation item."""
+        spoken = message.item_id in self._spoken_items
+        if empty:
+            content: list[dict[str, Any]] = []
+        elif message.role == "assistant":
+            content = [
+                {"type": "output_audio", "transcript": message.content}
+                if spoken
+                else {"type": "output_text", "text": message.content}
+            ]
+        else:
+            content = [{"type": "input_text", "text": message.content}]
+        return {
+            "id": message.item_id,
+            "object": "realtime.item",
+            "type": "message",
+            "role": message.role,
+            "status": status,
+            "content": content,
+        }
+
+
+def _part(audio: bool, text: str) -> dict[str, Any]:
+    return {"type": "audio", "transcript": text} if audio else {"type": "text", "text": text}
+
+
+_HANDLERS: dict[type, Callable[[Translator, Any], list[dict[str, Any]]]] = {
+    pe.SessionCreated: Translator._on_session_created,
+    pe.SessionUpdated: Translator._on_session_updated,
+    pe.SessionResumed: Translator._on_session_resumed,
+    pe.ResponseCreated: Translator._on_response_created,
+    pe.ResponseDelta: Translator._on_delta,
+    pe.ResponseAudioDelta: Translator._on_audio_delta,
+    pe.ResponseAudioDone: Translator._on_audio_done,
+    pe.ResponseDone: Translator._on_done,
+    pe.StreamResumed: Translator._on_stream_resumed,
+    pe.ErrorEvent: Translator._on_error,
+    pe.InputAudioSpeechStarted: Translator._on_speech_started,
+    pe.InputAudioSpeechStopped: Translator._on_speech_stopped,
+    pe.InputAudioCommitted: Translator._on_committed,
+    pe.InputAudioTranscript: Translator._on_transcript,
+    ItemAdded: Translator._on_item_added,
+    ItemDeleted: Translator._on_item_deleted,
+    ItemRetrieved: Translator._on_item_retrieved,
+    ItemTruncated: Translator._on_item_truncated,
+}  # pong: OpenAI has no ping; input_audio.clear is answered by the endpoint
