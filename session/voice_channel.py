@@ -129,8 +129,7 @@ class VoiceChannel:
         self._turns: set[asyncio.Task[None]] = set()
         self._barged = False  # the turn being spoken interrupted a response
         self._speculation: _Speculation | None = None  # of the turn being spoken
-        # the user item the turn being spoken becomes (announced at its start),
-        # unless an answer started at a pause is adopted: that has its own item
+        # the user item the turn being spoken becomes, announced at its start
         self._turn_item_id: str | None = None
         self._unshown: list[_Speculation] = []  # speculations whose answer is held back
 
@@ -224,6 +223,7 @@ class VoiceChannel:
             )
             speculation, self._speculation = self._speculation, None
             if speculation is not None and speculation.audio_end_ms == what.audio_end_ms:
+                self._turn_item_id = None
                 self._spawn(self._adopt(speculation), f"adopt-{speculation.item_id}")
                 return
             if speculation is not None:
@@ -238,8 +238,10 @@ class VoiceChannel:
                 and self._speculation is None
                 and self._host.active_response_id is None
             ):
+                # the turn's own item id: a speculation is retracted (its item
+                # gone) before the turn's next pause or its end
                 speculation = _Speculation(
-                    item_id=f"item_{uuid.uuid4().hex}",
+                    item_id=self._turn_item_id or f"item_{uuid.uuid4().hex}",
                     audio_start_ms=what.audio_start_ms,
                     audio_end_ms=what.audio_end_ms,
                     speech_end_at=inp.arrival_of(what.audio_end_ms),

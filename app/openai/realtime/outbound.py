@@ -22,8 +22,9 @@ deadline); ``error`` is ``failed``.
 
 bargein's additions ride along as extra fields OpenAI clients ignore:
 ``session.created.session.bargein`` (``session_id``, ``session_token``,
-``limits``) and ``response.created.response.bargein`` (``stream_id``,
-``resume_token``). Sans-I/O.
+``limits``), ``response.created.response.bargein`` (``stream_id``,
+``resume_token``) and the text deltas' ``bargein`` (``start``, ``end``: token
+offsets of the stream, for a resume). Sans-I/O.
 """
 
 from __future__ import annotations
@@ -189,7 +190,7 @@ class Translator:
         return body
 
     def _on_session_resumed(self, event: pe.SessionResumed) -> list[dict[str, Any]]:
-        return [{"type": "bargein.session.resumed", **to_wire(event, bytes_as_base64=True)}]
+        return [{**to_wire(event, bytes_as_base64=True), "type": "bargein.session.resumed"}]
 
     # ---- responses ---------------------------------------------------------------
 
@@ -233,7 +234,9 @@ class Translator:
             return []
         response.text += event.text
         kind = "response.output_audio_transcript.delta" if response.audio else "response.output_text.delta"
-        return [{"type": kind, **self._ids(response), "delta": event.text}]
+        # the token offsets: what bargein.resume's stream.from takes after a drop
+        offsets = {"start": event.start, "end": event.end}
+        return [{"type": kind, **self._ids(response), "delta": event.text, "bargein": offsets}]
 
     def _on_audio_delta(self, event: pe.ResponseAudioDelta) -> list[dict[str, Any]]:
         response = self._responses.get(event.response_id)
@@ -336,7 +339,7 @@ class Translator:
         }
 
     def _on_stream_resumed(self, event: pe.StreamResumed) -> list[dict[str, Any]]:
-        out = [{"type": "bargein.stream.resumed", **to_wire(event, bytes_as_base64=True)}]
+        out = [{**to_wire(event, bytes_as_base64=True), "type": "bargein.stream.resumed"}]
         if event.response_id not in self._responses:
             # a new connection knows nothing of it: announce it, so the deltas have their item
             created = pe.ResponseCreated(
