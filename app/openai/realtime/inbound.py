@@ -22,7 +22,7 @@ import binascii
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from bargein.protocol import events as pe
 from bargein.protocol._rules import check_rules
@@ -33,7 +33,7 @@ from bargein.session.actions import AddItem, DeleteItem, Message, RetrieveItem, 
 OPENAI_VOICES = frozenset(
     {"alloy", "ash", "ballad", "coral", "echo", "sage", "shimmer", "verse", "marin", "cedar"}
 )
-OPENAI_AUDIO_RATE = 24000  # the only rate of OpenAI's audio/pcm
+OPENAI_AUDIO_RATE: Final = 24000  # the only rate of OpenAI's audio/pcm
 _TEXT_CONTENT = {"input_text", "text", "output_text"}
 
 
@@ -270,7 +270,8 @@ class Inbound:
                 raise RealtimeError("unsupported", "only speed 1.0 is served", "session.audio.output.speed")
             _pcm_rate(raw.get("format"), "session.audio.output.format", (OPENAI_AUDIO_RATE,))
             voice = self._voice(raw.get("voice"), "session.audio.output.voice")
-            if audio_output is not False and (voice is not None or audio_output):
+            speaks = self.session.audio_output if audio_output is None else audio_output
+            if speaks:  # a voice for a text-only session waits until it speaks
                 out = pe.AudioOutputSettings(sample_rate=OPENAI_AUDIO_RATE, voice=voice)
         if audio_output is True and out is None:
             out = pe.AudioOutputSettings(sample_rate=OPENAI_AUDIO_RATE)

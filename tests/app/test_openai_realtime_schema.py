@@ -1,0 +1,134 @@
+"""The OpenAI Realtime translation alone (no server): the dispatch rule, and
+client events mapped onto bargein's, or refused naming the field."""
+
+from __future__ import annotations
+
+import pytest
+
+from bargein.app.openai.realtime.endpoint import wants_openai
+from bargein.app.openai.realtime.inbound import Inbound, OpenAISession, RealtimeError
+from bargein.protocol import events as pe
+
+
+def inbound(has_voice: bool = True, active: str | None = None) -> Inbound:
+    return Inbound(
+        OpenAISession(audio_output=has_voice),
+        has_voice=has_voice,
+        active_response_id=lambda: active,
+        voices=("joe",),
+    )
+
+
+@pytest.mark.parametrize(
+    ("subprotocols", "query", "openai"),
+    [
+        ([], b"model=bargein", True),  # the SDKs
+        (["realtime", "openai-insecure-api-key.k"], b"", True),  # browser clients
+        (["bargein.v1.json"], b"model=x", False),  # bargein's client naming a model
+        ([], b"", False),  # bargein's default
+        (["bearer.k"], b"", False),
+    ],
+)
+def test_the_dispatch_rule(subprotocols: list[str], query: bytes, openai: bool) -> None:
+    assert wants_openai({"subprotocols": subprotocols, "query_string": query}) is openai
+
+
+def test_session_update_maps_onto_bargeins_settings() -> None:
+    side = inbound()
+    _, (event,) = side.translate(
+        {
+            "type": "session.update",
+            "event_id": "u1",
+            "session": {
+                "type": "realtime",
+                "instructions": "Be brief.",
+                "output_modalities": ["text"],
+                "max_output_tokens": 40,
+                "audio": {
+                    "input": {
+                        "format": {"type": "audio/pcm", "rate": 24000},
+                        "turn_detection": {"type": "server_vad", "silence_duration_ms": 300},
+                    }
+                },
+            },
+        }
+    )
+    assert isinstance(event, pe.SessionUpdate) and event.event_id == "u1"
+    assert event.session.instructions == "Be brief."
+    assert event.session.defaults == pe.SamplingDefaults(max_tokens=40)
+    audio = event.session.audio
+    assert audio is not None and audio.output == pe.AUDIO_OUTPUT_OFF
+    assert audio.input == pe.AudioInputSettings(
+        sample_rate=24000, turn_detection=pe.TurnDetectionSettings(type="server_vad", silence_duration_ms=300)
+    )
+    assert side.session.audio_output is False and side.session.max_output_tokens == 40
+    # later responses take the session's max_output_tokens
+    _, (create,) = side.translate({"type": "response.create"})
+    assert isinstance(create, pe.ResponseCreate) and create.max_tokens == 40
+
+
+@pytest.mark.parametrize(
+    ("event", "code", "param"),
+    [
+        (
+            {"type": "session.update", "session": {"tools": [{"type": "function"}]}},
+            "unsupported",
+            "session.tools",
+        ),
+        (
+            {"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/pcmu"}}}}},
+            "unsupported",
+            "session.audio.input.format.type",
+        ),
+        (
+            {
+                "type": "session.update",
+                "session": {"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}},
+            },
+            "unsupported",
+            "session.audio.input.turn_detection.type",
+        ),
+        (
+            {"type": "response.create", "response": {"conversation": "none"}},
+            "unsupported",
+            "response.conversation",
+        ),
+        ({"type": "response.create", "response": {"input": []}}, "unsupported", "response.input"),
+        (
+            {"type": "conversation.item.truncate", "item_id": "i", "content_index": 0, "audio_end_ms": -1},
+            "invalid_value",
+            "audio_end_ms",
+        ),
+        ({"type": "input_audio_buffer.append", "audio": "not base64!"}, "invalid_value", "audio"),
+        ({"type": "response.cancel"}, "response_cancel_not_active", None),
+        ({"type": "transcription_session.update"}, "unknown_event", "type"),
+        ({"event_id": "x"}, "missing_required_parameter", "type"),
+    ],
+)
+def test_what_cannot_be_served_is_refused_by_name(
+    event: dict[str, object], code: str, param: str | None
+) -> None:
+    with pytest.raises(RealtimeError) as refused:
+        inbound().translate(event)
+    assert (refused.value.code, refused.value.param) == (code, param)
+
+
+def test_audio_events_need_the_voice_pipeline() -> None:
+    with pytest.raises(RealtimeError) as refused:
+        inbound(has_voice=False).translate({"type": "input_audio_buffer.commit"})
+    assert refused.value.code == "unsupported"
+    with pytest.raises(RealtimeError):
+        inbound(has_voice=False).translate(
+            {"type": "session.update", "session": {"output_modalities": ["audio"]}}
+        )
+
+
+def test_openai_voice_names_take_the_servers_voice() -> None:
+    _, (event,) = inbound().translate(
+        {"type": "session.update", "session": {"audio": {"output": {"voice": "marin"}}}}
+    )
+    assert event.session.audio.output == pe.AudioOutputSettings(sample_rate=24000)
+    _, (event,) = inbound().translate(
+        {"type": "session.update", "session": {"audio": {"output": {"voice": "joe"}}}}
+    )
+    assert event.session.audio.output.voice == "joe"
