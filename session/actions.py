@@ -37,10 +37,15 @@ class Message:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AddItem:
     """Insert ``item`` after ``previous_item_id`` (None: at the end; ``"root"``:
-    first). Answered with :class:`ItemAdded`, or ``error``."""
+    first). Answered with :class:`ItemAdded`, or ``error``.
+
+    ``audio``: pcm16 at the session's input rate, whose transcript the
+    connection makes the item's content (its voice pipeline transcribes it).
+    """
 
     item: Message
     previous_item_id: str | None = None
+    audio: bytes | None = None
     event_id: str | None = None
 
 

@@ -162,6 +162,16 @@ class Connection:
                 await self._send(self._error(*merged, event))
                 return
             audio = merged
+        if isinstance(event, AddItem) and event.audio is not None:
+            if self.voice is None:
+                await self._send(self._error(pe.ErrorCode.INVALID_PARAMETER, NO_VOICE, event))
+                return
+            try:
+                text = await self.voice.transcribe_pcm(event.audio)
+            except ValueError as exc:
+                await self._send(self._error(pe.ErrorCode.INVALID_PARAMETER, f"audio: {exc}", event))
+                return
+            event = replace(event, item=replace(event.item, content=text), audio=None)
         if isinstance(event, TruncateItem) and self.voice is not None:
             response_id = self.session.response_of_item(event.item_id)
             if response_id is not None:

@@ -31,11 +31,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+import numpy as np
+
 from bargein.protocol import events as pe
 from bargein.session.actions import Send, StartDelivery
 from bargein.session.observer import SessionObserver
 from bargein.session.speaker import Speaker
 from bargein.session.voice import DEFAULT_OUTPUT_RATE, AudioSettings, VoiceInput, VoiceRuntime, merged
+from bargein.voice.audio import Resampler, pcm16_to_float
 from bargein.voice.errors import InputAudioFull
 from bargein.voice.turns import SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped
 from bargein.voice.vad import SAMPLE_RATE
@@ -264,6 +267,18 @@ class VoiceChannel:
     # prefill of which already ran during the silence window); if the user goes
     # on speaking, it is retracted: its items leave the conversation and its
     # request is aborted, freeing its KV blocks.
+
+    async def transcribe_pcm(self, pcm: bytes) -> str:
+        """The words of ``pcm`` (pcm16 at the session's input rate), for an
+        audio item the client adds whole (OpenAI's ``input_audio`` content).
+
+        Raises:
+            ValueError: an odd number of bytes.
+        """
+        resampler = Resampler(self.settings.input_rate, SAMPLE_RATE)
+        samples = pcm16_to_float(pcm)
+        audio = np.concatenate([resampler.process(samples), resampler.flush()])
+        return await self._transcribe(audio)
 
     async def _transcribe(self, audio: Any) -> str:
         """A turn's text (``audio``: float32 at 16 kHz), in the voice threads; timed."""

@@ -391,3 +391,65 @@ async def test_a_spoken_turn_round_trip_through_the_sdk(voice_server: LiveServer
         assert done.response.output_modalities == ["audio"]
         spoken = done.response.output[0].content[0]
         assert spoken.type == "output_audio" and spoken.transcript
+
+
+BROWSER_CLIENT = """async ([url, key]) => {
+  // what OpenAI's browser clients do: the key in a subprotocol beside `realtime`
+  const ws = new WebSocket(url, ["realtime", "openai-insecure-api-key." + key]);
+  const events = [];
+  const done = new Promise((resolve, reject) => {
+    ws.onmessage = (m) => {
+      const e = JSON.parse(m.data);
+      events.push(e);
+      if (e.type === "session.created") {
+        ws.send(JSON.stringify({type: "session.update", session: {type: "realtime", output_modalities: ["text"]}}));
+        ws.send(JSON.stringify({type: "conversation.item.create", item: {type: "message", role: "user",
+          content: [{type: "input_text", text: "Name a colour."}]}}));
+        ws.send(JSON.stringify({type: "response.create", response: {max_output_tokens: 8}}));
+      }
+      if (e.type === "response.done") resolve();
+    };
+    ws.onerror = () => reject(new Error("socket error"));
+    ws.onclose = (c) => reject(new Error("closed " + c.code));
+  });
+  await done;
+  const protocol = ws.protocol;
+  ws.close();
+  return {protocol, events};
+}"""
+
+
+@pytest.mark.browser
+def test_a_browser_client_with_the_key_in_its_subprotocol(live_server: LiveServer) -> None:
+    from tests.app.browser import launch
+
+    settings = Settings(
+        session=SessionConfig(max_tokens=64, default_max_tokens=16),
+        server=ServerConfig(port=0, log_level="warning", api_keys=KEY),
+    )
+    with node_on_engine(live_server, settings) as node, launch() as browser:
+        page = browser.new_page()
+        page.goto(f"http://{node.host}:{node.port}/")
+        url = f"ws://{node.host}:{node.port}/v1/realtime"
+        result = page.evaluate(BROWSER_CLIENT, [url, KEY])
+        page.close()
+    assert result["protocol"] == "realtime"
+    events = result["events"]
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "session.created" and kinds[-1] == "response.done"
+    deltas = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    done_text = next(e["text"] for e in events if e["type"] == "response.output_text.done")
+    assert deltas and deltas == done_text
+
+
+async def test_an_audio_item_is_transcribed_into_the_conversation(voice_server: LiveServer) -> None:
+    pcm = espeak_pcm16("The moon.", 24000)  # one frame: under the test server's 64 KiB
+    async with realtime(voice_server.http_url) as conn:
+        await text_session(conn)
+        content = [{"type": "input_audio", "audio": base64.b64encode(pcm).decode()}]
+        await conn.conversation.item.create(item={"type": "message", "role": "user", "content": content})
+        added = await next_of(conn, "conversation.item.added")
+        assert "moon" in added.item.content[0].text.lower()
+        deltas, done, _ = await answer(conn, "Briefly.", max_tokens=4)
+        prompt = voice_server.tokenizer.decode(list(voice_server.recent_requests()[-1].prompt_token_ids))
+        assert added.item.content[0].text in prompt

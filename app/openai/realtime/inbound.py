@@ -429,10 +429,35 @@ class Inbound:
         content = item.get("content")
         if not isinstance(content, list) or not content:
             raise RealtimeError("invalid_value", "item.content must be a non-empty list", "item.content")
+        previous = _optional_str(data, "previous_item_id", "")
+        audio = self._audio_content(content, role)
+        if audio is not None:
+            message = Message(role=role, content="", item_id=item_id)
+            return [AddItem(item=message, previous_item_id=previous, audio=audio, event_id=event_id)]
         texts = [self._content_text(part, f"item.content[{i}]") for i, part in enumerate(content)]
         message = Message(role=role, content="".join(texts), item_id=item_id)
-        previous = _optional_str(data, "previous_item_id", "")
         return [AddItem(item=message, previous_item_id=previous, event_id=event_id)]
+
+    def _audio_content(self, content: list[Any], role: str) -> bytes | None:
+        """The pcm16 of a user item made of one ``input_audio`` part without a
+        transcript (transcribed by the server), else None."""
+        if len(content) != 1 or not isinstance(content[0], dict):
+            return None
+        part = content[0]
+        if (
+            part.get("type") != "input_audio"
+            or part.get("transcript") is not None
+            or part.get("audio") is None
+        ):
+            return None
+        _only(part, {"type", "audio", "transcript"}, "item.content[0].")
+        if role != "user":
+            raise RealtimeError("invalid_value", "only user items hold input_audio", "item.content[0].type")
+        self._need_voice("input_audio content")
+        try:
+            return base64.b64decode(_required_str(part, "audio", "item.content[0]."), validate=True)
+        except binascii.Error as exc:
+            raise RealtimeError("invalid_value", "audio must be base64", "item.content[0].audio") from exc
 
     def _content_text(self, part: Any, param: str) -> str:
         part = _object(part, param)
@@ -450,7 +475,7 @@ class Inbound:
                 return transcript  # what the model reads of an audio item is its words
             raise RealtimeError(
                 "unsupported",
-                "audio content needs its 'transcript'; stream audio with input_audio_buffer.append to have it transcribed",
+                "audio content without a transcript is transcribed only as a user item's one part",
                 f"{param}.transcript",
             )
         raise RealtimeError(
