@@ -314,3 +314,47 @@ def _bucket(rate: float, burst_s: float, now: float, *, minimum: float) -> Token
         return None
     capacity = max(minimum, rate * burst_s)
     return TokenBucket(rate=rate, capacity=capacity, level=capacity, updated=now)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RateLimitLevel:
+    """Where one of a principal's rate limits stands (OpenAI's ``rate_limits.updated``).
+
+    Attributes:
+        name: ``"requests"`` or ``"tokens"``.
+        limit: what its bucket holds when full (``burst_s`` seconds of its rate).
+        remaining: what it holds now (may be below 0 after a large request).
+        reset_seconds: until it is full again, seconds.
+    """
+
+    name: str
+    limit: int
+    remaining: int
+    reset_seconds: float
+
+
+def rate_limit_levels(admission: Admission, principal: str, now: float) -> tuple[RateLimitLevel, ...]:
+    """The levels of ``principal``'s request and token buckets now (none when
+    the server runs without rate limits); reads, never charges."""
+    state = admission._principals.get(principal)  # noqa: SLF001 - same module's own table
+    cfg = admission.config
+    levels = []
+    for name, rate, minimum, bucket in (
+        ("requests", cfg.rate_limit_requests, 1.0, None if state is None else state.requests),
+        ("tokens", cfg.rate_limit_tokens, 0.0, None if state is None else state.tokens),
+    ):
+        if not rate:
+            continue
+        capacity = max(minimum, rate * cfg.burst_s) if bucket is None else bucket.capacity
+        level = (
+            capacity if bucket is None else min(capacity, bucket.level + (now - bucket.updated) * bucket.rate)
+        )
+        levels.append(
+            RateLimitLevel(
+                name=name,
+                limit=int(capacity),
+                remaining=math.floor(level),
+                reset_seconds=round(max(0.0, capacity - level) / rate, 3),
+            )
+        )
+    return tuple(levels)

@@ -16,6 +16,7 @@ import pytest
 import websockets
 
 from bargein.app.settings import ServerConfig, Settings
+from bargein.session.admission import AdmissionConfig
 from bargein.session.config import SessionConfig
 from bargein.session.log import StreamEnd
 from tests.app.conftest import LiveServer, node_on_engine
@@ -453,3 +454,20 @@ async def test_an_audio_item_is_transcribed_into_the_conversation(voice_server: 
         deltas, done, _ = await answer(conn, "Briefly.", max_tokens=4)
         prompt = voice_server.tokenizer.decode(list(voice_server.recent_requests()[-1].prompt_token_ids))
         assert added.item.content[0].text in prompt
+
+
+async def test_rate_limits_are_reported_at_each_response(live_server: LiveServer) -> None:
+    settings = Settings(
+        session=SessionConfig(max_tokens=64, default_max_tokens=16),
+        server=ServerConfig(port=0, log_level="warning"),
+        admission=AdmissionConfig(rate_limit_requests=5.0, rate_limit_tokens=1000.0, burst_s=2.0),
+    )
+    with node_on_engine(live_server, settings) as node:
+        async with realtime(f"http://{node.host}:{node.port}") as conn:
+            await text_session(conn)
+            _, _, seen = await answer(conn, "Hi.", max_tokens=4)
+            (update,) = [e for e in seen if e.type == "rate_limits.updated"]
+            limits = {limit.name: limit for limit in update.rate_limits}
+            assert limits["requests"].limit == 10 and limits["requests"].remaining == 9
+            assert limits["tokens"].limit == 2000 and limits["tokens"].remaining < 2000
+            assert 0 < limits["requests"].reset_seconds <= 0.2 + 1e-9

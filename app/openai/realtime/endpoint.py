@@ -21,6 +21,7 @@ from typing import Any
 from bargein.app.openai.realtime.inbound import Inbound, OpenAISession, RealtimeError
 from bargein.app.openai.realtime.outbound import Translator
 from bargein.protocol import events as pe
+from bargein.session.admission import RateLimitLevel, rate_limit_levels
 from bargein.session.connection import Connection
 
 OPENAI_SUBPROTOCOL = "realtime"
@@ -65,7 +66,9 @@ class OpenAIRealtime:
         self._on_error = on_error
         self._connection: Connection | None = None
         self.settings = OpenAISession(audio_output=has_voice)
-        self.translator = Translator(session=self.settings, model=model, conversation=self._turns)
+        self.translator = Translator(
+            session=self.settings, model=model, conversation=self._turns, rate_limits=self._rate_limits
+        )
         self.inbound = Inbound(
             self.settings, has_voice=has_voice, active_response_id=self._active, voices=voices
         )
@@ -115,6 +118,14 @@ class OpenAIRealtime:
     async def _refuse(self, exc: RealtimeError, event_id: str | None) -> None:
         self._on_error(exc.code)
         await self._write(self.translator.error(exc.code, exc.message, param=exc.param, event_id=event_id))
+
+    def _rate_limits(self) -> tuple[RateLimitLevel, ...]:
+        connection = self._connection
+        if connection is None:
+            return ()
+        service = connection.service
+        key = connection.limit_key or connection.principal
+        return rate_limit_levels(service.admission, key, service.clock())
 
     def _turns(self) -> list[Any]:
         return [] if self._connection is None else self._connection.session.turns

@@ -32,13 +32,14 @@ from __future__ import annotations
 import base64
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bargein.app.openai.realtime.inbound import OPENAI_AUDIO_RATE, OpenAISession
 from bargein.protocol import events as pe
 from bargein.protocol._wire import to_wire
 from bargein.session.actions import ItemAdded, ItemDeleted, ItemRetrieved, ItemTruncated, Message
+from bargein.session.admission import RateLimitLevel
 from bargein.session.session import assistant_item_id
 
 _CLIENT_ERRORS = {
@@ -74,12 +75,14 @@ class Translator:
         session: the OpenAI-only settings (shared with the inbound side).
         model: the served model's name.
         conversation: the session's items now (for ``previous_item_id``).
-        voice_audio: per ``session.updated``, whether the server speaks.
+        rate_limits: the client's rate limits now (sent after each
+            ``response.created``, as OpenAI does; none configured: an empty list).
     """
 
     session: OpenAISession
     model: str
     conversation: Callable[[], Sequence[Message]]
+    rate_limits: Callable[[], Sequence[RateLimitLevel]] = tuple
     _created: pe.SessionCreated | None = None
     _announced: bool = False
     _responses: dict[str, _Response] = field(default_factory=dict)
@@ -226,6 +229,7 @@ class Translator:
             },
             {"type": "conversation.item.added", "previous_item_id": previous, "item": item},
             {"type": "response.content_part.added", **ids, "content_index": 0, "part": _part(audio, "")},
+            {"type": "rate_limits.updated", "rate_limits": [asdict(level) for level in self.rate_limits()]},
         ]
 
     def _on_delta(self, event: pe.ResponseDelta) -> list[dict[str, Any]]:
