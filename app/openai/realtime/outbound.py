@@ -370,8 +370,11 @@ class Translator:
     # ---- input audio ---------------------------------------------------------
 
     def _on_speech_started(self, event: pe.InputAudioSpeechStarted) -> list[dict[str, Any]]:
-        for response in self._responses.values():
-            response.turn_detected = True  # a barge-in by voice cancels it with this reason
+        audio = None if self._settings is None else self._settings.audio
+        td = None if audio is None or audio.input is None else audio.input.turn_detection
+        if td is not None and td.interrupt_response:
+            for response in self._responses.values():
+                response.turn_detected = True  # the barge-in by voice cancels it: this is its reason
         return [
             {
                 "type": "input_audio_buffer.speech_started",
