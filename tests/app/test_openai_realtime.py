@@ -471,3 +471,36 @@ async def test_rate_limits_are_reported_at_each_response(live_server: LiveServer
             assert limits["requests"].limit == 10 and limits["requests"].remaining == 9
             assert limits["tokens"].limit == 2000 and limits["tokens"].remaining < 2000
             assert 0 < limits["requests"].reset_seconds <= 0.2 + 1e-9
+
+
+async def test_speech_over_a_spoken_answer_cancels_it_as_turn_detected(voice_server: LiveServer) -> None:
+    """Barge-in by voice, OpenAI's way: the server's VAD cancels the answer
+    (``turn_detected``); the client then truncates the item at what it played."""
+    question = silence_pcm16(300, 24000) + espeak_pcm16("Tell me a long story about a dragon.", 24000) + silence_pcm16(1000, 24000)
+    step = 24000 * 2 * 40 // 1000
+    async with realtime(voice_server.http_url) as conn:
+        await conn.session.update(session={"type": "realtime", "max_output_tokens": 64})
+        await next_of(conn, "session.updated")
+        for lo in range(0, len(question), step):
+            await conn.input_audio_buffer.append(audio=base64.b64encode(question[lo : lo + step]).decode())
+        first_audio = await next_of(conn, "response.output_audio.delta")
+        interrupt = espeak_pcm16("Stop, stop please.", 24000) + silence_pcm16(800, 24000)
+        for lo in range(0, len(interrupt), step):
+            await conn.input_audio_buffer.append(audio=base64.b64encode(interrupt[lo : lo + step]).decode())
+        seen: list[Any] = []
+        done = await next_of(conn, "response.done", seen)
+        assert done.response.id == first_audio.response_id
+        assert (done.response.status, done.response.status_details.reason) == ("cancelled", "turn_detected")
+        kinds = [e.type for e in seen]
+        assert "input_audio_buffer.speech_started" in kinds
+        # nothing of the answer's audio after the user's speech started
+        started = kinds.index("input_audio_buffer.speech_started")
+        assert "response.output_audio.delta" not in kinds[started:]
+        item_id = done.response.output[0].id
+        await conn.conversation.item.truncate(item_id=item_id, content_index=0, audio_end_ms=200)
+        assert (await next_of(conn, "conversation.item.truncated")).audio_end_ms == 200
+        await conn.conversation.item.retrieve(item_id=item_id)
+        item = (await next_of(conn, "conversation.item.retrieved")).item
+        heard = item.content[0].transcript
+        assert item.content[0].type == "output_audio"
+        assert len(heard) < len(done.response.output[0].content[0].transcript) or not heard
