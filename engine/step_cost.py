@@ -38,7 +38,13 @@ class StepCostConfig:
     Attributes:
         prior: the coefficients before any sample.
         prior_weight: how many samples the prior counts as, on each
-            coefficient (at its feature's typical scale).
+            coefficient (at its feature's typical scale), before the first
+            sample; after ``n`` samples it counts ``prior_weight / (1 + n)``
+            (a prior 10 times off, as the CPU one on a GPU, would otherwise
+            bias the fit for long: its pseudo-samples have large residuals),
+            plus ``prior_floor``, which pins a coefficient the data never
+            see (no prefill yet) to the prior.
+        prior_floor: the prior's weight that is never forgotten.
         half_life_steps: a sample's weight halves after this many later ones.
         warmup_steps: first steps not learned from (compilation, caches).
         refit_every: observations between two refits.
@@ -48,16 +54,17 @@ class StepCostConfig:
     """
 
     prior: StepCost = CPU_PRIOR
-    prior_weight: float = 4.0
+    prior_weight: float = 2.0
+    prior_floor: float = 1e-3
     half_life_steps: float = 200.0
     warmup_steps: int = 2
     refit_every: int = 8
     max_outlier_ratio: float = 4.0
 
     def __post_init__(self) -> None:
-        if self.prior_weight <= 0 or self.half_life_steps <= 0 or self.max_outlier_ratio <= 1:
+        if self.prior_floor <= 0 or self.prior_weight <= 0 or self.half_life_steps <= 0 or self.max_outlier_ratio <= 1:
             raise ValueError(
-                f"prior_weight={self.prior_weight} and half_life_steps={self.half_life_steps} "
+                f"prior_floor={self.prior_floor}, prior_weight={self.prior_weight} and half_life_steps={self.half_life_steps} "
                 f"must be > 0, max_outlier_ratio={self.max_outlier_ratio} > 1"
             )
         if self.warmup_steps < 0 or self.refit_every < 1:
@@ -84,10 +91,10 @@ class StepCostModel:
         self.num_samples = 0
         self.effective_samples = 0.0
         self._decay = 0.5 ** (1.0 / self.config.half_life_steps)
-        self._xtx = np.zeros((NUM_TERMS, NUM_TERMS))
+        self._prior_scaled = np.array(self.config.prior.as_tuple()) * _SCALES
+        self._xtx = np.zeros((NUM_TERMS, NUM_TERMS))  # forgotten normal equations
         self._xty = np.zeros(NUM_TERMS)
         self._seen = 0
-        self._prior_scaled = np.array(self.config.prior.as_tuple()) * _SCALES
 
     def observe(self, decode_seqs: int, prefill_tokens: int, context_tokens: int, duration_s: float) -> None:
         """Learn from one step: what it computed and how long it took (seconds)."""
@@ -108,7 +115,8 @@ class StepCostModel:
 
     def refit(self) -> StepCost:
         """Solve for the coefficients now (``observe`` does every ``refit_every``)."""
-        w = self.config.prior_weight
+        cfg = self.config
+        w = cfg.prior_weight / (1 + self.num_samples) + cfg.prior_floor
         a = self._xtx + w * np.eye(NUM_TERMS)
         b = self._xty + w * self._prior_scaled
         theta = _nonnegative_quadratic_min(a, b) / _SCALES
