@@ -65,8 +65,8 @@ class EngineStats:
         num_cached_free_blocks: gauge, blocks no sequence holds that are
             still registered for reuse (included in ``num_free_blocks``).
         num_decoding: running sequences whose prompt is in (they decode).
-        num_running_tokens: prompt plus output tokens of the running
-            sequences (the KV their decodes attend to once prompts are in).
+        num_decoding_tokens: prompt plus output tokens of those (the KV
+            their decodes attend to).
         running_remaining_tokens: per running sequence, the most tokens it
             may still generate (``max_tokens``, the context), ascending.
         step_cost: the step-time model's fit now (engine/step_cost.py).
@@ -89,7 +89,7 @@ class EngineStats:
     num_prefix_cache_hits: int = 0
     num_cached_free_blocks: int = 0
     num_decoding: int = 0
-    num_running_tokens: int = 0
+    num_decoding_tokens: int = 0
     running_remaining_tokens: tuple[int, ...] = ()
     step_cost: StepCost | None = None
     step_cost_samples: float = 0.0
@@ -475,6 +475,7 @@ class LLMEngine:
     def stats(self) -> EngineStats:
         """A snapshot of the counters (call on the engine thread)."""
         running = self.scheduler.running
+        decoding = [seq for seq in running if seq.num_tokens - seq.num_computed_tokens == 1]
         max_len = self.config.max_model_len
         remaining = sorted(
             max(0, min(seq.params.max_tokens - seq.num_output_tokens, max_len - seq.num_tokens))
@@ -494,8 +495,8 @@ class LLMEngine:
             num_prefix_cache_queries=self.scheduler.num_prefix_cache_queries,
             num_prefix_cache_hits=self.scheduler.num_prefix_cache_hits,
             num_cached_free_blocks=self.pool.num_cached_free_blocks,
-            num_decoding=sum(1 for seq in running if seq.num_tokens - seq.num_computed_tokens == 1),
-            num_running_tokens=sum(seq.num_tokens for seq in running),
+            num_decoding=len(decoding),
+            num_decoding_tokens=sum(seq.num_tokens for seq in decoding),
             running_remaining_tokens=tuple(remaining),
             step_cost=self.step_cost.current,
             step_cost_samples=self.step_cost.effective_samples,

@@ -95,8 +95,12 @@ class StepBudget:
     def prefill_tokens(self, decode_seqs: int, context_tokens: int) -> int:
         """Prefill tokens a step with these decodes may compute: what the
         model says fits the target after the decodes, at least
-        ``min_prefill_tokens``, within ``max_tokens``."""
+        ``min_prefill_tokens``, within ``max_tokens``; all of ``max_tokens``
+        when nothing decodes (no stream waits on the step: a prompt alone
+        goes in at full speed)."""
         room = self.max_tokens - decode_seqs
+        if decode_seqs == 0:
+            return self.max_tokens
         left = self.target_s - self.cost.predict(decode_seqs, 0, context_tokens)
         per_token = self.cost.per_prefill_token_s
         fit = room if per_token <= 0 else math.floor(max(0.0, left) / per_token)
