@@ -112,7 +112,9 @@ class SchedulerOutput:
         """The step's duration as the model predicts it; None without a target."""
         if self.budget is None:
             return None
-        return self.budget.cost.predict(self.num_decode_seqs, self.num_prefill_tokens, self.num_context_tokens)
+        return self.budget.cost.predict(
+            self.num_decode_seqs, self.num_prefill_tokens, self.num_context_tokens
+        )
 
     @property
     def num_sample(self) -> int:

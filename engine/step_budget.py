@@ -73,7 +73,6 @@ class StepCost:
 CPU_PRIOR = StepCost(base_s=0.06, per_decode_s=0.005, per_prefill_token_s=0.004, per_context_token_s=1e-6)
 
 
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepBudget:
     """One step's time budget against a :class:`StepCost`.

@@ -62,7 +62,12 @@ class StepCostConfig:
     max_outlier_ratio: float = 4.0
 
     def __post_init__(self) -> None:
-        if self.prior_floor <= 0 or self.prior_weight <= 0 or self.half_life_steps <= 0 or self.max_outlier_ratio <= 1:
+        if (
+            self.prior_floor <= 0
+            or self.prior_weight <= 0
+            or self.half_life_steps <= 0
+            or self.max_outlier_ratio <= 1
+        ):
             raise ValueError(
                 f"prior_floor={self.prior_floor}, prior_weight={self.prior_weight} and half_life_steps={self.half_life_steps} "
                 f"must be > 0, max_outlier_ratio={self.max_outlier_ratio} > 1"
@@ -151,5 +156,3 @@ def _nonnegative_quadratic_min(a: np.ndarray, b: np.ndarray) -> np.ndarray:
             if value < best_value:
                 best, best_value = theta, value
     return best
-
-

@@ -77,7 +77,6 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-
 from typing import Protocol
 
 from bargein.engine.step_budget import StepBudget

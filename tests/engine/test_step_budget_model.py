@@ -17,9 +17,9 @@ import pytest
 
 from bargein.engine.config import SchedulerConfig
 from bargein.engine.engine import LLMEngine, StepStats
+from bargein.engine.model_runner import ModelRunner
 from bargein.engine.request import EngineRequest, SamplingParams
 from bargein.engine.step_cost import StepCostConfig
-from bargein.engine.model_runner import ModelRunner
 from tests.engine.conftest import RunnerFactory
 
 pytestmark = pytest.mark.slow
@@ -82,7 +82,9 @@ def test_a_burst_of_long_prompts_keeps_the_running_stream_within_the_target(runn
             assert step.predicted_s <= target_s * (1 + 1e-9)
     # the budget bound the burst: no step took a whole chunk
     assert max(s.num_model_prefill_tokens for s in steps) < LIMITS["prefill_chunk_size"]
-    assert sum(s.num_model_prefill_tokens for s in steps) >= NUM_BURST * (PROMPT_LEN - 16)  # prefix hits at most
+    assert sum(s.num_model_prefill_tokens for s in steps) >= NUM_BURST * (
+        PROMPT_LEN - 16
+    )  # prefix hits at most
 
 
 def test_without_a_target_the_same_burst_takes_whole_chunks(runner: ModelRunner) -> None:

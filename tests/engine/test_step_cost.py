@@ -12,7 +12,9 @@ from bargein.engine.step_cost import StepCostConfig, StepCostModel
 TRUE = StepCost(base_s=0.02, per_decode_s=0.001, per_prefill_token_s=0.0005, per_context_token_s=2e-7)
 
 
-def feed(model: StepCostModel, truth: StepCost, num_steps: int, *, seed: int = 0, noise: float = 0.02) -> None:
+def feed(
+    model: StepCostModel, truth: StepCost, num_steps: int, *, seed: int = 0, noise: float = 0.02
+) -> None:
     """Steps of a mixed load (decodes, some prefill, growing contexts), each
     timed by ``truth`` with ``noise`` relative jitter."""
     rng = random.Random(seed)

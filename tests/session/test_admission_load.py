@@ -56,7 +56,9 @@ def test_admits_while_the_batch_fits_the_itl_target_and_refuses_past_it() -> Non
 
 def test_retry_after_waits_for_as_many_streams_as_the_excess() -> None:
     admission = Admission(AdmissionConfig(max_waiting=0))
-    load = Load(num_decoding=20, num_decoding_tokens=2000, running_remaining_tokens=(3, 7, 40, 90) + (100,) * 16)
+    load = Load(
+        num_decoding=20, num_decoding_tokens=2000, running_remaining_tokens=(3, 7, 40, 90) + (100,) * 16
+    )
     refusal = admit(admission, 10, load)
     # 21 decoders, 18 fit: three streams must end, the third soonest in 40 steps
     assert refusal is not None and refusal.retry_after_ms == 2000  # type: ignore[attr-defined]
