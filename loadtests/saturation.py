@@ -237,7 +237,7 @@ def markdown(
         "requests'. Refusal latency: `response.create` sent -> `error` received (or connect -> "
         "close 1013). *dropped*: admitted, then dropped from the queue at `--max-queue-time`.",
         "",
-        "Policies: **new** = `bargein serve` defaults (`--target-itl-ms 200 --target-ttft-s 2`: "
+        "Policies: **new** = `bargein serve` defaults (`--target-itl-ms 200 --target-ttft-s 1.5`: "
         "each step filled up to the ITL target by the learned step-time model, admission "
         "against the same model); **old** = `--target-itl-ms 0 --target-ttft-s 0 "
         f"--max-queue-time {args.old_queue_time:g}` (the token limits, up to 64 sequences a "
@@ -304,7 +304,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--knee", type=float, default=4.0, help="requests/s: the old policy's knee (issue 21)")
     p.add_argument("--multiples", default="0.25,0.5,1,2,4,8", help="offered rates, in knees")
     p.add_argument("--duration", type=float, default=12.0, help="seconds of arrivals per rate")
-    p.add_argument("--drain", type=float, default=15.0, help="most seconds to finish after that")
+    p.add_argument("--drain", type=float, default=25.0, help="most seconds to finish after that")
     p.add_argument("--prompt-words", type=int, default=24)
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--policies", default="new,old", help="policies of the base sweep")

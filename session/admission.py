@@ -273,18 +273,29 @@ class Admission:
         Call after :meth:`check_request` passed (the request is among
         ``num_waiting``).
         """
+        refusal = self._judge_load(num_prompt_tokens, load, interactive)
+        if refusal is None and load is not None and load.step_budget is not None:
+            self.num_queued_tokens += num_prompt_tokens
+        return refusal
+
+    def precheck_load(self, load: EngineLoad | None, *, interactive: bool = True) -> Refusal | None:
+        """:meth:`check_load` for an empty prompt, counting nothing: a request
+        the load alone refuses is refused before its prompt is tokenized
+        (a thread hop that waits for the engine's GIL), so at once."""
+        return self._judge_load(0, load, interactive)
+
+    def _judge_load(
+        self, num_prompt_tokens: int, load: EngineLoad | None, interactive: bool
+    ) -> Refusal | None:
         budget = None if load is None else load.step_budget
         if load is None or budget is None:
             return None
         share = 1.0 if interactive else self.config.bulk_share
         decoders = load.num_decoding + max(1, self.num_waiting)  # its own among the waiting
         context = load.num_decoding_tokens + self.num_queued_tokens + num_prompt_tokens
-        refusal = self._over_itl(budget, load, decoders, context, share) or self._over_ttft(
+        return self._over_itl(budget, load, decoders, context, share) or self._over_ttft(
             budget, load, num_prompt_tokens
         )
-        if refusal is None:
-            self.num_queued_tokens += num_prompt_tokens
-        return refusal
 
     def release_load(self, num_prompt_tokens: int) -> None:
         """A request admitted by :meth:`check_load` left the queue (its first

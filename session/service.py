@@ -277,6 +277,10 @@ class Service:
         refusal = self.admission.check_request(owner.admission_key, admitted_at)
         if refusal is not None:
             return self._refused(action, refusal)
+        refusal = self.admission.precheck_load(self._engine_load(), interactive=owner.interactive)
+        if refusal is not None:  # the load alone refuses it: no need to tokenize
+            self.admission.cancelled(owner.admission_key)
+            return self._refused(action, refusal)
         try:
             result = await self._submit_admitted(action, owner, now, admitted_at)
         except BaseException:

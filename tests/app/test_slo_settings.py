@@ -10,7 +10,7 @@ from bargein.session.admission import AdmissionConfig
 def test_serve_turns_the_targets_on_and_the_library_leaves_them_off() -> None:
     settings = parse_serve_args([], env={})
     assert settings.engine.scheduler.target_itl_s == 0.2
-    assert settings.admission.target_ttft_s == 2.0
+    assert settings.admission.target_ttft_s == 1.5
     assert settings.admission.bulk_share == 0.8
     assert SchedulerConfig().target_itl_s == 0.0 and AdmissionConfig().target_ttft_s == 0.0
 

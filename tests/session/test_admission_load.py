@@ -120,3 +120,13 @@ def test_without_a_step_budget_the_model_is_not_consulted() -> None:
 def test_invalid_bulk_share_is_refused() -> None:
     with pytest.raises(ValueError, match="bulk_share"):
         AdmissionConfig(bulk_share=0.0)
+
+
+def test_precheck_judges_the_load_alone_and_counts_nothing() -> None:
+    admission = Admission(AdmissionConfig(max_waiting=0))
+    full = Load(num_decoding=18, num_decoding_tokens=1800, running_remaining_tokens=(2,) * 18)
+    assert admission.check_request("someone", 0.0) is None
+    refusal = admission.precheck_load(full)
+    assert refusal is not None and refusal.retry_after_ms == 100  # type: ignore[attr-defined]
+    assert admission.precheck_load(Load(num_decoding=10)) is None
+    assert admission.num_queued_tokens == 0

@@ -36,10 +36,20 @@ class BudgetStats:
     last_step_s: float = 0.001
 
 
+class CountingTemplate:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def apply_chat_template(self, conversation: list[dict[str, str]], **kwargs: object) -> list[int]:
+        self.calls += 1
+        return [1, 2, 3]
+
+
 class BusyEngine(ThreadedEngine):
     def __init__(self, num_decoding: int) -> None:
         super().__init__()
         self.load = BudgetStats(num_decoding=num_decoding)
+        self.tokenizer = CountingTemplate()  # type: ignore[assignment]
 
     def stats(self) -> BudgetStats:  # type: ignore[override]
         return self.load
@@ -69,6 +79,8 @@ async def test_a_full_budget_refuses_at_once_and_a_first_token_makes_room() -> N
     assert isinstance(refused, SubmitFailed) and refused.code is pe.ErrorCode.OVERLOADED
     assert refused.retry_after_ms == 200  # the soonest stream's 4 tokens at 50 ms
     assert [r.request_id for r in engine.requests] == ["a", "b"]  # c never reached the engine
+    assert engine.tokenizer.calls == 2  # nor the tokenizer: the load alone refused it
+    assert service.admission.num_waiting == 2
     assert service.admission.num_queued_tokens == 6
     # a's first token: it decodes now (the engine counts it), its prompt leaves the queue
     engine.run_steps([[out("a", 0, "Hi")]])
