@@ -60,8 +60,11 @@ def run_burst(engine: LLMEngine, decodes_first: int = 1) -> list[StepStats]:
 
 
 def test_a_burst_of_long_prompts_keeps_the_running_stream_within_the_target(runner: ModelRunner) -> None:
-    calibration = LLMEngine(runner, SchedulerConfig(**LIMITS))  # type: ignore[arg-type]
-    calibration.step_cost.config = StepCostConfig(warmup_steps=1, refit_every=1)
+    calibration = LLMEngine(
+        runner,
+        SchedulerConfig(**LIMITS),  # type: ignore[arg-type]
+        StepCostConfig(warmup_steps=1, refit_every=1),
+    )
     run_burst(calibration, decodes_first=12)  # decodes alone, then with chunks: the fit sees both
     measured = calibration.step_cost.refit()
     assert measured.per_prefill_token_s > 0 and measured.predict(1, 0, 32) > 0
