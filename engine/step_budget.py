@@ -97,9 +97,9 @@ class StepBudget:
         ``min_prefill_tokens``, within ``max_tokens``; all of ``max_tokens``
         when nothing decodes (no stream waits on the step: a prompt alone
         goes in at full speed)."""
-        room = self.max_tokens - decode_seqs
         if decode_seqs == 0:
             return self.max_tokens
+        room = self.max_tokens - decode_seqs
         left = self.target_s - self.cost.predict(decode_seqs, 0, context_tokens)
         per_token = self.cost.per_prefill_token_s
         fit = room if per_token <= 0 else math.floor(max(0.0, left) / per_token)
@@ -120,10 +120,3 @@ class StepBudget:
         if left < 0:
             return 0
         return self.max_tokens if per_seq <= 0 else min(self.max_tokens, math.floor(left / per_seq))
-
-    def step_s(self, decode_seqs: int, context_tokens: int) -> float:
-        """Predicted duration of a step of these decodes plus the prefill
-        :meth:`prefill_tokens` allows (a busy step), seconds."""
-        return self.cost.predict(
-            decode_seqs, self.prefill_tokens(decode_seqs, context_tokens), context_tokens
-        )
