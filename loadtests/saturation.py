@@ -17,7 +17,7 @@ of issue 21 for the new policy: goodput at 4x and 8x the knee at least 90%
 of the peak goodput, admitted requests' TTFT p95 and ITL p95 within the SLO
 at every rate, refusals' p99 under 50 ms, each with ``retry_after_ms``.
 
-Usage: ``python loadtests/saturation.py`` (about 18 minutes: it prints its
+Usage: ``python loadtests/saturation.py`` (at most 16 minutes: it prints its
 estimate first) writes ``docs/perf/saturation.md``, ``.json`` and ``.png``;
 it needs a quiet machine. A smoke: ``--multiples 1,4 --duration 3 --drain 5
 --variants base --out /tmp/sat/saturation.md``.

@@ -40,8 +40,8 @@ reaches the engine. In the order checked:
      ``max_tokens``, ascending, at one step each of the target);
    - *its TTFT* (``target_ttft_s``): the prompt tokens admitted ahead of it
      and its own go in at the prefill tokens per step the budget leaves
-     after the decodes; that many steps of the budgeted step's predicted
-     time must meet the target. Otherwise ``retry_after_ms`` is the excess
+     after the decodes; the predicted time of those steps must meet the
+     target. Otherwise ``retry_after_ms`` is the excess
      (the queue ahead drains by then). A request with nobody ahead of it is
      never refused for its TTFT: its own prompt's time is not overload, and
      retrying would not help.
@@ -329,9 +329,11 @@ class Admission:
         per_step = budget.prefill_tokens(load.num_decoding, load.num_decoding_tokens)
         if per_step <= 0:
             return None
-        steps = math.ceil((self.num_queued_tokens + num_prompt_tokens) / per_step)
-        step_s = budget.cost.predict(load.num_decoding, per_step, load.num_decoding_tokens)
-        ttft = steps * step_s
+        full, rest = divmod(self.num_queued_tokens + num_prompt_tokens, per_step)
+        cost, decodes, context = budget.cost, load.num_decoding, load.num_decoding_tokens
+        ttft = full * cost.predict(decodes, per_step, context) + (
+            cost.predict(decodes, rest, context) if rest else 0.0
+        )
         if ttft <= target:
             return None
         return Refusal(

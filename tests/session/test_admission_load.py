@@ -130,3 +130,13 @@ def test_precheck_judges_the_load_alone_and_counts_nothing() -> None:
     assert refusal is not None and refusal.retry_after_ms == 100  # type: ignore[attr-defined]
     assert admission.precheck_load(Load(num_decoding=10)) is None
     assert admission.num_queued_tokens == 0
+
+
+def test_a_short_queue_on_an_idle_engine_costs_its_own_tokens_not_a_full_step() -> None:
+    """Nothing decodes, so a step may take 512 prompt tokens; 120 queued cost
+    10 + 60 ms, not the 266 ms of a full step."""
+    admission = Admission(AdmissionConfig(max_waiting=0, target_ttft_s=0.1))
+    idle = Load()
+    assert admit(admission, 60, idle) is None
+    assert admit(admission, 60, idle) is None  # 70 ms
+    assert admit(admission, 200, idle) is not None  # 320 tokens: 170 ms
