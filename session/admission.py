@@ -27,10 +27,18 @@ reaches the engine. In the order checked:
    fewer than ``MIN_GAPS_TO_ESTIMATE`` recent gaps (the queue has not been
    busy lately), only the bound of 3. applies.
 
-5. against the engine's step-time model (``overloaded``), once the prompt
-   is tokenized (:meth:`Admission.check_load`), when the engine runs with
-   an inter-token latency target (``--target-itl-ms``; its stats then carry
-   a :class:`~bargein.engine.step_budget.StepBudget`):
+The estimate is a mean; the service enforces the same deadline on each
+admitted request too (``Service``: a request the engine has not scheduled
+after ``max_queue_time_s`` is dropped from the queue with ``overloaded``; one
+whose prefill has begun goes on), so the admitted never wait in the queue
+past it. Such drops are not departures.
+
+5. against the engine's step-time model (``overloaded``), when the engine
+   runs with an inter-token latency target (``--target-itl-ms``; its stats
+   then carry a :class:`~bargein.engine.step_budget.StepBudget`): once the
+   prompt is tokenized (:meth:`Admission.check_load`), and before, with an
+   empty prompt (:meth:`Admission.precheck_load`: a request the load alone
+   refuses is refused without tokenizing):
 
    - *the running streams' ITL*: the request joins the decoding batch once
      its prompt is in, with every request admitted ahead of it; the step of
@@ -55,12 +63,6 @@ reaches the engine. In the order checked:
    it, so under overload the HTTP traffic is refused first and a
    conversation's next turn still finds room. Both share one FIFO queue in
    the engine (a request admitted is never overtaken).
-
-The estimate is a mean; the service enforces the same deadline on each
-admitted request too (``Service``: a request the engine has not scheduled
-after ``max_queue_time_s`` is dropped from the queue with ``overloaded``; one
-whose prefill has begun goes on), so the admitted never wait in the queue
-past it. Such drops are not departures.
 
 Every refusal carries ``retry_after_ms``: when the bucket refills, or when
 the queue is expected to be short enough again. Sans-I/O: time is an argument.
