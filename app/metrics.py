@@ -34,6 +34,8 @@ from prometheus_client import (
     multiprocess,
 )
 
+from bargein.engine.step_budget import TERMS as STEP_COST_TERMS  # pure Python, no torch
+
 if TYPE_CHECKING:
     from bargein.engine.engine import EngineStats, StepStats
     from bargein.engine.request import RequestOutput
@@ -54,6 +56,8 @@ STEP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 
 E2E_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 LOG_WRITE_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 LAG_BUCKETS_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+# measured / predicted step time: 1 is a perfect model
+ERROR_RATIO_BUCKETS = (0.25, 0.5, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0)
 
 
 class Metrics:
@@ -83,6 +87,8 @@ class Metrics:
             self.voice_speculations.labels(outcome=outcome)
         for outcome in ("real", "false"):
             self.voice_barge_ins.labels(outcome=outcome)
+        for term in STEP_COST_TERMS:
+            self.step_cost.labels(term=term)
 
     def _define_latencies(self, r: CollectorRegistry | None) -> None:
         self.ttft = Histogram(
@@ -155,6 +161,13 @@ class Metrics:
             buckets=LATENCY_BUCKETS_S,
             registry=r,
         )
+        self.step_cost_error = Histogram(
+            "bargein_step_cost_error_ratio",
+            "Measured over predicted wall time of an engine step planned against the "
+            "--target-itl-ms budget (how far the learned step-time model is off).",
+            buckets=ERROR_RATIO_BUCKETS,
+            registry=r,
+        )
         self.synthesis_rtf = Histogram(
             "bargein_synthesis_real_time_factor",
             "Synthesis time over the duration of the audio it made, per segment (below 1: faster than real time).",
@@ -177,6 +190,25 @@ class Metrics:
         self.sessions_connected = gauge("bargein_sessions_connected", "Open /v1/realtime connections.")
         self.streams_delivering = gauge(
             "bargein_streams_delivering", "Streams being sent to a client right now."
+        )
+        self.step_cost = Gauge(
+            "bargein_step_cost_seconds",
+            "The learned step-time model: seconds a step costs per unit of each term "
+            "(base: per step; per_decode_seq; per_prefill_token; per_context_token: per KV "
+            "token a decode attends to).",
+            ["term"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.step_cost_samples = gauge(
+            "bargein_step_cost_samples",
+            "Forgotten weight of the steps the step-time model learned from (0: its prior).",
+            mode="livemax",
+        )
+        self.step_target = gauge(
+            "bargein_step_target_seconds",
+            "The inter-token latency target each step is filled to (--target-itl-ms; 0: off).",
+            mode="livemax",
         )
         self.event_loop_lag = gauge(
             "bargein_event_loop_lag_seconds",
@@ -286,6 +318,8 @@ class Metrics:
         _inc(self.generated_tokens, step.num_generated_tokens)
         _inc(self.prefix_cache_queries, step.num_prefix_cache_queries)
         _inc(self.prefix_cache_hits, step.num_prefix_cache_hits)
+        if step.predicted_s:
+            self.step_cost_error.observe(step.duration_s / step.predicted_s)
         self._set_engine_gauges(step.engine)
 
     def _set_engine_gauges(self, engine: EngineStats) -> None:
@@ -294,6 +328,11 @@ class Metrics:
         self.kv_blocks_used.set(engine.num_total_blocks - engine.num_free_blocks)
         self.kv_blocks_total.set(engine.num_total_blocks)
         self.kv_blocks_cached_free.set(engine.num_cached_free_blocks)
+        if engine.step_cost is not None:
+            for term, value in zip(STEP_COST_TERMS, engine.step_cost.as_tuple(), strict=True):
+                self.step_cost.labels(term=term).set(value)
+        self.step_cost_samples.set(engine.step_cost_samples)
+        self.step_target.set(engine.step_budget.target_s if engine.step_budget is not None else 0.0)
 
     def on_outputs(self, outputs: Sequence[RequestOutput]) -> None:
         """One step's outputs (engine thread): count the requests that ended.

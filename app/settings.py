@@ -23,6 +23,15 @@ from bargein.session.config import SessionConfig, VoiceConfig
 
 ENV_PREFIX = "BARGEIN_"
 
+# The SLO-aware scheduling and admission of ``bargein serve`` (issue 21,
+# docs/operating.md "Overload"). The engine and admission configs default to
+# off (a library user's plans stay what the token limits say); serving turns
+# them on. 200 ms per step keeps a stream's inter-token p95 within 0.5 s on
+# the 2-core CPU box with the load generator beside it (docs/perf/saturation.md);
+# on a GPU the budget rarely binds and the token limits decide.
+SERVE_TARGET_ITL_MS = 200.0
+SERVE_TARGET_TTFT_S = 1.5  # under a 2 s objective: the connect, the tokenizing and the estimate's error
+
 
 def default_chat_url(env: Mapping[str, str] | None = None) -> str:
     """The endpoint ``bargein chat`` talks to: ``BARGEIN_URL``, else the local server."""
@@ -284,7 +293,17 @@ def _add_engine_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str
     )
     _add(parser, env, "--backend", m.backend, str, "kernels: auto, torch or triton")
     _add(parser, env, "--cache-dir", m.cache_dir, str, "converted-weights cache")
-    _add(parser, env, "--max-num-seqs", c.max_num_seqs, int, "sequences per step")
+    _add(parser, env, "--max-num-seqs", c.max_num_seqs, int, "most sequences per step (a cap)")
+    _add(
+        parser,
+        env,
+        "--target-itl-ms",
+        SERVE_TARGET_ITL_MS,
+        float,
+        "inter-token latency target: each step is filled (decodes first, then prefill) only up "
+        "to what the learned step-time model says fits it, and the running batch and admission "
+        "follow it (0: off, the token limits alone)",
+    )
     _add(parser, env, "--max-num-batched-tokens", c.max_num_batched_tokens, int, "tokens per step")
     _add(parser, env, "--max-model-len", c.max_model_len, int, "prompt + output tokens of one sequence")
     _add(
@@ -487,6 +506,24 @@ def _add_limit_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]
         float,
         "prompt + max_tokens per second per API key, or per client address without keys (0: off)",
     )
+    _add(
+        parser,
+        env,
+        "--target-ttft-s",
+        SERVE_TARGET_TTFT_S,
+        float,
+        "time-to-first-token target: with --target-itl-ms, a request whose predicted TTFT (the "
+        "prompt tokens queued ahead and its own, at the step budget) is over it is refused "
+        "(overloaded) at once (0: off)",
+    )
+    _add(
+        parser,
+        env,
+        "--bulk-share",
+        a.bulk_share,
+        float,
+        "share of the inter-token budget HTTP API requests may fill; WebSocket sessions may fill all of it",
+    )
 
 
 def _add_transport_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
@@ -560,6 +597,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                     max_model_len=args.max_model_len,
                     prefill_chunk_size=args.prefill_chunk_size,
                     enable_prefix_caching=args.prefix_caching,
+                    target_itl_s=args.target_itl_ms / 1000,
                 ),
             ),
             session=SessionConfig(
@@ -592,6 +630,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                 max_active_per_principal=args.max_responses_per_key,
                 rate_limit_requests=args.rate_limit_requests,
                 rate_limit_tokens=args.rate_limit_tokens,
+                target_ttft_s=args.target_ttft_s,
+                bulk_share=args.bulk_share,
             ),
             voice=VoiceConfig(
                 mode=args.voice,

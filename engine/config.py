@@ -109,6 +109,15 @@ class SchedulerConfig:
         enable_prefix_caching: reuse the K/V of full blocks whose token
             prefix (and ``cache_salt``) another sequence already computed;
             ``False`` allocates and computes every block as before.
+        target_itl_s: the inter-token latency target, seconds: each step
+            is filled only up to what the engine's step-time model predicts
+            fits it (decodes first, then prefill chunks sized to what is
+            left), and a waiting sequence joins the running batch only while
+            the batch's decodes still fit (engine/step_budget.py). 0: off,
+            the token limits alone (the library default, so plans stay what
+            the limits say; ``bargein serve`` turns it on).
+        min_prefill_tokens: with a target, prefill tokens a step may take
+            even when its decodes alone fill the budget (prompts progress).
     """
 
     max_num_seqs: int = 64
@@ -116,6 +125,8 @@ class SchedulerConfig:
     max_model_len: int = 2048
     prefill_chunk_size: int = 256
     enable_prefix_caching: bool = True
+    target_itl_s: float = 0.0
+    min_prefill_tokens: int = 16
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -126,6 +137,10 @@ class SchedulerConfig:
             raise ValueError(f"{self.max_model_len=} must be >= 2")
         if not 1 <= self.prefill_chunk_size <= self.max_num_batched_tokens:
             raise ValueError(f"{self.prefill_chunk_size=} must be in [1, {self.max_num_batched_tokens=}]")
+        if not (self.target_itl_s >= 0 and self.target_itl_s < float("inf")):
+            raise ValueError(f"{self.target_itl_s=} must be >= 0 (0: off)")
+        if self.min_prefill_tokens < 1:
+            raise ValueError(f"{self.min_prefill_tokens=} must be >= 1")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -26,6 +26,8 @@ from bargein.engine.request import EngineRequest, FinishReason, RequestOutput
 from bargein.engine.sampler import Sampler, make_generator
 from bargein.engine.scheduler import Scheduler, SchedulerOutput
 from bargein.engine.sequence import Sequence
+from bargein.engine.step_budget import StepBudget, StepCost
+from bargein.engine.step_cost import StepCostConfig, StepCostModel
 
 
 class ModelRunnerLike(Protocol):
@@ -62,6 +64,15 @@ class EngineStats:
             reused (vLLM's ``prefix_cache_hits``); hits / queries is the hit rate.
         num_cached_free_blocks: gauge, blocks no sequence holds that are
             still registered for reuse (included in ``num_free_blocks``).
+        num_decoding: running sequences whose prompt is in (they decode).
+        num_decoding_tokens: prompt plus output tokens of those (the KV
+            their decodes attend to).
+        running_remaining_tokens: per running sequence, the most tokens it
+            may still generate (``max_tokens``, the context), ascending.
+        step_cost: the step-time model's fit now (engine/step_cost.py).
+        step_cost_samples: the fit's forgotten sample weight (0: the prior).
+        step_budget: the next step's time budget; None without
+            ``target_itl_s`` (admission then does not use the model).
     """
 
     num_free_blocks: int
@@ -77,6 +88,12 @@ class EngineStats:
     num_prefix_cache_queries: int = 0
     num_prefix_cache_hits: int = 0
     num_cached_free_blocks: int = 0
+    num_decoding: int = 0
+    num_decoding_tokens: int = 0
+    running_remaining_tokens: tuple[int, ...] = ()
+    step_cost: StepCost | None = None
+    step_cost_samples: float = 0.0
+    step_budget: StepBudget | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -101,6 +118,13 @@ class StepStats:
             in the prefix cache by the sequences admitted this step, and of
             those the tokens reused (the step's share of the
             :class:`EngineStats` counters).
+        num_decode_seqs / num_context_tokens / num_model_prefill_tokens:
+            the step-time model's features of the step (one-token slices,
+            the KV they attend to, the other tokens), as it learned them.
+        predicted_s: the step's duration as the model predicted it when
+            planning (None without a target).
+        prefill_budget: prefill tokens the budget allowed after the step's
+            decodes (None without a target).
     """
 
     duration_s: float
@@ -116,6 +140,11 @@ class StepStats:
     engine: EngineStats
     num_prefix_cache_queries: int = 0
     num_prefix_cache_hits: int = 0
+    num_decode_seqs: int = 0
+    num_context_tokens: int = 0
+    num_model_prefill_tokens: int = 0
+    predicted_s: float | None = None
+    prefill_budget: int | None = None
 
 
 @dataclass(slots=True)
@@ -134,21 +163,32 @@ class LLMEngine:
 
     Args:
         runner: loads the model and owns the KV tensors (``ModelRunner``).
-        config: scheduler limits and the prefix-caching switch.
+        config: scheduler limits, the prefix-caching switch and the
+            inter-token latency target.
+        step_cost: how the step-time model learns (its prior above all).
+
+    Attributes:
+        step_cost: the step-time model, fitted to every step that ran the
+            model (its ``current`` may be read from any thread).
 
     Raises:
         ValueError: the KV pool cannot hold one sequence of ``max_model_len``
             tokens (preemption could then never make room).
     """
 
-    def __init__(self, runner: ModelRunnerLike, config: SchedulerConfig) -> None:
+    def __init__(
+        self, runner: ModelRunnerLike, config: SchedulerConfig, step_cost: StepCostConfig | None = None
+    ) -> None:
         capacity = runner.num_blocks * runner.block_size
         if capacity < config.max_model_len:
             raise ValueError(f"KV pool holds {capacity} tokens < {config.max_model_len=}")
         self.runner = runner
         self.config = config
         self.pool = BlockPool(runner.num_blocks, runner.block_size, model_id=_model_identity(runner))
-        self.scheduler = Scheduler(config, self.pool, runner.eos_token_ids)
+        self.step_cost = StepCostModel(step_cost)
+        self.scheduler = Scheduler(
+            config, self.pool, runner.eos_token_ids, step_cost=lambda: self.step_cost.current
+        )
         self.sampler = Sampler()
         self._detoks: dict[str, IncrementalDetokenizer] = {}
         self._generators: dict[str, torch.Generator | None] = {}
@@ -277,6 +317,10 @@ class LLMEngine:
             self.time_by_phase["schedule"] += t_sched - start
             self.time_by_phase["postprocess"] += time.perf_counter() - t_model
         self._last_step_s = time.perf_counter() - start
+        if not plan.is_empty:
+            self.step_cost.observe(
+                plan.num_decode_seqs, plan.num_prefill_tokens, plan.num_context_tokens, self._last_step_s
+            )
         self.last_step = self._step_stats(
             plan,
             num_prefix_cache_queries=self.scheduler.num_prefix_cache_queries - queries,
@@ -333,6 +377,11 @@ class LLMEngine:
             engine=self.stats(),
             num_prefix_cache_queries=num_prefix_cache_queries,
             num_prefix_cache_hits=num_prefix_cache_hits,
+            num_decode_seqs=plan.num_decode_seqs,
+            num_context_tokens=plan.num_context_tokens,
+            num_model_prefill_tokens=plan.num_prefill_tokens,
+            predicted_s=plan.predicted_s,
+            prefill_budget=plan.prefill_budget,
         )
 
     def _execute(self, plan: SchedulerOutput) -> list[int]:
@@ -425,6 +474,13 @@ class LLMEngine:
 
     def stats(self) -> EngineStats:
         """A snapshot of the counters (call on the engine thread)."""
+        running = self.scheduler.running
+        decoding = [seq for seq in running if seq.num_tokens - seq.num_computed_tokens == 1]
+        max_len = self.config.max_model_len
+        remaining = sorted(
+            max(0, min(seq.params.max_tokens - seq.num_output_tokens, max_len - seq.num_tokens))
+            for seq in running
+        )
         return EngineStats(
             num_free_blocks=self.pool.num_free_blocks,
             num_total_blocks=self.pool.num_total_blocks,
@@ -439,6 +495,12 @@ class LLMEngine:
             num_prefix_cache_queries=self.scheduler.num_prefix_cache_queries,
             num_prefix_cache_hits=self.scheduler.num_prefix_cache_hits,
             num_cached_free_blocks=self.pool.num_cached_free_blocks,
+            num_decoding=len(decoding),
+            num_decoding_tokens=sum(seq.num_tokens for seq in decoding),
+            running_remaining_tokens=tuple(remaining),
+            step_cost=self.step_cost.current,
+            step_cost_samples=self.step_cost.effective_samples,
+            step_budget=self.scheduler.step_budget(),
         )
 
 

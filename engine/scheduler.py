@@ -11,6 +11,20 @@ Each step spends at most ``max_num_batched_tokens`` tokens:
    ``max_num_seqs`` run and blocks allow (none admitted in a step that
    preempted).
 
+With an inter-token latency target (``SchedulerConfig.target_itl_s``) and
+a step-time model (the ``step_cost`` callable, the engine's fit of
+engine/step_budget.py), time is the budget too: after the decodes, prefill
+chunks (2. and 3.) share only the prefill tokens the model says fit the
+target after them (at least ``min_prefill_tokens``), so a burst of long
+prompts never stretches the running streams' next token past the target;
+and a waiting sequence joins the running batch only while the decodes of
+the batch it makes (every running sequence, and it, once their prompts are
+in) still fit the target with ``min_prefill_tokens`` of prefill: the
+running set follows the budget, ``max_num_seqs`` is only a cap. A running
+batch over the budget (the machine slowed down) is not preempted for time:
+preemption recomputes, which costs more time, and the batch shrinks as its
+streams finish because nothing joins it.
+
 When the block pool cannot cover a running sequence's next tokens, the
 newest running sequence is preempted: its blocks are freed and it goes back
 to the front of the waiting queue to be recomputed (prompt plus output so
@@ -28,13 +42,14 @@ computed tokens filled is registered, prompt and output alike.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from bargein.engine.config import SchedulerConfig
 from bargein.engine.kv_cache import BlockPool, extend_block_hashes
 from bargein.engine.request import EngineRequest, FinishReason
 from bargein.engine.sequence import Sequence, SequenceStatus
+from bargein.engine.step_budget import StepBudget, StepCost
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,11 +81,40 @@ class SchedulerOutput:
             this order among those with ``sample``.
         preempted_ids: request ids preempted while planning this step.
         num_batched_tokens: total tokens computed this step.
+        budget: the step budget it was planned against (None: no target).
+        prefill_budget: of it, the prefill tokens the step could take after
+            its decodes (None: no target; the token limits alone).
     """
 
     scheduled: tuple[ScheduledSeq, ...]
     preempted_ids: tuple[str, ...] = ()
     num_batched_tokens: int = 0
+    budget: StepBudget | None = None
+    prefill_budget: int | None = None
+
+    @property
+    def num_decode_seqs(self) -> int:
+        """One-token slices: the step-time model's decodes."""
+        return sum(1 for s in self.scheduled if len(s.token_ids) == 1)
+
+    @property
+    def num_context_tokens(self) -> int:
+        """KV tokens the decodes attend to (each one's ``start_pos + 1``)."""
+        return sum(s.start_pos + 1 for s in self.scheduled if len(s.token_ids) == 1)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        """Tokens of the slices longer than one (prompt chunks)."""
+        return self.num_batched_tokens - self.num_decode_seqs
+
+    @property
+    def predicted_s(self) -> float | None:
+        """The step's duration as the model predicts it; None without a target."""
+        if self.budget is None:
+            return None
+        return self.budget.cost.predict(
+            self.num_decode_seqs, self.num_prefill_tokens, self.num_context_tokens
+        )
 
     @property
     def num_sample(self) -> int:
@@ -87,9 +131,11 @@ class SchedulerOutput:
 class _StepPlan:
     """Working state of one ``schedule()`` call."""
 
-    budget: int
+    budget: int  # tokens left to plan
     num_tokens: dict[Sequence, int] = field(default_factory=dict)  # insertion order
     preempted: list[Sequence] = field(default_factory=list)
+    time: StepBudget | None = None  # the target's budget, if any
+    prefill_budget: int | None = None
 
 
 class Scheduler:
@@ -99,6 +145,9 @@ class Scheduler:
         config: step limits.
         pool: the KV block pool (shared with nobody else).
         eos_token_ids: tokens that end a sequence unless ``ignore_eos``.
+        step_cost: the current step-time model (called once per plan);
+            with ``config.target_itl_s`` it sizes each step. None: the token
+            limits alone, whatever the target.
 
     Misuse (a duplicate id, a prompt that cannot fit the context, sampled
     tokens that do not match the plan) is an ``AssertionError``: the engine
@@ -116,8 +165,10 @@ class Scheduler:
         config: SchedulerConfig,
         pool: BlockPool,
         eos_token_ids: Iterable[int] = (),
+        step_cost: Callable[[], StepCost] | None = None,
     ) -> None:
         self.config = config
+        self.step_cost = step_cost
         self.pool = pool
         self.eos_token_ids = frozenset(eos_token_ids)
         self.waiting: deque[Sequence] = deque()
@@ -192,10 +243,27 @@ class Scheduler:
 
     # ---- planning a step --------------------------------------------------
 
+    def step_budget(self) -> StepBudget | None:
+        """The time budget of the next step (None: no target or no model)."""
+        cfg = self.config
+        if not cfg.target_itl_s or self.step_cost is None:
+            return None
+        return StepBudget(
+            target_s=cfg.target_itl_s,
+            cost=self.step_cost(),
+            max_tokens=cfg.max_num_batched_tokens,
+            min_prefill_tokens=cfg.min_prefill_tokens,
+        )
+
     def schedule(self) -> SchedulerOutput:
         """Plan the next step: decodes, then prefill chunks, then admissions."""
-        plan = _StepPlan(budget=self.config.max_num_batched_tokens)
+        plan = _StepPlan(budget=self.config.max_num_batched_tokens, time=self.step_budget())
         self._schedule_running(plan, decodes=True)
+        if plan.time is not None:
+            decodes = [seq for seq, n in plan.num_tokens.items() if n == 1]
+            context = sum(seq.num_computed_tokens + 1 for seq in decodes)
+            plan.prefill_budget = plan.time.prefill_tokens(len(decodes), context)
+            plan.budget = min(plan.budget, plan.prefill_budget)
         self._schedule_running(plan, decodes=False)
         if not plan.preempted:
             self._schedule_waiting(plan)
@@ -204,6 +272,8 @@ class Scheduler:
             scheduled=scheduled,
             preempted_ids=tuple(s.request_id for s in plan.preempted),
             num_batched_tokens=sum(plan.num_tokens.values()),
+            budget=plan.time,
+            prefill_budget=plan.prefill_budget,
         )
 
     def _schedule_running(self, plan: _StepPlan, *, decodes: bool) -> None:
@@ -249,11 +319,18 @@ class Scheduler:
         self.num_preemptions += 1
 
     def _schedule_waiting(self, plan: _StepPlan) -> None:
-        """Admit waiting sequences in FIFO order while limits and blocks allow."""
+        """Admit waiting sequences in FIFO order while limits, blocks and the
+        time budget allow."""
+        # the decodes of the running batch once every prompt is in
+        context = sum(seq.num_tokens for seq in self.running) if plan.time is not None else 0
         while self.waiting and plan.budget > 0:
             if len(self.running) >= self.config.max_num_seqs:
                 return
             seq = self.waiting[0]
+            if plan.time is not None:
+                context += seq.num_tokens
+                if self.running and not plan.time.fits(len(self.running) + 1, context):
+                    return  # FIFO: it waits for the batch to shrink (one always runs)
             hits = self._cache_hits(seq)
             num_cached = len(hits) * self.pool.block_size
             num_new = min(seq.num_tokens - num_cached, self.config.prefill_chunk_size, plan.budget)

@@ -33,6 +33,37 @@ after ``max_queue_time_s`` is dropped from the queue with ``overloaded``; one
 whose prefill has begun goes on), so the admitted never wait in the queue
 past it. Such drops are not departures.
 
+5. against the engine's step-time model (``overloaded``), when the engine
+   runs with an inter-token latency target (``--target-itl-ms``; its stats
+   then carry a :class:`~bargein.engine.step_budget.StepBudget`): once the
+   prompt is tokenized (:meth:`Admission.check_load`), and before, with an
+   empty prompt (:meth:`Admission.precheck_load`: a request the load alone
+   refuses is refused without tokenizing):
+
+   - *the running streams' ITL*: the request joins the decoding batch once
+     its prompt is in, with every request admitted ahead of it; the step of
+     that batch, with the minimum prefill, must fit the target. Otherwise
+     the batch must first shrink by the excess: ``retry_after_ms`` is the
+     time until that many running streams can have ended (their remaining
+     ``max_tokens``, ascending, at one step each of the target);
+   - *its TTFT* (``target_ttft_s``): the prompt tokens admitted ahead of it
+     and its own go in at the prefill tokens per step the budget leaves
+     after the decodes; the predicted time of those steps must meet the
+     target. Otherwise ``retry_after_ms`` is the excess
+     (the queue ahead drains by then). A request with nobody ahead of it is
+     never refused for its TTFT: its own prompt's time is not overload, and
+     retrying would not help.
+
+   Prompt tokens are counted whole (a prefix-cache hit is known only once
+   the engine schedules the request): the estimate errs towards refusing.
+
+   Priority: interactive sessions (a WebSocket session's turns, voice or
+   text; :attr:`bargein.session.service.Owner.interactive`) may fill the
+   whole ITL budget; bulk requests (the HTTP API) only ``bulk_share`` of
+   it, so under overload the HTTP traffic is refused first and a
+   conversation's next turn still finds room. Both share one FIFO queue in
+   the engine (a request admitted is never overtaken).
+
 Every refusal carries ``retry_after_ms``: when the bucket refills, or when
 the queue is expected to be short enough again. Sans-I/O: time is an argument.
 
@@ -48,7 +79,9 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import Protocol
 
+from bargein.engine.step_budget import StepBudget
 from bargein.protocol import events as pe
 
 MIN_RETRY_MS = 100
@@ -71,6 +104,11 @@ class AdmissionConfig:
         rate_limit_tokens: prompt + max_tokens per second per principal.
         burst_s: seconds of its rate a bucket holds (its size).
         window_s: seconds of recent queue departures the wait estimate uses.
+        target_ttft_s: the time-to-first-token target of the model-based
+            check (5. above), seconds; 0: off (the library default; ``bargein
+            serve`` turns it on). The ITL part needs only the engine's target.
+        bulk_share: the share of the ITL budget bulk (HTTP) requests may
+            fill; interactive sessions may fill all of it.
     """
 
     max_waiting: int = 64
@@ -80,12 +118,16 @@ class AdmissionConfig:
     rate_limit_tokens: float = 0.0
     burst_s: float = 2.0
     window_s: float = 20.0
+    target_ttft_s: float = 0.0
+    bulk_share: float = 0.8
 
     def __post_init__(self) -> None:
         for name in ("max_waiting", "max_active_per_principal"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
-        for name in ("max_queue_time_s", "rate_limit_requests", "rate_limit_tokens"):
+        if not 0 < self.bulk_share <= 1:
+            raise ValueError(f"bulk_share={self.bulk_share} must be in (0, 1]")
+        for name in ("max_queue_time_s", "rate_limit_requests", "rate_limit_tokens", "target_ttft_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
         if self.burst_s <= 0 or self.window_s <= 0:
@@ -125,6 +167,29 @@ class TokenBucket:
         return 0.0 if need <= self.level else (need - self.level) / self.rate
 
 
+class EngineLoad(Protocol):
+    """What :meth:`Admission.check_load` reads of the engine
+    (:class:`bargein.engine.engine.EngineStats` has it).
+
+    Attributes:
+        step_budget: the engine's step budget; None: no ITL target (the
+            model-based check is off).
+        num_decoding: running sequences whose prompt is in.
+        num_decoding_tokens: their prompt plus output tokens.
+        running_remaining_tokens: per running sequence, the most tokens it
+            may still generate, ascending.
+    """
+
+    @property
+    def step_budget(self) -> StepBudget | None: ...
+    @property
+    def num_decoding(self) -> int: ...
+    @property
+    def num_decoding_tokens(self) -> int: ...
+    @property
+    def running_remaining_tokens(self) -> tuple[int, ...]: ...
+
+
 def _retry_ms(seconds: float) -> int:
     return int(min(MAX_RETRY_MS, max(MIN_RETRY_MS, math.ceil(seconds * 1000))))
 
@@ -144,7 +209,8 @@ class Admission:
     """Admission state of one service (its principals, its queue).
 
     Call :meth:`check_request` before rendering the prompt, :meth:`charge_tokens`
-    after, :meth:`started` when a request produced its first token (or
+    and :meth:`check_load` after (then :meth:`release_load` once its first
+    token came or it ended or failed), :meth:`started` when a request produced its first token (or
     ended before), :meth:`ended` when its generation ended, or
     :meth:`cancelled` when it was refused after :meth:`check_request` passed.
     """
@@ -152,6 +218,7 @@ class Admission:
     def __init__(self, config: AdmissionConfig) -> None:
         self.config = config
         self.num_waiting = 0
+        self.num_queued_tokens = 0  # prompt tokens admitted by check_load, not started yet
         # (when, seconds) of the recent service gaps, oldest first
         self._gaps: deque[tuple[float, float]] = deque()
         self._last_departure: float | None = None
@@ -190,6 +257,93 @@ class Admission:
             )
         bucket.level -= num_tokens
         return None
+
+    def check_load(
+        self, num_prompt_tokens: int, load: EngineLoad | None, *, interactive: bool = True
+    ) -> Refusal | None:
+        """Admit a request against the engine's step-time model (5. in the
+        module doc), or say why not; on admission its prompt tokens count
+        as queued until :meth:`release_load`.
+
+        Args:
+            num_prompt_tokens: its prompt's tokens.
+            load: the engine's stats now; None, or one without a
+                ``step_budget``, admits (no model to judge by).
+            interactive: a session's turn (the whole budget) or a bulk
+                request (``bulk_share`` of it).
+
+        Call after :meth:`check_request` passed (the request is among
+        ``num_waiting``).
+        """
+        refusal = self._judge_load(num_prompt_tokens, load, interactive)
+        if refusal is None and load is not None and load.step_budget is not None:
+            self.num_queued_tokens += num_prompt_tokens
+        return refusal
+
+    def precheck_load(self, load: EngineLoad | None, *, interactive: bool = True) -> Refusal | None:
+        """:meth:`check_load` for an empty prompt, counting nothing: a request
+        the load alone refuses is refused before its prompt is tokenized
+        (a thread hop that waits for the engine's GIL), so at once."""
+        return self._judge_load(0, load, interactive)
+
+    def _judge_load(
+        self, num_prompt_tokens: int, load: EngineLoad | None, interactive: bool
+    ) -> Refusal | None:
+        budget = None if load is None else load.step_budget
+        if load is None or budget is None:
+            return None
+        share = 1.0 if interactive else self.config.bulk_share
+        decoders = load.num_decoding + max(1, self.num_waiting)  # its own among the waiting
+        context = load.num_decoding_tokens + self.num_queued_tokens + num_prompt_tokens
+        return self._over_itl(budget, load, decoders, context, share) or self._over_ttft(
+            budget, load, num_prompt_tokens
+        )
+
+    def release_load(self, num_prompt_tokens: int) -> None:
+        """A request admitted by :meth:`check_load` left the queue (its first
+        token came, it ended, or it never reached the engine)."""
+        self.num_queued_tokens = max(0, self.num_queued_tokens - num_prompt_tokens)
+
+    def _over_itl(
+        self, budget: StepBudget, load: EngineLoad, decoders: int, context: int, share: float
+    ) -> Refusal | None:
+        if decoders <= 1 or budget.fits(decoders, context, share):
+            return None
+        capacity = budget.max_decode_seqs(context / decoders, share)
+        excess = max(1, decoders - capacity)
+        remaining = load.running_remaining_tokens
+        wait_s = remaining[min(excess, len(remaining)) - 1] * budget.target_s if remaining else 1.0
+        who = "" if share == 1.0 else f" ({share:.0%} of it for HTTP requests)"
+        return Refusal(
+            code=pe.ErrorCode.OVERLOADED,
+            retry_after_ms=_retry_ms(wait_s),
+            message=f"the server is overloaded: {decoders} streams would share each step, "
+            f"past the {1000 * budget.target_s:.0f} ms inter-token target{who}; retry later",
+        )
+
+    def _over_ttft(self, budget: StepBudget, load: EngineLoad, num_prompt_tokens: int) -> Refusal | None:
+        """The queue ahead and the prompt, at the prefill rate the current
+        decodes leave (it falls as the queue's prompts become decodes; the
+        ITL check bounds that)."""
+        target = self.config.target_ttft_s
+        if not target or self.num_queued_tokens == 0:
+            return None  # off, or nobody ahead: its own prompt's time is no overload
+        per_step = budget.prefill_tokens(load.num_decoding, load.num_decoding_tokens)
+        if per_step <= 0:
+            return None
+        full, rest = divmod(self.num_queued_tokens + num_prompt_tokens, per_step)
+        cost, decodes, context = budget.cost, load.num_decoding, load.num_decoding_tokens
+        ttft = full * cost.predict(decodes, per_step, context) + (
+            cost.predict(decodes, rest, context) if rest else 0.0
+        )
+        if ttft <= target:
+            return None
+        return Refusal(
+            code=pe.ErrorCode.OVERLOADED,
+            retry_after_ms=_retry_ms(ttft - target),
+            message=f"the server is overloaded: the expected time to the first token "
+            f"({ttft:.1f} s) is over {target:g} s; retry later",
+        )
 
     def started(self, now: float, *, admitted_at: float, served: bool = True) -> None:
         """An admitted request (admitted at ``admitted_at``) left the queue: its

@@ -78,6 +78,7 @@ class _LiveStream:
     abort_reason: FinishReason | None = None  # what the accepted cancel asked for
     principal: str = ""  # its owner's admission key (told when it ended)
     num_prompt_tokens: int = 0
+    queued_tokens: int = 0  # prompt tokens admission counts as queued (check_load) until it starts
     admitted_at: float = 0.0  # service clock when admission let it in
     started: bool = False  # its first token (or its end) came: it left the queue
     released: bool = False  # the connection that created it closed
@@ -136,6 +137,12 @@ class Owner:
     def admission_key(self) -> str:
         """The key of this owner's admission state."""
         return self.limit_key or self.principal
+
+    @property
+    def interactive(self) -> bool:
+        """A realtime session's turn (it has a session id), which admission
+        favours over a bulk HTTP request (none): session/admission.py."""
+        return bool(self.session_id)
 
 
 class Service:
@@ -270,6 +277,10 @@ class Service:
         refusal = self.admission.check_request(owner.admission_key, admitted_at)
         if refusal is not None:
             return self._refused(action, refusal)
+        refusal = self.admission.precheck_load(self._engine_load(), interactive=owner.interactive)
+        if refusal is not None:  # the load alone refuses it: no need to tokenize
+            self.admission.cancelled(owner.admission_key)
+            return self._refused(action, refusal)
         try:
             result = await self._submit_admitted(action, owner, now, admitted_at)
         except BaseException:
@@ -298,11 +309,37 @@ class Service:
             ids = await asyncio.to_thread(prompt_ids, self.runner.tokenizer, action.messages, action.prompt)
         if len(ids) >= self.max_model_len:
             return self._too_long(action, len(ids))
+        load = self._engine_load()
+        refusal = self.admission.check_load(len(ids), load, interactive=owner.interactive)
+        if refusal is not None:  # first: a request refused for the load costs no rate tokens
+            return self._refused(action, refusal)
+        queued = len(ids) if load is not None else 0  # what check_load counted as queued
         refusal = self.admission.charge_tokens(
             owner.admission_key, len(ids) + action.params.max_tokens, self.clock()
         )
         if refusal is not None:
+            self.admission.release_load(queued)
             return self._refused(action, refusal)
+        submitted = False
+        try:
+            result = await self._create_and_submit(action, owner, now, admitted_at, ids, queued)
+            submitted = isinstance(result, Submitted)
+            return result
+        finally:
+            if not submitted:  # it never reached the engine: not queued after all
+                self.admission.release_load(queued)
+
+    def _engine_load(self) -> Any:
+        """The runner's stats when they carry a step budget (the engine runs
+        with an ITL target), for admission's model-based check; else None."""
+        stats = getattr(self.runner, "stats", None)
+        load = stats() if stats is not None else None
+        return load if getattr(load, "step_budget", None) is not None else None
+
+    async def _create_and_submit(
+        self, action: Submit, owner: Owner, now: float, admitted_at: float, ids: tuple[int, ...], queued: int
+    ) -> Submitted | SubmitFailed:
+        """Create the stream in the log, submit the request, start its deadline."""
         try:
             if self.cluster is not None:  # its record and lease exist before the stream
                 await self.cluster.claim(action.stream_id, ids, action.params)
@@ -352,6 +389,7 @@ class Service:
             on_finish=owner.on_finish,
             principal=owner.admission_key,
             num_prompt_tokens=len(ids),
+            queued_tokens=queued,
             admitted_at=admitted_at,
         )
         queue_time_s = self.admission.config.max_queue_time_s
@@ -693,6 +731,7 @@ class Service:
             self.admission.ended(live.principal)
         else:  # still counted as waiting: its first token never came
             self.admission.cancelled(live.principal)
+            self.admission.release_load(live.queued_tokens)
         text = "".join(live.texts)
         self.observer.finished(
             stream_id=stream_id,
@@ -756,6 +795,7 @@ class Service:
             if out.new_token_ids:
                 live.expired = None  # scheduled before its deadline: the drop did not apply
             self.admission.started(self.clock(), admitted_at=live.admitted_at, served=live.expired is None)
+            self.admission.release_load(live.queued_tokens)
         cut = live.abort_requested_at is not None
         entry = None
         if out.new_token_ids and not cut:

@@ -62,6 +62,10 @@ EXPECTED_FAMILIES = {
     "bargein_kv_blocks_cached_free",
     "bargein_prefix_cache_queries",
     "bargein_prefix_cache_hits",
+    "bargein_step_cost_seconds",
+    "bargein_step_cost_samples",
+    "bargein_step_target_seconds",
+    "bargein_step_cost_error_ratio",
 }
 
 

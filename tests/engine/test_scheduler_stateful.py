@@ -5,7 +5,9 @@ some keeping a prefix cached) and steps; the "model" is a fake sampler
 drawing token ids, some of them EOS. Every request must end exactly once,
 blocks must never leak, reference counts must equal the tables holding each
 block, no step crashes. Run with prefix caching on (prompts that share
-prefixes, two salts) and off.
+prefixes, two salts) and off, and with a time budget that binds (at most
+two sequences decode in a step, a few prefill tokens after them): no step
+takes more prefill than the budget allowed, and still every request ends.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from bargein.engine.kv_cache import BlockPool
 from bargein.engine.request import EngineRequest, SamplingParams
 from bargein.engine.scheduler import Scheduler
 from bargein.engine.sequence import SequenceStatus
+from bargein.engine.step_budget import StepCost
 
 EOS = 0
 NUM_BLOCKS = 10
@@ -71,6 +74,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         if self.sched.num_prefix_cache_hits > hits:
             event("prefix cache hit")
         assert out.num_batched_tokens <= CONFIG.max_num_batched_tokens
+        if out.prefill_budget is not None:
+            event("time budget")
+            assert out.num_prefill_tokens <= out.prefill_budget
         assert len(out.scheduled) <= CONFIG.max_num_seqs
         if out.preempted_ids:
             event("preempted")
@@ -113,5 +119,21 @@ SchedulerMachine.TestCase.settings = settings(max_examples=150, stateful_step_co
 SchedulerMachineWithoutPrefixCaching.TestCase.settings = settings(
     max_examples=50, stateful_step_count=40, deadline=None
 )
+
+
+class SchedulerMachineWithTimeBudget(SchedulerMachine):
+    # 40 ms a step: 10 ms, 10 ms a decode, 5 ms a prefill token; two prefill tokens at least
+    config = replace(CONFIG, target_itl_s=0.04, min_prefill_tokens=2)
+    cost = StepCost(base_s=0.01, per_decode_s=0.01, per_prefill_token_s=0.005, per_context_token_s=0.0)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sched.step_cost = lambda: self.cost
+
+
+SchedulerMachineWithTimeBudget.TestCase.settings = settings(
+    max_examples=50, stateful_step_count=40, deadline=None
+)
+test_scheduler_state_machine_with_time_budget = SchedulerMachineWithTimeBudget.TestCase
 test_scheduler_state_machine = SchedulerMachine.TestCase
 test_scheduler_state_machine_without_prefix_caching = SchedulerMachineWithoutPrefixCaching.TestCase

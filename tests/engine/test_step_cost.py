@@ -1,0 +1,115 @@
+"""The step-time model on synthetic steps: the fit, its prior, forgetting, the budget's answers."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from bargein.engine.step_budget import CPU_PRIOR, StepBudget, StepCost
+from bargein.engine.step_cost import StepCostConfig, StepCostModel
+
+TRUE = StepCost(base_s=0.02, per_decode_s=0.001, per_prefill_token_s=0.0005, per_context_token_s=2e-7)
+
+
+def feed(
+    model: StepCostModel, truth: StepCost, num_steps: int, *, seed: int = 0, noise: float = 0.02
+) -> None:
+    """Steps of a mixed load (decodes, some prefill, growing contexts), each
+    timed by ``truth`` with ``noise`` relative jitter."""
+    rng = random.Random(seed)
+    for _ in range(num_steps):
+        decodes = rng.randint(0, 48)
+        prefill = rng.choice((0, 0, rng.randint(1, 256)))
+        context = decodes * rng.randint(16, 1024)
+        t = truth.predict(decodes, prefill, context) * (1 + rng.uniform(-noise, noise))
+        model.observe(decodes, prefill, context, t)
+
+
+def test_fit_recovers_the_coefficients_of_synthetic_steps() -> None:
+    model = StepCostModel()
+    feed(model, TRUE, 600)
+    fit = model.refit()
+    for got, want in zip(fit.as_tuple(), TRUE.as_tuple(), strict=True):
+        assert got == pytest.approx(want, rel=0.1)
+    assert fit.predict(32, 64, 16_000) == pytest.approx(TRUE.predict(32, 64, 16_000), rel=0.02)
+
+
+def test_before_samples_the_prior_answers() -> None:
+    model = StepCostModel()
+    assert model.current == CPU_PRIOR
+    model.observe(1, 0, 10, 5.0)  # warm-up steps (compilation) are not learned from
+    model.observe(1, 0, 10, 5.0)
+    assert model.num_samples == 0 and model.refit() == CPU_PRIOR
+
+
+def test_a_term_the_data_never_saw_keeps_its_prior() -> None:
+    """Decode-only steps say nothing of prefill: its coefficient stays the prior's."""
+    model = StepCostModel()
+    rng = random.Random(1)
+    for _ in range(400):
+        decodes = rng.randint(1, 32)
+        model.observe(decodes, 0, decodes * 100, TRUE.predict(decodes, 0, decodes * 100))
+    fit = model.refit()
+    assert fit.per_prefill_token_s == pytest.approx(CPU_PRIOR.per_prefill_token_s, rel=0.05)
+    assert fit.per_decode_s == pytest.approx(TRUE.per_decode_s, rel=0.2)
+
+
+def test_coefficients_are_never_negative() -> None:
+    """Steps that get faster with more decodes (noise, another process
+    leaving) would give a negative slope to plain least squares."""
+    model = StepCostModel(StepCostConfig(prior_weight=0.01))
+    for i in range(300):
+        decodes = i % 40
+        model.observe(decodes, 0, 0, 0.1 - 0.002 * decodes)
+    fit = model.refit()
+    assert min(fit.as_tuple()) >= 0.0
+    assert fit.per_decode_s == 0.0
+    assert fit.base_s == pytest.approx(0.06, rel=0.2)  # the mean, with no slope
+
+
+def test_forgetting_follows_a_machine_that_slowed_down() -> None:
+    model = StepCostModel(StepCostConfig(half_life_steps=50))
+    feed(model, TRUE, 400)
+    slower = StepCost(**{name: 3 * getattr(TRUE, name) for name in TRUE.__slots__})
+    feed(model, slower, 400, seed=2)
+    fit = model.refit()
+    assert fit.predict(16, 0, 4000) == pytest.approx(slower.predict(16, 0, 4000), rel=0.05)
+    assert model.effective_samples == pytest.approx(50 / 0.693, rel=0.05)
+
+
+def test_one_outlier_moves_the_fit_little() -> None:
+    model = StepCostModel()
+    feed(model, TRUE, 400)
+    before = model.refit().predict(8, 0, 800)
+    model.observe(8, 0, 800, 30.0)  # a 30 s stall (swap, a debugger)
+    after = model.refit().predict(8, 0, 800)
+    assert after < 1.5 * before
+
+
+def test_budget_sizes_prefill_to_what_is_left_after_the_decodes() -> None:
+    budget = StepBudget(target_s=0.1, cost=TRUE, max_tokens=512, min_prefill_tokens=16)
+    # 0.1 - (0.02 + 20 * 0.001 + 4000 * 2e-7) = 0.0592 s left: 118 tokens at 0.5 ms
+    assert budget.prefill_tokens(20, 4000) == 118
+    assert TRUE.predict(20, 118, 4000) <= 0.1 < TRUE.predict(20, 119, 4000)
+    # decodes over the budget: prompts still progress by the minimum
+    assert budget.prefill_tokens(200, 0) == 16
+    # a fast model: the token limit binds
+    assert budget.prefill_tokens(2, 0) < 512 - 2 or TRUE.predict(2, 510, 0) <= 0.1
+    fast = StepBudget(target_s=10.0, cost=TRUE, max_tokens=512)
+    assert fast.prefill_tokens(12, 0) == 500
+
+
+def test_budget_bounds_the_decoding_batch() -> None:
+    budget = StepBudget(target_s=0.1, cost=TRUE, max_tokens=512, min_prefill_tokens=16)
+    n = budget.max_decode_seqs(context_per_seq=500)
+    assert budget.fits(n, n * 500) and not budget.fits(n + 1, (n + 1) * 500)
+    assert budget.max_decode_seqs(500, share=0.5) < n
+    assert StepBudget(target_s=0.01, cost=TRUE, max_tokens=512).max_decode_seqs(0) == 0
+
+
+def test_invalid_coefficients_and_configs_are_refused() -> None:
+    with pytest.raises(ValueError, match="per_decode_s"):
+        StepCost(base_s=0.0, per_decode_s=-1.0, per_prefill_token_s=0.0, per_context_token_s=0.0)
+    with pytest.raises(ValueError, match="half_life_steps"):
+        StepCostConfig(half_life_steps=0)
