@@ -476,7 +476,11 @@ async def test_rate_limits_are_reported_at_each_response(live_server: LiveServer
 async def test_speech_over_a_spoken_answer_cancels_it_as_turn_detected(voice_server: LiveServer) -> None:
     """Barge-in by voice, OpenAI's way: the server's VAD cancels the answer
     (``turn_detected``); the client then truncates the item at what it played."""
-    question = silence_pcm16(300, 24000) + espeak_pcm16("Tell me a long story about a dragon.", 24000) + silence_pcm16(1000, 24000)
+    question = (
+        silence_pcm16(300, 24000)
+        + espeak_pcm16("Tell me a long story about a dragon.", 24000)
+        + silence_pcm16(1000, 24000)
+    )
     step = 24000 * 2 * 40 // 1000
     async with realtime(voice_server.http_url) as conn:
         await conn.session.update(session={"type": "realtime", "max_output_tokens": 64})
