@@ -9,7 +9,9 @@ about two seconds.
 
 from __future__ import annotations
 
+import random
 import shutil
+import socket
 import subprocess
 import time
 
@@ -19,6 +21,19 @@ from redis.crc import key_slot
 from tests.redis_server import RedisServer
 
 NODE_TIMEOUT_MS = 1000
+
+
+def cluster_port() -> int:
+    """A free loopback port whose cluster bus port (+10000) is free too."""
+    while True:
+        port = random.randint(20000, 50000)
+        try:
+            for candidate in (port, port + 10000):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", candidate))
+        except OSError:
+            continue
+        return port
 
 
 def redis_cli_binary() -> str | None:
@@ -36,6 +51,7 @@ class RedisClusterServers:
     def __init__(self, primaries: int = 3, replicas: int = 1) -> None:
         self.servers = [
             RedisServer(
+                port=cluster_port(),
                 extra_args=(
                     "--cluster-enabled",
                     "yes",
