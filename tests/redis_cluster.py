@@ -183,9 +183,10 @@ class SentinelServers:
         with Redis(port=self.sentinels[0].port) as s:
             s.execute_command("SENTINEL", "FAILOVER", self.name)
         deadline = time.monotonic() + 20
-        while True:
-            with Redis(port=self.replica.port) as r:
-                if r.info("replication")["role"] == "master":
+        while True:  # until the replica is primary and the old primary replicates from it
+            with Redis(port=self.replica.port) as r, Redis(port=self.primary.port) as old:
+                demoted = old.info("replication")
+                if r.info("replication")["role"] == "master" and demoted.get("master_link_status") == "up":
                     return
             if time.monotonic() > deadline:
                 raise RuntimeError("sentinel failover did not happen")

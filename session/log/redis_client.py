@@ -72,11 +72,23 @@ def open_client(url: str | RedisTarget, **kwargs: Any) -> AnyRedis:
     sentinel = Sentinel(list(target.addresses), sentinel_kwargs=sentinel_kwargs)
     assert target.master is not None  # parse_redis_url requires it
     single = kwargs.pop("single_connection_client", False)
-    client: Redis = sentinel.master_for(target.master, db=target.db, **auth, **kwargs)
-    if single:  # a dedicated connection (the tailer's) on Sentinel's primary-following pool
-        client = Redis(connection_pool=client.connection_pool, single_connection_client=True)
-        client.auto_close_connection_pool = True
+    pooled: Redis = sentinel.master_for(target.master, db=target.db, **auth, **kwargs)
+    client = _SentinelRedis(connection_pool=pooled.connection_pool, single_connection_client=single)
+    client.auto_close_connection_pool = True
+    client.sentinel = sentinel
     return client
+
+
+class _SentinelRedis(Redis):
+    """The client of Sentinel's primary; closing it closes its Sentinel connections too."""
+
+    sentinel: Sentinel | None = None
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)
+        if self.sentinel is not None:
+            for client in self.sentinel.sentinels:
+                await client.aclose()
 
 
 def retrying_client(url: str) -> AnyRedis:

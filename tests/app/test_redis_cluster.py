@@ -145,6 +145,7 @@ async def read_through(
         text += reader.text
         offset = reader.end if reader.deltas else offset
         if done is not None:
+            await reader.ws.close()
             return text, done, errors
         assert len(errors) < 6, errors
         await reader.ws.close()
@@ -193,4 +194,5 @@ async def test_when_the_owner_is_killed_the_resuming_node_continues_the_stream_e
     assert done["end"] == reference.end and done["finish_reason"] == reference.done["finish_reason"]
     assert b.engine()["num_generated_tokens"] - generated_on_b == reference.end - last_logged
     assert b.debug()["cluster"]["takeovers"] == takeovers + 1
+    await on_a.ws.close()
     await on_b.ws.close()
