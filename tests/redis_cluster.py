@@ -44,7 +44,7 @@ class RedisClusterServers:
     """``primaries`` primaries, each with one replica, on loopback.
 
     Args:
-        primaries: number of shards (at least 3: redis-cli refuses fewer).
+        primaries: number of shards: 1 (no replica: slots assigned by hand), or 3 and more.
         replicas: replicas per primary (0 or 1).
     """
 
@@ -61,7 +61,7 @@ class RedisClusterServers:
                     "0",  # a replica always may take over (the test kills primaries)
                     "--cluster-config-file",
                     f"nodes-{i}.conf",
-                )
+                ),
             )
             for i in range((1 + replicas) * primaries)
         ]
@@ -75,6 +75,11 @@ class RedisClusterServers:
     def start(self) -> None:
         for server in self.servers:
             server.start()
+        if len(self.servers) == 1:  # one shard: redis-cli --cluster create wants three
+            with Redis(port=self.servers[0].port) as r:
+                r.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
+            self.wait_healthy()
+            return
         cli = redis_cli_binary()
         assert cli is not None, "redis-cli is not installed"
         subprocess.run(
@@ -98,7 +103,9 @@ class RedisClusterServers:
         deadline = time.monotonic() + timeout_s
         while True:
             states = [self._info(s) for s in self.servers if s.ping()]
-            if states and all(i.get("cluster_state") == "ok" and i.get("cluster_slots_ok") == "16384" for i in states):
+            if states and all(
+                i.get("cluster_state") == "ok" and i.get("cluster_slots_ok") == "16384" for i in states
+            ):
                 return
             if time.monotonic() > deadline:
                 raise RuntimeError(f"redis cluster not healthy: {states}")

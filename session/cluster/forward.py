@@ -29,12 +29,13 @@ import logging
 from collections.abc import Callable
 from typing import cast
 
-from redis.asyncio import Redis, RedisCluster
+from redis.asyncio import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from bargein.engine.request import FinishReason
+from bargein.session.log.redis_client import AnyRedis
 from bargein.session.supervise import TaskHealth, supervised
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ class Forwarder:
 
     def __init__(
         self,
-        redis: Redis,
+        redis: AnyRedis,
         node_id: str,
         on_abort: OnAbort,
         *,

@@ -75,19 +75,19 @@ def open_client(url: str | RedisTarget, **kwargs: Any) -> AnyRedis:
     pooled: Redis = sentinel.master_for(target.master, db=target.db, **auth, **kwargs)
     client = _SentinelRedis(connection_pool=pooled.connection_pool, single_connection_client=single)
     client.auto_close_connection_pool = True
-    client.sentinel = sentinel
+    client.sentinel_manager = sentinel
     return client
 
 
 class _SentinelRedis(Redis):
     """The client of Sentinel's primary; closing it closes its Sentinel connections too."""
 
-    sentinel: Sentinel | None = None
+    sentinel_manager: Sentinel | None = None
 
     async def aclose(self, close_connection_pool: bool | None = None) -> None:
         await super().aclose(close_connection_pool)
-        if self.sentinel is not None:
-            for client in self.sentinel.sentinels:
+        if self.sentinel_manager is not None:
+            for client in self.sentinel_manager.sentinels:
                 await client.aclose()
 
 

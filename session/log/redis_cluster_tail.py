@@ -28,6 +28,7 @@ entries past the reader's last id and moves it (all on one event loop).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Iterable
 from typing import Any, cast
@@ -133,9 +134,9 @@ class ClusterTailer:
             task = self._tasks.get(node.name)
             if task is None or task.done():
                 self._tasks[node.name] = supervised(
-                    lambda node=node: self._run(node),  # type: ignore[misc]
+                    functools.partial(self._run, node),
                     name=f"{TAILER}:{node.name}",
-                    on_crash=lambda exc, name=node.name: self._crashed(name, exc),
+                    on_crash=functools.partial(self._crashed, node.name),
                     health=self.health,
                 )
 
@@ -196,19 +197,23 @@ class ClusterTailer:
         bell = self._shards.doorbell(node)
         async with asyncio.timeout(self._block_ms / 1000 + self._timeout_s):
             reply = await client.xread({bell: format_id(bell_id)}, count=self._count, block=self._block_ms)
-        if not reply or asyncio.get_running_loop().time() - self._swept.get(node.name, 0.0) > self._block_ms / 1000:
+        if (
+            not reply
+            or asyncio.get_running_loop().time() - self._swept.get(node.name, 0.0) > self._block_ms / 1000
+        ):
             # No ring for block_ms, or a busy shard not swept for as long: a ring lost
             # (trimmed, or written to a primary that then failed) must not stall a reader.
             await self._sweep(self._of_shard(node.name), node.name)
         if not reply:
             return bell_id
         rung: set[str] = set()
+        rings = 0
         for _, raw_entries in cast(list[tuple[bytes, RawReply]], reply):
             entries = parse_entries(raw_entries)
-            bell_id = entries[-1][0]
+            bell_id, rings = entries[-1][0], rings + len(entries)
             for _, fields in entries:
                 rung.update(fields.get(b"s", b"").decode().split())
-        if len(reply[0][1]) >= self._count:  # more rings wait: read every followed stream
+        if rings >= self._count:  # more rings wait: read every followed stream
             rung = {sub.stream_id for sub in self._of_shard(node.name)}
         subs = [sub for sid in rung for sub in self._subs.get(sid, ())]
         if subs:
@@ -245,7 +250,9 @@ class ClusterTailer:
                 self._deliver(key, entries, pending)
                 if len(entries) >= self._count:
                     full.add(key)
-            pending = [sub for sub in pending if sub.log_key in full and sub in self._subs.get(sub.stream_id, ())]
+            pending = [
+                sub for sub in pending if sub.log_key in full and sub in self._subs.get(sub.stream_id, ())
+            ]
 
     def _deliver(self, key: str, entries: list[RawEntry], subs: list[Subscription]) -> None:
         for sub in subs:

@@ -40,6 +40,7 @@ from redis.exceptions import (
     ReadOnlyError,
     RedisError,
     ResponseError,
+    SlotNotCoveredError,
     TryAgainError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -75,7 +76,9 @@ class ShardMap:
 
     def primary(self, key: str) -> ClusterNode:
         """The primary serving ``key``'s slot now. Raises SlotNotCoveredError."""
-        node: ClusterNode = self.cluster.get_node_from_key(key)
+        node = self.cluster.get_node_from_key(key)
+        if node is None:
+            raise SlotNotCoveredError(f"no primary serves the slot of {key!r}")
         return node
 
     def doorbell(self, node: ClusterNode) -> str:
@@ -134,7 +137,9 @@ async def send_packed(node: ClusterNode, commands: Sequence[bytes]) -> list[Any]
         node.release(conn)
 
 
-async def send_grouped(shards: ShardMap, groups: dict[str, tuple[ClusterNode, list[bytes]]]) -> dict[str, list[Any]]:
+async def send_grouped(
+    shards: ShardMap, groups: dict[str, tuple[ClusterNode, list[bytes]]]
+) -> dict[str, list[Any]]:
     """Send each primary its commands, all at once; the replies by primary name.
 
     Raises Redirected (after refreshing the slot map) when a reply says a

@@ -61,9 +61,9 @@ from bargein.session.log.redis_cluster_tail import ClusterTailer
 from bargein.session.log.redis_format import (
     CREATE_LUA,
     FENCED,
-    GAP,
     FENCED_STEP_LUA,
     FENCED_STEP_SHA,
+    GAP,
     WRITTEN,
     Keys,
     already_added,
@@ -199,7 +199,11 @@ class RedisTokenLog:
         # No redis-py socket_timeout: with one set, redis-py sends through asyncio.wait_for,
         # which on Python 3.11 can swallow a cancellation racing the send (CPython gh-86296):
         # a cancelled reader would run on. Every call is timed here with asyncio.timeout.
-        options: dict[str, Any] = {"socket_timeout": None, "socket_connect_timeout": timeout, "retry": no_retry}
+        options: dict[str, Any] = {
+            "socket_timeout": None,
+            "socket_connect_timeout": timeout,
+            "retry": no_retry,
+        }
         self._redis = cast(Redis, open_client(target, **options))
         self._create = self._redis.register_script(CREATE_LUA)
         self._keys = Keys(config.key_prefix)
@@ -223,7 +227,9 @@ class RedisTokenLog:
             )
         else:
             self._tailer = StreamTailer(
-                make_client=lambda: cast(Redis, open_client(target, single_connection_client=True, **options)),
+                make_client=lambda: cast(
+                    Redis, open_client(target, single_connection_client=True, **options)
+                ),
                 wake=self._wake,
                 wake_key=wake_key,
                 block_ms=config.block_ms,
@@ -402,7 +408,9 @@ class RedisTokenLog:
         )  # LOST, or an error reply
         gaps = tuple(sid for (sid, _), result in zip(calls, results) if result == GAP)
         if gaps:
-            log.warning("redis lost the last entries of %s (a failover?): handing them to a reader's node", gaps)
+            log.warning(
+                "redis lost the last entries of %s (a failover?): handing them to a reader's node", gaps
+            )
         fenced = tuple(unfenced) + tuple(
             sid for (sid, _), result in zip(calls, results) if result in (FENCED, GAP)
         )
@@ -414,7 +422,9 @@ class RedisTokenLog:
             await self._delete_partial(lost)
         return lost, fenced
 
-    async def _run_fenced(self, calls: list[tuple[str, list[bytes | str | int]]], ending: set[str]) -> list[Any]:
+    async def _run_fenced(
+        self, calls: list[tuple[str, list[bytes | str | int]]], ending: set[str]
+    ) -> list[Any]:
         """Run the step's fenced scripts by SHA in one round trip; a Redis that
         does not know the script yet (first use, restarted, flushed) gets the
         refused calls again in full, in a second one (a refused EVALSHA ran nothing)."""
@@ -491,12 +501,12 @@ class RedisTokenLog:
             if wait:
                 commands.append(wait)
         replies = await send_grouped(self._shards, groups)
-        results: list[Any] = [None] * len(pairs)
+        ordered: list[Any] = [None] * len(pairs)
         for name, indexes in members.items():
             for i, result in zip(indexes, replies[name]):
-                results[i] = result
+                ordered[i] = result
             self._count_wait(replies[name][len(indexes) + 1 :])
-        return results
+        return ordered
 
     def _wait_command(self, shard: str, ends_stream: bool) -> bytes | None:
         """The ``WAIT`` this write to ``shard`` ends with, or None (session/log/durability.py)."""
@@ -512,7 +522,9 @@ class RedisTokenLog:
         for reply in replies:
             if isinstance(reply, int) and reply < self._cfg.durability.replicas:
                 self.num_unreplicated += 1
-                log.warning("token log: WAIT timed out with %d of %d replicas", reply, self._cfg.durability.replicas)
+                log.warning(
+                    "token log: WAIT timed out with %d of %d replicas", reply, self._cfg.durability.replicas
+                )
 
     @staticmethod
     async def _run_step(redis: Redis, commands: list[bytes]) -> list[Any]:
@@ -572,6 +584,7 @@ class RedisTokenLog:
 
     async def _delete_partial(self, stream_ids: Sequence[str]) -> None:
         """Remove keys that writes to lost streams re-created (best effort)."""
+
         async def delete(redis: Redis) -> None:
             async with redis.pipeline(transaction=False) as pipe:
                 for sid in stream_ids:  # one DEL per stream: a cluster holds each in its own slot

@@ -58,7 +58,7 @@ def is_redis_url(url: str) -> bool:
     return url.startswith(SINGLE_SCHEMES) or url.split("://", 1)[0] in _MULTI_SCHEMES
 
 
-_MULTI_SCHEMES = {
+_MULTI_SCHEMES: dict[str, tuple[Kind, bool]] = {
     "redis+cluster": ("cluster", False),
     "rediss+cluster": ("cluster", True),
     "redis+sentinel": ("sentinel", False),

@@ -110,7 +110,9 @@ async def test_a_resume_on_another_node_is_byte_for_byte_and_generates_nothing(
     await on_b.ws.close()
 
 
-async def test_a_cancel_on_another_node_reaches_the_owner_through_sharded_pubsub(nodes: dict[str, Node]) -> None:
+async def test_a_cancel_on_another_node_reaches_the_owner_through_sharded_pubsub(
+    nodes: dict[str, Node],
+) -> None:
     a, b = nodes["a"], nodes["b"]
     on_a, created = await create(a.ws_url)
     await on_a.until_end(5)

@@ -42,9 +42,13 @@ def test_urls_name_one_server_a_cluster_or_sentinel() -> None:
 def test_durability_choices_parse_and_decide_when_to_wait() -> None:
     assert parse_durability("none") == LogDurability()
     on_end = parse_durability("wait-on-end")
-    assert on_end.due(ends_stream=True, since_last_ms=0) and not on_end.due(ends_stream=False, since_last_ms=1e9)
+    assert on_end.due(ends_stream=True, since_last_ms=0) and not on_end.due(
+        ends_stream=False, since_last_ms=1e9
+    )
     every = parse_durability("wait-every-ms:50")
-    assert every.due(ends_stream=False, since_last_ms=50) and not every.due(ends_stream=False, since_last_ms=49)
+    assert every.due(ends_stream=False, since_last_ms=50) and not every.due(
+        ends_stream=False, since_last_ms=49
+    )
     assert not LogDurability().due(ends_stream=True, since_last_ms=1e9)
     for bad in ("wait-every-ms", "wait-every-ms:x", "wait-on-end:5", "always"):
         with pytest.raises(ValueError):
@@ -96,7 +100,9 @@ def sentinel() -> Iterator[SentinelServers]:
 async def test_on_sentinel_a_failover_mid_stream_loses_nothing_and_waits_see_the_replica(
     sentinel: SentinelServers,
 ) -> None:
-    config = RedisLogConfig(key_prefix="sentinel:", durability=LogDurability(mode="wait-on-end", timeout_ms=200))
+    config = RedisLogConfig(
+        key_prefix="sentinel:", durability=LogDurability(mode="wait-on-end", timeout_ms=200)
+    )
     writer = RedisTokenLog(sentinel.url, node_id="w", config=config)
     reader = RedisTokenLog(sentinel.url, node_id="r", config=config)
     try:
