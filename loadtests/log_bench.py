@@ -44,8 +44,8 @@ from redis.asyncio import Redis
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bargein.session.log import LogEntry, MemoryTokenLog, StreamEnd, StreamInfo, StreamWrite, TokenLog  # noqa: E402
-from bargein.session.log.redis_streams import RedisLogConfig, RedisTokenLog  # noqa: E402
 from bargein.session.log.durability import parse_durability  # noqa: E402
+from bargein.session.log.redis_streams import RedisLogConfig, RedisTokenLog  # noqa: E402
 from tests.redis_cluster import RedisClusterServers  # noqa: E402
 from tests.redis_server import RedisServer  # noqa: E402
 
@@ -337,7 +337,9 @@ async def _main(args: argparse.Namespace, url: str) -> str:
     return _report(args, append, replayed, lat, version)
 
 
-async def _append_and_replay(url: str, streams: int, steps: int, replay_tokens: int, durability: str) -> tuple[float, float]:
+async def _append_and_replay(
+    url: str, streams: int, steps: int, replay_tokens: int, durability: str
+) -> tuple[float, float]:
     """Appended tokens/s (``streams`` streams, one token each per step, then their ends)
     and replay tokens/s of a ``replay_tokens``-token stream read on another node."""
     prefix = f"dep{time.monotonic_ns()}:"
@@ -386,7 +388,9 @@ async def _deployments(args: argparse.Namespace) -> str:
     try:
         for durability in ("none", "wait-on-end", "wait-every-ms:10"):
             rates = [
-                await _append_and_replay(primary.url, args.streams, args.steps, args.replay_tokens, durability)
+                await _append_and_replay(
+                    primary.url, args.streams, args.steps, args.replay_tokens, durability
+                )
                 for _ in range(args.runs)
             ]
             rows.append(

@@ -99,17 +99,27 @@ class RedisClusterServers:
         self.wait_healthy()
 
     def wait_healthy(self, timeout_s: float = 30.0) -> None:
-        """Until every live server says ``cluster_state:ok`` and all slots are served."""
+        """Until every live server says ``cluster_state:ok``, all slots are served and
+        every replica's first sync is done (until then a failover loses everything)."""
         deadline = time.monotonic() + timeout_s
         while True:
-            states = [self._info(s) for s in self.servers if s.ping()]
-            if states and all(
+            live = [s for s in self.servers if s.ping()]
+            states = [self._info(s) for s in live]
+            healthy = states and all(
                 i.get("cluster_state") == "ok" and i.get("cluster_slots_ok") == "16384" for i in states
-            ):
+            )
+            if healthy and all(self._replicating(s) for s in live):
                 return
             if time.monotonic() > deadline:
                 raise RuntimeError(f"redis cluster not healthy: {states}")
             time.sleep(0.1)
+
+    @staticmethod
+    def _replicating(server: RedisServer) -> bool:
+        """A primary, or a replica whose link to its primary is up (its first sync done)."""
+        with Redis(port=server.port) as r:
+            info = r.info("replication")
+        return info["role"] == "master" or info.get("master_link_status") == "up"
 
     @staticmethod
     def _info(server: RedisServer) -> dict[str, str]:
