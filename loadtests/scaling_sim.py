@@ -5,7 +5,8 @@ coordinator (session/log/, session/cluster/), with the measured inputs of
 docs/scaling.md as defaults. For a deployment of ``--nodes`` nodes and
 ``--clients`` connected clients it prints, per Redis shard count, the load of
 each shard (commands/s, bytes/s written, memory, client connections) against
-its limit, and names the first limit hit: the resource to watch and the
+its limit (a shard runs commands on one core: CPU is counted from the
+measured microseconds per command), and names the first limit hit: the resource to watch and the
 number of shards that keeps every one under ``--headroom`` of its limit.
 
 Usage: ``python loadtests/scaling_sim.py [--nodes 100] [--clients 1000000]``
@@ -35,7 +36,10 @@ class Inputs:
     bytes_per_response: float = 280 + 1200 + 200  # meta + generation record (300-id prompt) + lease/epoch
     bytes_per_session: float = 296 + 1000  # measured key of a 200-byte state, plus a typical state
     entry_bytes_written: float = 90.0  # one EVALSHA of one token: script args + entry
-    shard_ops_per_s: float = 80_000.0  # fenced-step scripts a shard runs per second (one core)
+    step_script_us: float = 20.0  # measured: usec_per_call of the fenced step (one token, one stream)
+    lease_script_us: float = 28.0  # measured: the renew EVAL
+    simple_command_us: float = 2.0  # measured: XADD, SET, XRANGE of a few entries, GET, EXISTS
+    io_us_per_command: float = 3.0  # reading, parsing and answering one pipelined command (estimate)
     shard_memory_bytes: float = 25e9  # usable memory per shard
     shard_write_bytes_per_s: float = 100e6  # replication + network per shard
     shard_max_clients: int = 10_000  # Redis maxclients
@@ -49,6 +53,7 @@ class Load:
 
     shards: int
     ops_per_s: float
+    cpu_us_per_s: float
     write_bytes_per_s: float
     memory_bytes: float
     connections: int
@@ -56,7 +61,7 @@ class Load:
     def usage(self, i: Inputs) -> dict[str, float]:
         """Fraction of each limit used."""
         return {
-            "commands/s": self.ops_per_s / i.shard_ops_per_s,
+            "CPU": self.cpu_us_per_s / 1e6,
             "write bytes/s": self.write_bytes_per_s / i.shard_write_bytes_per_s,
             "memory": self.memory_bytes / i.shard_memory_bytes,
             "connections": self.connections / i.shard_max_clients,
@@ -82,7 +87,14 @@ def load(i: Inputs, shards: int) -> Load:
     leases = i.nodes * i.streams_per_node * 2 / i.lease_renew_s
     answer_ops = answers_per_s * (5 + i.remote_read_fraction * (2 + i.tokens_per_response / 1024))
     sessions_ops = i.clients / (i.think_s + i.tokens_per_response / i.steps_per_s)  # one save per answer
-    total_ops = token_ops + rings + remote_reads + leases + answer_ops + sessions_ops
+    simple_ops = rings + remote_reads + leases / 2 + answer_ops + sessions_ops
+    total_ops = token_ops + simple_ops + leases / 2
+    cpu = (
+        token_ops * i.step_script_us
+        + leases / 2 * i.lease_script_us
+        + simple_ops * i.simple_command_us
+        + total_ops * i.io_us_per_command
+    )
     write_bytes = tokens_per_s * i.entry_bytes_written + rings * 60 + sessions_ops * i.bytes_per_session
     retained = answers_per_s * i.retention_s
     memory = retained * (i.tokens_per_response * i.bytes_per_token + i.bytes_per_response)
@@ -91,6 +103,7 @@ def load(i: Inputs, shards: int) -> Load:
     return Load(
         shards=shards,
         ops_per_s=total_ops / shards,
+        cpu_us_per_s=cpu / shards,
         write_bytes_per_s=write_bytes / shards,
         memory_bytes=memory / shards,
         connections=connections,
@@ -115,15 +128,15 @@ def report(i: Inputs) -> str:
         f"{i.nodes} nodes x {i.streams_per_node} streams x {i.steps_per_s:g} steps/s = "
         f"{i.nodes * i.streams_per_node * i.steps_per_s:,.0f} tokens/s; {i.clients:,} connected clients",
         "",
-        "| shards | commands/s per shard | write MB/s | memory GB | connections | highest use |",
-        "| ---: | ---: | ---: | ---: | ---: | --- |",
+        "| shards | commands/s per shard | CPU per shard | write MB/s | memory GB | connections | highest use |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for shards in (1, 3, 6, 12, 24, 48):
         per = load(i, shards)
         use = per.usage(i)
         worst = max(use, key=lambda n: use[n])
         lines.append(
-            f"| {shards} | {per.ops_per_s:,.0f} | {per.write_bytes_per_s / 1e6:.1f} | "
+            f"| {shards} | {per.ops_per_s:,.0f} | {use['CPU']:.0%} | {per.write_bytes_per_s / 1e6:.1f} | "
             f"{per.memory_bytes / 1e9:.1f} | {per.connections:,} | {worst} {use[worst]:.0%} |"
         )
     name, shards = first_bottleneck(i)
