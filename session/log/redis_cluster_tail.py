@@ -35,7 +35,7 @@ from typing import Any, cast
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from bargein.session.errors import StreamNotFound, StreamTruncated, TokenLogUnavailable
 from bargein.session.log.redis_shards import ShardMap, redirected
@@ -93,15 +93,18 @@ class ClusterTailer:
         self._swept: dict[str, float] = {}  # primary name -> loop time of its last sweep
 
     async def subscribe(self, sub: Subscription) -> None:
-        """Start delivering entries past ``sub.last_id`` to ``sub.queue``.
-
-        Raises what reading the stream once raises (redis errors).
-        """
+        """Start delivering entries past ``sub.last_id`` to ``sub.queue`` (never raises:
+        a shard that cannot be read now is read by its reader's next sweep)."""
         self._subs.setdefault(sub.stream_id, set()).add(sub)
-        await self._shards.ready()
-        self._ensure_readers()
-        async with asyncio.timeout(self._timeout_s):
-            await self._read([sub])  # what was written before this reader's first ring
+        try:
+            await self._shards.ready()
+            self._ensure_readers()
+            async with asyncio.timeout(self._timeout_s):
+                await self._read([sub])  # what was written before this reader's first ring
+        except (*_TRANSIENT, RedisError, RedisClusterException) as exc:
+            log.info(
+                "token log: first read of %s failed (%r); its shard's sweep reads it", sub.stream_id, exc
+            )
 
     def unsubscribe(self, sub: Subscription) -> None:
         """Stop delivering to ``sub`` (idempotent)."""
@@ -125,12 +128,19 @@ class ClusterTailer:
     def _all(self) -> list[Subscription]:
         return [sub for subs in self._subs.values() for sub in subs]
 
+    def _primary(self, sub: Subscription) -> ClusterNode | None:
+        """The primary serving ``sub``'s stream, None while the slot map has none."""
+        try:
+            return self._shards.primary(sub.log_key)
+        except RedisClusterException:
+            return None
+
     def _of_shard(self, name: str) -> list[Subscription]:
-        return [sub for sub in self._all() if self._shards.primary(sub.log_key).name == name]
+        return [sub for sub in self._all() if (node := self._primary(sub)) is not None and node.name == name]
 
     def _ensure_readers(self) -> None:
         """One running reader per primary that holds a followed stream."""
-        for node in {self._shards.primary(sub.log_key) for sub in self._all()}:
+        for node in {node for sub in self._all() if (node := self._primary(sub)) is not None}:
             task = self._tasks.get(node.name)
             if task is None or task.done():
                 self._tasks[node.name] = supervised(
@@ -162,7 +172,7 @@ class ClusterTailer:
                     bell_id = await self._wait(client, node, bell_id)
                     down_since = None
                     self.health.working(TAILER)
-                except _TRANSIENT as exc:
+                except (*_TRANSIENT, RedisClusterException) as exc:  # the latter: a slot map in flux
                     await client.aclose()  # never reuse a connection that failed mid-reply
                     client, bell_id = None, None
                     down_since = loop.time() if down_since is None else down_since
@@ -182,10 +192,12 @@ class ClusterTailer:
                     log.error("token log tailer %s: %r; failing its %d readers", node.name, exc, len(subs))
                     self._fail(subs, TokenLogUnavailable(f"redis refused the tailer's read: {exc}"))
         finally:
-            if client is not None:
-                await client.aclose()
             if self._tasks.get(node.name) is asyncio.current_task():
                 del self._tasks[node.name]
+                if self._of_shard(node.name):  # subscribed while this one was ending
+                    self._ensure_readers()
+            if client is not None:
+                await client.aclose()
 
     async def _newest_ring(self, client: Redis, node: ClusterNode) -> StreamId:
         async with asyncio.timeout(self._timeout_s):
@@ -284,11 +296,7 @@ class ClusterTailer:
 
     async def _crashed(self, name: str, exc: Exception) -> None:
         """A shard's reader crashed (a bug): its readers get a retryable error."""
-        try:
-            subs = self._of_shard(name)
-        except RedisError:
-            subs = self._all()
-        self._fail(subs, TokenLogUnavailable(f"the token log's tailer failed: {exc!r}"))
+        self._fail(self._of_shard(name), TokenLogUnavailable(f"the token log's tailer failed: {exc!r}"))
 
     def _fail(self, subs: Iterable[Subscription], error: Exception) -> None:
         for sub in list(subs):

@@ -15,6 +15,13 @@ last ``fanout_entries`` entries as soon as each step's pipeline returns (no
 Redis read per token per client); a reader behind that tail, and every
 reader of a stream written elsewhere, replays with ``XRANGE`` and then follows
 through the node's one multiplexed ``XREAD BLOCK`` (session/log/redis_tail.py).
+
+On a Redis Cluster (``redis+cluster://``) a step goes out as one packed write
+per primary, all at once, each ringing its shard's doorbell, and readers
+follow through one blocking reader per shard (session/log/redis_shards.py,
+session/log/redis_cluster_tail.py). Behind Sentinel (``redis+sentinel://``)
+the clients ask the Sentinels for the primary at every new connection.
+``config.durability`` adds a ``WAIT`` to step writes (session/log/durability.py).
 """
 
 from __future__ import annotations
