@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import pytest
 from redis.asyncio import Redis
 
+from bargein.app.settings import ServerConfig
 from bargein.session.cluster.lease import LeaseConfig, Leases
 from bargein.session.errors import StreamFenced
 from bargein.session.log import StreamEnd
@@ -134,3 +135,9 @@ async def test_on_sentinel_a_failover_mid_stream_loses_nothing_and_waits_see_the
     finally:
         await writer.close()
         await reader.close()
+
+
+def test_a_bad_durability_is_refused_at_startup() -> None:
+    assert ServerConfig(log_durability="wait-every-ms:20").log_durability == "wait-every-ms:20"
+    with pytest.raises(ValueError):
+        ServerConfig(log_durability="wait-sometimes")
