@@ -39,7 +39,7 @@ from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 
 from bargein.session.errors import (
     OffsetOutOfRange,
@@ -799,21 +799,34 @@ class RedisTokenLog:
         A connection Redis closed (``CLIENT KILL``, a restart) fails at once and
         is replaced by the retry, so /readyz does not flap once per dead pooled
         connection. A timeout (a hung Redis) is not retried: the probe stays bounded.
+        On a Cluster every primary must answer (any stream may hash to any of
+        them; a replica's death does not make the node unready), and a failure
+        refreshes the slot map first, so a promoted replica is pinged next time.
         """
         for attempt in range(2):
             try:
                 async with asyncio.timeout(self._cfg.socket_timeout_s):
-                    ok = bool(await self._redis.ping())
+                    ok = bool(await self._ping_once())
             except _DROPPED:
+                if self._shards is not None:
+                    await self._shards.refresh()
                 if attempt == 0:
                     await asyncio.sleep(_PING_RETRY_S)
                     continue
                 return False
-            except (*_TRANSIENT, ResponseError):
+            except (*_TRANSIENT, ResponseError, RedisClusterException):
+                if self._shards is not None:
+                    await self._shards.refresh()
                 return False
             self._degraded = self._degraded and not ok
             return ok
         return False
+
+    async def _ping_once(self) -> bool:
+        if isinstance(self._redis, RedisCluster):
+            await self._redis.initialize()
+            return bool(await self._redis.ping(target_nodes=RedisCluster.PRIMARIES))
+        return bool(await self._redis.ping())
 
     async def close(self) -> None:
         self._closed = True

@@ -8,13 +8,14 @@ import asyncio
 from collections.abc import Iterator
 
 import pytest
+from redis import Redis
 
 from bargein.session.errors import TokenLogError
 from bargein.session.log import LogEntry, StreamEnd
 from bargein.session.log.redis_streams import RedisLogConfig, RedisTokenLog
 from tests.needs import missing
 from tests.redis_cluster import RedisClusterServers, redis_cli_binary
-from tests.redis_server import redis_server_binary
+from tests.redis_server import RedisServer, redis_server_binary
 from tests.session.log_helpers import chunks, collect, finish, live_info, write
 
 pytestmark = pytest.mark.redis
@@ -76,3 +77,32 @@ async def test_a_primary_killed_mid_stream_every_reader_completes_exactly_or_hea
         assert entries == parts, f"{sid}: entries skipped or duplicated"
         assert isinstance(result[-1], StreamEnd) and result[-1].end == TOKENS
     assert not broken & set(sids) - set(on_victim), "streams on healthy shards must not break"
+
+
+async def test_readiness_needs_every_primary_not_every_replica(cluster: RedisClusterServers) -> None:
+    log = RedisTokenLog(cluster.url, node_id="w", config=RedisLogConfig(key_prefix="ping:"))
+    primary = cluster.primaries()[0]
+    other_replica = next(
+        s for s in cluster.servers if s is not primary and replica_of(s) not in (None, primary.port)
+    )
+    try:
+        assert await log.ping()
+        other_replica.kill()
+        assert await log.ping(), "a dead replica must not make the node unready"
+        primary.kill()
+        assert not await log.ping(), "a shard without a primary cannot take its streams"
+        for _ in range(100):  # its replica is promoted within about two seconds
+            if await log.ping():
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("still unready after the failover")
+    finally:
+        await log.close()
+
+
+def replica_of(server: RedisServer) -> int | None:
+    """The port of the primary ``server`` replicates, None for a primary."""
+    with Redis(port=server.port) as r:
+        info = r.info("replication")
+    return None if info["role"] == "master" else int(info["master_port"])
