@@ -35,9 +35,11 @@ from redis.asyncio.cluster import ClusterNode
 from redis.exceptions import (
     AskError,
     ClusterDownError,
+    ClusterError,
     MasterDownError,
     MovedError,
     ReadOnlyError,
+    RedisClusterException,
     RedisError,
     ResponseError,
     SlotNotCoveredError,
@@ -50,6 +52,8 @@ log = logging.getLogger(__name__)
 RING_MAXLEN = 1024  # doorbell entries kept per shard (a ring is a hint: sweeps cover lost ones)
 MAX_BELL_SEARCH = 1 << 20  # a shard with one slot is found within ~16384 tries on average
 _MOVED = (MovedError, AskError, TryAgainError, ClusterDownError, MasterDownError, ReadOnlyError)
+# What a failover or resharding makes a command raise for a while: retried like a lost connection.
+IN_FLUX = (*_MOVED, ClusterError, RedisClusterException)
 
 
 class Redirected(RedisConnectionError):

@@ -81,7 +81,7 @@ from bargein.session.log.redis_format import (
     ring_command,
     step_commands,
 )
-from bargein.session.log.redis_shards import RING_MAXLEN, ShardMap, send_grouped
+from bargein.session.log.redis_shards import IN_FLUX, RING_MAXLEN, ShardMap, send_grouped
 from bargein.session.log.redis_tail import (
     _TRANSIENT,
     LOGGED,
@@ -280,7 +280,7 @@ class RedisTokenLog:
                     result = await fn(self._redis)
                 self._degraded = False
                 return result
-            except _TRANSIENT as exc:  # includes the builtin TimeoutError of asyncio.timeout
+            except (*_TRANSIENT, *IN_FLUX) as exc:  # + asyncio.timeout's TimeoutError; a failover
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     self._degraded = True
@@ -449,12 +449,15 @@ class RedisTokenLog:
 
     async def _write_healthy(self, writes: Sequence[StreamWrite]) -> tuple[str, ...]:
         """Write validated writes; returns the streams that failed (now broken)."""
-        sids = tuple(dict.fromkeys(w.stream_id for w in writes))
+        by_stream: dict[str, list[StreamWrite]] = {}
+        for write in writes:
+            by_stream.setdefault(write.stream_id, []).append(write)
+        sids = tuple(by_stream)
         pairs: list[tuple[str, bytes]] = []
         owners: list[str | None] = []
-        for sid in sids:  # by stream: each stream's commands go to the shard holding it
+        for sid, stream_writes in by_stream.items():  # by stream: each goes to the shard holding it
             commands, stream_owners = step_commands(
-                [w for w in writes if w.stream_id == sid],
+                stream_writes,
                 {sid: self._live[sid].cursor.end},
                 self._keys,
                 retention_ms=int(self._cfg.retention_s * 1000),
