@@ -101,27 +101,31 @@ def sentinel() -> Iterator[SentinelServers]:
 async def test_on_sentinel_a_failover_mid_stream_loses_nothing_and_waits_see_the_replica(
     sentinel: SentinelServers,
 ) -> None:
-    config = RedisLogConfig(
-        key_prefix="sentinel:", durability=LogDurability(mode="wait-on-end", timeout_ms=200)
-    )
+    config = RedisLogConfig(key_prefix="sentinel:", durability=LogDurability(mode="wait-on-end"))
     writer = RedisTokenLog(sentinel.url, node_id="w", config=config)
     reader = RedisTokenLog(sentinel.url, node_id="r", config=config)
     try:
-        await writer.create_stream(live_info("s"))
-        await writer.create_stream(live_info("t"))
-        parts = chunks(list(range(0, 41, 2)))
+        for sid in ("s", "t", "u"):
+            await writer.create_stream(live_info(sid))
+        await writer.write_step([write("u", None, finish(0))])
+        assert writer.num_unreplicated == 0, "the end was acknowledged by the replica"
+        parts = chunks(list(range(0, 81, 2)))
         for part in parts[:10]:
             await writer.write_step([write("s", part)])
         reading = asyncio.create_task(collect(reader.read("s", 0)))
         await asyncio.sleep(0.2)
-        sentinel.failover()  # the replica is primary now; the old primary its replica
-        for part in parts[10:]:  # retried until the pools reach the new primary
+        # The replica becomes primary, the old primary its replica, while the stream is
+        # written and read: writes are retried until the pools reach the new primary.
+        failing_over = asyncio.create_task(asyncio.to_thread(sentinel.failover))
+        for part in parts[10:]:
             await writer.write_step([write("s", part)])
-        await writer.write_step([write("s", None, finish(40))])
+            await asyncio.sleep(0.05)
+        await failing_over
+        await writer.write_step([write("s", None, finish(80))])
         events = await asyncio.wait_for(reading, 30)
-        assert events[:-1] == parts and isinstance(events[-1], StreamEnd) and events[-1].end == 40
-        assert writer.num_unreplicated == 0, "the end was acknowledged by the (new) replica"
+        assert events[:-1] == parts and isinstance(events[-1], StreamEnd) and events[-1].end == 80
         # With the replica stopped, WAIT times out: counted, and the write still stands.
+        unreplicated = writer.num_unreplicated
         old_primary = sentinel.primary
         assert old_primary._proc is not None
         old_primary._proc.send_signal(signal.SIGSTOP)
@@ -129,7 +133,7 @@ async def test_on_sentinel_a_failover_mid_stream_loses_nothing_and_waits_see_the
             await writer.write_step([write("t", None, finish(0))])
         finally:
             old_primary._proc.send_signal(signal.SIGCONT)
-        assert writer.num_unreplicated == 1
+        assert writer.num_unreplicated == unreplicated + 1
         info = await reader.info("t")
         assert info is not None and info.status == "complete"
     finally:
