@@ -18,6 +18,7 @@ import asyncio
 import json
 import signal
 import tempfile
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -212,6 +213,20 @@ async def test_a_primary_failing_mid_stream_loses_nothing_silently(
     for text, done, errors in results:
         assert text == reference.text, (errors, text, reference.text)
         assert done["end"] == reference.end and done["finish_reason"] == reference.done["finish_reason"]
+    if isinstance(deployment.servers, RedisClusterServers):  # both listen for cancels again
+        for name in ("a", "b"):
+            assert await subscribed_again(deployment.servers, f"bargein:node:{{{name}}}:abort"), name
+
+
+async def subscribed_again(cluster: RedisClusterServers, channel: str, timeout_s: float = 10.0) -> bool:
+    """Whether the shard serving ``channel`` has its one sharded subscriber within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with Redis(port=cluster.primary_of(channel).port) as shard:
+            if shard.execute_command("PUBSUB", "SHARDNUMSUB", channel)[1] == 1:
+                return True
+        await asyncio.sleep(0.2)
+    return False
 
 
 async def test_when_the_owner_is_killed_the_resuming_node_continues_the_stream_exactly(
