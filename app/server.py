@@ -261,7 +261,11 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        state.log = open_token_log(settings.server.redis_url, node_id=settings.server.node_name)
+        state.log = open_token_log(
+            settings.server.redis_url,
+            node_id=settings.server.node_name,
+            durability=settings.server.log_durability,
+        )
         loader = asyncio.create_task(_load(state, progress), name="load-model")
         try:
             async with state.metrics.watching_event_loop():

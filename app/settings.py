@@ -20,6 +20,7 @@ from bargein.app.logging import LogFormat
 from bargein.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from bargein.session.admission import AdmissionConfig
 from bargein.session.config import SessionConfig, VoiceConfig
+from bargein.session.log.durability import parse_durability
 
 ENV_PREFIX = "BARGEIN_"
 
@@ -80,6 +81,8 @@ class ServerConfig:
             node; ``None``: ``host:port``, see :attr:`node_name`).
         lease_ttl_s: with Redis, a stream whose node stops renewing its lease
             this long is continued by the node a client resumes it on.
+        log_durability: with Redis, when a log write waits for a replica:
+            ``none``, ``wait-on-end`` or ``wait-every-ms:N`` (bargein.session.log.durability).
         ssl_certfile, ssl_keyfile: PEM certificate (chain) and private key:
             serve ``https://`` and ``wss://`` (uvicorn's TLS); both or neither.
         forwarded_allow_ips: addresses or networks (``*``: any) of the reverse
@@ -109,6 +112,7 @@ class ServerConfig:
     max_outgoing_bytes: int = 1 << 20
     node_id: str | None = None
     lease_ttl_s: float = 5.0
+    log_durability: str = "none"
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
     forwarded_allow_ips: tuple[str, ...] = ("127.0.0.1", "::1")
@@ -127,6 +131,7 @@ class ServerConfig:
         for name in ("ws_ping_interval_s", "ws_ping_timeout_s", "slow_client_timeout_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
+        parse_durability(self.log_durability)  # raises ValueError for a bad one
         if self.lease_ttl_s < 0.2:
             raise ValueError(f"lease_ttl_s={self.lease_ttl_s} must be >= 0.2")
         if self.max_outgoing_bytes < 1024:
@@ -257,6 +262,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] 
         s.lease_ttl_s,
         float,
         "seconds before a dead node's streams may be taken over by another node",
+    )
+    _add(
+        parser,
+        env,
+        "--log-durability",
+        s.log_durability,
+        str,
+        "with Redis replicas: none, wait-on-end (WAIT 1 when a stream ends) or wait-every-ms:N",
     )
     # prometheus-client reads this variable itself, under its own name.
     parser.set_defaults(metrics_multiproc_dir=env.get("PROMETHEUS_MULTIPROC_DIR") or None)
@@ -622,6 +635,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                 metrics_multiproc_dir=args.metrics_multiproc_dir,
                 node_id=args.node_id,
                 lease_ttl_s=args.lease_ttl,
+                log_durability=args.log_durability,
                 **_limits_from_args(args),
             ),
             admission=AdmissionConfig(

@@ -17,8 +17,14 @@ one run, reported as medians over ``--runs``:
    reader on the writing node (in-process fan-out); reader on another node
    (the multiplexed ``XREAD BLOCK``).
 
+With ``--deployments`` (issue 23) it measures instead, in one run: append
+tokens/s and replay tokens/s on a local Redis Cluster of 1 and of 3 shards
+(``redis+cluster://``: per-shard step writes with their doorbell rings), and
+the cost of ``--log-durability`` (none, wait-on-end, wait-every-ms:10) on a
+primary with one replica.
+
 Writes a markdown report (``--out``).
-Usage: ``python loadtests/log_bench.py [--streams 64] [--steps 256] [--runs 3]``
+Usage: ``python loadtests/log_bench.py [--streams 64] [--steps 256] [--runs 3] [--deployments]``
 """
 
 from __future__ import annotations
@@ -38,7 +44,9 @@ from redis.asyncio import Redis
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bargein.session.log import LogEntry, MemoryTokenLog, StreamEnd, StreamInfo, StreamWrite, TokenLog  # noqa: E402
+from bargein.session.log.durability import parse_durability  # noqa: E402
 from bargein.session.log.redis_streams import RedisLogConfig, RedisTokenLog  # noqa: E402
+from tests.redis_cluster import RedisClusterServers  # noqa: E402
 from tests.redis_server import RedisServer  # noqa: E402
 
 TEXT = " token"  # a typical one-token text delta
@@ -329,6 +337,86 @@ async def _main(args: argparse.Namespace, url: str) -> str:
     return _report(args, append, replayed, lat, version)
 
 
+async def _append_and_replay(
+    url: str, streams: int, steps: int, replay_tokens: int, durability: str
+) -> tuple[float, float]:
+    """Appended tokens/s (``streams`` streams, one token each per step, then their ends)
+    and replay tokens/s of a ``replay_tokens``-token stream read on another node."""
+    prefix = f"dep{time.monotonic_ns()}:"
+    config = RedisLogConfig(key_prefix=prefix, durability=parse_durability(durability))
+    writer = RedisTokenLog(url, node_id="w", config=config)
+    reader = RedisTokenLog(url, node_id="r", config=config)
+    sids = [f"s{i}" for i in range(streams)]
+    for sid in sids:
+        await writer.create_stream(_info(sid))
+    started = time.perf_counter()
+    for end in range(1, steps + 1):
+        await writer.write_step(_step(sids, end))
+    await writer.write_step(_finish(sids, steps))
+    appended = streams * steps / (time.perf_counter() - started)
+    await _write_long(writer, "long", replay_tokens)
+    replayed = replay_tokens / await _time_replay(reader, "long", replay_tokens)
+    await writer.close()
+    await reader.close()
+    return appended, replayed
+
+
+async def _deployments(args: argparse.Namespace) -> str:
+    rows: list[str] = []
+    for shards in (1, 3):
+        cluster = RedisClusterServers(primaries=shards, replicas=0)
+        cluster.start()
+        try:
+            rates = [
+                await _append_and_replay(cluster.url, args.streams, args.steps, args.replay_tokens, "none")
+                for _ in range(args.runs)
+            ]
+        finally:
+            cluster.close()
+        rows.append(
+            f"| cluster, {shards} shard{'s' if shards > 1 else ''} | none | "
+            f"{statistics.median(r[0] for r in rates):,.0f} | {statistics.median(r[1] for r in rates):,.0f} |"
+        )
+    primary = RedisServer()
+    primary.start()
+    replica = RedisServer(extra_args=("--replicaof", "127.0.0.1", str(primary.port)))
+    replica.start()
+    synced = Redis(port=replica.port)
+    while (await synced.info("replication")).get("master_link_status") != "up":
+        await asyncio.sleep(0.05)
+    await synced.aclose()
+    try:
+        for durability in ("none", "wait-on-end", "wait-every-ms:10"):
+            rates = [
+                await _append_and_replay(
+                    primary.url, args.streams, args.steps, args.replay_tokens, durability
+                )
+                for _ in range(args.runs)
+            ]
+            rows.append(
+                f"| primary + replica | {durability} | {statistics.median(r[0] for r in rates):,.0f} | "
+                f"{statistics.median(r[1] for r in rates):,.0f} |"
+            )
+    finally:
+        replica.close()
+        primary.close()
+    return "\n".join(
+        [
+            "# Token log on Redis deployments (loadtests/log_bench.py --deployments)",
+            "",
+            f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores (shared), Python "
+            f"{platform.python_version()}; {args.streams} streams x {args.steps} tokens, one token per "
+            f"stream per step, unfenced writes; replay of a {args.replay_tokens:,}-token stream from "
+            f"another node; median of {args.runs} runs. Every server runs on this machine.",
+            "",
+            "| deployment | --log-durability | appended tokens/s | replay tokens/s |",
+            "| --- | --- | ---: | ---: |",
+            *rows,
+            "",
+        ]
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--redis-url", help="an existing Redis (default: start redis-server here)")
@@ -337,8 +425,15 @@ def main() -> None:
     parser.add_argument("--replay-tokens", type=int, default=4096)
     parser.add_argument("--step-ms", type=float, default=20.0)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--out", default="docs/perf/token-log.md")
+    parser.add_argument("--out", default=None, help="default docs/perf/token-log[-deployments].md")
+    parser.add_argument("--deployments", action="store_true", help="Cluster shards and durability instead")
     args = parser.parse_args()
+    if args.deployments:
+        report = asyncio.run(_deployments(args))
+        Path(args.out or "docs/perf/token-log-deployments.md").write_text(report)
+        print(report)
+        return
+    args.out = args.out or "docs/perf/token-log.md"
     server = None
     if args.redis_url is None:
         server = RedisServer()

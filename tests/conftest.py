@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.needs import missing
+from tests.redis_cluster import RedisClusterServers, redis_cli_binary
 from tests.redis_server import RedisServer, redis_server_binary
 
 
@@ -28,6 +29,21 @@ def redis_server() -> Iterator[str]:
         yield server.url
     finally:
         server.close()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[str]:
+    """``redis+cluster://`` URL of a real local Redis Cluster of three primaries (no
+    replicas), for the whole test session; tests keep apart by key prefix.
+    Skips (fails in CI) like :func:`redis_server` when redis-server or redis-cli is missing."""
+    if redis_server_binary() is None or redis_cli_binary() is None:
+        missing("redis-server and redis-cli are not installed (make test installs them)")
+    servers = RedisClusterServers(primaries=3, replicas=0)
+    servers.start()
+    try:
+        yield servers.url
+    finally:
+        servers.close()
 
 
 # Without a GPU the Triton kernels run on Triton's CPU interpreter. triton reads

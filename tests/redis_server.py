@@ -47,6 +47,11 @@ class RedisServer:
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
+    def folder(self) -> str:
+        """The server's working folder (removed by :meth:`close`)."""
+        return self._dir.name
+
+    @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
@@ -84,6 +89,21 @@ class RedisServer:
             if time.monotonic() > deadline:
                 self.kill()
                 raise RuntimeError(f"redis-server did not answer PING on port {self.port}")
+            time.sleep(0.02)
+
+    def start_sentinel(self, config_file: str, timeout_s: float = 10.0) -> None:
+        """Start a Sentinel (``redis-server <config_file> --sentinel``) on this port."""
+        assert self._proc is None, "already running"
+        self._proc = subprocess.Popen(
+            [self._binary, config_file, "--sentinel", "--port", str(self.port), "--loglevel", "warning"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + timeout_s
+        while not self.ping():
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(f"redis sentinel did not start on port {self.port}")
             time.sleep(0.02)
 
     def ping(self) -> bool:

@@ -8,7 +8,10 @@ node that got the cancel
    finish reason), and
 2. publishes the stream id on the owner's channel ``<prefix>node:{<owner>}:abort``,
 
-in one pipeline. The owner's subscriber aborts the request at once (the
+in one pipeline. On a Redis Cluster the channel is a *sharded* one
+(``SPUBLISH``/``SSUBSCRIBE``): a message goes to the shard serving the
+channel's slot only, instead of every node of the cluster over its bus.
+The owner's subscriber aborts the request at once (the
 engine frees its blocks at its next step) and the stream ends in the log with
 ``interrupted``; the asking node's client reads that end like any other. The
 flag covers what pub/sub cannot: a message lost while the owner's
@@ -20,16 +23,19 @@ continuing it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Callable
 from typing import cast
 
-from redis.asyncio import Redis
+from redis.asyncio import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from bargein.engine.request import FinishReason
+from bargein.session.log.redis_client import AnyRedis
 from bargein.session.supervise import TaskHealth, supervised
 
 log = logging.getLogger(__name__)
@@ -53,7 +59,7 @@ class Forwarder:
     """Sends cancels to the node that owns a stream, and receives this node's.
 
     Args:
-        redis: a redis-py asyncio client.
+        redis: a redis-py asyncio client (of one server or of a Cluster).
         node_id: this node (its channel is the one listened on).
         on_abort: called on the event loop with (stream_id, reason) for each
             abort forwarded to this node; must not block.
@@ -64,7 +70,7 @@ class Forwarder:
 
     def __init__(
         self,
-        redis: Redis,
+        redis: AnyRedis,
         node_id: str,
         on_abort: OnAbort,
         *,
@@ -103,7 +109,11 @@ class Forwarder:
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.set(self.flag_key(stream_id), reason.value, px=FLAG_TTL_MS)
             if owner is not None:
-                pipe.publish(abort_channel(self._prefix, owner), _message(stream_id, reason))
+                channel, message = abort_channel(self._prefix, owner), _message(stream_id, reason)
+                if isinstance(self.redis, RedisCluster):
+                    pipe.execute_command("SPUBLISH", channel, message)
+                else:
+                    pipe.publish(channel, message)
             results = await pipe.execute()
         return int(results[1]) if owner is not None else 0
 
@@ -116,6 +126,9 @@ class Forwarder:
         """Subscribe and hand each message over; resubscribe after a failure."""
         channel = abort_channel(self._prefix, self.node_id)
         while True:
+            if isinstance(self.redis, RedisCluster):
+                await self._listen_sharded(channel)
+                continue
             try:
                 async with self.redis.pubsub(ignore_subscribe_messages=True) as pubsub:
                     await pubsub.subscribe(channel)
@@ -126,6 +139,31 @@ class Forwarder:
             except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
                 log.warning("abort channel: %r; resubscribing", exc)
                 await asyncio.sleep(0.5)
+
+    async def _listen_sharded(self, channel: str) -> None:
+        """``SSUBSCRIBE`` on the shard serving the channel until a failure (a
+        failover moves the channel's slot to the promoted replica)."""
+        assert isinstance(self.redis, RedisCluster)
+        pubsub = None
+        try:
+            await self.redis.initialize()
+            pubsub = self.redis.pubsub()
+            await pubsub.ssubscribe(channel)
+            self.subscribed.set()
+            self.health.working(LISTENER)
+            while True:
+                message = await pubsub.get_sharded_message(ignore_subscribe_messages=True, timeout=1.0)
+                if message is not None and message.get("type") == "smessage":
+                    self._handle(message.get("data"))
+        except (RedisError, OSError) as exc:
+            log.warning("abort channel (sharded): %r; resubscribing", exc)
+            with contextlib.suppress(RedisError, OSError):
+                await self.redis.nodes_manager.initialize()  # the channel's shard may have moved
+            await asyncio.sleep(0.5)
+        finally:
+            if pubsub is not None:
+                with contextlib.suppress(RedisError, OSError):
+                    await pubsub.aclose()
 
     def _handle(self, data: object) -> None:
         try:

@@ -36,9 +36,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from redis.asyncio import Redis
-
 from bargein.session.log.fence import Fence
+from bargein.session.log.redis_client import AnyRedis
 
 # Take a free lease and count a new epoch. KEYS[1] lease, KEYS[2] epoch; ARGV[1] node
 # id, ARGV[2] lease ttl ms, ARGV[3] epoch ttl ms. Returns the new epoch, 0 when held.
@@ -138,7 +137,7 @@ class Leases:
 
     def __init__(
         self,
-        redis: Redis,
+        redis: AnyRedis,
         node_id: str,
         *,
         key_prefix: str = "bargein:",

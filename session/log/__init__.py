@@ -3,8 +3,11 @@
 The contract every backend keeps is :mod:`bargein.session.log.contract`;
 the backends are :mod:`~bargein.session.log.memory` (in-process) and
 :mod:`~bargein.session.log.redis_streams` (Redis Streams, with its key and
-entry layout in :mod:`~bargein.session.log.redis_format` and its multiplexed
-tail reads in :mod:`~bargein.session.log.redis_tail`);
+entry layout in :mod:`~bargein.session.log.redis_format`, its multiplexed
+tail reads in :mod:`~bargein.session.log.redis_tail`, and on a Redis Cluster
+:mod:`~bargein.session.log.redis_shards` and
+:mod:`~bargein.session.log.redis_cluster_tail`; the deployments a URL names
+are in :mod:`~bargein.session.log.redis_url`);
 :func:`open_token_log` picks one from a URL.
 """
 

@@ -10,7 +10,9 @@ import time
 from collections.abc import Callable
 
 from bargein.session.log.contract import DEFAULT_RETENTION_S, TokenLog
+from bargein.session.log.durability import parse_durability
 from bargein.session.log.memory import MemoryTokenLog
+from bargein.session.log.redis_url import is_redis_url
 
 
 def open_token_log(
@@ -19,24 +21,31 @@ def open_token_log(
     retention_s: float = DEFAULT_RETENTION_S,
     node_id: str = "node-0",
     clock: Callable[[], float] = time.monotonic,
+    durability: str = "none",
 ) -> TokenLog:
     """The token log a server runs on.
 
     Args:
         url: ``None`` or ``"memory://"`` for :class:`MemoryTokenLog`;
-            ``redis://``, ``rediss://`` or ``unix://`` for
+            ``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://`` or
+            ``redis+sentinel://`` (session/log/redis_url.py) for
             :class:`bargein.session.log.redis_streams.RedisTokenLog` (no connection is made
             here: the first call connects, and ``ping`` reports health).
         retention_s: seconds an ended stream and a saved session are kept.
         node_id: this server's name, recorded as owner of the streams it writes.
         clock: monotonic seconds for the memory backend (Redis keeps its own time).
+        durability: when Redis writes wait for a replica (session/log/durability.py).
 
-    Raises ValueError for another URL scheme.
+    Raises ValueError for another URL scheme or a bad durability.
     """
     if url is None or url == "memory://":
         return MemoryTokenLog(retention_s=retention_s, clock=clock)
-    if url.startswith(("redis://", "rediss://", "unix://")):
+    if is_redis_url(url):
         from bargein.session.log.redis_streams import RedisLogConfig, RedisTokenLog  # redis only when used
 
-        return RedisTokenLog(url, node_id=node_id, config=RedisLogConfig(retention_s=retention_s))
-    raise ValueError(f"token log url {url!r} must be memory://, redis://, rediss:// or unix://")
+        config = RedisLogConfig(retention_s=retention_s, durability=parse_durability(durability))
+        return RedisTokenLog(url, node_id=node_id, config=config)
+    raise ValueError(
+        f"token log url {url!r} must be memory://, redis://, rediss://, unix://, "
+        "redis+cluster:// or redis+sentinel://"
+    )

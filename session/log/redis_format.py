@@ -24,7 +24,10 @@ one Redis Cluster hash slot):
   after the finish. The length of a stream
   is bounded by admission (max_tokens), never trimmed.
 - ``<prefix>session:{<session_id>}``: a session's opaque state (``SET PX``).
-- ``<prefix>node:{<node_id>}:wake``: a node's tailer wake-up stream.
+- ``<prefix>node:{<node_id>}:wake``: a node's tailer wake-up stream (one Redis).
+- ``<prefix>shard:{bell-<k>}:ring``: a Redis Cluster shard's doorbell, rung
+  after each write there with the ids of the streams written
+  (session/log/redis_shards.py).
 - ``<prefix>token-secret``: the resume and session token key the nodes share
   when none is configured (created once with ``SET NX``, no expiry).
 """
@@ -60,13 +63,26 @@ return 1
 # ARGV[5] retention ms, ARGV[6] the number n of entries, then n pairs (entry id, packed
 # entry); then, for a finish: its id, the number m of its field arguments, those m, and
 # the metadata's field/value pairs up to the end. Returns WRITTEN, LOST (the stream's keys
-# vanished: nothing written) or FENCED (another node took the stream: nothing written).
+# vanished: nothing written), FENCED (another node took the stream: nothing written) or
+# GAP (the log ends below the writer's end: a failover lost entries; nothing written, and
+# the writer's lease is deleted).
 FENCED_STEP_LUA = """
 if redis.call('GET', KEYS[2]) ~= ARGV[2] then return -1 end
 local owner = redis.call('GET', KEYS[1])
 if owner and owner ~= ARGV[1] then return -1 end
 local made = ARGV[3] ~= '0'
 if not made and redis.call('EXISTS', KEYS[4]) == 0 then return 0 end
+if made then
+  -- The log must end where the writer left it (or past it: a retry of this step whose
+  -- first attempt landed). Below it, a failover promoted a replica that missed entries:
+  -- writing on would leave a hole. The lease goes, so a reader's node continues the
+  -- stream at once from what the log still holds.
+  local newest = redis.call('XREVRANGE', KEYS[3], '+', '-', 'COUNT', 1)
+  if newest[1] and tonumber(string.match(newest[1][1], '^(%d+)')) < tonumber(ARGV[3]) then
+    if owner == ARGV[1] then redis.call('DEL', KEYS[1]) end
+    return -2
+  end
+end
 local function xadd(id, ...)
   local reply
   if made then
@@ -106,7 +122,7 @@ return 1
 """
 FENCED_STEP_LUA = FENCED_STEP_LUA.replace("LOGGED_FIELD", LOGGED)
 FENCED_STEP_SHA = hashlib.sha1(FENCED_STEP_LUA.encode()).hexdigest()
-WRITTEN, LOST, FENCED = 1, 0, -1  # replies of FENCED_STEP_LUA
+WRITTEN, LOST, FENCED, GAP = 1, 0, -1, -2  # replies of FENCED_STEP_LUA
 
 
 class Keys:
@@ -312,6 +328,12 @@ def fenced_step_calls(
             args += [f"{finish.end}-1", len(entry_fields), *entry_fields, *meta_fields]
         calls.append((sid, args))
     return calls, unfenced
+
+
+def ring_command(bell_key: str, stream_ids: Sequence[str], maxlen: int) -> bytes:
+    """The doorbell ring of a shard after a step wrote ``stream_ids`` there
+    (session/log/redis_shards.py): one entry, field ``s``, the ids space-separated."""
+    return resp("XADD", bell_key, "MAXLEN", "~", maxlen, "*", "s", " ".join(stream_ids))
 
 
 def _xadd(log_key: str, end: int) -> tuple[str, ...]:

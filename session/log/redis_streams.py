@@ -15,22 +15,31 @@ last ``fanout_entries`` entries as soon as each step's pipeline returns (no
 Redis read per token per client); a reader behind that tail, and every
 reader of a stream written elsewhere, replays with ``XRANGE`` and then follows
 through the node's one multiplexed ``XREAD BLOCK`` (session/log/redis_tail.py).
+
+On a Redis Cluster (``redis+cluster://``) a step goes out as one packed write
+per primary, all at once, each ringing its shard's doorbell, and readers
+follow through one blocking reader per shard (session/log/redis_shards.py,
+session/log/redis_cluster_tail.py). Behind Sentinel (``redis+sentinel://``)
+the clients ask the Sentinels for the primary at every new connection.
+``config.durability`` adds a ``WAIT`` to step writes (session/log/durability.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar, cast
 
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
+from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 
 from bargein.session.errors import (
     OffsetOutOfRange,
@@ -52,12 +61,16 @@ from bargein.session.log import (
     StreamWrite,
     check_writes,
 )
+from bargein.session.log.durability import LogDurability
 from bargein.session.log.fence import Fence
+from bargein.session.log.redis_client import open_client
+from bargein.session.log.redis_cluster_tail import ClusterTailer
 from bargein.session.log.redis_format import (
     CREATE_LUA,
     FENCED,
     FENCED_STEP_LUA,
     FENCED_STEP_SHA,
+    GAP,
     WRITTEN,
     Keys,
     already_added,
@@ -65,8 +78,10 @@ from bargein.session.log.redis_format import (
     fenced_step_calls,
     info_from_meta,
     resp,
+    ring_command,
     step_commands,
 )
+from bargein.session.log.redis_shards import IN_FLUX, RING_MAXLEN, ShardMap, send_grouped
 from bargein.session.log.redis_tail import (
     _TRANSIENT,
     LOGGED,
@@ -77,9 +92,11 @@ from bargein.session.log.redis_tail import (
     parse_entries,
     parse_id,
 )
+from bargein.session.log.redis_url import parse_redis_url
 from bargein.session.supervise import TaskHealth
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 _REMEMBERED = 65_536  # ended (broken) stream ids kept to refuse late writes
 _DROPPED = (RedisConnectionError, ConnectionError)  # a closed connection (not a hang): retry
@@ -108,6 +125,7 @@ class RedisLogConfig:
         fanout_entries: entries of each stream this node writes kept in memory
             for its local readers.
         key_prefix: prefix of every key (tests give each test its own).
+        durability: when a step write waits for replicas (session/log/durability.py).
     """
 
     retention_s: float = DEFAULT_RETENTION_S
@@ -118,6 +136,7 @@ class RedisLogConfig:
     replay_batch: int = 1024
     fanout_entries: int = 256
     key_prefix: str = "bargein:"
+    durability: LogDurability = LogDurability()
 
     def __post_init__(self) -> None:
         for name in ("retention_s", "live_ttl_s", "retry_for_s", "socket_timeout_s"):
@@ -164,8 +183,10 @@ class RedisTokenLog:
     """:class:`~bargein.session.log.TokenLog` on Redis Streams; see the module doc.
 
     Args:
-        url: ``redis://host:port/db`` (or rediss://, unix://). Nothing connects
-            before the first call.
+        url: ``redis://host:port/db`` (or rediss://, unix://), a Redis Cluster
+            (``redis+cluster://host:port,...``) or Sentinel's primary
+            (``redis+sentinel://host:port,.../master``): session/log/redis_url.py.
+            Nothing connects before the first call.
         node_id: this server's unique name: owner of the streams it creates,
             and the name of its tailer's wake stream.
         config: tuning; the default keeps ended streams 600 s.
@@ -181,30 +202,51 @@ class RedisTokenLog:
         self._node_id = node_id
         no_retry = Retry(NoBackoff(), 0)  # retries are ours, bounded by retry_for_s
         timeout = config.socket_timeout_s
+        target = parse_redis_url(url)
         # No redis-py socket_timeout: with one set, redis-py sends through asyncio.wait_for,
         # which on Python 3.11 can swallow a cancellation racing the send (CPython gh-86296):
         # a cancelled reader would run on. Every call is timed here with asyncio.timeout.
-        self._redis = Redis.from_url(url, socket_timeout=None, socket_connect_timeout=timeout, retry=no_retry)
+        options: dict[str, Any] = {
+            "socket_timeout": None,
+            "socket_connect_timeout": timeout,
+            "retry": no_retry,
+        }
+        self._redis = cast(Redis, open_client(target, **options))
         self._create = self._redis.register_script(CREATE_LUA)
         self._keys = Keys(config.key_prefix)
         wake_key = self._wake_key = self._keys.wake(node_id)
         self.health = TaskHealth()  # the tailer's crashes (a bug): /readyz lists them
-        self._tailer = StreamTailer(
-            make_client=lambda: Redis.from_url(
-                url,
-                single_connection_client=True,
-                retry=no_retry,
-                socket_connect_timeout=timeout,
-                socket_timeout=None,
-            ),
-            wake=self._wake,
-            wake_key=wake_key,
-            block_ms=config.block_ms,
-            timeout_s=timeout,
-            unavailable_after_s=config.retry_for_s,
-            count=config.replay_batch,
-            health=self.health,
-        )
+        self._shards: ShardMap | None = None  # a Redis Cluster's primaries (None: one server)
+        self._tailer: StreamTailer | ClusterTailer
+        if isinstance(self._redis, RedisCluster):
+            self._shards = ShardMap(self._redis, config.key_prefix)
+            auth = {"username": target.username, "password": target.password, "ssl": target.tls}
+            self._tailer = ClusterTailer(
+                shards=self._shards,
+                make_client=lambda host, port: Redis(
+                    host=host, port=port, single_connection_client=True, **auth, **options
+                ),
+                block_ms=config.block_ms,
+                timeout_s=timeout,
+                unavailable_after_s=config.retry_for_s,
+                count=config.replay_batch,
+                health=self.health,
+            )
+        else:
+            self._tailer = StreamTailer(
+                make_client=lambda: cast(
+                    Redis, open_client(target, single_connection_client=True, **options)
+                ),
+                wake=self._wake,
+                wake_key=wake_key,
+                block_ms=config.block_ms,
+                timeout_s=timeout,
+                unavailable_after_s=config.retry_for_s,
+                count=config.replay_batch,
+                health=self.health,
+            )
+        self._waited_at: dict[str, float] = {}  # shard (or "") -> loop time of its last WAIT
+        self.num_unreplicated = 0  # WAITs that timed out short of their replicas
         self._live: dict[str, _LocalStream] = {}
         # Recently broken (log incomplete after a failure) and ended stream ids, oldest first,
         # bounded: late writes to them get TokenLogUnavailable / StreamEnded.
@@ -238,7 +280,7 @@ class RedisTokenLog:
                     result = await fn(self._redis)
                 self._degraded = False
                 return result
-            except _TRANSIENT as exc:  # includes the builtin TimeoutError of asyncio.timeout
+            except (*_TRANSIENT, *IN_FLUX) as exc:  # + asyncio.timeout's TimeoutError; a failover
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     self._degraded = True
@@ -362,15 +404,23 @@ class RedisTokenLog:
             retention_ms=int(self._cfg.retention_s * 1000),
             live_ttl_ms=int(self._cfg.live_ttl_s * 1000),
         )
+        ending = {w.stream_id for w in writes if w.finish is not None}
         try:
-            results = await self._call("write_step", lambda r: self._run_fenced(r, calls), sids)
+            results = await self._call("write_step", lambda r: self._run_fenced(calls, ending), sids)
         except TokenLogUnavailable as exc:
             self._break(sids, exc)
             return sids, ()
         lost = tuple(
-            sid for (sid, _), result in zip(calls, results) if result not in (WRITTEN, FENCED)
+            sid for (sid, _), result in zip(calls, results) if result not in (WRITTEN, FENCED, GAP)
         )  # LOST, or an error reply
-        fenced = tuple(unfenced) + tuple(sid for (sid, _), result in zip(calls, results) if result == FENCED)
+        gaps = tuple(sid for (sid, _), result in zip(calls, results) if result == GAP)
+        if gaps:
+            log.warning(
+                "redis lost the last entries of %s (a failover?): handing them to a reader's node", gaps
+            )
+        fenced = tuple(unfenced) + tuple(
+            sid for (sid, _), result in zip(calls, results) if result in (FENCED, GAP)
+        )
         self._apply(writes, lost + fenced)
         if fenced:
             self._break(fenced, StreamFenced(fenced))
@@ -379,18 +429,19 @@ class RedisTokenLog:
             await self._delete_partial(lost)
         return lost, fenced
 
-    @classmethod
-    async def _run_fenced(cls, redis: Redis, calls: list[tuple[str, list[bytes | str | int]]]) -> list[Any]:
+    async def _run_fenced(
+        self, calls: list[tuple[str, list[bytes | str | int]]], ending: set[str]
+    ) -> list[Any]:
         """Run the step's fenced scripts by SHA in one round trip; a Redis that
         does not know the script yet (first use, restarted, flushed) gets the
         refused calls again in full, in a second one (a refused EVALSHA ran nothing)."""
-        results = await cls._run_step(
-            redis, [resp("EVALSHA", FENCED_STEP_SHA, 4, *args) for _, args in calls]
+        results = await self._send(
+            [(sid, resp("EVALSHA", FENCED_STEP_SHA, 4, *args)) for sid, args in calls], ending
         )
         retry = [i for i, result in enumerate(results) if isinstance(result, NoScriptError)]
         if retry:
-            again = await cls._run_step(
-                redis, [resp("EVAL", FENCED_STEP_LUA, 4, *calls[i][1]) for i in retry]
+            again = await self._send(
+                [(calls[i][0], resp("EVAL", FENCED_STEP_LUA, 4, *calls[i][1])) for i in retry], ending
             )
             for i, result in zip(retry, again):
                 results[i] = result
@@ -398,16 +449,25 @@ class RedisTokenLog:
 
     async def _write_healthy(self, writes: Sequence[StreamWrite]) -> tuple[str, ...]:
         """Write validated writes; returns the streams that failed (now broken)."""
-        sids = tuple(dict.fromkeys(w.stream_id for w in writes))
-        commands, owners = step_commands(
-            writes,
-            {sid: self._live[sid].cursor.end for sid in sids},
-            self._keys,
-            retention_ms=int(self._cfg.retention_s * 1000),
-            live_ttl_ms=int(self._cfg.live_ttl_s * 1000),
-        )
+        by_stream: dict[str, list[StreamWrite]] = {}
+        for write in writes:
+            by_stream.setdefault(write.stream_id, []).append(write)
+        sids = tuple(by_stream)
+        pairs: list[tuple[str, bytes]] = []
+        owners: list[str | None] = []
+        for sid, stream_writes in by_stream.items():  # by stream: each goes to the shard holding it
+            commands, stream_owners = step_commands(
+                stream_writes,
+                {sid: self._live[sid].cursor.end},
+                self._keys,
+                retention_ms=int(self._cfg.retention_s * 1000),
+                live_ttl_ms=int(self._cfg.live_ttl_s * 1000),
+            )
+            pairs += [(sid, command) for command in commands]
+            owners += stream_owners
+        ending = {w.stream_id for w in writes if w.finish is not None}
         try:
-            results = await self._call("write_step", lambda r: self._run_step(r, commands), sids)
+            results = await self._call("write_step", lambda r: self._send(pairs, ending), sids)
         except TokenLogUnavailable as exc:
             self._break(sids, exc)
             return sids
@@ -421,6 +481,60 @@ class RedisTokenLog:
             self._break(lost, TokenLogUnavailable("redis lost these streams (restarted without data?)", lost))
             await self._delete_partial(lost)
         return lost
+
+    async def _send(self, pairs: Sequence[tuple[str, bytes]], ending: set[str]) -> list[Any]:
+        """Send a step's commands, each tagged with its stream; their replies in order.
+
+        One server: one packed write. A Cluster: one packed write per primary
+        holding a written stream, all at once, each followed by that shard's
+        doorbell ring (session/log/redis_shards.py). Either way a ``WAIT``
+        goes last on a connection when the durability setting asks for one.
+        """
+        if self._shards is None:
+            commands = [command for _, command in pairs]
+            wait = self._wait_command("", any(sid in ending for sid, _ in pairs))
+            results = await self._run_step(self._redis, commands + ([wait] if wait else []))
+            self._count_wait(results[len(commands) :])
+            return results[: len(commands)]
+        await self._shards.ready()
+        groups: dict[str, tuple[ClusterNode, list[bytes]]] = {}
+        members: dict[str, list[int]] = {}  # primary -> indexes into pairs
+        streams: dict[str, dict[str, None]] = {}
+        for i, (sid, command) in enumerate(pairs):
+            node = self._shards.primary(self._keys.log(sid))
+            groups.setdefault(node.name, (node, []))[1].append(command)
+            members.setdefault(node.name, []).append(i)
+            streams.setdefault(node.name, {})[sid] = None
+        for name, (node, commands) in groups.items():
+            commands.append(ring_command(self._shards.doorbell(node), list(streams[name]), RING_MAXLEN))
+            wait = self._wait_command(name, any(sid in ending for sid in streams[name]))
+            if wait:
+                commands.append(wait)
+        replies = await send_grouped(self._shards, groups)
+        ordered: list[Any] = [None] * len(pairs)
+        for name, indexes in members.items():
+            for i, result in zip(indexes, replies[name]):
+                ordered[i] = result
+            self._count_wait(replies[name][len(indexes) + 1 :])
+        return ordered
+
+    def _wait_command(self, shard: str, ends_stream: bool) -> bytes | None:
+        """The ``WAIT`` this write to ``shard`` ends with, or None (session/log/durability.py)."""
+        durability = self._cfg.durability
+        now = asyncio.get_running_loop().time()
+        since_ms = (now - self._waited_at.get(shard, 0.0)) * 1000
+        if not durability.due(ends_stream=ends_stream, since_last_ms=since_ms):
+            return None
+        self._waited_at[shard] = now
+        return resp("WAIT", durability.replicas, durability.timeout_ms)
+
+    def _count_wait(self, replies: Sequence[Any]) -> None:
+        for reply in replies:
+            if isinstance(reply, int) and reply < self._cfg.durability.replicas:
+                self.num_unreplicated += 1
+                log.warning(
+                    "token log: WAIT timed out with %d of %d replicas", reply, self._cfg.durability.replicas
+                )
 
     @staticmethod
     async def _run_step(redis: Redis, commands: list[bytes]) -> list[Any]:
@@ -480,9 +594,15 @@ class RedisTokenLog:
 
     async def _delete_partial(self, stream_ids: Sequence[str]) -> None:
         """Remove keys that writes to lost streams re-created (best effort)."""
-        keys = [k for sid in stream_ids for k in (self._keys.log(sid), self._keys.meta(sid))]
+
+        async def delete(redis: Redis) -> None:
+            async with redis.pipeline(transaction=False) as pipe:
+                for sid in stream_ids:  # one DEL per stream: a cluster holds each in its own slot
+                    pipe.delete(self._keys.log(sid), self._keys.meta(sid))
+                await pipe.execute()
+
         try:
-            await self._call("cleanup", lambda r: r.delete(*keys))
+            await self._call("cleanup", delete)
         except TokenLogUnavailable:
             pass  # their live TTL removes them anyway
 
@@ -682,21 +802,34 @@ class RedisTokenLog:
         A connection Redis closed (``CLIENT KILL``, a restart) fails at once and
         is replaced by the retry, so /readyz does not flap once per dead pooled
         connection. A timeout (a hung Redis) is not retried: the probe stays bounded.
+        On a Cluster every primary must answer (any stream may hash to any of
+        them; a replica's death does not make the node unready), and a failure
+        refreshes the slot map first, so a promoted replica is pinged next time.
         """
         for attempt in range(2):
             try:
                 async with asyncio.timeout(self._cfg.socket_timeout_s):
-                    ok = bool(await self._redis.ping())
+                    ok = bool(await self._ping_once())
             except _DROPPED:
+                if self._shards is not None:
+                    await self._shards.refresh()
                 if attempt == 0:
                     await asyncio.sleep(_PING_RETRY_S)
                     continue
                 return False
-            except (*_TRANSIENT, ResponseError):
+            except (*_TRANSIENT, ResponseError, RedisClusterException):
+                if self._shards is not None:
+                    await self._shards.refresh()
                 return False
             self._degraded = self._degraded and not ok
             return ok
         return False
+
+    async def _ping_once(self) -> bool:
+        if isinstance(self._redis, RedisCluster):
+            await self._redis.initialize()
+            return bool(await self._redis.ping(target_nodes=RedisCluster.PRIMARIES))
+        return bool(await self._redis.ping())
 
     async def close(self) -> None:
         self._closed = True

@@ -18,8 +18,8 @@ The task runs supervised (session/supervise.py): a bug that crashes it is
 logged, every subscriber gets TokenLogUnavailable (their clients resume),
 ``health`` is marked failing until the next good read, and the task restarts.
 
-Limitation: on a Redis Cluster one ``XREAD`` cannot span hash slots; a
-cluster deployment needs one tailer per shard (not built).
+On a Redis Cluster one ``XREAD`` cannot span hash slots: there the log runs
+one blocking reader per followed shard instead (session/log/redis_cluster_tail.py).
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ from dataclasses import replace
 
 import pytest
 from redis import Redis as SyncRedis
-from redis.asyncio import Redis
 
+from bargein.session.cluster.lease import epoch_key, lease_key
 from bargein.session.errors import (
     OffsetOutOfRange,
     StreamEnded,
@@ -30,6 +30,7 @@ from bargein.session.log import (
     TokenLog,
 )
 from bargein.session.log.fence import Fence
+from bargein.session.log.redis_client import open_client
 from bargein.session.log.redis_streams import RedisLogConfig, RedisTokenLog
 from tests.session.log_helpers import (
     FakeClock,
@@ -98,8 +99,27 @@ class TwoNodes:
 _prefixes = itertools.count()
 
 
+class FencedPerStream(TwoNodes):
+    """A writer fenced per stream by the keys a node's lease uses (one hash slot with
+    the stream's: what a Redis Cluster needs), each stream's epoch set when it is created."""
+
+    def __init__(self, writer: RedisTokenLog, reader: RedisTokenLog, prefix: str) -> None:
+        super().__init__(writer, reader)
+        self._prefix = prefix
+        writer.fence_with(
+            lambda sid: Fence(
+                lease_key=lease_key(prefix, sid), epoch_key=epoch_key(prefix, sid), node_id="node-a", epoch=1
+            )
+        )
+
+    async def create_stream(self, info: StreamInfo) -> None:
+        await self.writer._redis.set(epoch_key(self._prefix, info.stream_id), 1)
+        await self.writer.create_stream(info)
+
+
 class RedisBackend(Backend):
-    """Real redis-server; each log gets its own key prefix. ``two_nodes``: read from a second node."""
+    """Real redis-server (or Redis Cluster); each log gets its own key prefix.
+    ``two_nodes``: read from a second node; ``fenced``: write through the fence."""
 
     def __init__(self, url: str, *, two_nodes: bool, fenced: bool = False) -> None:
         super().__init__()
@@ -112,6 +132,9 @@ class RedisBackend(Backend):
         self._opened.append(prefix)
         config = RedisLogConfig(retention_s=retention_s, key_prefix=prefix, fanout_entries=2)
         writer = RedisTokenLog(self.url, node_id="node-a", config=config)
+        if self.url.startswith("redis+cluster://"):
+            reader = RedisTokenLog(self.url, node_id="node-b", config=config)
+            return FencedPerStream(writer, reader, prefix) if self.fenced else TwoNodes(writer, reader)
         if self.fenced:  # every write through the fencing script, under an epoch that holds
             with SyncRedis.from_url(self.url) as redis:
                 redis.set(f"{prefix}epoch", 1)
@@ -127,7 +150,7 @@ class RedisBackend(Backend):
         if it had less left. (A real wait would let a stall of a loaded box
         expire a key before the test read it.)"""
         shift_ms = int(seconds * 1000)
-        async with Redis.from_url(self.url) as redis:
+        async with open_client(self.url) as redis:
             for prefix in self._opened:
                 async for key in redis.scan_iter(match=f"{prefix}*"):
                     left_ms = await redis.pttl(key)
@@ -155,6 +178,10 @@ BACKENDS: dict[str, Callable[[pytest.FixtureRequest], Backend]] = {
     "redis-2nodes": lambda request: RedisBackend(request.getfixturevalue("redis_server"), two_nodes=True),
     "redis-fenced": lambda request: RedisBackend(
         request.getfixturevalue("redis_server"), two_nodes=True, fenced=True
+    ),
+    "redis-cluster": lambda request: RedisBackend(request.getfixturevalue("redis_cluster"), two_nodes=True),
+    "redis-cluster-fenced": lambda request: RedisBackend(
+        request.getfixturevalue("redis_cluster"), two_nodes=True, fenced=True
     ),
 }
 
