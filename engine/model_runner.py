@@ -10,17 +10,20 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from bargein.engine.attention import AttentionMetadata
 from bargein.engine.config import CacheConfig, ModelConfig
 from bargein.engine.kernels import get_ops
-from bargein.engine.model.linear import choose_linear_format
+from bargein.engine.model import smooth
+from bargein.engine.model.linear import choose_linear_format, cpu_has_bf16
 from bargein.engine.model.llama import LlamaModel, model_shape
-from bargein.engine.model.loader import load_model, load_tokenizer
+from bargein.engine.model.loader import cache_root, load_model, load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -88,20 +91,19 @@ class ModelRunner:
             dtype=model_config.dtype,
         )
         logger.info("linear layers: %s (%s)", self.linear_format, why)
+        self._cache_dir = model_config.cache_dir
         loaded = load_model(model_config)
         self.tokenizer = load_tokenizer(model_config)
         self.model_name = loaded.name
         shape = model_shape(loaded.config)
         self.vocab_size = shape.vocab_size
         self.max_model_len = max_model_len
+        ops = get_ops(backend)
+        # int8 is smoothed (engine/model/smooth.py): the fp32 model first, for
+        # the calibration pass that measures its activations
+        first = "float32" if self.linear_format == "int8" else self.linear_format
         self.model = LlamaModel(
-            loaded.config,
-            loaded.weights,
-            get_ops(backend),
-            dtype,
-            self.device,
-            max_model_len,
-            linear_format=self.linear_format,
+            loaded.config, loaded.weights, ops, dtype, self.device, max_model_len, linear_format=first
         )
         self.eos_token_ids = _eos_token_ids(loaded.config, loaded.folder, self.tokenizer)
         self.block_size = cache_config.block_size
@@ -121,12 +123,62 @@ class ModelRunner:
             dtype=dtype,
             device=self.device,
         )
+        if self.linear_format == "int8":
+            self.model = self._smoothed_int8(loaded, ops, dtype)
         # One decode step before the first request: the kernels compile (numba
         # on the CPU, from its disk cache after the first start; Triton on a
         # GPU) and oneDNN builds its primitives now, not in the first TTFT.
         # Block 0 is free: whatever this writes there is overwritten before a
         # sequence that owns it reads it.
         self.execute([SeqInput(token_ids=[0], start_pos=0, block_table=[0], sample=True)])
+
+    def _smoothed_int8(self, loaded: Any, ops: Any, dtype: torch.dtype) -> LlamaModel:
+        """The int8 model of SmoothQuant-smoothed weights (engine/model/smooth.py),
+        calibrated on this (fp32) model over ``calibration.txt``; the output
+        head and the first and last layers in bf16 where the CPU has bf16
+        dot products, else fp32 (docs/perf/quality.md: mean KL 0.030 -> below 0.01)."""
+        started = time.perf_counter()
+        ids = self.tokenizer(smooth.CALIBRATION_TEXT.read_text(encoding="utf-8"))["input_ids"]
+        window = min(smooth.CALIBRATION_WINDOW, self.num_blocks * self.block_size, self.max_model_len)
+        table = list(range(-(-window // self.block_size)))
+
+        def run() -> None:
+            with torch.inference_mode():
+                for lo in range(0, min(len(ids), smooth.CALIBRATION_TOKENS), window):
+                    chunk = ids[lo : lo + window]
+                    self.execute([SeqInput(token_ids=chunk, start_pos=0, block_table=table, sample=True)])
+
+        cache = cache_root(self._cache_dir) / "smoothquant" / smooth.calibration_key(loaded.folder)
+        absmax = smooth.cached_absmax(cache, lambda: smooth.activation_absmax(self.model, run))
+        shape = model_shape(loaded.config)
+        weights = smooth.smooth_weights(
+            loaded.weights,
+            absmax,
+            num_layers=shape.num_layers,
+            num_heads=shape.num_heads,
+            num_kv_heads=shape.num_kv_heads,
+            head_dim=shape.head_dim,
+        )
+        keep = "bfloat16" if cpu_has_bf16() else "float32"
+        model = LlamaModel(
+            loaded.config,
+            weights,
+            ops,
+            dtype,
+            self.device,
+            self.max_model_len,
+            linear_format="int8",
+            head_format=keep,
+            edge_format=keep,
+        )
+        logger.info(
+            "int8: smoothed (%d calibration tokens, %s) in %.1f s; head and edge layers in %s",
+            min(len(ids), smooth.CALIBRATION_TOKENS),
+            cache,
+            time.perf_counter() - started,
+            keep,
+        )
+        return model
 
     @torch.inference_mode()
     def execute(self, seqs: Sequence[SeqInput]) -> torch.Tensor:

@@ -128,6 +128,12 @@ class Bf16Linear:
         return y if self.bias is None else y + self.bias
 
 
+def cpu_has_bf16() -> bool:
+    """This x86 CPU has bf16 dot products (avx512_bf16 or amx_bf16), and torch's
+    oneDNN uses them: bf16 GEMMs are native, not emulated."""
+    return _is_x86(platform.machine()) and any(f in cpu_flags() for f in BF16_FLAGS) and _bf16_gemm_ok()
+
+
 def _bf16_gemm_ok() -> bool:
     check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
     return bool(check()) if check is not None else False

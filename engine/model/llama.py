@@ -114,6 +114,9 @@ class LlamaModel:
         head_format: format of the output head; ``None`` is ``linear_format``.
             A tied head gets its own converted copy; the embedding lookup
             stays in ``dtype``.
+        edge_format: format of the first and the last layer's linears
+            (``None``: ``linear_format``): int8 keeps them in bf16, where
+            quantization errors cost the most (docs/perf/quality.md).
 
     Raises:
         ValueError: a config feature this forward does not implement.
@@ -130,6 +133,7 @@ class LlamaModel:
         max_model_len: int,
         linear_format: str = "float32",
         head_format: str | None = None,
+        edge_format: str | None = None,
     ) -> None:
         _check_supported(config, max_model_len)
         self.linear_format = linear_format
@@ -143,7 +147,14 @@ class LlamaModel:
         def linear(w: torch.Tensor, b: torch.Tensor | None = None) -> AnyLinear:
             return make_linear(w, b, linear_format)
 
-        self.layers = [_fused_layer(weights, i, to, linear) for i in range(self.shape.num_layers)]
+        def edge_linear(w: torch.Tensor, b: torch.Tensor | None = None) -> AnyLinear:
+            return make_linear(w, b, edge_format or linear_format)
+
+        last = self.shape.num_layers - 1
+        self.layers = [
+            _fused_layer(weights, i, to, edge_linear if i in (0, last) else linear)
+            for i in range(self.shape.num_layers)
+        ]
         self.embed = to(weights["model.embed_tokens.weight"])
         self.norm = to(weights["model.norm.weight"])
         tied = getattr(config, "tie_word_embeddings", False) or "lm_head.weight" not in weights

@@ -129,8 +129,12 @@ def gguf_cache_folder(path: Path, cache_dir: str | None) -> Path:
     """Where the converted ``path`` lives: keyed by file name, size and mtime."""
     stat = path.stat()
     key = hashlib.sha256(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    root = Path(cache_dir).expanduser() if cache_dir else Path.home() / ".cache" / "bargein"
-    return root / f"{path.stem}-{key}"
+    return cache_root(cache_dir) / f"{path.stem}-{key}"
+
+
+def cache_root(cache_dir: str | None) -> Path:
+    """bargein's cache folder: ``cache_dir``, else ``~/.cache/bargein``."""
+    return Path(cache_dir).expanduser() if cache_dir else Path.home() / ".cache" / "bargein"
 
 
 def _cached_gguf_folder(path: Path, cache_dir: str | None) -> Path:

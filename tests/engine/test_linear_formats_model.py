@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from bargein.engine.config import CacheConfig, ModelConfig
-from bargein.engine.model.linear import Bf16Linear, Int8Linear, int8_kernel_available
+from bargein.engine.model.linear import Bf16Linear, Int8Linear, Linear, cpu_has_bf16, int8_kernel_available
 from bargein.engine.model_runner import ModelRunner, SeqInput
 
 pytestmark = pytest.mark.slow
@@ -65,7 +65,13 @@ def test_format_generates_and_agrees_with_fp32(model_config: ModelConfig, fp32_g
     runner = _runner(cfg)
     assert runner.linear_format == fmt
     kind = Int8Linear if fmt == "int8" else Bf16Linear
-    assert isinstance(runner.model.layers[0].qkv, kind) and isinstance(runner.model.lm_head, kind)
+    assert isinstance(runner.model.layers[1].qkv, kind)
+    if fmt == "int8":  # the head and the first and last layers stay in bf16 (or fp32 without it)
+        keep = Bf16Linear if cpu_has_bf16() else Linear
+        edges = (runner.model.lm_head, runner.model.layers[0].qkv, runner.model.layers[-1].down)
+        assert all(isinstance(linear, keep) for linear in edges)
+    else:
+        assert isinstance(runner.model.layers[0].qkv, kind) and isinstance(runner.model.lm_head, kind)
     assert runner.model.embed.dtype == torch.float32  # the lookup keeps fp32
     _, prompts, want = fp32_greedy
     free = _steps(runner, prompts[0], None)

@@ -1,0 +1,170 @@
+"""SmoothQuant for the W8A8 linears: move activation outliers into the weights.
+
+Xiao et al., "SmoothQuant: Accurate and Efficient Post-Training Quantization
+for Large Language Models" (ICML 2023, arXiv:2211.10438), eq. 4: for a
+linear ``Y = X W^T`` and a per-input-channel ``s``,
+``Y = (X diag(s)^-1) (W diag(s))^T``, with
+
+    s_j = max|X_j|^alpha / max|W_j|^(1 - alpha)
+
+so the activation's channels (quantized per token, one scale per row) lose
+their outliers and the weight (quantized per output channel) takes them,
+where per-channel scales absorb them. ``diag(s)^-1`` is folded into what
+computes ``X``, so the model stays exactly the same function in exact
+arithmetic:
+
+- ``qkv`` and ``gate_up`` read an RMSNorm's output: the norm's gain ``/ s``;
+- ``down`` reads ``silu(gate) * up``: ``up``'s output rows ``/ s``;
+- ``o_proj`` reads the attention output, a mix of ``v`` rows per head:
+  ``v``'s output rows ``/ s``, one ``s`` per KV channel (the max over the
+  query heads sharing it, GQA).
+
+``max|X_j|`` comes from a calibration pass of the fp32 model over
+``calibration.txt`` (:func:`activation_absmax`), text not used by the
+quality measurement (``loadtests/quality.py``). Pure torch, weights in and
+out as the checkpoint's names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import pickle
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CALIBRATION_TEXT = Path(__file__).with_name("calibration.txt")
+ALPHA = 0.5  # the paper's default; measured here: docs/perf/quality.md
+CALIBRATION_TOKENS = 1024  # of calibration.txt: a few seconds of fp32 prefill at load
+CALIBRATION_WINDOW = 256  # tokens per calibration sequence (a small KV pool holds one)
+LINEAR_KINDS = ("qkv", "o_proj", "gate_up", "down")
+_SCALE_RANGE = (1e-2, 1e2)  # keeps a dead channel from blowing up its weight column
+_EPS = 1e-5
+
+AbsMax = dict[tuple[int, str], torch.Tensor]
+
+
+class _Recording:
+    """A linear layer that records ``max |x|`` per input channel, then computes."""
+
+    def __init__(
+        self, inner: Callable[[torch.Tensor], torch.Tensor], key: tuple[int, str], into: AbsMax
+    ) -> None:
+        self.inner = inner
+        self.key = key
+        self.into = into
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        seen = x.detach().abs().amax(0).float()
+        old = self.into.get(self.key)
+        self.into[self.key] = seen if old is None else torch.maximum(old, seen)
+        return self.inner(x)
+
+
+def activation_absmax(model: Any, run: Callable[[], None]) -> AbsMax:
+    """``max |x|`` per input channel of every layer's four linears while ``run()``
+    runs the model (fp32) over calibration text.
+
+    Returns:
+        ``{(layer, kind): [in_features] float32}``; kinds: :data:`LINEAR_KINDS`.
+    """
+    stats: AbsMax = {}
+    originals = []
+    for i, layer in enumerate(model.layers):
+        for kind in LINEAR_KINDS:
+            inner = getattr(layer, kind)
+            originals.append((layer, kind, inner))
+            object.__setattr__(layer, kind, _Recording(inner, (i, kind), stats))  # frozen dataclass
+    try:
+        run()
+    finally:
+        for layer, kind, inner in originals:
+            object.__setattr__(layer, kind, inner)
+    return stats
+
+
+def cached_absmax(path: Path, compute: Callable[[], AbsMax]) -> AbsMax:
+    """:func:`activation_absmax`'s result from ``path`` if an earlier start
+    saved it, else ``compute()``, saved there (written whole, then renamed, so
+    a crash never leaves half a file; an unwritable cache only costs the next
+    start the calibration again)."""
+    if path.is_file():
+        try:
+            saved = torch.load(path, weights_only=True)
+            return {(int(k.split(".")[0]), k.split(".")[1]): v for k, v in saved.items()}
+        except (OSError, RuntimeError, ValueError, IndexError, EOFError, pickle.UnpicklingError):
+            pass  # unreadable: calibrate again
+    stats = compute()
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        torch.save({f"{i}.{kind}": t for (i, kind), t in stats.items()}, tmp)
+        tmp.replace(path)
+    return stats
+
+
+def calibration_key(model_folder: str) -> str:
+    """The cache file name of a model's statistics: its folder, the text and the pass."""
+    text = CALIBRATION_TEXT.read_bytes()
+    spec = f"{model_folder}|{CALIBRATION_TOKENS}|{CALIBRATION_WINDOW}|".encode() + text
+    return f"smoothquant-{hashlib.sha256(spec).hexdigest()[:16]}.pt"
+
+
+def smoothing_scale(x_absmax: torch.Tensor, w: torch.Tensor, alpha: float = ALPHA) -> torch.Tensor:
+    """``s [in]`` of SmoothQuant eq. 4 for activations with ``x_absmax [in]`` and
+    weights ``w [out, in]`` (fp32), clamped to [0.01, 100]."""
+    w_absmax = w.abs().amax(0).float().clamp_min(_EPS)
+    s = x_absmax.clamp_min(_EPS).pow(alpha) / w_absmax.pow(1 - alpha)
+    return s.clamp(*_SCALE_RANGE)
+
+
+def smooth_weights(
+    weights: dict[str, torch.Tensor],
+    absmax: AbsMax,
+    *,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    alpha: float = ALPHA,
+) -> dict[str, torch.Tensor]:
+    """The checkpoint's weights with every layer's linears smoothed (a new dict;
+    tensors it changes are new, fp32). The model they make computes the same
+    function (up to rounding) as ``weights``'.
+
+    Raises:
+        KeyError: a layer's weight or its statistics are missing.
+    """
+    w = dict(weights)
+    group = num_heads // num_kv_heads
+    for i in range(num_layers):
+        p = f"model.layers.{i}."
+        att, mlp = p + "self_attn.", p + "mlp."
+        qkv = [att + f"{x}_proj.weight" for x in "qkv"]
+        s = smoothing_scale(absmax[(i, "qkv")], torch.cat([w[k] for k in qkv]), alpha)
+        w[p + "input_layernorm.weight"] = w[p + "input_layernorm.weight"].float() / s
+        for k in qkv:
+            w[k] = w[k].float() * s
+
+        gate, up = mlp + "gate_proj.weight", mlp + "up_proj.weight"
+        s = smoothing_scale(absmax[(i, "gate_up")], torch.cat([w[gate], w[up]]), alpha)
+        w[p + "post_attention_layernorm.weight"] = w[p + "post_attention_layernorm.weight"].float() / s
+        w[gate], w[up] = w[gate].float() * s, w[up].float() * s
+
+        down = mlp + "down_proj.weight"
+        s = smoothing_scale(absmax[(i, "down")], w[down], alpha)
+        w[up] = w[up] / s[:, None]
+        w[down] = w[down].float() * s
+
+        o, v = att + "o_proj.weight", att + "v_proj.weight"
+        s = smoothing_scale(absmax[(i, "o_proj")], w[o], alpha)
+        s_kv = s.view(num_kv_heads, group, head_dim).amax(1)  # one scale per v channel
+        w[v] = w[v].float() / s_kv.reshape(-1)[:, None]
+        w[o] = w[o].float() * s_kv[:, None, :].expand(num_kv_heads, group, head_dim).reshape(-1)
+        if att + "v_proj.bias" in w:
+            w[att + "v_proj.bias"] = w[att + "v_proj.bias"].float() / s_kv.reshape(-1)
+    return w

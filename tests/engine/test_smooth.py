@@ -1,0 +1,94 @@
+"""SmoothQuant (engine/model/smooth.py): the smoothed model is the same function
+in fp32, and its int8 quantization is closer to fp32 than the unsmoothed one's."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from bargein.engine.config import CacheConfig, ModelConfig
+from bargein.engine.kernels import get_ops
+from bargein.engine.model import smooth
+from bargein.engine.model.linear import int8_kernel_available
+from bargein.engine.model.llama import LlamaModel, model_shape
+from bargein.engine.model.loader import load_model
+from bargein.engine.model_runner import ModelRunner, SeqInput
+
+pytestmark = pytest.mark.slow
+
+TEXT = "Rivers carry water from the hills to the sea, and along the way they shape valleys, feed farms and cities. " * 3
+
+
+def test_the_scale_is_the_papers_formula() -> None:
+    x = torch.tensor([4.0, 1.0, 0.0])
+    w = torch.tensor([[1.0, 2.0, 3.0], [-2.0, 0.5, 1.0]])
+    s = smooth.smoothing_scale(x, w, alpha=0.5)
+    # s_j = max|X_j|^a / max|W_j|^(1-a), clamped to [0.01, 100]
+    assert torch.allclose(s, torch.tensor([math.sqrt(4.0) / math.sqrt(2.0), 1.0 / math.sqrt(2.0), 0.01]))
+
+
+def test_cached_statistics_round_trip(tmp_path) -> None:
+    stats = {(0, "qkv"): torch.rand(8), (3, "down"): torch.rand(4)}
+    calls = []
+    path = tmp_path / "cache" / "s.pt"
+    first = smooth.cached_absmax(path, lambda: calls.append(1) or stats)
+    again = smooth.cached_absmax(path, lambda: calls.append(1) or {})
+    assert calls == [1] and first is stats
+    assert again.keys() == stats.keys() and all(torch.equal(again[k], stats[k]) for k in stats)
+    path.write_bytes(b"not a tensor file")  # unreadable: computed again
+    assert smooth.cached_absmax(path, lambda: stats) is stats
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return load_model(ModelConfig())
+
+
+def _model(loaded, weights, fmt: str = "float32", **formats: str) -> LlamaModel:
+    return LlamaModel(
+        loaded.config, weights, get_ops("torch"), torch.float32, torch.device("cpu"), 256, linear_format=fmt, **formats
+    )
+
+
+def _logprobs(model: LlamaModel, runner: ModelRunner, ids: list[int]) -> torch.Tensor:
+    """Teacher-forced log-probs of every position of ``ids`` (one prefill)."""
+    seq = SeqInput(token_ids=ids, start_pos=0, block_table=list(range(-(-len(ids) // 16))), sample=True)
+    input_ids, positions, meta = runner._prepare([seq])
+    with torch.inference_mode():
+        hidden = model.forward(input_ids, positions, meta, runner.kv_caches)
+        return torch.log_softmax(model.compute_logits(hidden).double(), -1)
+
+
+def _kl(ref: torch.Tensor, other: torch.Tensor) -> float:
+    return float((ref.exp() * (ref - other)).sum(-1).mean())
+
+
+def test_smoothing_keeps_the_fp32_function_and_helps_int8(loaded) -> None:
+    runner = ModelRunner(
+        ModelConfig(quantization="none", linear_dtype="float32"), CacheConfig(num_blocks=16, block_size=16), 256
+    )
+    ids = runner.tokenizer(TEXT)["input_ids"][:160]
+    fp32 = runner.model
+    absmax = smooth.activation_absmax(fp32, lambda: _logprobs(fp32, runner, ids))
+    shape = model_shape(loaded.config)
+    assert absmax.keys() == {(i, k) for i in range(shape.num_layers) for k in smooth.LINEAR_KINDS}
+    smoothed = smooth.smooth_weights(
+        loaded.weights,
+        absmax,
+        num_layers=shape.num_layers,
+        num_heads=shape.num_heads,
+        num_kv_heads=shape.num_kv_heads,
+        head_dim=shape.head_dim,
+    )
+    ref = _logprobs(fp32, runner, ids)
+    same = _logprobs(_model(loaded, smoothed), runner, ids)
+    assert _kl(ref, same) < 1e-6  # the same function, up to fp32 rounding
+    assert torch.equal(ref.argmax(-1), same.argmax(-1))
+    if not int8_kernel_available():
+        pytest.skip("torch without fbgemm")
+    plain = _kl(ref, _logprobs(_model(loaded, loaded.weights, "int8", head_format="float32"), runner, ids))
+    smoothed_kl = _kl(ref, _logprobs(_model(loaded, smoothed, "int8", head_format="float32"), runner, ids))
+    print(f"int8 KL vs fp32: plain {plain:.4f}, smoothed {smoothed_kl:.4f}")
+    assert smoothed_kl < 0.8 * plain
