@@ -250,3 +250,18 @@ async def test_a_livekit_style_session_update_with_noise_reduction_applies(voice
         (event,) = await conn.quiet()
         assert event["type"] == "session.updated"
         assert event["session"]["instructions"] == "Answer in one word."
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a max_output_tokens above the server's --max-tokens (default 1024) refuses the whole "
+    "session.update (invalid_parameter), though OpenAI accepts up to 4096 and 'inf' already means "
+    "the server's limit; clamping is a policy call for the maintainers",
+)
+async def test_openais_largest_max_output_tokens_is_accepted(live_server: LiveServer) -> None:
+    async with realtime(live_server) as conn:
+        session = {**TEXT_ONLY, "instructions": "Be brief.", "max_output_tokens": 4096}
+        await conn.send({"type": "session.update", "session": session})
+        (event,) = await conn.quiet()
+        assert event["type"] == "session.updated"
+        assert event["session"]["instructions"] == "Be brief."
