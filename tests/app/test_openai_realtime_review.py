@@ -290,3 +290,27 @@ async def test_nothing_of_a_deleted_item_follows_its_deletion(live_server: LiveS
         seen += await conn.quiet()
         kinds = [e["type"] for e in seen if e["type"] != "response.output_text.delta"]
         assert kinds[-1] == "conversation.item.deleted", kinds
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bargein.resume restores bargein's settings (instructions, max tokens) but not the "
+    "OpenAI-only ones kept per connection (OpenAISession.audio_output, max_output_tokens) nor the "
+    "voice channel's audio settings, and sends no session.updated: a resumed text session speaks "
+    "on a server with voice, and session.created's settings (the new connection's) are stale",
+)
+async def test_a_resumed_text_session_answers_in_text(voice_server: LiveServer) -> None:
+    async with realtime(voice_server) as first:
+        await first.send({"type": "session.update", "session": {**TEXT_ONLY, "max_output_tokens": 3}})
+        await first.until("session.updated")
+        await first.send({"type": "conversation.item.create", "item": user("Hello")})
+        await first.until("conversation.item.done")
+        ids = first.created["session"]["bargein"]  # type: ignore[attr-defined]
+    async with realtime(voice_server) as conn:
+        resume = {"session_id": ids["session_id"], "session_token": ids["session_token"]}
+        await conn.send({"type": "bargein.resume", **resume})
+        await conn.until("bargein.session.resumed")
+        await conn.send({"type": "response.create"})
+        done = await conn.until("response.done")
+        assert done["response"]["output_modalities"] == ["text"]
+        assert done["response"]["max_output_tokens"] == 3
