@@ -36,6 +36,10 @@ def wants_openai(scope: Mapping[str, Any]) -> bool:
     return "model" in query and not any(p.startswith("bargein.") for p in offered)
 
 
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def encode(event: dict[str, Any]) -> str:
     """The JSON text frame of an OpenAI event."""
     return json.dumps(event, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
@@ -99,7 +103,9 @@ class OpenAIRealtime:
             await self._refuse(RealtimeError("invalid_json", "send JSON text frames"), None)
             return
         try:
-            data = json.loads(frame)
+            # NaN and Infinity are not JSON (RFC 8259), and a NaN temperature
+            # would reach the sampler: refused, as bargein's own decoder does
+            data = json.loads(frame, parse_constant=_not_json)
         except ValueError:
             await self._refuse(RealtimeError("invalid_json", "the frame is not JSON"), None)
             return
@@ -131,7 +137,20 @@ class OpenAIRealtime:
         return [] if self._connection is None else self._connection.session.turns
 
     def _active(self) -> str | None:
-        return None if self._connection is None else self._connection.active_response_id
+        """The response a ``response.cancel`` without ``response_id`` cancels:
+        the session's active one, else a live stream this connection only
+        follows (a ``bargein.resume`` of a stream without its session)."""
+        connection = self._connection
+        if connection is None:
+            return None
+        if connection.active_response_id is not None:
+            return connection.active_response_id
+        followed = [
+            response_id
+            for response_id, stream_id in self.translator.open_responses()
+            if not connection.session.knows_stream(stream_id)
+        ]
+        return followed[-1] if followed else None
 
     def _require(self) -> Connection:
         assert self._connection is not None, "attach() first"

@@ -88,6 +88,8 @@ class Translator:
     _responses: dict[str, _Response] = field(default_factory=dict)
     _done: list[str] = field(default_factory=list)  # recent finished response ids
     _spoken_items: set[str] = field(default_factory=set)  # assistant items that were audio
+    _committed_ms: dict[str, int] = field(default_factory=dict)  # user turns' audio, until transcribed
+    _empty_commits: set[str] = field(default_factory=set)  # commits of no audio, answered with error
     _settings: pe.SessionSettings | None = None
 
     def translate(self, event: object) -> list[dict[str, Any]]:
@@ -113,6 +115,11 @@ class Translator:
             "event_id": f"event_{uuid.uuid4().hex[:24]}",
             "error": {"type": kind, "code": code, "message": message, "param": param, "event_id": event_id},
         }
+
+    def open_responses(self) -> list[tuple[str, str]]:
+        """``(response_id, stream_id)`` of the responses announced and not yet
+        done on this connection, oldest first (a resumed stream's included)."""
+        return [(r.response_id, r.stream_id) for r in self._responses.values()]
 
     # ---- session ---------------------------------------------------------------
 
@@ -258,7 +265,12 @@ class Translator:
     def _on_done(self, event: pe.ResponseDone) -> list[dict[str, Any]]:
         response = self._responses.pop(event.response_id, None)
         if response is None:
-            return []  # a done sent again (a late cancel), or of a response never announced
+            if event.response_id in self._done:
+                # bargein answers a cancel of a finished response with its done
+                # again (having cut its turn); OpenAI's answer is this error
+                message = f"response {event.response_id!r} is already done"
+                return [self.error("response_cancel_not_active", message)]
+            return []  # of a response never announced
         self._done.append(event.response_id)
         del self._done[:-64]
         status, details = self._status(response, event.finish_reason)
@@ -393,6 +405,14 @@ class Translator:
         ]
 
     def _on_committed(self, event: pe.InputAudioCommitted) -> list[dict[str, Any]]:
+        if event.audio_end_ms <= event.audio_start_ms:
+            # no audio: bargein adds no item (and says so with an empty final
+            # transcript, dropped below); OpenAI refuses the commit
+            self._empty_commits.add(event.item_id)
+            return [self.error("input_audio_buffer_commit_empty", "the input audio buffer is empty")]
+        self._committed_ms[event.item_id] = event.audio_end_ms - event.audio_start_ms
+        while len(self._committed_ms) > 64:  # a transcript that never came
+            self._committed_ms.pop(next(iter(self._committed_ms)))
         turns = self.conversation()
         previous = turns[-1].item_id if turns else None
         item = {
@@ -412,6 +432,20 @@ class Translator:
         ids = {"item_id": event.item_id, "content_index": 0}
         if not event.final:
             return [{"type": "conversation.item.input_audio_transcription.delta", **ids, "delta": event.text}]
+        if event.item_id in self._empty_commits:
+            self._empty_commits.discard(event.item_id)
+            return []
+        seconds = self._committed_ms.pop(event.item_id, 0) / 1000
+        completed = {
+            "type": "conversation.item.input_audio_transcription.completed",
+            **ids,
+            "transcript": event.text,
+            "usage": {"type": "duration", "seconds": seconds},  # required by OpenAI's schema
+        }
+        if not event.text:
+            # no words (silence, noise): bargein adds no item; the client was
+            # told of one at the commit, so it hears that it is gone
+            return [completed, {"type": "conversation.item.deleted", "item_id": event.item_id}]
         item = {
             "id": event.item_id,
             "object": "realtime.item",
@@ -420,14 +454,7 @@ class Translator:
             "status": "completed",
             "content": [{"type": "input_audio", "transcript": event.text}],
         }
-        return [
-            {
-                "type": "conversation.item.input_audio_transcription.completed",
-                **ids,
-                "transcript": event.text,
-            },
-            {"type": "conversation.item.done", "item": item},
-        ]
+        return [completed, {"type": "conversation.item.done", "item": item}]
 
     # ---- items ---------------------------------------------------------------
 
