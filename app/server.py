@@ -421,6 +421,7 @@ async def realtime(ws: WebSocket) -> None:
             has_voice=service.voice is not None,
             voices=VOICES,
             on_error=state.observer.protocol_error,
+            max_tokens=service.config.max_tokens,
         )
         if openai
         else None

@@ -18,7 +18,10 @@ from bargein.engine.model_runner import ModelRunner, SeqInput
 
 pytestmark = pytest.mark.slow
 
-TEXT = "Rivers carry water from the hills to the sea, and along the way they shape valleys, feed farms and cities. " * 3
+TEXT = (
+    "Rivers carry water from the hills to the sea, and along the way they shape valleys, feed farms and cities. "
+    * 3
+)
 
 
 def test_the_scale_is_the_papers_formula() -> None:
@@ -48,7 +51,14 @@ def loaded():
 
 def _model(loaded, weights, fmt: str = "float32", **formats: str) -> LlamaModel:
     return LlamaModel(
-        loaded.config, weights, get_ops("torch"), torch.float32, torch.device("cpu"), 256, linear_format=fmt, **formats
+        loaded.config,
+        weights,
+        get_ops("torch"),
+        torch.float32,
+        torch.device("cpu"),
+        256,
+        linear_format=fmt,
+        **formats,
     )
 
 
@@ -67,7 +77,9 @@ def _kl(ref: torch.Tensor, other: torch.Tensor) -> float:
 
 def test_smoothing_keeps_the_fp32_function_and_helps_int8(loaded) -> None:
     runner = ModelRunner(
-        ModelConfig(quantization="none", linear_dtype="float32"), CacheConfig(num_blocks=16, block_size=16), 256
+        ModelConfig(quantization="none", linear_dtype="float32"),
+        CacheConfig(num_blocks=16, block_size=16),
+        256,
     )
     ids = runner.tokenizer(TEXT)["input_ids"][:160]
     fp32 = runner.model

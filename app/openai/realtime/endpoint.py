@@ -54,6 +54,7 @@ class OpenAIRealtime:
         has_voice: whether the server runs the voice pipeline.
         voices: the server's voice names.
         on_error: told the code of every client event refused (metrics).
+        max_tokens: the server's largest ``max_tokens`` (``max_output_tokens`` is clamped to it).
     """
 
     def __init__(
@@ -64,6 +65,7 @@ class OpenAIRealtime:
         has_voice: bool,
         voices: tuple[str, ...],
         on_error: Callable[[str], None],
+        max_tokens: int | None = None,
     ) -> None:
         self._write = write
         self._has_voice = has_voice
@@ -74,7 +76,11 @@ class OpenAIRealtime:
             session=self.settings, model=model, conversation=self._turns, rate_limits=self._rate_limits
         )
         self.inbound = Inbound(
-            self.settings, has_voice=has_voice, active_response_id=self._active, voices=voices
+            self.settings,
+            has_voice=has_voice,
+            active_response_id=self._active,
+            voices=voices,
+            max_tokens=max_tokens,
         )
 
     def attach(self, connection: Connection) -> None:

@@ -75,12 +75,18 @@ class OpenAISession:
             server's limit).
         transcription: the ``audio.input.transcription`` the client set (the
             server transcribes with its own model whatever it names).
+        noise_reduction: the ``audio.input.noise_reduction`` the client set
+            (echoed; the server applies none: its VAD and Whisper take the
+            microphone's audio as it comes).
+        tool_choice: echoed (there are no tools).
         asked: per response id, what its ``response.create`` asked for.
     """
 
     audio_output: bool
     max_output_tokens: int | None = None
     transcription: dict[str, Any] | None = field(default_factory=lambda: {"model": "whisper-1"})
+    noise_reduction: dict[str, str] | None = None
+    tool_choice: str = "auto"
     asked: dict[str, ResponseAsked] = field(default_factory=dict)
 
 
@@ -96,6 +102,9 @@ class Inbound:
         active_response_id: the session's active response now (for a
             ``response.cancel`` naming none).
         voices: the server's voice names.
+        max_tokens: the server's largest ``max_tokens``: a larger
+            ``max_output_tokens`` (OpenAI allows 4096) is clamped to it, as
+            ``"inf"`` is.
     """
 
     def __init__(
@@ -105,9 +114,11 @@ class Inbound:
         has_voice: bool,
         active_response_id: Callable[[], str | None],
         voices: tuple[str, ...] = (),
+        max_tokens: int | None = None,
     ) -> None:
         self.session = session
         self._has_voice = has_voice
+        self._max_tokens = max_tokens
         self._active = active_response_id
         self._voices = voices
         self._handlers: dict[str, Handler] = {
@@ -194,6 +205,7 @@ class Inbound:
                 "session.type",
             )
         _no_tools(session, "session.")
+        tool_choice = session.get("tool_choice")
         for name, allowed in (
             ("tracing", (None, "auto")),
             ("truncation", (None, "auto")),
@@ -217,12 +229,16 @@ class Inbound:
                     "session.output_modalities",
                 )
         max_tokens_given = "max_output_tokens" in session
-        max_tokens = _max_output_tokens(session.get("max_output_tokens"), "session.max_output_tokens")
+        max_tokens = self._clamped(
+            _max_output_tokens(session.get("max_output_tokens"), "session.max_output_tokens")
+        )
         audio = self._audio_settings(session.get("audio"), audio_output)
         if max_tokens_given:
             self.session.max_output_tokens = max_tokens
         if audio_output is not None:
             self.session.audio_output = audio_output
+        if tool_choice is not None:
+            self.session.tool_choice = tool_choice
         defaults = pe.SamplingDefaults(max_tokens=self.session.max_output_tokens)
         update = pe.SessionSettings(instructions=instructions, defaults=defaults, audio=audio)
         return [pe.SessionUpdate(session=update, event_id=event_id)]
@@ -245,10 +261,8 @@ class Inbound:
             _only(
                 raw, {"format", "turn_detection", "transcription", "noise_reduction"}, "session.audio.input."
             )
-            if raw.get("noise_reduction") is not None:
-                raise RealtimeError(
-                    "unsupported", "noise_reduction is not supported", "session.audio.input.noise_reduction"
-                )
+            if "noise_reduction" in raw:
+                self.session.noise_reduction = _noise_reduction(raw["noise_reduction"])
             if "transcription" in raw:
                 transcription = raw["transcription"]
                 if transcription is not None:
@@ -280,6 +294,11 @@ class Inbound:
         if inp is None and out is None:
             return None
         return pe.AudioSettings(input=inp, output=out)
+
+    def _clamped(self, max_tokens: int | None) -> int | None:
+        if max_tokens is None or self._max_tokens is None:
+            return max_tokens
+        return min(max_tokens, self._max_tokens)
 
     def _voice(self, value: Any, param: str) -> str | None:
         if value is None:
@@ -372,7 +391,7 @@ class Inbound:
                 "response.metadata",
             )
         max_tokens = (
-            _max_output_tokens(raw["max_output_tokens"], "response.max_output_tokens")
+            self._clamped(_max_output_tokens(raw["max_output_tokens"], "response.max_output_tokens"))
             if "max_output_tokens" in raw
             else self.session.max_output_tokens
         )
@@ -618,6 +637,19 @@ def _no_tools(value: Mapping[str, Any], prefix: str) -> None:
         raise RealtimeError(
             "unsupported", "tool_choice other than 'auto' or 'none' needs tools", f"{prefix}tool_choice"
         )
+
+
+def _noise_reduction(value: Any) -> dict[str, str] | None:
+    param = "session.audio.input.noise_reduction"
+    if value is None:
+        return None
+    raw = _object(value, param)
+    _only(raw, {"type"}, f"{param}.")
+    if raw.get("type") not in ("near_field", "far_field"):
+        raise RealtimeError(
+            "invalid_value", "noise_reduction type must be 'near_field' or 'far_field'", f"{param}.type"
+        )
+    return {"type": raw["type"]}
 
 
 def _modalities(value: Any, param: str) -> bool:

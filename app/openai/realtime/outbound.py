@@ -170,7 +170,7 @@ class Translator:
             "output_modalities": ["audio"] if speaks else ["text"],
             "instructions": s.instructions or "",
             "tools": [],
-            "tool_choice": "auto",
+            "tool_choice": self.session.tool_choice,
             "max_output_tokens": self.session.max_output_tokens or "inf",
             "tracing": None,
             "truncation": "auto",
@@ -188,7 +188,7 @@ class Translator:
                         "rate": inp.sample_rate if inp and inp.sample_rate else OPENAI_AUDIO_RATE,
                     },
                     "transcription": self.session.transcription,
-                    "noise_reduction": None,
+                    "noise_reduction": self.session.noise_reduction,
                     "turn_detection": turn_detection,
                 },
                 "output": {
