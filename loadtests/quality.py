@@ -49,13 +49,12 @@ CHUNK = 256
 PROMPT_LEN = 24
 
 # name -> (quantization, linear_dtype, head format override, down_proj format override)
+# int8 is SmoothQuant-smoothed with its head and edge layers in bf16 (or fp32
+# without bf16): engine/model/smooth.py, ModelRunner._smoothed_int8
 FORMATS: dict[str, tuple[str, str, str | None, str | None]] = {
     "fp32": ("none", "float32", None, None),
     "bf16": ("none", "bfloat16", None, None),
     "int8": ("int8", "auto", None, None),
-    "int8+bf16 head": ("int8", "auto", "bfloat16", None),
-    "int8+fp32 head": ("int8", "auto", "float32", None),
-    "int8+bf16 down": ("int8", "auto", None, "bfloat16"),
 }
 
 

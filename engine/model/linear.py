@@ -261,10 +261,11 @@ def choose_linear_format(
 
     On the CPU with fp32 weights: ``quantization="int8"`` is int8;
     ``"auto"`` picks the fastest format whose quality holds (mean KL against
-    fp32 below 0.01 nats/token, docs/perf/quality.md): bf16 where the x86
-    CPU has avx512_bf16 or amx_bf16, else ``linear_dtype``, whose ``"auto"``
-    is fp32 there. int8 W8A8 is faster but misses that target (0.030), so
-    ``auto`` never picks it: it is an explicit choice. Exact fp32 is
+    fp32 below 0.01 nats/token, docs/perf/quality.md): int8 W8A8 (smoothed,
+    its head and edge layers in bf16 or fp32: 0.008) where the x86 CPU has
+    avx512_vnni and torch has fbgemm (fastest at 1 to 32 sequences,
+    docs/perf/formats.md); else bf16 where it has avx512_bf16 or amx_bf16;
+    else ``linear_dtype``, whose ``"auto"`` is fp32 there. Exact fp32 is
     ``quantization="none", linear_dtype="float32"``. Elsewhere (CUDA, or a
     model dtype other than fp32) ``auto`` keeps the model dtype, as before.
     ``flags``/``machine``/``int8_available`` default to this machine's (tests fake them).
@@ -292,12 +293,14 @@ def choose_linear_format(
         why = f"with {vnni[0]}" if vnni else "no VNNI: 7-bit activations (reduce_range), slower"
         return "int8", f"quantization=int8 ({why})"
     bf16 = [f for f in BF16_FLAGS if f in flags] if _is_x86(machine) else []
-    if quantization == "auto":
-        # bf16 first: int8 W8A8 misses the quality target (mean KL vs fp32
-        # 0.030 nats/token against bf16's 0.0006, docs/perf/quality.md)
-        if linear_dtype in ("auto", "bfloat16") and bf16:
-            return "bfloat16", f"auto: CPU with {bf16[0]} -> bf16 linears (int8 misses the quality target)"
-    lead = "quantization=none" if quantization == "none" else "auto: int8 misses the quality target"
+    if quantization == "auto" and linear_dtype == "auto":
+        # int8 with AVX-512 VNNI: fbgemm's fast path (avx_vnni alone is AVX2 width,
+        # and without VNNI int8 needs 7-bit activations, losing quality)
+        if int8_ok and "avx512_vnni" in flags and _is_x86(machine):
+            return "int8", "auto: CPU with avx512_vnni -> int8 linears (smoothed; mean KL vs fp32 0.008)"
+        if bf16:
+            return "bfloat16", f"auto: CPU with {bf16[0]}, no avx512_vnni -> bf16 linears"
+    lead = "quantization=none" if quantization == "none" else "auto"
     if linear_dtype != "auto":
         return linear_dtype, f"{lead}, linear_dtype={linear_dtype}"
     if bf16:
