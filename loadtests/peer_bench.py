@@ -231,6 +231,13 @@ def start_peer(peer: str, cfg: BenchConfig) -> Iterator[str]:
             *BARGEIN_FORMATS[peer],
             "--max-waiting",
             "0",  # a whole wave is admitted at once
+            # throughput mode, as llama-server queues every request: no SLO
+            # admission or step budget (serve's defaults refuse part of a wave
+            # of 32 or 64 with `overloaded` to keep TTFT under 1.5 s)
+            "--target-itl-ms",
+            "0",
+            "--target-ttft-s",
+            "0",
             "--max-num-seqs",
             str(max(64, max_n)),
             "--max-tokens",

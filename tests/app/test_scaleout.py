@@ -1,9 +1,9 @@
-"""Two ``bargein serve`` processes on Redis deployments beyond one server (issue 23).
+"""Three ``bargein serve`` processes on Redis deployments beyond one server (issue 23).
 
 Each test runs twice: on a real local Redis Cluster of three primaries with
 one replica each (``redis+cluster://``), and on one primary with one replica
 behind a Sentinel (``redis+sentinel://``): tests/redis_cluster.py. Node A
-generates; node B serves resumes and cancels of A's streams. A primary that
+generates; nodes B and C serve resumes and cancels of A's streams. A primary that
 fails mid-stream (killed on the Cluster: its replica is promoted;
 ``SENTINEL FAILOVER`` on Sentinel) loses nothing silently: every reader
 completes its stream exactly, resuming after each retryable error. Last, A is
@@ -97,7 +97,7 @@ def deployment(request: pytest.FixtureRequest) -> Iterator[Deployment]:
 @pytest.fixture(scope="module")
 def nodes(deployment: Deployment) -> Iterator[dict[str, Node]]:
     with tempfile.TemporaryDirectory(prefix="bargein-scaleout-") as log_dir:
-        started = {name: start_node(name, deployment.url, log_dir) for name in ("a", "b")}
+        started = {name: start_node(name, deployment.url, log_dir) for name in ("a", "b", "c")}
         try:
             for node in started.values():
                 wait_ready(node)
@@ -135,25 +135,29 @@ def last_logged_offset(deployment: Deployment, stream_id: str) -> int:
 async def test_a_resume_on_another_node_is_byte_for_byte_and_generates_nothing(
     nodes: dict[str, Node], reference: Reader
 ) -> None:
-    a, b = nodes["a"], nodes["b"]
+    a, b, c = nodes["a"], nodes["b"], nodes["c"]
     on_a, created = await create(a.ws_url)
     await on_a.until_end(10)
-    generated_on_b = b.engine()["num_generated_tokens"]
+    generated = {n.name: n.engine()["num_generated_tokens"] for n in (b, c)}
     on_b = await resume(b.ws_url, created, 3)
-    done_b, done_a = await asyncio.gather(on_b.until_done(), on_a.until_done())
-    assert on_a.text == reference.text
-    assert contiguous(on_b.deltas, 3)
-    assert on_b.end == on_a.end == done_b["end"] == done_a["end"] == reference.end
+    on_c = await resume(c.ws_url, created, 0)
+    done_b, done_c, done_a = await asyncio.gather(on_b.until_done(), on_c.until_done(), on_a.until_done())
+    assert on_a.text == reference.text == on_c.text
+    assert contiguous(on_b.deltas, 3) and contiguous(on_c.deltas, 0)
+    assert (
+        on_b.end == on_c.end == on_a.end == done_b["end"] == done_c["end"] == done_a["end"] == reference.end
+    )
     assert reference.text.endswith(on_b.text)
-    assert b.engine()["num_generated_tokens"] == generated_on_b, "B generated tokens"
-    await on_a.ws.close()
-    await on_b.ws.close()
+    for node in (b, c):
+        assert node.engine()["num_generated_tokens"] == generated[node.name], f"{node.name} generated tokens"
+    for reader in (on_a, on_b, on_c):
+        await reader.ws.close()
 
 
 async def test_a_cancel_on_another_node_reaches_the_owner(
     nodes: dict[str, Node], deployment: Deployment
 ) -> None:
-    a, b = nodes["a"], nodes["b"]
+    a, b, c = nodes["a"], nodes["b"], nodes["c"]
     channel = "bargein:node:{a}:abort"
     if isinstance(deployment.servers, RedisClusterServers):  # sharded pub/sub, on the channel's shard
         with Redis(port=deployment.servers.primary_of(channel).port) as shard:
@@ -161,14 +165,15 @@ async def test_a_cancel_on_another_node_reaches_the_owner(
     on_a, created = await create(a.ws_url)
     await on_a.until_end(5)
     on_b = await resume(b.ws_url, created, on_a.end)
-    await on_b.ws.send(json.dumps({"type": "response.cancel", "response_id": created["response_id"]}))
-    done_b, done_a = await asyncio.gather(on_b.until_done(), on_a.until_done())
-    assert done_b["finish_reason"] == done_a["finish_reason"] == "interrupted"
-    assert done_b["end"] == done_a["end"] < MAX_TOKENS
+    on_c = await resume(c.ws_url, created, on_a.end)  # the cancel comes from a third node
+    await on_c.ws.send(json.dumps({"type": "response.cancel", "response_id": created["response_id"]}))
+    done_b, done_c, done_a = await asyncio.gather(on_b.until_done(), on_c.until_done(), on_a.until_done())
+    assert done_b["finish_reason"] == done_c["finish_reason"] == done_a["finish_reason"] == "interrupted"
+    assert done_b["end"] == done_c["end"] == done_a["end"] < MAX_TOKENS
     stats = a.engine()
     assert stats["num_running"] == 0 and stats["num_free_blocks"] == stats["num_total_blocks"]
-    await on_a.ws.close()
-    await on_b.ws.close()
+    for reader in (on_a, on_b, on_c):
+        await reader.ws.close()
 
 
 async def read_through(
