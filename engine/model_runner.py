@@ -151,14 +151,7 @@ class ModelRunner:
         cache = cache_root(self._cache_dir) / "smoothquant" / smooth.calibration_key(loaded.folder)
         absmax = smooth.cached_absmax(cache, lambda: smooth.activation_absmax(self.model, run))
         shape = model_shape(loaded.config)
-        weights = smooth.smooth_weights(
-            loaded.weights,
-            absmax,
-            num_layers=shape.num_layers,
-            num_heads=shape.num_heads,
-            num_kv_heads=shape.num_kv_heads,
-            head_dim=shape.head_dim,
-        )
+        weights = smooth.smooth_weights(loaded.weights, absmax, shape)
         keep = "bfloat16" if cpu_has_bf16() else "float32"
         model = LlamaModel(
             loaded.config,

@@ -123,25 +123,25 @@ def smoothing_scale(x_absmax: torch.Tensor, w: torch.Tensor, alpha: float = ALPH
 
 
 def smooth_weights(
-    weights: dict[str, torch.Tensor],
-    absmax: AbsMax,
-    *,
-    num_layers: int,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    alpha: float = ALPHA,
+    weights: dict[str, torch.Tensor], absmax: AbsMax, shape: Any, alpha: float = ALPHA
 ) -> dict[str, torch.Tensor]:
     """The checkpoint's weights with every layer's linears smoothed (a new dict;
     tensors it changes are new, fp32). The model they make computes the same
     function (up to rounding) as ``weights``'.
 
+    Args:
+        weights: checkpoint names -> tensors.
+        absmax: :func:`activation_absmax` of the model of ``weights``.
+        shape: its :class:`bargein.engine.model.llama.ModelShape` (layers, heads, head size).
+        alpha: SmoothQuant's migration strength.
+
     Raises:
         KeyError: a layer's weight or its statistics are missing.
     """
     w = dict(weights)
-    group = num_heads // num_kv_heads
-    for i in range(num_layers):
+    num_kv_heads, head_dim = shape.num_kv_heads, shape.head_dim
+    group = shape.num_heads // num_kv_heads
+    for i in range(shape.num_layers):
         p = f"model.layers.{i}."
         att, mlp = p + "self_attn.", p + "mlp."
         qkv = [att + f"{x}_proj.weight" for x in "qkv"]

@@ -86,14 +86,7 @@ def test_smoothing_keeps_the_fp32_function_and_helps_int8(loaded) -> None:
     absmax = smooth.activation_absmax(fp32, lambda: _logprobs(fp32, runner, ids))
     shape = model_shape(loaded.config)
     assert absmax.keys() == {(i, k) for i in range(shape.num_layers) for k in smooth.LINEAR_KINDS}
-    smoothed = smooth.smooth_weights(
-        loaded.weights,
-        absmax,
-        num_layers=shape.num_layers,
-        num_heads=shape.num_heads,
-        num_kv_heads=shape.num_kv_heads,
-        head_dim=shape.head_dim,
-    )
+    smoothed = smooth.smooth_weights(loaded.weights, absmax, shape)
     ref = _logprobs(fp32, runner, ids)
     same = _logprobs(_model(loaded, smoothed), runner, ids)
     assert _kl(ref, same) < 1e-6  # the same function, up to fp32 rounding

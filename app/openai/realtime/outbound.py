@@ -415,14 +415,7 @@ class Translator:
             self._committed_ms.pop(next(iter(self._committed_ms)))
         turns = self.conversation()
         previous = turns[-1].item_id if turns else None
-        item = {
-            "id": event.item_id,
-            "object": "realtime.item",
-            "type": "message",
-            "role": "user",
-            "status": "completed",
-            "content": [{"type": "input_audio", "transcript": None}],
-        }
+        item = _spoken_user_item(event.item_id, None)
         return [
             {"type": "input_audio_buffer.committed", "item_id": event.item_id, "previous_item_id": previous},
             {"type": "conversation.item.added", "previous_item_id": previous, "item": item},
@@ -446,15 +439,10 @@ class Translator:
             # no words (silence, noise): bargein adds no item; the client was
             # told of one at the commit, so it hears that it is gone
             return [completed, {"type": "conversation.item.deleted", "item_id": event.item_id}]
-        item = {
-            "id": event.item_id,
-            "object": "realtime.item",
-            "type": "message",
-            "role": "user",
-            "status": "completed",
-            "content": [{"type": "input_audio", "transcript": event.text}],
-        }
-        return [completed, {"type": "conversation.item.done", "item": item}]
+        return [
+            completed,
+            {"type": "conversation.item.done", "item": _spoken_user_item(event.item_id, event.text)},
+        ]
 
     # ---- items ---------------------------------------------------------------
 
@@ -501,6 +489,18 @@ class Translator:
             "status": status,
             "content": content,
         }
+
+
+def _spoken_user_item(item_id: str, transcript: str | None) -> dict[str, Any]:
+    """The user item of a voice turn (its transcript None until transcribed)."""
+    return {
+        "id": item_id,
+        "object": "realtime.item",
+        "type": "message",
+        "role": "user",
+        "status": "completed",
+        "content": [{"type": "input_audio", "transcript": transcript}],
+    }
 
 
 def _part(audio: bool, text: str) -> dict[str, Any]:
