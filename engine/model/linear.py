@@ -23,6 +23,10 @@ whole tensor; dividing each row by its own absmax first (and multiplying the
 output row back) makes that per-token: every row then spans the same [-1, 1]
 grid of 255 steps, so one outlier token no longer coarsens its neighbours'
 grid. A single row is per-token already and skips the two extra ops.
+The model's int8 weights are SmoothQuant-smoothed first, with its head and
+first and last layers kept in bf16 (``engine/model/smooth.py``,
+``ModelRunner._smoothed_int8``): that brings its mean KL against fp32 from
+0.030 to 0.008 nats per token, under the 0.01 that ``auto`` requires.
 
 Kernel choice, measured on this machine kind (2 cores, AVX512-VNNI/AMX,
 SmolLM2-135M: the 30 layers' four GEMMs plus the 49152-row head, ms per step,
