@@ -129,16 +129,22 @@ async def send_packed(node: ClusterNode, commands: Sequence[bytes]) -> list[Any]
     """
     conn = node.acquire_connection()
     try:
-        await conn.send_packed_command(b"".join(commands), check_health=False)
-        results: list[Any] = []
-        for _ in commands:
-            try:
-                results.append(await conn.read_response())
-            except ResponseError as exc:
-                results.append(exc)
-        return results
+        return await exchange(conn, commands)
     finally:
         node.release(conn)
+
+
+async def exchange(conn: Any, commands: Sequence[bytes]) -> list[Any]:
+    """Write ``commands`` (RESP) on ``conn`` at once and read one reply each,
+    error replies as ResponseError values (the caller owns the connection)."""
+    await conn.send_packed_command(b"".join(commands), check_health=False)
+    results: list[Any] = []
+    for _ in commands:
+        try:
+            results.append(await conn.read_response())
+        except ResponseError as exc:
+            results.append(exc)
+    return results
 
 
 async def send_grouped(

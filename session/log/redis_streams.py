@@ -81,7 +81,7 @@ from bargein.session.log.redis_format import (
     ring_command,
     step_commands,
 )
-from bargein.session.log.redis_shards import IN_FLUX, RING_MAXLEN, ShardMap, send_grouped
+from bargein.session.log.redis_shards import IN_FLUX, RING_MAXLEN, ShardMap, exchange, send_grouped
 from bargein.session.log.redis_tail import (
     _TRANSIENT,
     LOGGED,
@@ -549,14 +549,7 @@ class RedisTokenLog:
         pool = redis.connection_pool
         conn = await pool.get_connection()
         try:
-            await conn.send_packed_command(b"".join(commands), check_health=False)
-            results: list[Any] = []
-            for _ in commands:
-                try:
-                    results.append(await conn.read_response())
-                except ResponseError as exc:
-                    results.append(exc)
-            return results
+            return await exchange(conn, commands)
         finally:
             await asyncio.shield(pool.release(conn))
 
