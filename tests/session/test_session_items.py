@@ -3,8 +3,6 @@ and per-response instructions: the state machine with a fake clock, no model."""
 
 from __future__ import annotations
 
-import itertools
-
 from bargein.engine.request import FinishReason
 from bargein.protocol import events as pe
 from bargein.session.actions import (
@@ -24,14 +22,9 @@ from bargein.session.actions import (
     Submitted,
     TruncateItem,
 )
-from bargein.session.config import SessionConfig
 from bargein.session.saved import SavedSession, snapshot
 from bargein.session.session import Session, assistant_item_id
-
-
-def make_session(**config: object) -> Session:
-    ids = (f"s{i}" for i in itertools.count())
-    return Session(SessionConfig(**config), session_id="sess", new_id=lambda: next(ids))  # type: ignore[arg-type]
+from tests.session.test_session import make_session
 
 
 def add(
