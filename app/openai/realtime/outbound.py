@@ -225,7 +225,6 @@ class Translator:
         item = self._item(
             Message(role="assistant", content="", item_id=item_id), status="in_progress", empty=True
         )
-        ids = {"response_id": event.response_id, "item_id": item_id, "output_index": 0}
         return [
             {"type": "response.created", "response": body},
             {
@@ -235,7 +234,7 @@ class Translator:
                 "item": item,
             },
             {"type": "conversation.item.added", "previous_item_id": previous, "item": item},
-            {"type": "response.content_part.added", **ids, "content_index": 0, "part": _part(audio, "")},
+            {"type": "response.content_part.added", **self._ids(response), "part": _part(audio, "")},
             {"type": "rate_limits.updated", "rate_limits": [asdict(level) for level in self.rate_limits()]},
         ]
 
