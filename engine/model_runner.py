@@ -99,12 +99,6 @@ class ModelRunner:
         self.vocab_size = shape.vocab_size
         self.max_model_len = max_model_len
         ops = get_ops(backend)
-        # int8 is smoothed (engine/model/smooth.py): the fp32 model first, for
-        # the calibration pass that measures its activations
-        first = "float32" if self.linear_format == "int8" else self.linear_format
-        self.model = LlamaModel(
-            loaded.config, loaded.weights, ops, dtype, self.device, max_model_len, linear_format=first
-        )
         self.eos_token_ids = _eos_token_ids(loaded.config, loaded.folder, self.tokenizer)
         self.block_size = cache_config.block_size
         self.kv_bytes_per_token = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * dtype.itemsize
@@ -125,6 +119,16 @@ class ModelRunner:
         )
         if self.linear_format == "int8":
             self.model = self._smoothed_int8(loaded, ops, dtype)
+        else:
+            self.model = LlamaModel(
+                loaded.config,
+                loaded.weights,
+                ops,
+                dtype,
+                self.device,
+                max_model_len,
+                linear_format=self.linear_format,
+            )
         # One decode step before the first request: the kernels compile (numba
         # on the CPU, from its disk cache after the first start; Triton on a
         # GPU) and oneDNN builds its primitives now, not in the first TTFT.
@@ -134,9 +138,10 @@ class ModelRunner:
 
     def _smoothed_int8(self, loaded: Any, ops: Any, dtype: torch.dtype) -> LlamaModel:
         """The int8 model of SmoothQuant-smoothed weights (engine/model/smooth.py),
-        calibrated on this (fp32) model over ``calibration.txt``; the output
-        head and the first and last layers in bf16 where the CPU has bf16
-        dot products, else fp32 (docs/perf/quality.md: mean KL 0.030 -> below 0.01)."""
+        calibrated on the fp32 model over ``calibration.txt`` (built only when
+        no earlier start cached the statistics); the output head and the first
+        and last layers in bf16 where the CPU has bf16 dot products, else fp32
+        (docs/perf/quality.md: mean KL 0.030 -> below 0.01)."""
         started = time.perf_counter()
         ids = self.tokenizer(smooth.CALIBRATION_TEXT.read_text(encoding="utf-8"))["input_ids"]
         window = min(smooth.CALIBRATION_WINDOW, self.num_blocks * self.block_size, self.max_model_len)
@@ -149,7 +154,20 @@ class ModelRunner:
                     self.execute([SeqInput(token_ids=chunk, start_pos=0, block_table=table, sample=True)])
 
         cache = cache_root(self._cache_dir) / "smoothquant" / smooth.calibration_key(loaded.folder)
-        absmax = smooth.cached_absmax(cache, lambda: smooth.activation_absmax(self.model, run))
+
+        def calibrate() -> smooth.AbsMax:
+            self.model = LlamaModel(
+                loaded.config,
+                loaded.weights,
+                ops,
+                dtype,
+                self.device,
+                self.max_model_len,
+                linear_format="float32",
+            )
+            return smooth.activation_absmax(self.model, run)
+
+        absmax = smooth.cached_absmax(cache, calibrate)
         shape = model_shape(loaded.config)
         weights = smooth.smooth_weights(loaded.weights, absmax, shape)
         keep = "bfloat16" if cpu_has_bf16() else "float32"
