@@ -43,6 +43,7 @@ from bargein.engine.model_runner import ModelRunner, SeqInput  # noqa: E402
 BLOCK_SIZE = 16
 OPS = {
     "paged_attention_decode": "attention",
+    "decode_attention": "attention",  # fused with rotary and the KV write on decode-only CPU steps
     "rms_norm": "rms_norm",
     "rotary_embedding": "rotary",
     "silu_and_mul": "silu_and_mul",

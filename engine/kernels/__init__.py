@@ -1,8 +1,10 @@
 """Kernel ops of the forward pass, each a Triton kernel beside its torch reference.
 
-``get_ops(backend)`` returns the six callables the model calls; ``"torch"`` is
-the CPU path (and the test oracle), ``"triton"`` the CUDA kernels. Signatures
-are in each ``<op>_ref`` docstring.
+``get_ops(backend)`` returns the callables the model calls; ``"torch"`` is
+the CPU path, ``"triton"`` the CUDA kernels. Signatures are in each
+``<op>_ref`` docstring. On the CPU the small ops are numba kernels
+(``cpu_fused``, ``cpu_attention``) that hand anything but float32 to the
+torch references, so the same table runs every dtype.
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from bargein.engine.kernels import cpu_fused
 from bargein.engine.kernels.activation import silu_and_mul_ref
 from bargein.engine.kernels.cpu_attention import paged_attention_decode_cpu, paged_attention_prefill_cpu
 from bargein.engine.kernels.kv_cache_write import write_kv_cache_ref
-from bargein.engine.kernels.rms_norm import rms_norm_ref
 from bargein.engine.kernels.rotary import rotary_embedding_ref
 
 # op name -> module under bargein.engine.kernels that holds `<op>_ref` and (Triton) `<op>`
@@ -32,7 +34,12 @@ _OP_MODULES: dict[str, str] = {
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Ops:
-    """The kernel ops of one backend (signatures: the ``<op>_ref`` docstrings)."""
+    """The kernel ops of one backend (signatures: the ``<op>_ref`` docstrings).
+
+    ``decode_attention`` is a fused path for decode-only steps (rotary, KV
+    write and attention in one call, ``cpu_fused.decode_attention``); a
+    backend without one leaves it None and the model calls the three ops.
+    """
 
     rms_norm: Callable[..., tuple[Any, Any]]
     rotary_embedding: Callable[..., tuple[Any, Any]]
@@ -40,15 +47,17 @@ class Ops:
     write_kv_cache: Callable[..., None]
     paged_attention_decode: Callable[..., Any]
     paged_attention_prefill: Callable[..., Any]
+    decode_attention: Callable[..., Any] | None = None
 
 
 TORCH_OPS = Ops(
-    rms_norm=rms_norm_ref,
+    rms_norm=cpu_fused.rms_norm,  # numba on float32, else the reference
     rotary_embedding=rotary_embedding_ref,
-    silu_and_mul=silu_and_mul_ref,
+    silu_and_mul=silu_and_mul_ref,  # one vectorized ATen op: numba was no faster at 1 row, slower at 32
     write_kv_cache=write_kv_cache_ref,
     paged_attention_decode=paged_attention_decode_cpu,  # the torch reference off float32
     paged_attention_prefill=paged_attention_prefill_cpu,  # short chunks on numba, else the reference
+    decode_attention=cpu_fused.decode_attention,
 )
 
 

@@ -209,6 +209,20 @@ class LlamaModel:
         s = self.shape
         num_tokens = h.shape[0]
         qkv = layer.qkv(h)
+        if self.ops.decode_attention is not None and meta.num_prefill_seqs == 0:
+            out = self.ops.decode_attention(
+                qkv,
+                positions,
+                self.cos_sin_cache,
+                kv[0],
+                kv[1],
+                meta.slot_mapping,
+                meta.decode_block_tables,
+                meta.decode_seq_lens,
+                s.num_heads,
+                self.scale,
+            )
+            return layer.o_proj(out.view(num_tokens, -1))
         q, k, v = qkv.split(
             [s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim, s.num_kv_heads * s.head_dim], -1
         )

@@ -1,0 +1,245 @@
+"""The small ops of a CPU step, each one compiled call (numba), float32.
+
+At one sequence, a decode step of a 30-layer model spends as long in its
+small ops as in its matrix products: every RMSNorm or rotary is several
+torch ops on a 576-wide row, each a dispatch, an allocation and, for some,
+an OpenMP region (docs/perf/step-profile.md). Here each is one numba call
+on a plain loop (SiLU-mul is one vectorized ATen op already and stays one):
+
+- :func:`rms_norm`: the residual add and the norm in one pass;
+- :func:`decode_attention`: for a decode-only step, the rotary of q and k,
+  the KV-cache write and the paged attention, straight from the fused qkv
+  projection's output, one task per (sequence, KV head).
+
+Same contracts as the torch references (``rms_norm_ref``,
+``rotary_embedding_ref`` + ``write_kv_cache_ref`` +
+``paged_attention_decode_ref``) they are tested against. The sums run in
+float32 with reassociation (SIMD order), so results match the references
+to float32 rounding, not bit for bit. Only float32 CPU tensors are taken:
+the wrappers hand anything else to the reference.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import torch
+
+from bargein.engine.kernels.paged_attention import paged_attention_decode_ref
+from bargein.engine.kernels.rms_norm import rms_norm_ref
+from bargein.engine.kernels.rotary import rotary_embedding_ref
+
+# As in cpu_attention: reassociation vectorizes the row sums; no nnan/ninf.
+_FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
+_F32 = np.float32
+
+
+def _takes(*tensors: torch.Tensor) -> bool:
+    return all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
+
+
+@numba.njit(fastmath=_FASTMATH, cache=True, nogil=True)
+def _add_rms_norm_kernel(
+    x: np.ndarray,
+    residual: np.ndarray,
+    weight: np.ndarray,
+    eps: float,
+    out: np.ndarray,
+    residual_out: np.ndarray,
+) -> None:  # pragma: no cover - compiled, tested through the wrapper
+    num_tokens, hidden = x.shape
+    for t in range(num_tokens):
+        total = _F32(0.0)
+        for i in range(hidden):
+            h = x[t, i] + residual[t, i]
+            residual_out[t, i] = h
+            total += h * h
+        inv_rms = _F32(1.0) / np.sqrt(total / _F32(hidden) + _F32(eps))
+        for i in range(hidden):
+            out[t, i] = residual_out[t, i] * inv_rms * weight[i]
+
+
+@numba.njit(fastmath=_FASTMATH, cache=True, nogil=True)
+def _rms_norm_kernel(
+    x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray
+) -> None:  # pragma: no cover - compiled, tested through the wrapper
+    num_tokens, hidden = x.shape
+    for t in range(num_tokens):
+        total = _F32(0.0)
+        for i in range(hidden):
+            total += x[t, i] * x[t, i]
+        inv_rms = _F32(1.0) / np.sqrt(total / _F32(hidden) + _F32(eps))
+        for i in range(hidden):
+            out[t, i] = x[t, i] * inv_rms * weight[i]
+
+
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm with the residual add fused; the contract of ``rms_norm_ref``.
+
+    Args:
+        x: ``[T, H]`` float32.
+        weight: ``[H]`` float32.
+        eps: added to the mean square.
+        residual: ``[T, H]`` or None.
+
+    Returns:
+        ``(out, residual_out)``, new ``[T, H]`` tensors (``residual_out`` is
+        ``x`` itself without a residual).
+    """
+    if not _takes(x, weight) or (residual is not None and not _takes(residual)) or x.dim() != 2:
+        return rms_norm_ref(x, weight, eps, residual)
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    if residual is None:
+        _rms_norm_kernel(x.numpy(), weight.numpy(), float(eps), out.numpy())
+        return out, x
+    residual_out = torch.empty_like(x)
+    _add_rms_norm_kernel(
+        x.numpy(),
+        residual.contiguous().numpy(),
+        weight.numpy(),
+        float(eps),
+        out.numpy(),
+        residual_out.numpy(),
+    )
+    return out, residual_out
+
+
+@numba.njit(parallel=True, fastmath=_FASTMATH, cache=True, nogil=True)
+def _decode_attention_kernel(
+    qkv: np.ndarray,
+    positions: np.ndarray,
+    cos_sin: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    slot_mapping: np.ndarray,
+    block_tables: np.ndarray,
+    seq_lens: np.ndarray,
+    num_heads: int,
+    scale: float,
+    out: np.ndarray,
+) -> None:  # pragma: no cover - compiled, tested through the wrapper
+    num_seqs = qkv.shape[0]
+    block_size, num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
+    half = head_dim // 2
+    group = num_heads // num_kv_heads
+    k_base, v_base = num_heads * head_dim, (num_heads + num_kv_heads) * head_dim
+    scale32 = _F32(scale)
+    # One task per (sequence, KV head): it rotates and caches its own K/V row,
+    # then reads only its own sequence's rows of that head, so tasks share nothing.
+    for task in numba.prange(num_seqs * num_kv_heads):
+        seq, kv_head = task // num_kv_heads, task % num_kv_heads
+        pos = positions[seq]
+        slot = slot_mapping[seq]
+        block, offset = slot // block_size, slot % block_size
+        k_at, v_at = k_base + kv_head * head_dim, v_base + kv_head * head_dim
+        for d in range(half):
+            cos, sin = cos_sin[pos, d], cos_sin[pos, half + d]
+            x1, x2 = qkv[seq, k_at + d], qkv[seq, k_at + half + d]
+            k_cache[block, offset, kv_head, d] = x1 * cos - x2 * sin
+            k_cache[block, offset, kv_head, half + d] = x2 * cos + x1 * sin
+        for d in range(head_dim):
+            v_cache[block, offset, kv_head, d] = qkv[seq, v_at + d]
+        q = np.empty((group, head_dim), dtype=np.float32)
+        for g in range(group):
+            q_at = (kv_head * group + g) * head_dim
+            for d in range(half):
+                cos, sin = cos_sin[pos, d], cos_sin[pos, half + d]
+                x1, x2 = qkv[seq, q_at + d], qkv[seq, q_at + half + d]
+                q[g, d] = (x1 * cos - x2 * sin) * scale32
+                q[g, half + d] = (x2 * cos + x1 * sin) * scale32
+        length = seq_lens[seq]
+        scores = np.empty((group, length), dtype=np.float32)
+        for p in range(length):
+            b, o = block_tables[seq, p // block_size], p % block_size
+            for g in range(group):
+                dot = _F32(0.0)
+                for d in range(head_dim):
+                    dot += q[g, d] * k_cache[b, o, kv_head, d]
+                scores[g, p] = dot
+        for g in range(group):
+            top = scores[g].max()
+            total = _F32(0.0)
+            for p in range(length):
+                w = np.exp(scores[g, p] - top)
+                scores[g, p] = w
+                total += w
+            scores[g] /= total
+        acc = np.zeros((group, head_dim), dtype=np.float32)
+        for p in range(length):
+            b, o = block_tables[seq, p // block_size], p % block_size
+            for g in range(group):
+                w = scores[g, p]
+                for d in range(head_dim):
+                    acc[g, d] += w * v_cache[b, o, kv_head, d]
+        for g in range(group):
+            out[seq, kv_head * group + g] = acc[g]
+
+
+def decode_attention(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    num_heads: int,
+    scale: float,
+) -> torch.Tensor:
+    """A decode-only step's attention from the qkv projection: rotary, KV write, paged attention.
+
+    Equal (to float32 rounding) to ``rotary_embedding_ref`` on q and k, then
+    ``write_kv_cache_ref`` of k and v, then ``paged_attention_decode_ref``.
+
+    Args:
+        qkv: ``[B, (Hq + 2 Hk) * D]`` float32, one decode token per sequence,
+            q heads then k heads then v heads.
+        positions: ``[B]`` int64.
+        cos_sin_cache: ``[max_pos, D]`` float32 (``build_cos_sin_cache``).
+        k_cache, v_cache: ``[num_blocks, block_size, Hk, D]`` float32, this
+            step's rows written in place.
+        slot_mapping: ``[B]`` int64 cache slots.
+        block_tables: ``[B, max_blocks]`` int32.
+        seq_lens: ``[B]`` int32, tokens in the cache after this step.
+        num_heads: ``Hq``, a multiple of ``Hk``.
+        scale: softmax scale, usually ``D ** -0.5``.
+
+    Returns:
+        ``[B, Hq, D]`` attention output.
+    """
+    num_seqs = qkv.shape[0]
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    if not _takes(qkv, k_cache, v_cache, cos_sin_cache):
+        q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], -1)
+        q, k = rotary_embedding_ref(
+            q.reshape(num_seqs, num_heads, head_dim),
+            k.reshape(num_seqs, num_kv_heads, head_dim),
+            positions,
+            cos_sin_cache,
+        )
+        flat = (-1, num_kv_heads, head_dim)
+        k_cache.view(flat).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+        v_cache.view(flat).index_copy_(0, slot_mapping, v.reshape(num_seqs, *flat[1:]).to(v_cache.dtype))
+        return paged_attention_decode_ref(q, k_cache, v_cache, block_tables, seq_lens, scale)
+    out = torch.empty((num_seqs, num_heads, head_dim), dtype=torch.float32)
+    _decode_attention_kernel(
+        qkv.contiguous().numpy(),
+        positions.numpy(),
+        cos_sin_cache.numpy(),
+        k_cache.numpy(),
+        v_cache.numpy(),
+        slot_mapping.numpy(),
+        block_tables.to(torch.int32).numpy(),
+        seq_lens.to(torch.int32).numpy(),
+        num_heads,
+        float(scale),
+        out.numpy(),
+    )
+    return out
