@@ -9,7 +9,8 @@ on a plain loop (SiLU-mul is one vectorized ATen op already and stays one):
 - :func:`rms_norm`: the residual add and the norm in one pass;
 - :func:`decode_attention`: for a decode-only step, the rotary of q and k,
   the KV-cache write and the paged attention, straight from the fused qkv
-  projection's output, one task per sequence.
+  projection's output, one task per sequence, or per run of its context
+  when there are fewer sequences than cores (split-K).
 
 Same contracts as the torch references (``rms_norm_ref``,
 ``rotary_embedding_ref`` + ``write_kv_cache_ref`` +
@@ -32,6 +33,10 @@ from bargein.engine.kernels.rotary import rotary_embedding_ref
 # As in cpu_attention: reassociation vectorizes the row sums; no nnan/ninf.
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 _F32 = np.float32
+
+
+# A context split shorter than this costs more to launch and merge than it saves.
+MIN_SPLIT_TOKENS = 128
 
 
 def _takes(*tensors: torch.Tensor) -> bool:
@@ -122,6 +127,7 @@ def _decode_attention_kernel(
     seq_lens: np.ndarray,
     num_heads: int,
     scale: float,
+    num_splits: int,
     out: np.ndarray,
 ) -> None:  # pragma: no cover - compiled, tested through the wrapper
     num_seqs = qkv.shape[0]
@@ -130,16 +136,12 @@ def _decode_attention_kernel(
     group = num_heads // num_kv_heads
     k_base, v_base = num_heads * head_dim, (num_heads + num_kv_heads) * head_dim
     scale32 = _F32(scale)
-    # One task per sequence: it rotates and caches its own K/V row, then reads
-    # only its own sequence's rows, each cached token's K (then V) row of all
-    # KV heads in one contiguous read. Measured in a decode step (cold KV,
-    # GEMMs between the layers): tasks of one KV head each were slower at
-    # every batch, 1.3x at 32 sequences, and no faster for a lone sequence.
+    # 1. Rotary of q and k, and this token's K/V row into its slot, before any
+    #    task reads the context it ends.
+    q = np.empty((num_seqs, num_heads, head_dim), dtype=np.float32)
     for seq in numba.prange(num_seqs):
         pos = positions[seq]
-        slot = slot_mapping[seq]
-        block, offset = slot // block_size, slot % block_size
-        q = np.empty((num_heads, head_dim), dtype=np.float32)
+        block, offset = slot_mapping[seq] // block_size, slot_mapping[seq] % block_size
         for kv_head in range(num_kv_heads):
             k_at, v_at = k_base + kv_head * head_dim, v_base + kv_head * head_dim
             for d in range(half):
@@ -149,40 +151,82 @@ def _decode_attention_kernel(
                 k_cache[block, offset, kv_head, half + d] = x2 * cos + x1 * sin
             for d in range(head_dim):
                 v_cache[block, offset, kv_head, d] = qkv[seq, v_at + d]
-            for g in range(group):
-                q_at = (kv_head * group + g) * head_dim
-                for d in range(half):
-                    cos, sin = cos_sin[pos, d], cos_sin[pos, half + d]
-                    x1, x2 = qkv[seq, q_at + d], qkv[seq, q_at + half + d]
-                    q[kv_head * group + g, d] = (x1 * cos - x2 * sin) * scale32
-                    q[kv_head * group + g, half + d] = (x2 * cos + x1 * sin) * scale32
+        for head in range(num_heads):
+            q_at = head * head_dim
+            for d in range(half):
+                cos, sin = cos_sin[pos, d], cos_sin[pos, half + d]
+                x1, x2 = qkv[seq, q_at + d], qkv[seq, q_at + half + d]
+                q[seq, head, d] = (x1 * cos - x2 * sin) * scale32
+                q[seq, head, half + d] = (x2 * cos + x1 * sin) * scale32
+    # 2. One task per (sequence, split): a split is a run of whole blocks of
+    #    the context; it keeps its scores' max, the sum of their exponentials
+    #    and the unnormalized weighted sum of V (split-K, as FlashDecoding).
+    #    Each cached token's K (then V) row of all KV heads is one contiguous read.
+    tops = np.full((num_seqs, num_splits, num_heads), -np.inf, dtype=np.float32)
+    sums = np.zeros((num_seqs, num_splits, num_heads), dtype=np.float32)
+    accs = np.zeros((num_seqs, num_splits, num_heads, head_dim), dtype=np.float32)
+    for task in numba.prange(num_seqs * num_splits):
+        seq, split = task // num_splits, task % num_splits
         length = seq_lens[seq]
-        scores = np.empty((num_heads, length), dtype=np.float32)
-        for p in range(length):
+        num_blocks = (length + block_size - 1) // block_size
+        per_split = (num_blocks + num_splits - 1) // num_splits
+        first = split * per_split * block_size
+        last = min(length, first + per_split * block_size)
+        if first >= last:
+            continue
+        scores = np.empty((num_heads, last - first), dtype=np.float32)
+        for p in range(first, last):
             b, o = block_tables[seq, p // block_size], p % block_size
             for head in range(num_heads):
                 kv_head = head // group
                 dot = _F32(0.0)
                 for d in range(head_dim):
-                    dot += q[head, d] * k_cache[b, o, kv_head, d]
-                scores[head, p] = dot
+                    dot += q[seq, head, d] * k_cache[b, o, kv_head, d]
+                scores[head, p - first] = dot
         for head in range(num_heads):
             top = scores[head].max()
             total = _F32(0.0)
-            for p in range(length):
-                w = np.exp(scores[head, p] - top)
-                scores[head, p] = w
+            for i in range(last - first):
+                w = np.exp(scores[head, i] - top)
+                scores[head, i] = w
                 total += w
-            scores[head] /= total
-        acc = np.zeros((num_heads, head_dim), dtype=np.float32)
-        for p in range(length):
+            tops[seq, split, head] = top
+            sums[seq, split, head] = total
+        for p in range(first, last):
             b, o = block_tables[seq, p // block_size], p % block_size
             for head in range(num_heads):
                 kv_head = head // group
-                w = scores[head, p]
+                w = scores[head, p - first]
                 for d in range(head_dim):
-                    acc[head, d] += w * v_cache[b, o, kv_head, d]
-        out[seq] = acc
+                    accs[seq, split, head, d] += w * v_cache[b, o, kv_head, d]
+    # 3. Merge the splits: rescale each to the overall max (empty splits weigh 0).
+    for seq in numba.prange(num_seqs):
+        for head in range(num_heads):
+            top = tops[seq, :, head].max()
+            total = _F32(0.0)
+            for d in range(head_dim):
+                out[seq, head, d] = 0.0
+            for split in range(num_splits):
+                if sums[seq, split, head] == 0.0:
+                    continue
+                weight = np.exp(tops[seq, split, head] - top)
+                total += weight * sums[seq, split, head]
+                for d in range(head_dim):
+                    out[seq, head, d] += weight * accs[seq, split, head, d]
+            for d in range(head_dim):
+                out[seq, head, d] /= total
+
+
+def num_context_splits(num_seqs: int, max_seq_len: int, num_threads: int) -> int:
+    """How many splits of each context the decode attention makes (split-K).
+
+    Fewer sequences than threads leave cores idle with one task per
+    sequence: each context is then cut in up to ``num_threads // num_seqs``
+    runs of blocks, none shorter than ``MIN_SPLIT_TOKENS``. Otherwise 1.
+    """
+    if num_seqs >= num_threads:
+        return 1
+    return max(1, min(num_threads // num_seqs, max_seq_len // MIN_SPLIT_TOKENS))
 
 
 def decode_attention(
@@ -233,6 +277,8 @@ def decode_attention(
         v_cache.view(flat).index_copy_(0, slot_mapping, v.reshape(num_seqs, *flat[1:]).to(v_cache.dtype))
         return paged_attention_decode_ref(q, k_cache, v_cache, block_tables, seq_lens, scale)
     out = torch.empty((num_seqs, num_heads, head_dim), dtype=torch.float32)
+    seq_lens = seq_lens.to(torch.int32)
+    splits = num_context_splits(num_seqs, int(seq_lens.max()), numba.get_num_threads())
     _decode_attention_kernel(
         qkv.contiguous().numpy(),
         positions.numpy(),
@@ -241,9 +287,10 @@ def decode_attention(
         v_cache.numpy(),
         slot_mapping.numpy(),
         block_tables.to(torch.int32).numpy(),
-        seq_lens.to(torch.int32).numpy(),
+        seq_lens.numpy(),
         num_heads,
         float(scale),
+        splits,
         out.numpy(),
     )
     return out

@@ -115,3 +115,43 @@ def test_decode_attention_off_float32_is_the_reference(dtype: torch.dtype) -> No
     out = cpu_fused.decode_attention(qkv, positions, cos_sin, k_cache, v_cache, slots, table, lens, hq, 0.3)
     assert out.dtype == dtype
     assert torch.equal(out, want) and torch.equal(k_cache, k_want) and torch.equal(v_cache, v_want)
+
+
+@pytest.mark.parametrize("splits", [2, 3, 7])
+def test_decode_attention_split_over_the_context_is_the_same(
+    monkeypatch: pytest.MonkeyPatch, splits: int
+) -> None:
+    """Split-K: each run of blocks softmaxed alone, then merged, equals the
+    unsplit result; splits past a short context's last block are empty."""
+    gen = torch.Generator().manual_seed(splits)
+    hq, hk, d, bs = 6, 2, 16, 4
+    lens = [1, 5, 37, 300]
+    widths = [-(-n // bs) for n in lens]
+    table = torch.zeros(len(lens), max(widths), dtype=torch.int32)
+    ids = torch.randperm(sum(widths), generator=gen).tolist()
+    for i, w in enumerate(widths):
+        table[i, :w] = torch.tensor(ids[:w])
+        ids = ids[w:]
+    positions = torch.tensor([n - 1 for n in lens])
+    slots = torch.stack([table[i, p // bs].long() * bs + p % bs for i, p in enumerate(positions)])
+    k_cache = torch.randn(sum(widths), bs, hk, d, generator=gen)
+    v_cache = torch.randn(sum(widths), bs, hk, d, generator=gen)
+    qkv = torch.randn(len(lens), (hq + 2 * hk) * d, generator=gen)
+    cos_sin = build_cos_sin_cache(512, d, 1.0 / (10000 ** (torch.arange(0, d, 2, dtype=torch.float) / d)))
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    k_want, v_want = k_cache.clone(), v_cache.clone()
+    want = _unfused(qkv, positions, cos_sin, k_want, v_want, slots, table, seq_lens, hq, 0.25)
+    monkeypatch.setattr(cpu_fused, "num_context_splits", lambda *_: splits)
+    out = cpu_fused.decode_attention(
+        qkv, positions, cos_sin, k_cache, v_cache, slots, table, seq_lens, hq, 0.25
+    )
+    torch.testing.assert_close(out, want, **TOL)
+
+
+def test_contexts_are_split_only_while_cores_would_idle() -> None:
+    assert cpu_fused.num_context_splits(1, 2000, 2) == 2
+    assert cpu_fused.num_context_splits(1, 2000, 8) == 8
+    assert cpu_fused.num_context_splits(3, 2000, 8) == 2
+    assert cpu_fused.num_context_splits(2, 2000, 2) == 1  # a task per sequence keeps both cores busy
+    assert cpu_fused.num_context_splits(1, 200, 8) == 1  # too short to be worth a merge
+    assert cpu_fused.num_context_splits(1, 300, 8) == 2
