@@ -84,17 +84,11 @@ def rms_norm(
     eps: float,
     residual: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """RMSNorm with the residual add fused; the contract of ``rms_norm_ref``.
+    """RMSNorm with the residual add, one numba pass per float32 row.
 
-    Args:
-        x: ``[T, H]`` float32.
-        weight: ``[H]`` float32.
-        eps: added to the mean square.
-        residual: ``[T, H]`` or None.
-
-    Returns:
-        ``(out, residual_out)``, new ``[T, H]`` tensors (``residual_out`` is
-        ``x`` itself without a residual).
+    Arguments, shapes and results as :func:`rms_norm_ref` (``residual_out``
+    is ``x`` itself without a residual); other dtypes, devices or ranks take
+    the reference.
     """
     if not _takes(x, weight) or (residual is not None and not _takes(residual)) or x.dim() != 2:
         return rms_norm_ref(x, weight, eps, residual)
