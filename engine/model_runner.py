@@ -11,7 +11,7 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,18 +117,16 @@ class ModelRunner:
             dtype=dtype,
             device=self.device,
         )
-        if self.linear_format == "int8":
-            self.model = self._smoothed_int8(loaded, ops, dtype)
-        else:
-            self.model = LlamaModel(
-                loaded.config,
-                loaded.weights,
-                ops,
-                dtype,
-                self.device,
-                max_model_len,
-                linear_format=self.linear_format,
+
+        def build(weights: dict[str, torch.Tensor], linear_format: str, **formats: str) -> LlamaModel:
+            return LlamaModel(
+                loaded.config, weights, ops, dtype, self.device, max_model_len, linear_format, **formats
             )
+
+        if self.linear_format == "int8":
+            self.model = self._smoothed_int8(loaded, build)
+        else:
+            self.model = build(loaded.weights, self.linear_format)
         # One decode step before the first request: the kernels compile (numba
         # on the CPU, from its disk cache after the first start; Triton on a
         # GPU) and oneDNN builds its primitives now, not in the first TTFT.
@@ -136,7 +134,7 @@ class ModelRunner:
         # sequence that owns it reads it.
         self.execute([SeqInput(token_ids=[0], start_pos=0, block_table=[0], sample=True)])
 
-    def _smoothed_int8(self, loaded: Any, ops: Any, dtype: torch.dtype) -> LlamaModel:
+    def _smoothed_int8(self, loaded: Any, build: Callable[..., LlamaModel]) -> LlamaModel:
         """The int8 model of SmoothQuant-smoothed weights (engine/model/smooth.py),
         calibrated on the fp32 model over ``calibration.txt`` (built only when
         no earlier start cached the statistics); the output head and the first
@@ -156,32 +154,14 @@ class ModelRunner:
         cache = cache_root(self._cache_dir) / "smoothquant" / smooth.calibration_key(loaded.folder)
 
         def calibrate() -> smooth.AbsMax:
-            self.model = LlamaModel(
-                loaded.config,
-                loaded.weights,
-                ops,
-                dtype,
-                self.device,
-                self.max_model_len,
-                linear_format="float32",
-            )
+            self.model = build(loaded.weights, "float32")
             return smooth.activation_absmax(self.model, run)
 
         absmax = smooth.cached_absmax(cache, calibrate)
         shape = model_shape(loaded.config)
         weights = smooth.smooth_weights(loaded.weights, absmax, shape)
         keep = "bfloat16" if cpu_has_bf16() else "float32"
-        model = LlamaModel(
-            loaded.config,
-            weights,
-            ops,
-            dtype,
-            self.device,
-            self.max_model_len,
-            linear_format="int8",
-            head_format=keep,
-            edge_format=keep,
-        )
+        model = build(weights, "int8", head_format=keep, edge_format=keep)
         logger.info(
             "int8: smoothed (%d calibration tokens, %s) in %.1f s; head and edge layers in %s",
             min(len(ids), smooth.CALIBRATION_TOKENS),
