@@ -26,6 +26,7 @@ import numba
 import numpy as np
 import torch
 
+from bargein.engine.kernels.kv_cache_write import write_kv_cache_ref
 from bargein.engine.kernels.paged_attention import paged_attention_decode_ref
 from bargein.engine.kernels.rms_norm import rms_norm_ref
 from bargein.engine.kernels.rotary import rotary_embedding_ref
@@ -266,9 +267,7 @@ def decode_attention(
             positions,
             cos_sin_cache,
         )
-        flat = (-1, num_kv_heads, head_dim)
-        k_cache.view(flat).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-        v_cache.view(flat).index_copy_(0, slot_mapping, v.reshape(num_seqs, *flat[1:]).to(v_cache.dtype))
+        write_kv_cache_ref(k, v.reshape(num_seqs, num_kv_heads, head_dim), k_cache, v_cache, slot_mapping)
         return paged_attention_decode_ref(q, k_cache, v_cache, block_tables, seq_lens, scale)
     out = torch.empty((num_seqs, num_heads, head_dim), dtype=torch.float32)
     seq_lens = seq_lens.to(torch.int32)
