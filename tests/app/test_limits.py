@@ -101,6 +101,14 @@ def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
+async def until(predicate: Any, what: str) -> None:
+    """Poll ``predicate`` until it holds; fail with ``what`` after 30 s (a hang guard, not a bound)."""
+    deadline = time.monotonic() + 30
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.01)
+
+
 # ---- API keys ------------------------------------------------------------------
 
 
@@ -364,12 +372,6 @@ async def test_full_queue_answers_overloaded_and_1013_at_connect(
         held.set()
         release.wait(60)  # a hang guard: never hold the engine for good
 
-    async def until(predicate: Any, what: str) -> None:
-        deadline = time.monotonic() + 30  # a hang guard, not a bound
-        while not predicate():
-            assert time.monotonic() < deadline, what
-            await asyncio.sleep(0.01)
-
     clients = [RealtimeClient(queued.ws_url, headers=bearer("k-busy")) for _ in range(4)]
     try:
         for client in clients:
@@ -448,51 +450,67 @@ async def test_full_queue_answers_overloaded_and_1013_at_connect(
 async def test_request_still_queued_at_its_deadline_is_dropped_with_overloaded(
     guarded: EmbeddedServer,
 ) -> None:
-    """The up-front estimate is a mean; the deadline holds for each request."""
+    """The up-front estimate is a mean; the deadline holds for each request.
+
+    The engine is held in the hand-off of a long answer's step, so the three
+    requests that follow (realtime, HTTP, HTTP streamed) stay queued past their
+    1 ms deadline by construction, not by the machine being slow: the test lets
+    the engine go only once every deadline has fired.
+    """
     service = guarded.state.service  # type: ignore[union-attr]
+    runner = guarded.state.runner
     admission = service.admission
     rejected_before = _overloaded_count(guarded)
     saved = admission.config
-    # A deadline of 1 ms, and no departure history, so the up-front estimate
-    # admits and only the deadline can refuse. A long answer keeps the engine
-    # stepping, so each request waits in the queue for the step in flight:
-    # longer than 1 ms, and never scheduled before its deadline.
+    held, release = threading.Event(), threading.Event()
+
+    def hold(_outputs: object) -> None:
+        held.set()
+        release.wait(60)  # a hang guard: never hold the engine for good
+
+    stats = guarded.stats
+    await until(
+        lambda: stats().num_running == stats().num_waiting == 0,
+        "the engine is busy with another test's answers",
+    )
     busy = RealtimeClient(guarded.ws_url, headers=bearer("k-late-busy"))
     await busy.connect()
-    generating = asyncio.Event()
 
     async def long_answer() -> None:
         async for _ in busy.respond(
             "Write a long, detailed story about a river and a stone.", max_tokens=64, **GREEDY
         ):
-            generating.set()
+            pass
 
+    runner.add_step_listener(hold)
     background = asyncio.create_task(long_answer())
-    await asyncio.wait_for(generating.wait(), 60)  # submitted before the 1 ms deadline
+    assert await asyncio.to_thread(held.wait, 60)  # a step of the long answer: engine held
+    # A deadline of 1 ms, and no departure history, so the up-front estimate
+    # admits and only the deadline can refuse.
     admission.config = replace(saved, max_queue_time_s=0.001, window_s=0.001)
     try:
         async with RealtimeClient(guarded.ws_url, headers=bearer("k-late")) as client:
-            with pytest.raises(ServerError) as dropped:
-                await client.chat("Name a plum variety.", max_tokens=4)
-            assert client.current is not None
-            stream_id, token = client.current.stream_id, client.current.resume_token
+            chat = asyncio.create_task(client.chat("Name a plum variety.", max_tokens=4))
             async with httpx.AsyncClient(
                 base_url=guarded.http_url,  # a burst of 2 per key
                 headers=bearer("k-late-http"),
             ) as http:
-                answer = await http.post(
-                    "/v1/chat/completions",
-                    json={"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
+                body = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+                answering = asyncio.create_task(http.post("/v1/chat/completions", json=body))
+                streaming = asyncio.create_task(
+                    http.post("/v1/chat/completions", json={**body, "stream": True})
                 )
-                streamed = await http.post(
-                    "/v1/chat/completions",
-                    json={
-                        "model": "m",
-                        "messages": [{"role": "user", "content": "Hi"}],
-                        "max_tokens": 4,
-                        "stream": True,
-                    },
+                await until(
+                    lambda: sum(live.expired is not None for live in service._live.values()) == 3,
+                    "three requests never passed their deadline in the queue",
                 )
+                runner.remove_step_listener(hold)
+                release.set()
+                with pytest.raises(ServerError) as dropped:
+                    await chat
+                answer, streamed = await answering, await streaming
+            assert client.current is not None
+            stream_id, token = client.current.stream_id, client.current.resume_token
             admission.config = saved
             # nothing of the dropped request stayed in the conversation: the
             # retry's prompt holds the question once
@@ -508,6 +526,8 @@ async def test_request_still_queued_at_its_deadline_is_dropped_with_overloaded(
                 await again._expect("response.done")
             assert (await again._expect("response.done"))["finish_reason"] == "cancelled"
     finally:
+        runner.remove_step_listener(hold)
+        release.set()
         admission.config = saved
         await background
         await busy.close()
