@@ -7,6 +7,7 @@ Only this module touches devices.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -20,9 +21,9 @@ import torch
 from bargein.engine.attention import AttentionMetadata
 from bargein.engine.config import CacheConfig, ModelConfig
 from bargein.engine.kernels import get_ops
-from bargein.engine.model import smooth
+from bargein.engine.model import linear_int4, smooth
 from bargein.engine.model.linear import choose_linear_format, cpu_has_bf16
-from bargein.engine.model.llama import LlamaModel, model_shape
+from bargein.engine.model.llama import LayerWeights, LlamaModel, fused_linear_weights, model_shape
 from bargein.engine.model.loader import cache_root, load_model, load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -159,17 +160,61 @@ class ModelRunner:
 
         absmax = smooth.cached_absmax(cache, calibrate)
         shape = model_shape(loaded.config)
-        weights = smooth.smooth_weights(loaded.weights, absmax, shape)
+        weights, smoothings = smooth.smooth_weights(loaded.weights, absmax, shape)
         keep = "bfloat16" if cpu_has_bf16() else "float32"
         model = build(weights, "int8", head_format=keep, edge_format=keep)
+        small = self._int4_small_steps(model.layers, loaded.weights, weights, smoothings)
+        if small is not None:
+            model.layers = small
         logger.info(
-            "int8: smoothed (%d calibration tokens, %s) in %.1f s; head and edge layers in %s",
+            "int8: smoothed (%d calibration tokens, %s) in %.1f s; head and edge layers in %s; %s",
             min(len(ids), smooth.CALIBRATION_TOKENS),
             cache,
             time.perf_counter() - started,
             keep,
+            f"steps of up to {linear_int4.MAX_ROWS} rows: the checkpoint's 4-bit weights"
+            if small is not None
+            else "no 4-bit path (the checkpoint's weights are not 4-bit, or torch lacks the kernel)",
         )
         return model
+
+    def _int4_small_steps(
+        self,
+        layers: list[LayerWeights],
+        checkpoint: dict[str, torch.Tensor],
+        smoothed: dict[str, torch.Tensor],
+        smoothings: dict[tuple[int, str], smooth.Smoothing],
+    ) -> list[LayerWeights] | None:
+        """``layers`` with each linear run in 4 bits for inputs of up to
+        ``linear_int4.MAX_ROWS`` rows, its int8 (or edge) kernel above; None
+        where that would cost quality or cannot run: a weight not on a 4-bit
+        grid (only a 4-bit checkpoint, such as the default Q4_1 GGUF, is held
+        exactly) or no CPU int4 kernel in this torch.
+
+        The 4-bit kernel reads the checkpoint's weights with the smoothing
+        around it (``smooth.Smoothing``), and the smoothed model's biases."""
+        if self.device.type != "cpu" or not linear_int4.int4_kernel_available():
+            return None
+        fused = [fused_linear_weights(checkpoint, i) for i in range(len(layers))]
+        if not all(linear_int4.holds_exactly(w) for layer in fused for w, _ in layer.values()):
+            return None
+        out = []
+        for i, layer in enumerate(layers):
+            biases = {kind: b for kind, (_, b) in fused_linear_weights(smoothed, i).items()}
+            small: dict[str, Any] = {
+                kind: linear_int4.RowSplitLinear(
+                    linear_int4.Int4Linear(
+                        w,
+                        biases[kind],
+                        in_scale=smoothings[(i, kind)].in_scale,
+                        out_scale=smoothings[(i, kind)].out_scale,
+                    ),
+                    getattr(layer, kind),
+                )
+                for kind, (w, _) in fused[i].items()
+            }
+            out.append(dataclasses.replace(layer, **small))
+        return out
 
     @torch.inference_mode()
     def execute(self, seqs: Sequence[SeqInput]) -> torch.Tensor:

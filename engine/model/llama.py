@@ -21,7 +21,10 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from bargein.engine.attention import AttentionMetadata
 from bargein.engine.kernels import Ops
 from bargein.engine.kernels.rotary import build_cos_sin_cache
-from bargein.engine.model.linear import AnyLinear, make_linear
+from bargein.engine.model.linear import make_linear
+
+# a linear layer of any format: [T, in] -> [T, out] (bargein.engine.model.linear, linear_int4)
+LinearLayer = Callable[[torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -29,11 +32,11 @@ class LayerWeights:
     """One decoder layer, fused: ``qkv [(Hq+2Hk)*D, H]``, ``gate_up [2I, H]``."""
 
     input_norm: torch.Tensor
-    qkv: AnyLinear
-    o_proj: AnyLinear
+    qkv: LinearLayer
+    o_proj: LinearLayer
     post_norm: torch.Tensor
-    gate_up: AnyLinear
-    down: AnyLinear
+    gate_up: LinearLayer
+    down: LinearLayer
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,28 +78,43 @@ def _check_supported(config: PretrainedConfig, max_model_len: int) -> None:
         raise ValueError(f"unsupported: sliding_window={window} < {max_model_len=}")
 
 
+def fused_linear_weights(
+    weights: dict[str, torch.Tensor], i: int
+) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+    """Layer ``i``'s linears as the forward runs them: ``{kind: (weight [out, in], bias [out] or None)}``
+    for the kinds ``qkv`` (q, k, v rows stacked), ``o_proj``, ``gate_up``
+    (gate, up rows stacked) and ``down``, in the checkpoint's dtype; biases where
+    the checkpoint has them (Qwen2: q/k/v; Llama with ``attention_bias``: q/k/v and o)."""
+    att, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+    qkv_bias = o_bias = None
+    if att + "q_proj.bias" in weights:
+        qkv_bias = torch.cat([weights[f"{att}{x}_proj.bias"] for x in "qkv"])
+    if att + "o_proj.bias" in weights:
+        o_bias = weights[att + "o_proj.bias"]
+    return {
+        "qkv": (torch.cat([weights[f"{att}{x}_proj.weight"] for x in "qkv"]), qkv_bias),
+        "o_proj": (weights[att + "o_proj.weight"], o_bias),
+        "gate_up": (torch.cat([weights[mlp + "gate_proj.weight"], weights[mlp + "up_proj.weight"]]), None),
+        "down": (weights[mlp + "down_proj.weight"], None),
+    }
+
+
 def _fused_layer(
     weights: dict[str, torch.Tensor],
     i: int,
     to: Callable[[torch.Tensor], torch.Tensor],
-    linear: Callable[..., AnyLinear],
+    linear: Callable[..., LinearLayer],
 ) -> LayerWeights:
-    """Layer ``i``'s weights, q/k/v and gate/up fused; biases where the checkpoint has them
-    (Qwen2: q/k/v; Llama with ``attention_bias``: q/k/v and o)."""
+    """Layer ``i``'s weights, q/k/v and gate/up fused (:func:`fused_linear_weights`)."""
     p = f"model.layers.{i}."
-    att, mlp = p + "self_attn.", p + "mlp."
-    qkv_bias = o_bias = None
-    if att + "q_proj.bias" in weights:
-        qkv_bias = to(torch.cat([weights[f"{att}{x}_proj.bias"] for x in "qkv"]))
-    if att + "o_proj.bias" in weights:
-        o_bias = to(weights[att + "o_proj.bias"])
+    linears = {
+        kind: linear(to(w), None if b is None else to(b))
+        for kind, (w, b) in fused_linear_weights(weights, i).items()
+    }
     return LayerWeights(
         input_norm=to(weights[p + "input_layernorm.weight"]),
-        qkv=linear(to(torch.cat([weights[f"{att}{x}_proj.weight"] for x in "qkv"])), qkv_bias),
-        o_proj=linear(to(weights[att + "o_proj.weight"]), o_bias),
         post_norm=to(weights[p + "post_attention_layernorm.weight"]),
-        gate_up=linear(to(torch.cat([weights[mlp + "gate_proj.weight"], weights[mlp + "up_proj.weight"]]))),
-        down=linear(to(weights[mlp + "down_proj.weight"])),
+        **linears,
     )
 
 
@@ -144,10 +162,10 @@ class LlamaModel:
         def to(t: torch.Tensor) -> torch.Tensor:
             return t.to(device=device, dtype=dtype).contiguous()
 
-        def linear(w: torch.Tensor, b: torch.Tensor | None = None) -> AnyLinear:
+        def linear(w: torch.Tensor, b: torch.Tensor | None = None) -> LinearLayer:
             return make_linear(w, b, linear_format)
 
-        def edge_linear(w: torch.Tensor, b: torch.Tensor | None = None) -> AnyLinear:
+        def edge_linear(w: torch.Tensor, b: torch.Tensor | None = None) -> LinearLayer:
             return make_linear(w, b, edge_format or linear_format)
 
         last = self.shape.num_layers - 1

@@ -32,6 +32,7 @@ import hashlib
 import os
 import pickle
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,25 @@ _SCALE_RANGE = (1e-2, 1e2)  # keeps a dead channel from blowing up its weight co
 _EPS = 1e-5
 
 AbsMax = dict[tuple[int, str], torch.Tensor]
+
+
+@dataclass(frozen=True, slots=True)
+class Smoothing:
+    """How one fused linear of the smoothed model relates to the checkpoint's:
+    ``W_smoothed = diag(1 / out_scale) @ W @ diag(in_scale)``, ``W [out, in]``.
+
+    The smoothed model's input to it is ``x / in_scale`` and its output is
+    the checkpoint's divided by ``out_scale``: a kernel over the checkpoint's
+    own weights (``linear_int4.Int4Linear``) computes the smoothed linear by
+    multiplying its input by ``in_scale`` and dividing its output by ``out_scale``.
+
+    Attributes:
+        in_scale: ``[in]`` fp32.
+        out_scale: ``[out]`` fp32, or None for all ones.
+    """
+
+    in_scale: torch.Tensor
+    out_scale: torch.Tensor | None = None
 
 
 class _Recording:
@@ -124,10 +144,15 @@ def smoothing_scale(x_absmax: torch.Tensor, w: torch.Tensor, alpha: float = ALPH
 
 def smooth_weights(
     weights: dict[str, torch.Tensor], absmax: AbsMax, shape: Any, alpha: float = ALPHA
-) -> dict[str, torch.Tensor]:
+) -> tuple[dict[str, torch.Tensor], dict[tuple[int, str], Smoothing]]:
     """The checkpoint's weights with every layer's linears smoothed (a new dict;
-    tensors it changes are new, fp32). The model they make computes the same
-    function (up to rounding) as ``weights``'.
+    tensors it changes are new, fp32), and each fused linear's scales.
+    The model they make computes the same function (up to rounding) as
+    ``weights``'.
+
+    Returns:
+        ``(smoothed weights, {(layer, kind): Smoothing})``, kinds
+        :data:`LINEAR_KINDS` (the fused q/k/v and gate/up of ``llama.py``).
 
     Args:
         weights: checkpoint names -> tensors.
@@ -139,32 +164,42 @@ def smooth_weights(
         KeyError: a layer's weight or its statistics are missing.
     """
     w = dict(weights)
+    smoothings: dict[tuple[int, str], Smoothing] = {}
     num_kv_heads, head_dim = shape.num_kv_heads, shape.head_dim
     group = shape.num_heads // num_kv_heads
     for i in range(shape.num_layers):
         p = f"model.layers.{i}."
         att, mlp = p + "self_attn.", p + "mlp."
         qkv = [att + f"{x}_proj.weight" for x in "qkv"]
-        s = smoothing_scale(absmax[(i, "qkv")], torch.cat([w[k] for k in qkv]), alpha)
-        w[p + "input_layernorm.weight"] = w[p + "input_layernorm.weight"].float() / s
+        s_qkv = smoothing_scale(absmax[(i, "qkv")], torch.cat([w[k] for k in qkv]), alpha)
+        w[p + "input_layernorm.weight"] = w[p + "input_layernorm.weight"].float() / s_qkv
         for k in qkv:
-            w[k] = w[k].float() * s
+            w[k] = w[k].float() * s_qkv
 
         gate, up = mlp + "gate_proj.weight", mlp + "up_proj.weight"
-        s = smoothing_scale(absmax[(i, "gate_up")], torch.cat([w[gate], w[up]]), alpha)
-        w[p + "post_attention_layernorm.weight"] = w[p + "post_attention_layernorm.weight"].float() / s
-        w[gate], w[up] = w[gate].float() * s, w[up].float() * s
+        s_gate_up = smoothing_scale(absmax[(i, "gate_up")], torch.cat([w[gate], w[up]]), alpha)
+        w[p + "post_attention_layernorm.weight"] = (
+            w[p + "post_attention_layernorm.weight"].float() / s_gate_up
+        )
+        w[gate], w[up] = w[gate].float() * s_gate_up, w[up].float() * s_gate_up
 
         down = mlp + "down_proj.weight"
-        s = smoothing_scale(absmax[(i, "down")], w[down], alpha)
-        w[up] = w[up] / s[:, None]
-        w[down] = w[down].float() * s
+        s_down = smoothing_scale(absmax[(i, "down")], w[down], alpha)
+        w[up] = w[up] / s_down[:, None]
+        w[down] = w[down].float() * s_down
 
         o, v = att + "o_proj.weight", att + "v_proj.weight"
         s = smoothing_scale(absmax[(i, "o_proj")], w[o], alpha)
-        s_kv = s.view(num_kv_heads, group, head_dim).amax(1)  # one scale per v channel
-        w[v] = w[v].float() / s_kv.reshape(-1)[:, None]
-        w[o] = w[o].float() * s_kv[:, None, :].expand(num_kv_heads, group, head_dim).reshape(-1)
+        s_kv = s.view(num_kv_heads, group, head_dim).amax(1).reshape(-1)  # one scale per v channel
+        s_o = s_kv.view(num_kv_heads, 1, head_dim).expand(num_kv_heads, group, head_dim).reshape(-1)
+        w[v] = w[v].float() / s_kv[:, None]
+        w[o] = w[o].float() * s_o
         if att + "v_proj.bias" in w:
-            w[att + "v_proj.bias"] = w[att + "v_proj.bias"].float() / s_kv.reshape(-1)
-    return w
+            w[att + "v_proj.bias"] = w[att + "v_proj.bias"].float() / s_kv
+
+        ones_qk = torch.ones(w[qkv[0]].shape[0] + w[qkv[1]].shape[0])
+        smoothings[(i, "qkv")] = Smoothing(s_qkv, torch.cat((ones_qk, s_kv)))
+        smoothings[(i, "o_proj")] = Smoothing(s_o)
+        smoothings[(i, "gate_up")] = Smoothing(s_gate_up, torch.cat((torch.ones(w[gate].shape[0]), s_down)))
+        smoothings[(i, "down")] = Smoothing(s_down)
+    return w, smoothings

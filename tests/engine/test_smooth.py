@@ -12,7 +12,7 @@ from bargein.engine.config import CacheConfig, ModelConfig
 from bargein.engine.kernels import get_ops
 from bargein.engine.model import smooth
 from bargein.engine.model.linear import int8_kernel_available
-from bargein.engine.model.llama import LlamaModel, model_shape
+from bargein.engine.model.llama import LlamaModel, fused_linear_weights, model_shape
 from bargein.engine.model.loader import load_model
 from bargein.engine.model_runner import ModelRunner, SeqInput
 
@@ -86,7 +86,16 @@ def test_smoothing_keeps_the_fp32_function_and_helps_int8(loaded) -> None:
     absmax = smooth.activation_absmax(fp32, lambda: _logprobs(fp32, runner, ids))
     shape = model_shape(loaded.config)
     assert absmax.keys() == {(i, k) for i in range(shape.num_layers) for k in smooth.LINEAR_KINDS}
-    smoothed = smooth.smooth_weights(loaded.weights, absmax, shape)
+    smoothed, smoothings = smooth.smooth_weights(loaded.weights, absmax, shape)
+    # each fused linear's scales say what was done to it: W' = diag(1/out) W diag(in)
+    for i in range(shape.num_layers):
+        before, after = fused_linear_weights(loaded.weights, i), fused_linear_weights(smoothed, i)
+        for kind in smooth.LINEAR_KINDS:
+            scaling = smoothings[(i, kind)]
+            expected = before[kind][0].float() * scaling.in_scale
+            if scaling.out_scale is not None:
+                expected = expected / scaling.out_scale[:, None]
+            torch.testing.assert_close(after[kind][0], expected, rtol=1e-6, atol=0)
     ref = _logprobs(fp32, runner, ids)
     same = _logprobs(_model(loaded, smoothed), runner, ids)
     assert _kl(ref, same) < 1e-6  # the same function, up to fp32 rounding

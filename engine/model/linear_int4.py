@@ -1,0 +1,162 @@
+"""4-bit weights for decode steps of a few rows (CPU).
+
+At one to four rows a decode step's GEMMs read every weight once and do
+little arithmetic on it, so their time is the bytes read. The int8 path
+reads a byte per weight; :class:`Int4Linear` reads half that, through
+torch's ``_weight_int4pack_mm_for_cpu`` (W4A16: bf16 activations, int4
+weights in groups of 32 along the input with a bf16 scale and zero each,
+fp32 accumulation). Measured on this machine kind, the 30 layers' four
+GEMMs of SmolLM2-135M, ms per step (2 threads, best of 9)::
+
+    rows            1      2      4      6      8
+    int8 fbgemm   10.2   14.4   11.5   13.0   19.4
+    int4 (bf16)    7.0    8.9    8.7   14.9   18.7
+
+so :class:`RowSplitLinear` runs int4 up to :data:`MAX_ROWS` rows and int8
+above. The same kernel with fp16 activations was 40-100x slower here.
+
+The default model's layers are Q4_1 in its GGUF (llama.cpp: blocks of 32
+weights along the input, ``w = d * q + m``, ``q`` in 0..15, fp16 ``d`` and
+``m``). :func:`quantize_groups` quantizes the same way, min/max per group,
+so on those weights it finds the file's own ``q`` again: the 4-bit path holds
+the checkpoint's weights, up to the bf16 rounding of each group's scale and
+zero. The int8 model is SmoothQuant-smoothed (``smooth.py``), and smoothed
+weights are no longer Q4_1: :class:`Int4Linear` quantizes the checkpoint's
+weight and applies the smoothing around the GEMM instead (the input
+scale on the activation, the output scale folded into the group scales).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+GROUP_SIZE = 32  # weights per scale and zero, along the input (Q4_1's block)
+MAX_ROWS = 4  # rows up to which int4 beats int8 here (the table above)
+# torch's CPU int4 packing: 1 inner k-tile (its only CPU layout), output rows in 16s
+_INNER_K_TILES = 1
+_PACK_ROWS = 16
+
+
+def int4_kernel_available() -> bool:
+    """This torch has the CPU W4A16 kernels (torch >= 2.5)."""
+    return hasattr(torch, "_weight_int4pack_mm_for_cpu") and hasattr(
+        torch, "_convert_weight_to_int4pack_for_cpu"
+    )
+
+
+def holds_exactly(weight: torch.Tensor, group_size: int = GROUP_SIZE) -> bool:
+    """:class:`Int4Linear` takes ``weight [out, in]`` (``out`` a multiple of 16,
+    ``in`` of ``group_size``: torch's packing) and it is 4-bit already, min/max
+    in groups along the input (a Q4_1 checkpoint, dequantized), so
+    :func:`quantize_groups` gives it back up to fp32 rounding and the 4-bit
+    path costs it no quality."""
+    out_features, in_features = weight.shape
+    if out_features % _PACK_ROWS or in_features % group_size:
+        return False
+    q, scale, minimum = quantize_groups(weight, group_size)
+    groups = weight.float().reshape(*scale.shape, group_size)
+    back = q.reshape(groups.shape) * scale[..., None] + minimum[..., None]
+    # fp32 rounding of q * d + m is ~1e-7 of a group's step; 1e-3 of a step leaves no doubt
+    return bool(((back - groups).abs() <= 1e-3 * scale[..., None] + 1e-30).all())
+
+
+def quantize_groups(
+    weight: torch.Tensor, group_size: int = GROUP_SIZE
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Asymmetric 4-bit quantization in groups along the input, as llama.cpp's Q4_1.
+
+    Args:
+        weight: ``[out, in]`` fp32, ``in`` a multiple of ``group_size``.
+
+    Returns:
+        ``(q [out, in] int32 in 0..15, scale [out, in / group] fp32,
+        minimum [out, in / group] fp32)`` with ``weight ~= q * scale + minimum``
+        per group; each group's smallest weight has ``q = 0`` and its largest
+        ``q = 15`` (llama.cpp's ``quantize_row_q4_1``).
+
+    Raises:
+        ValueError: ``in`` is not a multiple of ``group_size``.
+    """
+    out_features, in_features = weight.shape
+    if in_features % group_size:
+        raise ValueError(f"in_features={in_features} is not a multiple of group_size={group_size}")
+    groups = weight.float().reshape(out_features, in_features // group_size, group_size)
+    minimum = groups.amin(-1)
+    scale = (groups.amax(-1) - minimum) / 15.0
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))  # a constant group: q = 0
+    q = torch.round((groups - minimum[..., None]) / safe[..., None]).clamp_(0, 15).to(torch.int32)
+    return q.reshape(out_features, in_features), scale, minimum
+
+
+class Int4Linear:
+    """fp32 in and out: ``y = (x * in_scale) @ W4^T / out_scale + bias``, W4A16.
+
+    ``W4`` is ``weight`` quantized by :func:`quantize_groups`; the GEMM runs
+    in bf16 with fp32 accumulation (``torch._weight_int4pack_mm_for_cpu``).
+    With ``in_scale`` and ``out_scale`` it computes SmoothQuant's smoothed
+    linear, ``diag(1/out_scale) @ W @ diag(in_scale)``, from the unsmoothed
+    ``weight`` (``smooth.Smoothing``).
+
+    Args:
+        weight: ``[out, in]`` fp32 (CPU), ``out`` a multiple of 16 and ``in``
+            of GROUP_SIZE; only the packed 4-bit copy is kept.
+        bias: ``[out]`` or None, added in fp32 (as the smoothed model has it).
+        in_scale: ``[in]`` fp32 or None: multiplies the input.
+        out_scale: ``[out]`` fp32 or None: divides the output (folded into
+            the group scales and zeros).
+
+    Raises:
+        ValueError: ``out`` is not a multiple of 16 or ``in`` of GROUP_SIZE.
+    """
+
+    __slots__ = ("packed", "scales_and_zeros", "bias", "in_scale")
+
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        *,
+        in_scale: torch.Tensor | None = None,
+        out_scale: torch.Tensor | None = None,
+    ) -> None:
+        if weight.shape[0] % _PACK_ROWS:
+            raise ValueError(f"out_features={weight.shape[0]} is not a multiple of {_PACK_ROWS}")
+        q, scale, minimum = quantize_groups(weight)
+        # torch's convention: w = (q - 8) * scale + zero, so zero = minimum + 8 * scale
+        zero = minimum + 8.0 * scale
+        if out_scale is not None:
+            scale, zero = scale / out_scale[:, None], zero / out_scale[:, None]
+        self.packed = torch._convert_weight_to_int4pack_for_cpu(q, _INNER_K_TILES)
+        # [in / group, out, 2]: (scale, zero) per group and output channel
+        self.scales_and_zeros = torch.stack((scale.t(), zero.t()), -1).contiguous().to(torch.bfloat16)
+        self.bias = None if bias is None else bias.float()
+        self.in_scale = None if in_scale is None else in_scale.float().contiguous()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        xb = (x if self.in_scale is None else x * self.in_scale).to(torch.bfloat16)
+        y = torch._weight_int4pack_mm_for_cpu(xb, self.packed, GROUP_SIZE, self.scales_and_zeros).float()
+        return y if self.bias is None else y + self.bias
+
+
+class RowSplitLinear:
+    """One linear, two kernels by input rows: ``small`` for up to ``max_rows``, ``large`` above.
+
+    Both must compute the same function (up to their formats' rounding);
+    ``[T, in] -> [T, out]`` fp32.
+    """
+
+    __slots__ = ("small", "large", "max_rows")
+
+    def __init__(
+        self, small: Int4Linear, large: Callable[[torch.Tensor], torch.Tensor], max_rows: int = MAX_ROWS
+    ) -> None:
+        self.small = small
+        self.large = large
+        self.max_rows = max_rows
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if 0 < x.shape[0] <= self.max_rows:
+            return self.small(x)
+        return self.large(x)
