@@ -155,3 +155,29 @@ def test_contexts_are_split_only_while_cores_would_idle() -> None:
     assert cpu_fused.num_context_splits(2, 2000, 2) == 1  # a task per sequence keeps both cores busy
     assert cpu_fused.num_context_splits(1, 200, 8) == 1  # too short to be worth a merge
     assert cpu_fused.num_context_splits(1, 300, 8) == 2
+
+
+def test_a_single_task_runs_in_the_calling_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One sequence with one split takes the serial kernel (no thread wake-ups);
+    two sequences, or one split in two, the parallel one; both give the reference."""
+    ran: list[str] = []
+    for name in ("_decode_attention_kernel", "_decode_attention_serial"):
+        real = getattr(cpu_fused, name)
+        monkeypatch.setattr(cpu_fused, name, lambda *a, real=real, name=name: (ran.append(name), real(*a)))
+    gen = torch.Generator().manual_seed(3)
+    hq, hk, d, bs = 4, 2, 8, 4
+    cos_sin = build_cos_sin_cache(16, d, 1.0 / (10000 ** (torch.arange(0, d, 2, dtype=torch.float) / d)))
+    for num_seqs, splits in ((1, 1), (2, 1), (1, 2)):
+        monkeypatch.setattr(cpu_fused, "num_context_splits", lambda *_, s=splits: s)
+        k_cache, v_cache = torch.randn(4, bs, hk, d, generator=gen), torch.randn(4, bs, hk, d, generator=gen)
+        qkv = torch.randn(num_seqs, (hq + 2 * hk) * d, generator=gen)
+        table = torch.tensor([[2, 0], [1, 3]], dtype=torch.int32)[:num_seqs]
+        positions, slots = torch.tensor([5, 6])[:num_seqs], torch.tensor([0 * bs + 1, 3 * bs + 2])[:num_seqs]
+        lens = torch.tensor([6, 7], dtype=torch.int32)[:num_seqs]
+        k_want, v_want = k_cache.clone(), v_cache.clone()
+        want = _unfused(qkv, positions, cos_sin, k_want, v_want, slots, table, lens, hq, 0.3)
+        out = cpu_fused.decode_attention(
+            qkv, positions, cos_sin, k_cache, v_cache, slots, table, lens, hq, 0.3
+        )
+        torch.testing.assert_close(out, want, **TOL)
+    assert ran == ["_decode_attention_serial", "_decode_attention_kernel", "_decode_attention_kernel"]
