@@ -21,7 +21,7 @@ import torch
 from bargein.engine.attention import AttentionMetadata
 from bargein.engine.config import CacheConfig, ModelConfig
 from bargein.engine.kernels import get_ops
-from bargein.engine.model import linear_int4, smooth
+from bargein.engine.model import weight_only, smooth
 from bargein.engine.model.linear import choose_linear_format, cpu_has_bf16
 from bargein.engine.model.llama import LayerWeights, LlamaModel, fused_linear_weights, model_shape
 from bargein.engine.model.loader import cache_root, load_model, load_tokenizer
@@ -172,7 +172,7 @@ class ModelRunner:
             cache,
             time.perf_counter() - started,
             keep,
-            f"steps of up to {linear_int4.MAX_ROWS} rows: the checkpoint's 4-bit weights"
+            f"steps of up to {weight_only.MAX_ROWS} rows: the checkpoint's 4-bit weights"
             if small is not None
             else "no 4-bit path (the checkpoint's weights are not 4-bit, or torch lacks the kernel)",
         )
@@ -186,24 +186,24 @@ class ModelRunner:
         smoothings: dict[tuple[int, str], smooth.Smoothing],
     ) -> list[LayerWeights] | None:
         """``layers`` with each linear run in 4 bits for inputs of up to
-        ``linear_int4.MAX_ROWS`` rows, its int8 (or edge) kernel above; None
+        ``weight_only.MAX_ROWS`` rows, its int8 (or edge) kernel above; None
         where that would cost quality or cannot run: a weight not on a 4-bit
         grid (only a 4-bit checkpoint, such as the default Q4_1 GGUF, is held
         exactly) or no CPU int4 kernel in this torch.
 
         The 4-bit kernel reads the checkpoint's weights with the smoothing
         around it (``smooth.Smoothing``), and the smoothed model's biases."""
-        if self.device.type != "cpu" or not linear_int4.int4_kernel_available():
+        if self.device.type != "cpu" or not weight_only.int4_kernel_available():
             return None
         fused = [fused_linear_weights(checkpoint, i) for i in range(len(layers))]
-        if not all(linear_int4.holds_exactly(w) for layer in fused for w, _ in layer.values()):
+        if not all(weight_only.holds_exactly(w) for layer in fused for w, _ in layer.values()):
             return None
         out = []
         for i, layer in enumerate(layers):
             biases = {kind: b for kind, (_, b) in fused_linear_weights(smoothed, i).items()}
             small: dict[str, Any] = {
-                kind: linear_int4.RowSplitLinear(
-                    linear_int4.Int4Linear(
+                kind: weight_only.RowSplitLinear(
+                    weight_only.Int4Linear(
                         w,
                         biases[kind],
                         in_scale=smoothings[(i, kind)].in_scale,

@@ -15,9 +15,10 @@ one batch (so the batched int8/bf16 paths run, not the one-row path);
 reported: the mean share of tokens before the first divergence from fp32,
 and the share of prompts whose first 32 tokens equal fp32's.
 
-Formats: fp32 (reference), bf16, int8 (W8A8 everywhere, head included),
-int8 with the head in bf16 or fp32, int8 with down_proj in bf16, and what
-``auto`` picks on this machine. Writes a markdown report (``--out``).
+Formats: fp32 (reference), bf16, int8 (smoothed W8A8, head and edge layers
+in bf16), and int8 a few rows at a time (``int8-few-rows``: the checkpoint's
+4-bit weights, what steps of up to ``weight_only.MAX_ROWS`` rows run);
+``auto`` is named in the report. Writes a markdown report (``--out``).
 
 Usage: ``python loadtests/quality.py [--prompts 64] [--tokens 128]``
 """
@@ -40,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 from bargein.engine.config import CacheConfig, ModelConfig  # noqa: E402
 from bargein.engine.model.linear import choose_linear_format, make_linear  # noqa: E402
 from bargein.engine.model.loader import load_model  # noqa: E402
+from bargein.engine.model.weight_only import MAX_ROWS  # noqa: E402
 from bargein.engine.model_runner import ModelRunner, SeqInput  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -55,7 +57,13 @@ FORMATS: dict[str, tuple[str, str, str | None, str | None]] = {
     "fp32": ("none", "float32", None, None),
     "bf16": ("none", "bfloat16", None, None),
     "int8": ("int8", "auto", None, None),
+    "int8-few-rows": ("int8", "auto", None, None),
 }
+# Formats measured a few rows at a time (teacher-forced in chunks of this many
+# rows, greedy one prompt at a time): where the int8 format runs the
+# checkpoint's 4-bit weights (steps of up to weight_only.MAX_ROWS rows), as a
+# voice user decoding alone does.
+FEW_ROWS = {"int8-few-rows": 4}
 
 
 def _parse() -> argparse.Namespace:
@@ -89,12 +97,12 @@ def build(name: str, fp32_weights: dict[str, torch.Tensor], num_blocks: int, max
 
 
 @torch.inference_mode()
-def teacher_forced_logits(runner: ModelRunner, ids: list[int]) -> torch.Tensor:
-    """``[len(ids), vocab]`` fp32 logits at every position (prefill chunks of CHUNK)."""
+def teacher_forced_logits(runner: ModelRunner, ids: list[int], rows: int = CHUNK) -> torch.Tensor:
+    """``[len(ids), vocab]`` fp32 logits at every position (prefill chunks of ``rows``)."""
     table = list(range(math.ceil(len(ids) / BLOCK)))
     out = []
-    for s in range(0, len(ids), CHUNK):
-        chunk = ids[s : s + CHUNK]
+    for s in range(0, len(ids), rows):
+        chunk = ids[s : s + rows]
         seq = SeqInput(
             token_ids=chunk,
             start_pos=s,
@@ -159,8 +167,12 @@ def main() -> None:
     for name in names:
         t0 = time.perf_counter()
         runner = build(name, fp32_weights, num_blocks, max_len)
-        logp = torch.log_softmax(teacher_forced_logits(runner, ids)[:-1].double(), dim=-1)
-        outs = greedy(runner, prompts, args.tokens) if args.prompts else []
+        few = FEW_ROWS.get(name)
+        logp = torch.log_softmax(teacher_forced_logits(runner, ids, few or CHUNK)[:-1].double(), dim=-1)
+        if few is None:
+            outs = greedy(runner, prompts, args.tokens) if args.prompts else []
+        else:
+            outs = [greedy(runner, [p], args.tokens)[0] for p in prompts]
         nll = float(-logp.gather(1, targets[:, None]).mean())
         if ref_logp is None:
             ref_logp, ref_greedy = logp, outs
@@ -192,7 +204,10 @@ def report(args: argparse.Namespace, rows: list[tuple], n_tokens: int, auto: str
         "",
         f"Teacher-forced over {n_tokens} tokens of `loadtests/data/quality_text.txt` "
         f"(prefill chunks of {CHUNK} rows); greedy: {args.prompts} prompts of {PROMPT_LEN} tokens "
-        f"from the same text x {args.tokens} tokens, decoded as one batch of {args.prompts}.",
+        f"from the same text x {args.tokens} tokens, decoded as one batch of {args.prompts}. "
+        f"*int8-few-rows* is the int8 format a few rows at a time (teacher-forced in chunks of "
+        f"{FEW_ROWS['int8-few-rows']} rows, greedy one prompt alone): the steps of up to "
+        f"{MAX_ROWS} rows, which run the checkpoint's 4-bit weights (`engine/model/weight_only.py`).",
         "",
         "| format | linears | mean KL vs fp32 (nats/token) | top-1 agreement | NLL (ppl) "
         "| greedy: tokens before first divergence | greedy: first 32 identical |",

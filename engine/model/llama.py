@@ -23,7 +23,7 @@ from bargein.engine.kernels import Ops
 from bargein.engine.kernels.rotary import build_cos_sin_cache
 from bargein.engine.model.linear import make_linear
 
-# a linear layer of any format: [T, in] -> [T, out] (bargein.engine.model.linear, linear_int4)
+# a linear layer of any format: [T, in] -> [T, out] (bargein.engine.model.linear, weight_only)
 LinearLayer = Callable[[torch.Tensor], torch.Tensor]
 
 

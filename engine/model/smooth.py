@@ -56,7 +56,7 @@ class Smoothing:
 
     The smoothed model's input to it is ``x / in_scale`` and its output is
     the checkpoint's divided by ``out_scale``: a kernel over the checkpoint's
-    own weights (``linear_int4.Int4Linear``) computes the smoothed linear by
+    own weights (``weight_only.Int4Linear``) computes the smoothed linear by
     multiplying its input by ``in_scale`` and dividing its output by ``out_scale``.
 
     Attributes:

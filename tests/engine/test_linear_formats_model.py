@@ -4,7 +4,7 @@ Agreement is teacher-forced on fp32's own greedy continuation (32 tokens of
 each prompt, decoded one row at a time): the share of steps whose argmax is
 fp32's token. That does not compound after one differing token as free
 greedy runs do. One row is the int8 format's 4-bit path (the GGUF's own
-Q4_1 weights, ``linear_int4``); ``int8-rows`` forces its int8 kernels, what
+Q4_1 weights, ``weight_only``); ``int8-rows`` forces its int8 kernels, what
 steps of more than four rows run. Measured here (4 prompts x 32 tokens):
 bf16 0.977-0.984, int8 (4-bit at one row) 0.961, int8 kernels 0.891-0.953;
 asserted a little lower (AGREEMENT_MIN).
@@ -22,7 +22,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from bargein.engine.config import CacheConfig, ModelConfig
 from bargein.engine.model.linear import Bf16Linear, Int8Linear, Linear, cpu_has_bf16, int8_kernel_available
-from bargein.engine.model.linear_int4 import (
+from bargein.engine.model.weight_only import (
     Int4Linear,
     RowSplitLinear,
     int4_kernel_available,

@@ -1,4 +1,4 @@
-"""The 4-bit path (``linear_int4``) against a plain-torch reference of the same arithmetic.
+"""The 4-bit path (``weight_only``) against a plain-torch reference of the same arithmetic.
 
 The reference dequantizes the packed weights the way torch's kernel reads
 them, ``w = (q - 8) * scale + zero`` with the bf16 group scales and zeros the
@@ -17,7 +17,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bargein.engine.model.linear_int4 import (
+from bargein.engine.model.weight_only import (
     GROUP_SIZE,
     Int4Linear,
     RowSplitLinear,
