@@ -32,9 +32,6 @@ from bargein.app.settings import (
 )
 
 LOAD_STAGES = ("weights and KV cache", "engine thread", "ready")
-# libgomp spins after a parallel region before its threads sleep (GOMP_SPINCOUNT;
-# each spin is one `pause`: about 0.03-0.5 ms in all, by the CPU's pause latency)
-OPENMP_SPIN_COUNT = 10_000
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -94,18 +91,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         except KeyboardInterrupt:  # Ctrl-C: leave quietly, no traceback
             print(file=sys.stderr)
             return 130
-    # Before torch loads OpenMP. After a parallel region its threads spin a
-    # while before they sleep. libgomp's default (300,000 spins) keeps them
-    # spinning through whole steps and starves the event loop (pings, cancels,
-    # refusals): refusal p99 163 ms on 2 cores at 8 requests/s. With no spin
-    # (OMP_WAIT_POLICY=PASSIVE) every region of a step wakes them by futex,
-    # about a fifth of a one-stream step. OPENMP_SPIN_COUNT spins bridge the
-    # gaps between a step's kernels and sleep soon after the step: goodput at
-    # 8x the knee 7.75-7.92/s against 5.83-6.92/s with PASSIVE, refusal p99
-    # 15 ms against 10 ms (docs/perf/wait-policy.md). A value the user set
-    # (OMP_WAIT_POLICY or GOMP_SPINCOUNT) is kept.
-    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
-        os.environ["GOMP_SPINCOUNT"] = str(OPENMP_SPIN_COUNT)
+    # Before torch loads OpenMP: its threads then sleep between kernels instead
+    # of spinning, so the event loop (pings, cancels, refusals) gets a core when
+    # the engine's threads hold every one. Measured on 2 cores at 8 requests/s:
+    # refusal p99 6 ms instead of 163 ms, for a few percent of decode speed
+    # (docs/perf/saturation.md). A value the user set is kept.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from bargein.app.listen import check_tls
 
     try:
