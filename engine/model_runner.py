@@ -21,7 +21,7 @@ import torch
 from bargein.engine.attention import AttentionMetadata
 from bargein.engine.config import CacheConfig, ModelConfig
 from bargein.engine.kernels import get_ops
-from bargein.engine.model import weight_only, smooth
+from bargein.engine.model import smooth, weight_only
 from bargein.engine.model.linear import choose_linear_format, cpu_has_bf16
 from bargein.engine.model.llama import LayerWeights, LlamaModel, fused_linear_weights, model_shape
 from bargein.engine.model.loader import cache_root, load_model, load_tokenizer
