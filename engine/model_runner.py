@@ -163,7 +163,7 @@ class ModelRunner:
         weights, smoothings = smooth.smooth_weights(loaded.weights, absmax, shape)
         keep = "bfloat16" if cpu_has_bf16() else "float32"
         model = build(weights, "int8", head_format=keep, edge_format=keep)
-        small = self._int4_small_steps(model.layers, loaded.weights, weights, smoothings)
+        small = self._int4_small_steps(model.layers, loaded.weights, smoothings)
         if small is not None:
             model.layers = small
         logger.info(
@@ -182,7 +182,6 @@ class ModelRunner:
         self,
         layers: list[LayerWeights],
         checkpoint: dict[str, torch.Tensor],
-        smoothed: dict[str, torch.Tensor],
         smoothings: dict[tuple[int, str], smooth.Smoothing],
     ) -> list[LayerWeights] | None:
         """``layers`` with each linear run in 4 bits for inputs of up to
@@ -192,27 +191,26 @@ class ModelRunner:
         exactly) or no CPU int4 kernel in this torch.
 
         The 4-bit kernel reads the checkpoint's weights with the smoothing
-        around it (``smooth.Smoothing``), and the smoothed model's biases."""
+        around it (``smooth.Smoothing``); the smoothed model's bias is the
+        checkpoint's divided by the output scale, as its output is."""
         if self.device.type != "cpu" or not weight_only.int4_kernel_available():
-            return None
-        fused = [fused_linear_weights(checkpoint, i) for i in range(len(layers))]
-        if not all(weight_only.holds_exactly(w) for layer in fused for w, _ in layer.values()):
             return None
         out = []
         for i, layer in enumerate(layers):
-            biases = {kind: b for kind, (_, b) in fused_linear_weights(smoothed, i).items()}
-            small: dict[str, Any] = {
-                kind: weight_only.RowSplitLinear(
-                    weight_only.Int4Linear(
-                        w,
-                        biases[kind],
-                        in_scale=smoothings[(i, kind)].in_scale,
-                        out_scale=smoothings[(i, kind)].out_scale,
+            small: dict[str, Any] = {}
+            for kind, (w, b) in fused_linear_weights(checkpoint, i).items():
+                groups = weight_only.exact_groups(w)
+                if groups is None:
+                    return None
+                scaling = smoothings[(i, kind)]
+                if b is not None and scaling.out_scale is not None:
+                    b = b.float() / scaling.out_scale
+                small[kind] = weight_only.RowSplitLinear(
+                    weight_only.Int4Linear.from_groups(
+                        groups, b, in_scale=scaling.in_scale, out_scale=scaling.out_scale
                     ),
                     getattr(layer, kind),
                 )
-                for kind, (w, _) in fused[i].items()
-            }
             out.append(dataclasses.replace(layer, **small))
         return out
 

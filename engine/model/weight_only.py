@@ -49,20 +49,29 @@ def int4_kernel_available() -> bool:
     )
 
 
-def holds_exactly(weight: torch.Tensor, group_size: int = GROUP_SIZE) -> bool:
-    """:class:`Int4Linear` takes ``weight [out, in]`` (``out`` a multiple of 16,
-    ``in`` of ``group_size``: torch's packing) and it is 4-bit already, min/max
-    in groups along the input (a Q4_1 checkpoint, dequantized), so
-    :func:`quantize_groups` gives it back up to fp32 rounding and the 4-bit
-    path costs it no quality."""
+def exact_groups(
+    weight: torch.Tensor, group_size: int = GROUP_SIZE
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """:func:`quantize_groups` of ``weight [out, in]`` where :class:`Int4Linear`
+    takes it (``out`` a multiple of 16, ``in`` of ``group_size``: torch's
+    packing) and it is 4-bit already, min/max in groups along the input (a
+    Q4_1 checkpoint, dequantized): the groups give it back up to fp32
+    rounding, so the 4-bit path costs it no quality. None otherwise."""
     out_features, in_features = weight.shape
     if out_features % _PACK_ROWS or in_features % group_size:
-        return False
+        return None
     q, scale, minimum = quantize_groups(weight, group_size)
     groups = weight.float().reshape(*scale.shape, group_size)
     back = q.reshape(groups.shape) * scale[..., None] + minimum[..., None]
     # fp32 rounding of q * d + m is ~1e-7 of a group's step; 1e-3 of a step leaves no doubt
-    return bool(((back - groups).abs() <= 1e-3 * scale[..., None] + 1e-30).all())
+    if not bool(((back - groups).abs() <= 1e-3 * scale[..., None] + 1e-30).all()):
+        return None
+    return q, scale, minimum
+
+
+def holds_exactly(weight: torch.Tensor, group_size: int = GROUP_SIZE) -> bool:
+    """:func:`exact_groups` finds ``weight``'s 4-bit groups: the 4-bit path holds it exactly."""
+    return exact_groups(weight, group_size) is not None
 
 
 def quantize_groups(
@@ -126,7 +135,32 @@ class Int4Linear:
     ) -> None:
         if weight.shape[0] % _PACK_ROWS:
             raise ValueError(f"out_features={weight.shape[0]} is not a multiple of {_PACK_ROWS}")
-        q, scale, minimum = quantize_groups(weight)
+        self._pack(*quantize_groups(weight), bias, in_scale, out_scale)
+
+    @classmethod
+    def from_groups(
+        cls,
+        groups: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        bias: torch.Tensor | None = None,
+        *,
+        in_scale: torch.Tensor | None = None,
+        out_scale: torch.Tensor | None = None,
+    ) -> Int4Linear:
+        """The layer over ``groups``, what :func:`quantize_groups` (or
+        :func:`exact_groups`) returned for its weight, without quantizing again."""
+        layer = cls.__new__(cls)
+        layer._pack(*groups, bias, in_scale, out_scale)
+        return layer
+
+    def _pack(
+        self,
+        q: torch.Tensor,
+        scale: torch.Tensor,
+        minimum: torch.Tensor,
+        bias: torch.Tensor | None,
+        in_scale: torch.Tensor | None,
+        out_scale: torch.Tensor | None,
+    ) -> None:
         # torch's convention: w = (q - 8) * scale + zero, so zero = minimum + 8 * scale
         zero = minimum + 8.0 * scale
         if out_scale is not None:

@@ -21,6 +21,7 @@ from bargein.engine.model.weight_only import (
     GROUP_SIZE,
     Int4Linear,
     RowSplitLinear,
+    exact_groups,
     holds_exactly,
     int4_kernel_available,
     quantize_groups,
@@ -59,6 +60,19 @@ def test_a_q4_1_weight_is_found_again_exactly() -> None:
     back = found.reshape(48, 3, GROUP_SIZE) * scale[..., None] + minimum[..., None]
     torch.testing.assert_close(back.reshape(48, 96), w, rtol=0, atol=1e-6)
     assert holds_exactly(w)
+
+
+def test_a_layer_from_found_groups_is_the_layer_from_the_weight() -> None:
+    """The runner packs the groups its exactness check found, without quantizing again."""
+    w, q = _q4_1_weight(48, 96, seed=3)
+    groups = exact_groups(w)
+    assert groups is not None and torch.equal(groups[0], q)
+    in_scale, out_scale = torch.rand(96) + 0.5, torch.rand(48) + 0.5
+    x = torch.randn(3, 96)
+    direct = Int4Linear(w, torch.ones(48), in_scale=in_scale, out_scale=out_scale)
+    found = Int4Linear.from_groups(groups, torch.ones(48), in_scale=in_scale, out_scale=out_scale)
+    assert torch.equal(found(x), direct(x))
+    assert exact_groups(torch.randn(48, 96)) is None
 
 
 def test_only_a_4bit_weight_of_a_packable_shape_is_held() -> None:
