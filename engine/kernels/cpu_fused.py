@@ -112,6 +112,45 @@ def rms_norm(
     return out, residual_out
 
 
+# exp(x) for the softmax as 2^y, y = x log2(e): 2^floor(y) is built in the
+# exponent bits, 2^frac(y) by a degree-5 polynomial (a least-squares fit to
+# 2^f on [0, 1) at Chebyshev nodes; relative error 1.6e-7 evaluated in
+# float32, about one ulp). Unlike ``np.exp`` (a scalar libm call: numba's
+# LLVM has no vector math library here) the loop vectorizes.
+_LOG2E = _F32(1.4426950408889634)
+_EXP2_POLY = (
+    _F32(0.0018762329127639532),
+    _F32(0.00899258442223072),
+    _F32(0.05582360550761223),
+    _F32(0.24015453457832336),
+    _F32(0.6931529641151428),
+    _F32(0.9999999403953552),
+)
+# exp below this underflows float32's normal range; 2^-126 is its floor
+_EXP_FLOOR = _F32(-87.0)
+
+
+@numba.njit(fastmath=_FASTMATH, cache=True, nogil=True, inline="always")
+def _exp_minus_top(row: np.ndarray, top: float, bits: np.ndarray) -> float:  # pragma: no cover - compiled
+    """``row[i] <- exp(row[i] - top)`` in place for ``row [n]`` float32 with
+    ``top >= max(row)``; returns their sum. ``bits``: ``[>= n]`` int32 scratch."""
+    c5, c4, c3, c2, c1, c0 = _EXP2_POLY
+    n = row.shape[0]
+    for i in range(n):
+        y = max(row[i] - top, _EXP_FLOOR) * _LOG2E
+        whole = np.floor(y)
+        f = y - whole
+        row[i] = ((((c5 * f + c4) * f + c3) * f + c2) * f + c1) * f + c0
+        bits[i] = (np.int32(whole) + np.int32(127)) << np.int32(23)
+    powers = bits[:n].view(np.float32)
+    total = _F32(0.0)
+    for i in range(n):
+        w = row[i] * powers[i]
+        row[i] = w
+        total += w
+    return total
+
+
 def _compile_decode_attention(parallel: bool) -> Any:
     """The fused decode attention kernel; its ``prange`` loops run on numba's
     threads when ``parallel``, else as plain loops in the calling thread.
@@ -124,6 +163,12 @@ def _compile_decode_attention(parallel: bool) -> Any:
     is a closure variable: numba's disk cache keys a function by its bytecode
     and closure, not by its flags, and would otherwise load one compiled
     variant for both.
+
+    The inner loops run over 1-D row views (``k_cache[b, o, h]``, ``acc[h]``):
+    numba then computes one base address per row instead of a 4-D index per
+    element, and the loops vectorize (1.5x on the whole kernel at 8 to 64
+    sequences of 128 tokens against 4-D indexing, measured in one process).
+    Each K and V row is read once for the query heads of its KV head.
     """
 
     @numba.njit(parallel=parallel, fastmath=_FASTMATH, cache=True, nogil=True)
@@ -152,28 +197,26 @@ def _compile_decode_attention(parallel: bool) -> Any:
         #    task reads the context it ends.
         q = np.empty((num_seqs, num_heads, head_dim), dtype=np.float32)
         for seq in numba.prange(num_seqs):
-            pos = positions[seq]
             block, offset = slot_mapping[seq] // block_size, slot_mapping[seq] % block_size
+            cs, x = cos_sin[positions[seq]], qkv[seq]
             for kv_head in range(num_kv_heads):
                 k_at, v_at = k_base + kv_head * head_dim, v_base + kv_head * head_dim
+                k_row, v_row = k_cache[block, offset, kv_head], v_cache[block, offset, kv_head]
                 for d in range(half):
-                    cos, sin = cos_sin[pos, d], cos_sin[pos, half + d]
-                    x1, x2 = qkv[seq, k_at + d], qkv[seq, k_at + half + d]
-                    k_cache[block, offset, kv_head, d] = x1 * cos - x2 * sin
-                    k_cache[block, offset, kv_head, half + d] = x2 * cos + x1 * sin
+                    x1, x2 = x[k_at + d], x[k_at + half + d]
+                    k_row[d] = x1 * cs[d] - x2 * cs[half + d]
+                    k_row[half + d] = x2 * cs[d] + x1 * cs[half + d]
                 for d in range(head_dim):
-                    v_cache[block, offset, kv_head, d] = qkv[seq, v_at + d]
+                    v_row[d] = x[v_at + d]
             for head in range(num_heads):
-                q_at = head * head_dim
+                q_at, q_row = head * head_dim, q[seq, head]
                 for d in range(half):
-                    cos, sin = cos_sin[pos, d], cos_sin[pos, half + d]
-                    x1, x2 = qkv[seq, q_at + d], qkv[seq, q_at + half + d]
-                    q[seq, head, d] = (x1 * cos - x2 * sin) * scale32
-                    q[seq, head, half + d] = (x2 * cos + x1 * sin) * scale32
+                    x1, x2 = x[q_at + d], x[q_at + half + d]
+                    q_row[d] = (x1 * cs[d] - x2 * cs[half + d]) * scale32
+                    q_row[half + d] = (x2 * cs[d] + x1 * cs[half + d]) * scale32
         # 2. One task per (sequence, split): a split is a run of whole blocks of
         #    the context; it keeps its scores' max, the sum of their exponentials
         #    and the unnormalized weighted sum of V (split-K, as FlashDecoding).
-        #    Each cached token's K (then V) row of all KV heads is one contiguous read.
         tops = np.full((num_seqs, num_splits, num_heads), -np.inf, dtype=np.float32)
         sums = np.zeros((num_seqs, num_splits, num_heads), dtype=np.float32)
         accs = np.zeros((num_seqs, num_splits, num_heads, head_dim), dtype=np.float32)
@@ -187,46 +230,48 @@ def _compile_decode_attention(parallel: bool) -> Any:
             if first >= last:
                 continue
             scores = np.empty((num_heads, last - first), dtype=np.float32)
+            bits = np.empty(last - first, dtype=np.int32)
+            q_seq, acc = q[seq], accs[seq, split]
             for p in range(first, last):
                 b, o = block_tables[seq, p // block_size], p % block_size
-                for head in range(num_heads):
-                    kv_head = head // group
-                    dot = _F32(0.0)
-                    for d in range(head_dim):
-                        dot += q[seq, head, d] * k_cache[b, o, kv_head, d]
-                    scores[head, p - first] = dot
+                for kv_head in range(num_kv_heads):
+                    k_row = k_cache[b, o, kv_head]
+                    for head in range(kv_head * group, (kv_head + 1) * group):
+                        q_row = q_seq[head]
+                        dot = _F32(0.0)
+                        for d in range(head_dim):
+                            dot += q_row[d] * k_row[d]
+                        scores[head, p - first] = dot
             for head in range(num_heads):
                 top = scores[head].max()
-                total = _F32(0.0)
-                for i in range(last - first):
-                    w = np.exp(scores[head, i] - top)
-                    scores[head, i] = w
-                    total += w
                 tops[seq, split, head] = top
-                sums[seq, split, head] = total
+                sums[seq, split, head] = _exp_minus_top(scores[head], top, bits)
             for p in range(first, last):
                 b, o = block_tables[seq, p // block_size], p % block_size
-                for head in range(num_heads):
-                    kv_head = head // group
-                    w = scores[head, p - first]
-                    for d in range(head_dim):
-                        accs[seq, split, head, d] += w * v_cache[b, o, kv_head, d]
+                for kv_head in range(num_kv_heads):
+                    v_row = v_cache[b, o, kv_head]
+                    for head in range(kv_head * group, (kv_head + 1) * group):
+                        w, acc_row = scores[head, p - first], acc[head]
+                        for d in range(head_dim):
+                            acc_row[d] += w * v_row[d]
         # 3. Merge the splits: rescale each to the overall max (empty splits weigh 0).
         for seq in numba.prange(num_seqs):
             for head in range(num_heads):
                 top = tops[seq, :, head].max()
                 total = _F32(0.0)
-                for d in range(head_dim):
-                    out[seq, head, d] = 0.0
+                out_row = out[seq, head]
+                out_row[:] = 0.0
                 for split in range(num_splits):
                     if sums[seq, split, head] == 0.0:
                         continue
                     weight = np.exp(tops[seq, split, head] - top)
                     total += weight * sums[seq, split, head]
+                    acc_row = accs[seq, split, head]
                     for d in range(head_dim):
-                        out[seq, head, d] += weight * accs[seq, split, head, d]
+                        out_row[d] += weight * acc_row[d]
+                inv_total = _F32(1.0) / total
                 for d in range(head_dim):
-                    out[seq, head, d] /= total
+                    out_row[d] *= inv_total
 
     return kernel
 
