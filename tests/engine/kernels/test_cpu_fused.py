@@ -181,3 +181,26 @@ def test_a_single_task_runs_in_the_calling_thread(monkeypatch: pytest.MonkeyPatc
         )
         torch.testing.assert_close(out, want, **TOL)
     assert ran == ["_decode_attention_serial", "_decode_attention_kernel", "_decode_attention_kernel"]
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 300), spread=st.sampled_from([0.1, 5.0, 60.0, 200.0]), seed=st.integers(0, 2**16))
+def test_the_softmax_exp_is_exp_to_float32_rounding(n: int, spread: float, seed: int) -> None:
+    """The kernel's vectorizable exp against float64 ``exp`` of the same
+    float32 difference: the polynomial's 1.6e-7 plus the rounding of
+    ``y = (x - top) log2 e`` (relative ``|x - top| 2^-24``), and no denormal
+    or negative value far below the top score."""
+    import numpy as np
+
+    row = (np.random.default_rng(seed).standard_normal(n) * spread).astype(np.float32)
+    top = np.float32(row.max())
+    diff = (row - top).astype(np.float64)
+    want = np.exp(diff)
+    got = row.copy()
+    total = cpu_fused._exp_minus_top(got, top, np.empty(n, dtype=np.int32))
+    normal = diff > -87
+    bound = 2e-7 + 1e-7 * np.abs(diff[normal])
+    assert (np.abs(got[normal] / want[normal] - 1) <= bound).all()
+    assert ((got[~normal] >= 1e-38) & (got[~normal] <= 2e-38)).all(), "clamped at exp(-87), not denormal"
+    assert total == pytest.approx(want.sum(), rel=1e-6)
+    assert got.max() == pytest.approx(1.0, rel=3e-7)
