@@ -114,8 +114,9 @@ def check_model(settings: Settings) -> None:
     Raises:
         FileNotFoundError: the model path (or the bundled model) is missing.
         SettingsError: the path is not a model (a ``.gguf`` file, a
-            ``.safetensors`` file or a folder with ``config.json``), or the
-            device or backend is not available on this machine.
+            ``.safetensors`` file or a folder with ``config.json``), the
+            device or backend is not available on this machine, or no
+            kernel runs the linear format or KV cache dtype asked for.
     """
     model = settings.engine.model
     if model.path is None:
@@ -133,6 +134,34 @@ def check_model(settings: Settings) -> None:
                 "a .safetensors file or a folder with config.json"
             )
     _check_device(model.device, model.backend)
+    _check_formats(settings)
+
+
+def _check_formats(settings: Settings) -> None:
+    """Raise ``SettingsError`` for a linear format or KV dtype no kernel here runs
+    (the same choices the model runner makes at load, made before it loads)."""
+    import torch
+
+    from bargein.engine.model.linear import choose_linear_format
+    from bargein.engine.model_runner import choose_kv_cache_dtype
+
+    model = settings.engine.model
+    cuda = model.device == "cuda" or (model.device == "auto" and torch.cuda.is_available())
+    device = "cuda" if cuda else "cpu"
+    backend = model.backend if model.backend != "auto" else ("triton" if cuda else "torch")
+    try:
+        linear_format, _ = choose_linear_format(
+            model.quantization, model.linear_dtype, device_type=device, dtype=model.dtype
+        )
+        choose_kv_cache_dtype(
+            settings.engine.cache.dtype,
+            device_type=device,
+            backend=backend,
+            model_dtype=model.dtype,
+            linear_format=linear_format,
+        )
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from exc
 
 
 def _check_device(device: str, backend: str) -> None:

@@ -294,7 +294,7 @@ def _add_engine_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str
         "--quantization",
         m.quantization,
         str,
-        "linears on the CPU: auto (bf16 if the CPU has it, else int8 with VNNI), none or int8",
+        "linears on the CPU: auto (int8 with avx512_vnni, else bf16 if the CPU has it), none or int8",
     )
     _add(
         parser,
@@ -330,6 +330,15 @@ def _add_engine_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str
     _add(parser, env, "--block-size", CacheConfig().block_size, int, "tokens per KV block")
     _add(parser, env, "--num-blocks", None, int, "KV blocks (default: from --kv-cache-bytes)")
     _add(parser, env, "--kv-cache-bytes", CacheConfig().memory_bytes, int, "KV cache budget")
+    _add(
+        parser,
+        env,
+        "--kv-cache-dtype",
+        CacheConfig().dtype,
+        str,
+        "K/V dtype: auto (bfloat16 on the CPU under int8 or bf16 linears, else the model dtype), "
+        "float32, bfloat16 or float16",
+    )
     _add(
         parser,
         env,
@@ -602,7 +611,10 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                     linear_dtype=args.linear_dtype,
                 ),
                 cache=CacheConfig(
-                    block_size=args.block_size, num_blocks=args.num_blocks, memory_bytes=args.kv_cache_bytes
+                    block_size=args.block_size,
+                    num_blocks=args.num_blocks,
+                    memory_bytes=args.kv_cache_bytes,
+                    dtype=args.kv_cache_dtype,
                 ),
                 scheduler=SchedulerConfig(
                     max_num_seqs=args.max_num_seqs,

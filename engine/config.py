@@ -20,6 +20,8 @@ LinearDType = Literal["auto", "float32", "bfloat16"]
 BACKENDS: tuple[str, ...] = get_args(Backend)
 QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
 LINEAR_DTYPES: tuple[str, ...] = get_args(LinearDType)
+KVCacheDType = Literal["auto", "float32", "bfloat16", "float16"]
+KV_CACHE_DTYPES: tuple[str, ...] = get_args(KVCacheDType)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -38,12 +40,12 @@ class ModelConfig:
             ``None`` means ``~/.cache/bargein``.
         quantization: the linear layers (and the output head) on a CPU with
             ``dtype="float32"``: ``"int8"`` is W8A8 (int8 per-channel weights,
-            per-token dynamic int8 activations); ``"auto"`` is the fastest
-            format whose quality holds: bf16 on a CPU with bf16 dot products,
-            else as ``linear_dtype`` (int8 is faster at one row but misses the
-            quality target, docs/perf/quality.md, so it is only an explicit
-            choice); ``"none"`` never quantizes.
-            On CUDA ``auto`` keeps the model dtype.
+            per-token dynamic int8 activations, SmoothQuant-smoothed; steps
+            of a few rows run a 4-bit checkpoint's own weights); ``"auto"``
+            is the fastest format whose quality holds
+            (``linear.choose_linear_format``): int8 on a CPU with
+            avx512_vnni, else bf16 where it has bf16 dot products, else as
+            ``linear_dtype``; ``"none"`` never quantizes. On CUDA ``auto`` keeps the model dtype.
         linear_dtype: the weight/GEMM dtype of linears that are not int8:
             ``"auto"`` is bfloat16 where the CPU has bf16 dot products
             (avx512_bf16, amx_bf16), else float32. Exact fp32 (token for
@@ -82,11 +84,17 @@ class CacheConfig:
             ``memory_bytes``.
         memory_bytes: byte budget for K and V of all layers together, used
             when ``num_blocks`` is ``None``.
+        dtype: the K/V dtype (vLLM's ``--kv-cache-dtype``). ``"auto"`` is
+            bfloat16 on the CPU when the linears are not exact fp32 (int8 or
+            bf16: the step's attention reads half the bytes, and twice the
+            tokens fit), else the model dtype. The CPU kernels take float32
+            or bfloat16; on CUDA it must be the model dtype.
     """
 
     block_size: int = 16
     num_blocks: int | None = None
     memory_bytes: int = 512 * 1024 * 1024
+    dtype: KVCacheDType = "auto"
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -95,6 +103,8 @@ class CacheConfig:
             raise ValueError(f"{self.num_blocks=} must be >= 1")
         if self.memory_bytes < 1:
             raise ValueError(f"{self.memory_bytes=} must be >= 1")
+        if self.dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"dtype={self.dtype!r} must be one of {', '.join(KV_CACHE_DTYPES)}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -505,7 +505,7 @@ class LLMEngine:
 
 
 def _model_identity(runner: ModelRunnerLike) -> str:
-    """What besides the tokens decides a block's K/V: the model and the KV dtype.
+    """What besides the tokens decides a block's K/V: the model, its linears' format and the KV dtype.
 
     Seeds every prefix-cache hash chain. One pool serves one model, so this
     only matters once hashes leave the process (offloaded or shared KV), but
@@ -513,4 +513,5 @@ def _model_identity(runner: ModelRunnerLike) -> str:
     """
     kv_caches = getattr(runner, "kv_caches", None)
     dtype = getattr(kv_caches, "dtype", None)
-    return f"{getattr(runner, 'model_name', type(runner).__name__)}|{dtype}|{runner.block_size}"
+    linears = getattr(runner, "linear_format", None)
+    return f"{getattr(runner, 'model_name', type(runner).__name__)}|{linears}|{dtype}|{runner.block_size}"

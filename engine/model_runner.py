@@ -48,6 +48,37 @@ class SeqInput:
     sample: bool
 
 
+def choose_kv_cache_dtype(
+    requested: str, *, device_type: str, backend: str, model_dtype: str, linear_format: str
+) -> tuple[torch.dtype, str]:
+    """``(dtype, why)`` of the KV cache (``CacheConfig.dtype``).
+
+    ``"auto"``: bfloat16 on the CPU's torch backend when the linears are
+    int8 or bf16 (not exact fp32 already; measured in docs/perf/quality.md),
+    else the model dtype, so the exact fp32 mode stays token for token with
+    transformers.
+
+    Raises:
+        ValueError: a dtype the kernels do not read: with the Triton backend
+            anything but the model dtype (its kernels read the cache in the
+            query's dtype); on the CPU's torch backend anything but float32
+            or bfloat16 under a float32 model.
+    """
+    cpu_kernels = device_type == "cpu" and backend == "torch" and model_dtype == "float32"
+    if requested == "auto":
+        if cpu_kernels and linear_format in ("int8", "bfloat16"):
+            return torch.bfloat16, f"auto: {linear_format} linears -> bfloat16 K/V (half the bytes)"
+        return _DTYPES[model_dtype], f"auto: the model dtype ({model_dtype})"
+    if requested == model_dtype:
+        return _DTYPES[requested], f"kv_cache_dtype={requested}"
+    if cpu_kernels and requested == "bfloat16":
+        return torch.bfloat16, "kv_cache_dtype=bfloat16"
+    raise ValueError(
+        f"kv_cache_dtype={requested!r} cannot run with a {model_dtype} model on {device_type} ({backend}): "
+        "use auto or the model dtype (the CPU's torch backend also takes bfloat16 under a float32 model)"
+    )
+
+
 def _pick_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -102,7 +133,17 @@ class ModelRunner:
         ops = get_ops(backend)
         self.eos_token_ids = _eos_token_ids(loaded.config, loaded.folder, self.tokenizer)
         self.block_size = cache_config.block_size
-        self.kv_bytes_per_token = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * dtype.itemsize
+        kv_dtype, kv_why = choose_kv_cache_dtype(
+            cache_config.dtype,
+            device_type=self.device.type,
+            backend=backend,
+            model_dtype=model_config.dtype,
+            linear_format=self.linear_format,
+        )
+        logger.info("KV cache: %s (%s)", str(kv_dtype).removeprefix("torch."), kv_why)
+        self.kv_bytes_per_token = (
+            2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * kv_dtype.itemsize
+        )
         self.num_blocks = cache_config.num_blocks or cache_config.memory_bytes // (
             self.kv_bytes_per_token * self.block_size
         )
@@ -115,7 +156,7 @@ class ModelRunner:
             self.block_size,
             shape.num_kv_heads,
             shape.head_dim,
-            dtype=dtype,
+            dtype=kv_dtype,
             device=self.device,
         )
 

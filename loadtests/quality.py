@@ -50,20 +50,25 @@ BLOCK = 16
 CHUNK = 256
 PROMPT_LEN = 24
 
-# name -> (quantization, linear_dtype, head format override, down_proj format override)
+# name -> (quantization, linear_dtype, head format override, down_proj format override, KV dtype)
 # int8 is SmoothQuant-smoothed with its head and edge layers in bf16 (or fp32
-# without bf16): engine/model/smooth.py, ModelRunner._smoothed_int8
-FORMATS: dict[str, tuple[str, str, str | None, str | None]] = {
-    "fp32": ("none", "float32", None, None),
-    "bf16": ("none", "bfloat16", None, None),
-    "int8": ("int8", "auto", None, None),
-    "int8-few-rows": ("int8", "auto", None, None),
+# without bf16): engine/model/smooth.py, ModelRunner._smoothed_int8. The KV
+# dtype "auto" is what `bargein serve` runs (bfloat16 under int8 or bf16
+# linears); the "/kv-fp32" rows keep fp32 K/V to show what the bf16 cache costs.
+FORMATS: dict[str, tuple[str, str, str | None, str | None, str]] = {
+    "fp32": ("none", "float32", None, None, "auto"),
+    "bf16": ("none", "bfloat16", None, None, "auto"),
+    "bf16/kv-fp32": ("none", "bfloat16", None, None, "float32"),
+    "int8": ("int8", "auto", None, None, "auto"),
+    "int8/kv-fp32": ("int8", "auto", None, None, "float32"),
+    "int8-few-rows": ("int8", "auto", None, None, "auto"),
+    "int8-few-rows/kv-fp32": ("int8", "auto", None, None, "float32"),
 }
 # Formats measured a few rows at a time (teacher-forced in chunks of this many
 # rows, greedy one prompt at a time): where the int8 format runs the
 # checkpoint's 4-bit weights (steps of up to weight_only.MAX_ROWS rows), as a
 # voice user decoding alone does.
-FEW_ROWS = {"int8-few-rows": 4}
+FEW_ROWS = {"int8-few-rows": 4, "int8-few-rows/kv-fp32": 4}
 
 
 def _parse() -> argparse.Namespace:
@@ -76,10 +81,10 @@ def _parse() -> argparse.Namespace:
 
 
 def build(name: str, fp32_weights: dict[str, torch.Tensor], num_blocks: int, max_len: int) -> ModelRunner:
-    quant, linear_dtype, head, down = FORMATS[name]
+    quant, linear_dtype, head, down, kv = FORMATS[name]
     runner = ModelRunner(
         ModelConfig(device="cpu", quantization=quant, linear_dtype=linear_dtype),
-        CacheConfig(num_blocks=num_blocks, block_size=BLOCK),
+        CacheConfig(num_blocks=num_blocks, block_size=BLOCK, dtype=kv),  # type: ignore[arg-type]
         max_len,
     )
     model = runner.model
@@ -180,7 +185,8 @@ def main() -> None:
         top1 = float((ref_logp.argmax(-1) == logp.argmax(-1)).double().mean())
         prefix = sum(_prefix_share(a, b) for a, b in zip(outs, ref_greedy)) / max(1, len(outs))
         first32 = sum(a[:32] == b[:32] for a, b in zip(outs, ref_greedy)) / max(1, len(outs))
-        rows.append((name, runner.linear_format, kl, top1, nll, prefix, first32))
+        kv_dtype = str(runner.kv_caches.dtype).removeprefix("torch.")
+        rows.append((name, runner.linear_format, kv_dtype, kl, top1, nll, prefix, first32))
         print(
             f"{name:22s} KL {kl:.5f} top1 {top1:.4f} nll {nll:.4f} greedy-prefix {prefix:.3f} "
             f"first32 {first32:.3f} ({time.perf_counter() - t0:.0f}s)",
@@ -209,13 +215,13 @@ def report(args: argparse.Namespace, rows: list[tuple], n_tokens: int, auto: str
         f"{FEW_ROWS['int8-few-rows']} rows, greedy one prompt alone): the steps of up to "
         f"{MAX_ROWS} rows, which run the checkpoint's 4-bit weights (`engine/model/weight_only.py`).",
         "",
-        "| format | linears | mean KL vs fp32 (nats/token) | top-1 agreement | NLL (ppl) "
+        "| format | linears | K/V | mean KL vs fp32 (nats/token) | top-1 agreement | NLL (ppl) "
         "| greedy: tokens before first divergence | greedy: first 32 identical |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "|---|---|---|---:|---:|---:|---:|---:|",
     ]
-    for name, fmt, kl, top1, nll, prefix, first32 in rows:
+    for name, fmt, kv_dtype, kl, top1, nll, prefix, first32 in rows:
         lines.append(
-            f"| {name} | {fmt} | {kl:.5f} | {top1:.2%} | {nll:.4f} ({math.exp(nll):.2f}) "
+            f"| {name} | {fmt} | {kv_dtype} | {kl:.5f} | {top1:.2%} | {nll:.4f} ({math.exp(nll):.2f}) "
             f"| {prefix:.1%} | {first32:.0%} |"
         )
     lines += [

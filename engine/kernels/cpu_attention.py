@@ -12,8 +12,9 @@ head (``h // (Hq / Hk)``), a softmax over them (max-subtracted, in float32),
 and the weighted sum of V. numba compiles it
 once per machine (cached on disk) and runs the tasks on its thread pool.
 
-Only float32 runs here (numba has no bfloat16); other dtypes, and tensors
-not on the CPU, take the torch reference.
+Float32 queries run here, over a float32 or bfloat16 cache (read through
+``cpu_kv``; numba has no bfloat16 type); other dtypes, and tensors not on
+the CPU, take the torch reference.
 """
 
 from __future__ import annotations
@@ -24,11 +25,22 @@ import numba
 import numpy as np
 import torch
 
+from bargein.engine.kernels.cpu_kv import KERNEL_DTYPES, kernel_view, load
 from bargein.engine.kernels.paged_attention import paged_attention_decode_ref, paged_attention_prefill_ref
 
 # Reassociation lets LLVM vectorize the dot products and sums over the head
 # dimension; no "nnan"/"ninf": the running max starts at -inf.
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
+
+
+def _takes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    return (
+        q.dtype == torch.float32
+        and q.device.type == "cpu"
+        and k_cache.device.type == "cpu"
+        and k_cache.dtype in KERNEL_DTYPES
+        and v_cache.dtype == k_cache.dtype
+    )
 
 
 @numba.njit(parallel=True, fastmath=_FASTMATH, cache=True, nogil=True)
@@ -53,10 +65,10 @@ def _decode_kernel(
         for pos in range(length):
             block, offset = block_tables[seq, pos // block_size], pos % block_size
             for head in range(num_heads):
-                kv_head = head // group
+                k_row = k_cache[block, offset, head // group]
                 dot = np.float32(0.0)
                 for d in range(head_dim):
-                    dot += q[seq, head, d] * k_cache[block, offset, kv_head, d]
+                    dot += q[seq, head, d] * load(k_row, d)
                 scores[head, pos] = dot * scale32
         for head in range(num_heads):
             top = scores[head].max()
@@ -71,9 +83,9 @@ def _decode_kernel(
             block, offset = block_tables[seq, pos // block_size], pos % block_size
             for head in range(num_heads):
                 weight = scores[head, pos]
-                kv_head = head // group
+                v_row = v_cache[block, offset, head // group]
                 for d in range(head_dim):
-                    acc[head, d] += weight * v_cache[block, offset, kv_head, d]
+                    acc[head, d] += weight * load(v_row, d)
         out[seq] = acc
 
 
@@ -92,13 +104,13 @@ def paged_attention_decode_cpu(
     block are not read. Float32 CPU tensors run the numba kernel; anything
     else takes the reference.
     """
-    if q.dtype != torch.float32 or q.device.type != "cpu" or k_cache.dtype != torch.float32:
+    if not _takes(q, k_cache, v_cache):
         return paged_attention_decode_ref(q, k_cache, v_cache, block_tables, seq_lens, scale)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     _decode_kernel(
         q.contiguous().numpy(),
-        k_cache.numpy(),
-        v_cache.numpy(),
+        kernel_view(k_cache),
+        kernel_view(v_cache),
         block_tables.to(torch.int32).contiguous().numpy(),
         seq_lens.to(torch.int32).contiguous().numpy(),
         float(scale),
@@ -133,12 +145,13 @@ def _prefill_kernel(
         scores = np.full((n, group, length), -np.inf, dtype=np.float32)
         for pos in range(length):
             block, offset = block_tables[seq, pos // block_size], pos % block_size
+            k_row = k_cache[block, offset, kv_head]
             for j in range(max(0, pos - context), n):  # causal: rows at or after pos
                 for g in range(group):
                     head = kv_head * group + g
                     dot = np.float32(0.0)
                     for d in range(head_dim):
-                        dot += q[first + j, head, d] * k_cache[block, offset, kv_head, d]
+                        dot += q[first + j, head, d] * load(k_row, d)
                     scores[j, g, pos] = dot * scale32
         for j in range(n):
             visible = context + j + 1
@@ -154,11 +167,12 @@ def _prefill_kernel(
         acc = np.zeros((n, group, head_dim), dtype=np.float32)
         for pos in range(length):
             block, offset = block_tables[seq, pos // block_size], pos % block_size
+            v_row = v_cache[block, offset, kv_head]
             for j in range(max(0, pos - context), n):
                 for g in range(group):
                     weight = scores[j, g, pos]
                     for d in range(head_dim):
-                        acc[j, g, d] += weight * v_cache[block, offset, kv_head, d]
+                        acc[j, g, d] += weight * load(v_row, d)
         for j in range(n):
             for g in range(group):
                 out[first + j, kv_head * group + g] = acc[j, g]
@@ -195,21 +209,15 @@ def paged_attention_prefill_cpu(
     """
     starts = query_start_loc.tolist()
     lengths = [b - a for a, b in itertools.pairwise(starts)]
-    if (
-        q.dtype != torch.float32
-        or q.device.type != "cpu"
-        or k_cache.dtype != torch.float32
-        or not lengths
-        or max(lengths) > SHORT_CHUNK_TOKENS
-    ):
+    if not _takes(q, k_cache, v_cache) or not lengths or max(lengths) > SHORT_CHUNK_TOKENS:
         return paged_attention_prefill_ref(
             q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale
         )
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     _prefill_kernel(
         q.contiguous().numpy(),
-        k_cache.numpy(),
-        v_cache.numpy(),
+        kernel_view(k_cache),
+        kernel_view(v_cache),
         block_tables.to(torch.int32).contiguous().numpy(),
         query_start_loc.to(torch.int32).contiguous().numpy(),
         seq_lens.to(torch.int32).contiguous().numpy(),

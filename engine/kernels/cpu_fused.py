@@ -16,8 +16,9 @@ Same contracts as the torch references (``rms_norm_ref``,
 ``rotary_embedding_ref`` + ``write_kv_cache_ref`` +
 ``paged_attention_decode_ref``) they are tested against. The sums run in
 float32 with reassociation (SIMD order), so results match the references
-to float32 rounding, not bit for bit. Only float32 CPU tensors are taken:
-the wrappers hand anything else to the reference.
+to float32 rounding, not bit for bit. Only float32 CPU tensors are taken
+(and a bfloat16 KV cache, read and written through ``cpu_kv``): the
+wrappers hand anything else to the reference.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import numba
 import numpy as np
 import torch
 
+from bargein.engine.kernels.cpu_kv import KERNEL_DTYPES, kernel_view, load, store
 from bargein.engine.kernels.kv_cache_write import write_kv_cache_ref
 from bargein.engine.kernels.paged_attention import paged_attention_decode_ref
 from bargein.engine.kernels.rms_norm import rms_norm_ref
@@ -131,7 +133,9 @@ _EXP_FLOOR = _F32(-87.0)
 
 
 @numba.njit(fastmath=_FASTMATH, cache=True, nogil=True, inline="always")
-def _exp_minus_top(row: np.ndarray, top: float, bits: np.ndarray) -> float:  # pragma: no cover - compiled
+def _exp_minus_top(
+    row: np.ndarray, top: float, bits: np.ndarray
+) -> np.float32:  # pragma: no cover - compiled
     """``row[i] <- exp(row[i] - top)`` in place for ``row [n]`` float32 with
     ``top >= max(row)``; returns their sum. ``bits``: ``[>= n]`` int32 scratch."""
     c5, c4, c3, c2, c1, c0 = _EXP2_POLY
@@ -204,10 +208,10 @@ def _compile_decode_attention(parallel: bool) -> Any:
                 k_row, v_row = k_cache[block, offset, kv_head], v_cache[block, offset, kv_head]
                 for d in range(half):
                     x1, x2 = x[k_at + d], x[k_at + half + d]
-                    k_row[d] = x1 * cs[d] - x2 * cs[half + d]
-                    k_row[half + d] = x2 * cs[d] + x1 * cs[half + d]
+                    store(k_row, d, x1 * cs[d] - x2 * cs[half + d])
+                    store(k_row, half + d, x2 * cs[d] + x1 * cs[half + d])
                 for d in range(head_dim):
-                    v_row[d] = x[v_at + d]
+                    store(v_row, d, x[v_at + d])
             for head in range(num_heads):
                 q_at, q_row = head * head_dim, q[seq, head]
                 for d in range(half):
@@ -240,7 +244,7 @@ def _compile_decode_attention(parallel: bool) -> Any:
                         q_row = q_seq[head]
                         dot = _F32(0.0)
                         for d in range(head_dim):
-                            dot += q_row[d] * k_row[d]
+                            dot += q_row[d] * load(k_row, d)
                         scores[head, p - first] = dot
             for head in range(num_heads):
                 top = scores[head].max()
@@ -253,7 +257,7 @@ def _compile_decode_attention(parallel: bool) -> Any:
                     for head in range(kv_head * group, (kv_head + 1) * group):
                         w, acc_row = scores[head, p - first], acc[head]
                         for d in range(head_dim):
-                            acc_row[d] += w * v_row[d]
+                            acc_row[d] += w * load(v_row, d)
         # 3. Merge the splits: rescale each to the overall max (empty splits weigh 0).
         for seq in numba.prange(num_seqs):
             for head in range(num_heads):
@@ -314,8 +318,9 @@ def decode_attention(
             q heads then k heads then v heads.
         positions: ``[B]`` int64.
         cos_sin_cache: ``[max_pos, D]`` float32 (``build_cos_sin_cache``).
-        k_cache, v_cache: ``[num_blocks, block_size, Hk, D]`` float32, this
-            step's rows written in place.
+        k_cache, v_cache: ``[num_blocks, block_size, Hk, D]`` float32 or
+            bfloat16 (same for both), this step's rows written in place
+            (rounded to nearest even in bfloat16); the sums run in float32.
         slot_mapping: ``[B]`` int64 cache slots.
         block_tables: ``[B, max_blocks]`` int32.
         seq_lens: ``[B]`` int32, tokens in the cache after this step.
@@ -327,7 +332,12 @@ def decode_attention(
     """
     num_seqs = qkv.shape[0]
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    if not _takes(qkv, k_cache, v_cache, cos_sin_cache):
+    if (
+        not _takes(qkv, cos_sin_cache)
+        or k_cache.dtype not in KERNEL_DTYPES
+        or v_cache.dtype != k_cache.dtype
+        or k_cache.device.type != "cpu"
+    ):
         q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], -1)
         q, k = rotary_embedding_ref(
             q.reshape(num_seqs, num_heads, head_dim),
@@ -345,8 +355,8 @@ def decode_attention(
         qkv.contiguous().numpy(),
         positions.numpy(),
         cos_sin_cache.numpy(),
-        k_cache.numpy(),
-        v_cache.numpy(),
+        kernel_view(k_cache),
+        kernel_view(v_cache),
         slot_mapping.numpy(),
         block_tables.to(torch.int32).numpy(),
         seq_lens.numpy(),

@@ -43,7 +43,8 @@ def paged_attention_decode_ref(
 
     Args:
         q: ``[B, Hq, D]``, the query of each sequence's newest token.
-        k_cache, v_cache: ``[num_blocks, block_size, Hk, D]``.
+        k_cache, v_cache: ``[num_blocks, block_size, Hk, D]``, any float
+            dtype (read as ``q.dtype``).
         block_tables: ``[B, max_blocks]`` int32; entries past a sequence's
             last block must be valid block ids (they are masked).
         seq_lens: ``[B]`` int32, tokens in the cache (including the new one).
@@ -56,8 +57,8 @@ def paged_attention_decode_ref(
     max_len = int(seq_lens.max())
     num_blocks = -(-max_len // block_size)
     block_ids = block_tables[:, :num_blocks].long()
-    k = _gather(k_cache, block_ids).transpose(1, 2)  # [B, Hk, L, D]
-    v = _gather(v_cache, block_ids).transpose(1, 2)
+    k = _gather(k_cache, block_ids).transpose(1, 2).to(q.dtype)  # [B, Hk, L, D]
+    v = _gather(v_cache, block_ids).transpose(1, 2).to(q.dtype)
     positions = torch.arange(k.shape[2], device=q.device)
     mask = (positions[None, :] < seq_lens[:, None]).view(q.shape[0], 1, 1, -1)
     out = F.scaled_dot_product_attention(
@@ -104,7 +105,8 @@ def paged_attention_prefill_ref(
 
     Args:
         q: ``[T, Hq, D]`` queries of all sequences, concatenated.
-        k_cache, v_cache: ``[num_blocks, block_size, Hk, D]``.
+        k_cache, v_cache: ``[num_blocks, block_size, Hk, D]``, any float
+            dtype (read as ``q.dtype``).
         block_tables: ``[S, max_blocks]`` int32.
         query_start_loc: ``[S + 1]`` int32 cumulative query lengths.
         seq_lens: ``[S]`` int32 total tokens of each sequence after the chunk.
@@ -118,8 +120,8 @@ def paged_attention_prefill_ref(
     out = torch.empty_like(q)
     for s, seq_len in enumerate(seq_lens.tolist()):
         block_ids = block_tables[s, : -(-seq_len // block_size)].long()
-        k = _gather(k_cache, block_ids)[:seq_len]
-        v = _gather(v_cache, block_ids)[:seq_len]
+        k = _gather(k_cache, block_ids)[:seq_len].to(q.dtype)
+        v = _gather(v_cache, block_ids)[:seq_len].to(q.dtype)
         out[starts[s] : starts[s + 1]] = _prefill_one(q[starts[s] : starts[s + 1]], k, v, scale)
     return out
 

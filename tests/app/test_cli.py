@@ -42,6 +42,8 @@ def test_flags_reach_every_component() -> None:
             "redis://localhost:6379/0",
             "--debug-endpoints",
             "true",
+            "--kv-cache-dtype",
+            "float32",
         ],
         env={},
     )
@@ -50,6 +52,7 @@ def test_flags_reach_every_component() -> None:
     assert settings.engine.scheduler.max_num_seqs == 8
     assert settings.engine.scheduler.max_model_len == 1024
     assert settings.engine.cache.num_blocks == 300
+    assert settings.engine.cache.dtype == "float32"
     assert (settings.session.max_tokens, settings.session.default_max_tokens) == (128, 64)
     assert settings.server.log_backend == "redis"  # a Redis URL implies the backend
     assert settings.server.debug_endpoints is True
@@ -62,12 +65,15 @@ def test_environment_gives_defaults_and_flags_win() -> None:
     assert settings.session.max_tokens == 99
 
 
-@pytest.mark.parametrize("argv", [["--port", "70000"], ["--max-num-seqs", "0"], ["--log-backend", "redis"]])
+@pytest.mark.parametrize(
+    "argv",
+    [["--port", "70000"], ["--max-num-seqs", "0"], ["--log-backend", "redis"], ["--kv-cache-dtype", "fp8"]],
+)
 def test_out_of_range_values_are_refused_with_the_field_named(argv: list[str]) -> None:
     with pytest.raises(SettingsError) as refused:
         parse_serve_args(argv, env={})
     name = argv[0].lstrip("-").replace("-", "_")
-    assert name in str(refused.value) or "redis_url" in str(refused.value)
+    assert any(n in str(refused.value) for n in (name, "redis_url", "dtype="))
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -92,6 +98,7 @@ def test_serve_refuses_a_bad_flag_and_a_missing_model_clearly() -> None:
         (["--dtype", "float13"], "dtype='float13' must be one of"),
         (["--model", "README.md"], "is not a model"),
         (["--model", "/tmp"], "is not a model"),
+        (["--kv-cache-dtype", "float16"], "kv_cache_dtype='float16' cannot run with a float32 model on cpu"),
     ],
 )
 def test_serve_refuses_what_cannot_serve_before_starting(argv: list[str], message: str) -> None:

@@ -100,6 +100,8 @@ def test_format_generates_and_agrees_with_fp32(model_config: ModelConfig, fp32_g
     else:
         assert isinstance(layers[0].qkv, kind) and isinstance(runner.model.lm_head, kind)
     assert runner.model.embed.dtype == torch.float32  # the lookup keeps fp32
+    # K/V in bf16 (CacheConfig.dtype auto): half the bytes of fp32's
+    assert runner.kv_caches.dtype == torch.bfloat16 and runner.kv_bytes_per_token == 2 * 30 * 3 * 64 * 2
     _, prompts, want = fp32_greedy
     free = _steps(runner, prompts[0], None)
     assert len(free) == TOKENS and runner.tokenizer.decode(free[:3]).strip().startswith("Paris")

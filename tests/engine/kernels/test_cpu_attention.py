@@ -51,11 +51,21 @@ def test_matches_the_reference(hq: int, hk: int, block_size: int) -> None:
     block_size=st.sampled_from([1, 3, 16, 32]),
     scale=st.floats(0.01, 2.0),
     seed=st.integers(0, 2**16),
+    cache_dtype=st.sampled_from([torch.float32, torch.bfloat16]),
 )
 def test_random_shapes_match_the_reference(
-    lens: list[int], group: int, hk: int, d: int, block_size: int, scale: float, seed: int
+    lens: list[int],
+    group: int,
+    hk: int,
+    d: int,
+    block_size: int,
+    scale: float,
+    seed: int,
+    cache_dtype: torch.dtype,
 ) -> None:
+    """A float32 or bfloat16 cache (the reference reads bfloat16 as float32, as the kernel does)."""
     q, k_cache, v_cache, table, seq_lens = _inputs(lens, group * hk, hk, d, block_size, seed)
+    k_cache, v_cache = k_cache.to(cache_dtype), v_cache.to(cache_dtype)
     q_before, k_before = q.clone(), k_cache.clone()
     out = paged_attention_decode_cpu(q, k_cache, v_cache, table, seq_lens, scale)
     want = paged_attention_decode_ref(q, k_cache, v_cache, table, seq_lens, scale)
@@ -91,14 +101,23 @@ def test_other_dtypes_take_the_reference() -> None:
     d=st.sampled_from([8, 64]),
     block_size=st.sampled_from([1, 5, 16]),
     seed=st.integers(0, 2**16),
+    cache_dtype=st.sampled_from([torch.float32, torch.bfloat16]),
 )
 def test_prefill_chunks_match_the_reference(
-    chunks: list[tuple[int, int]], group: int, hk: int, d: int, block_size: int, seed: int
+    chunks: list[tuple[int, int]],
+    group: int,
+    hk: int,
+    d: int,
+    block_size: int,
+    seed: int,
+    cache_dtype: torch.dtype,
 ) -> None:
     """Chunks of ``n`` new tokens after ``cached`` ones: short ones run as decode
-    rows on numba, long ones (over SHORT_CHUNK_TOKENS) take the reference."""
+    rows on numba, long ones (over SHORT_CHUNK_TOKENS) take the reference; over
+    a float32 or a bfloat16 cache."""
     totals = [n + cached for n, cached in chunks]
     _, k_cache, v_cache, table, seq_lens = _inputs(totals, group * hk, hk, d, block_size, seed)
+    k_cache, v_cache = k_cache.to(cache_dtype), v_cache.to(cache_dtype)
     gen = torch.Generator().manual_seed(seed + 1)
     q = torch.randn(sum(n for n, _ in chunks), group * hk, d, generator=gen)
     starts = torch.tensor([0, *itertools.accumulate(n for n, _ in chunks)], dtype=torch.int32)
