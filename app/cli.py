@@ -140,15 +140,12 @@ def check_model(settings: Settings) -> None:
 def _check_formats(settings: Settings) -> None:
     """Raise ``SettingsError`` for a linear format or KV dtype no kernel here runs
     (the same choices the model runner makes at load, made before it loads)."""
-    import torch
-
     from bargein.engine.model.linear import choose_linear_format
-    from bargein.engine.model_runner import choose_kv_cache_dtype
+    from bargein.engine.model_runner import choose_kv_cache_dtype, placement
 
     model = settings.engine.model
-    cuda = model.device == "cuda" or (model.device == "auto" and torch.cuda.is_available())
-    device = "cuda" if cuda else "cpu"
-    backend = model.backend if model.backend != "auto" else ("triton" if cuda else "torch")
+    where, backend = placement(model)
+    device = where.type
     try:
         linear_format, _ = choose_linear_format(
             model.quantization, model.linear_dtype, device_type=device, dtype=model.dtype

@@ -14,7 +14,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -79,10 +79,17 @@ def choose_kv_cache_dtype(
     )
 
 
-def _pick_device(device: str) -> torch.device:
+def placement(model_config: ModelConfig) -> tuple[torch.device, Literal["torch", "triton"]]:
+    """``(device, kernel backend)`` the model runs on: ``"auto"`` device is CUDA
+    when present, else the CPU; ``"auto"`` backend is ``triton`` on CUDA, ``torch``
+    on the CPU."""
+    device = model_config.device
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    backend = model_config.backend
+    if backend == "auto":
+        return torch.device(device), "triton" if device == "cuda" else "torch"
+    return torch.device(device), backend
 
 
 def _padded(tables: list[Sequence[int]], widths: list[int]) -> list[list[int]]:
@@ -109,12 +116,9 @@ class ModelRunner:
     """
 
     def __init__(self, model_config: ModelConfig, cache_config: CacheConfig, max_model_len: int) -> None:
-        self.device = _pick_device(model_config.device)
+        self.device, backend = placement(model_config)
         if self.device.type == "cpu":
             torch.set_num_threads(os.cpu_count() or 1)
-        backend = model_config.backend
-        if backend == "auto":
-            backend = "triton" if self.device.type == "cuda" else "torch"
         dtype = _DTYPES[model_config.dtype]
         self.linear_format, why = choose_linear_format(
             model_config.quantization,

@@ -25,7 +25,7 @@ import numba
 import numpy as np
 import torch
 
-from bargein.engine.kernels.cpu_kv import KERNEL_DTYPES, kernel_view, load
+from bargein.engine.kernels.cpu_kv import kernel_view, load, takes_caches
 from bargein.engine.kernels.paged_attention import paged_attention_decode_ref, paged_attention_prefill_ref
 
 # Reassociation lets LLVM vectorize the dot products and sums over the head
@@ -34,13 +34,7 @@ _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 
 
 def _takes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
-    return (
-        q.dtype == torch.float32
-        and q.device.type == "cpu"
-        and k_cache.device.type == "cpu"
-        and k_cache.dtype in KERNEL_DTYPES
-        and v_cache.dtype == k_cache.dtype
-    )
+    return q.dtype == torch.float32 and q.device.type == "cpu" and takes_caches(k_cache, v_cache)
 
 
 @numba.njit(parallel=True, fastmath=_FASTMATH, cache=True, nogil=True)

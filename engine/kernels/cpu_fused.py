@@ -29,7 +29,7 @@ import numba
 import numpy as np
 import torch
 
-from bargein.engine.kernels.cpu_kv import KERNEL_DTYPES, kernel_view, load, store
+from bargein.engine.kernels.cpu_kv import kernel_view, load, store, takes_caches
 from bargein.engine.kernels.kv_cache_write import write_kv_cache_ref
 from bargein.engine.kernels.paged_attention import paged_attention_decode_ref
 from bargein.engine.kernels.rms_norm import rms_norm_ref
@@ -332,12 +332,7 @@ def decode_attention(
     """
     num_seqs = qkv.shape[0]
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    if (
-        not _takes(qkv, cos_sin_cache)
-        or k_cache.dtype not in KERNEL_DTYPES
-        or v_cache.dtype != k_cache.dtype
-        or k_cache.device.type != "cpu"
-    ):
+    if not _takes(qkv, cos_sin_cache) or not takes_caches(k_cache, v_cache):
         q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], -1)
         q, k = rotary_embedding_ref(
             q.reshape(num_seqs, num_heads, head_dim),

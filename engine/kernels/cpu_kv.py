@@ -29,6 +29,12 @@ from numba.extending import intrinsic, overload
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
 
+def takes_caches(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """The numba kernels read these caches: both on the CPU, of one dtype in
+    ``KERNEL_DTYPES``."""
+    return k_cache.device.type == "cpu" and k_cache.dtype in KERNEL_DTYPES and v_cache.dtype == k_cache.dtype
+
+
 def kernel_view(cache: torch.Tensor) -> np.ndarray:
     """The numpy array a kernel gets for ``cache``: float32 as is, bfloat16
     as its int16 bits (no copy either way). Raises ValueError for other dtypes."""
