@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -320,30 +320,60 @@ async def test_a_node_shutting_down_hands_its_streams_to_the_node_they_resume_on
     await on_c.ws.close()
 
 
+async def engine_idle(node: Node, timeout_s: float = 60.0) -> bool:
+    """Whether ``node``'s engine runs and queues nothing within ``timeout_s``.
+
+    Its generated-token counter is node-wide: a stream an earlier test left
+    to it (a takeover during a primary failover finishes on its own time)
+    would count into the next test's tokens."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        stats = node.engine()
+        if stats["num_running"] == 0 and stats["num_waiting"] == 0:
+            return True
+        await asyncio.sleep(0.2)
+    return False
+
+
+async def check_killed_owner_is_continued(
+    a: Node, b: Node, reference: Reader, last_logged_offset: Callable[[str], int]
+) -> None:
+    """A answers the reference prompt and is SIGKILLed after 25 tokens; a
+    resume on B continues the stream from its log: the text is the
+    reference's, B generates exactly the tokens past the last logged offset
+    (``last_logged_offset(stream_id)``) and counts one takeover."""
+    assert await engine_idle(b), "B still generates an earlier test's stream"
+    takeovers = b.debug()["cluster"]["takeovers"]
+    on_a, created = await create(a.ws_url)
+    on_b: Reader | None = None
+    try:
+        await on_a.until_end(25)
+        a.proc.send_signal(signal.SIGKILL)
+        a.proc.wait(timeout=10)
+        seen_end, seen_text = on_a.end, on_a.text
+        last_logged = last_logged_offset(created["stream_id"])
+        assert seen_end <= last_logged < reference.end, "A must die mid-answer"
+        generated_on_b = b.engine()["num_generated_tokens"]
+        on_b = await resume(b.ws_url, created, seen_end)
+        done = await on_b.until_done()
+        assert seen_text + on_b.text == reference.text
+        assert contiguous(on_b.deltas, seen_end)
+        assert done["end"] == reference.end and done["finish_reason"] == reference.done["finish_reason"]
+        assert done["usage"]["completion_tokens"] == reference.end
+        assert b.engine()["num_generated_tokens"] - generated_on_b == reference.end - last_logged
+        assert b.debug()["cluster"]["takeovers"] == takeovers + 1
+    finally:  # a failed assertion must not leak the sockets into the next test's warnings
+        await on_a.ws.close()
+        if on_b is not None:
+            await on_b.ws.close()
+
+
 async def test_when_the_owner_is_killed_the_resuming_node_continues_the_stream_exactly(
     nodes: dict[str, Node], reference: Reader, redis_server: str
 ) -> None:
-    a, b = nodes["a"], nodes["b"]
-    takeovers = b.debug()["cluster"]["takeovers"]
-
-    on_a, created = await create(a.ws_url)
-    await on_a.until_end(25)
-    a.proc.send_signal(signal.SIGKILL)
-    a.proc.wait(timeout=10)
-    seen_end, seen_text = on_a.end, on_a.text
-    last_logged = last_logged_offset(redis_server, created["stream_id"])
-    assert seen_end <= last_logged < reference.end, "A must die mid-answer"
-    generated_on_b = b.engine()["num_generated_tokens"]
-
-    on_b = await resume(b.ws_url, created, seen_end)
-    done = await on_b.until_done()
-    assert seen_text + on_b.text == reference.text
-    assert contiguous(on_b.deltas, seen_end)
-    assert done["end"] == reference.end and done["finish_reason"] == reference.done["finish_reason"]
-    assert done["usage"]["completion_tokens"] == reference.end
-    assert b.engine()["num_generated_tokens"] - generated_on_b == reference.end - last_logged
-    assert b.debug()["cluster"]["takeovers"] == takeovers + 1
-    await on_b.ws.close()
+    await check_killed_owner_is_continued(
+        nodes["a"], nodes["b"], reference, lambda stream_id: last_logged_offset(redis_server, stream_id)
+    )
 
 
 async def sse_resume(node: Node, stream_id: str, from_: int) -> tuple[str, list[int], str]:

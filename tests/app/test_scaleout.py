@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import tempfile
 import time
 from collections.abc import Iterator
@@ -31,6 +30,7 @@ from tests.app.test_multinode import (
     MAX_TOKENS,
     Node,
     Reader,
+    check_killed_owner_is_continued,
     contiguous,
     create,
     resume,
@@ -234,45 +234,9 @@ async def subscribed_again(cluster: RedisClusterServers, channel: str, timeout_s
     return False
 
 
-async def engine_idle(node: Node, timeout_s: float = 60.0) -> bool:
-    """Whether ``node``'s engine runs and queues nothing within ``timeout_s``.
-
-    Its generated-token counter is node-wide: a stream an earlier test left
-    to it (a takeover during a primary failover finishes on its own time)
-    would count into the next test's tokens."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        stats = node.engine()
-        if stats["num_running"] == 0 and stats["num_waiting"] == 0:
-            return True
-        await asyncio.sleep(0.2)
-    return False
-
-
 async def test_when_the_owner_is_killed_the_resuming_node_continues_the_stream_exactly(
     nodes: dict[str, Node], reference: Reader, deployment: Deployment
 ) -> None:
-    a, b = nodes["a"], nodes["b"]
-    assert await engine_idle(b), "B still generates an earlier test's stream"
-    takeovers = b.debug()["cluster"]["takeovers"]
-    on_a, created = await create(a.ws_url)
-    on_b: Reader | None = None
-    try:
-        await on_a.until_end(25)
-        a.proc.send_signal(signal.SIGKILL)
-        a.proc.wait(timeout=10)
-        seen_end, seen_text = on_a.end, on_a.text
-        last_logged = last_logged_offset(deployment, created["stream_id"])
-        assert seen_end <= last_logged < reference.end, "A must die mid-answer"
-        generated_on_b = b.engine()["num_generated_tokens"]
-        on_b = await resume(b.ws_url, created, seen_end)
-        done = await on_b.until_done()
-        assert seen_text + on_b.text == reference.text
-        assert contiguous(on_b.deltas, seen_end)
-        assert done["end"] == reference.end and done["finish_reason"] == reference.done["finish_reason"]
-        assert b.engine()["num_generated_tokens"] - generated_on_b == reference.end - last_logged
-        assert b.debug()["cluster"]["takeovers"] == takeovers + 1
-    finally:  # a failed assertion must not leak the sockets into the next test's warnings
-        await on_a.ws.close()
-        if on_b is not None:
-            await on_b.ws.close()
+    await check_killed_owner_is_continued(
+        nodes["a"], nodes["b"], reference, lambda stream_id: last_logged_offset(deployment, stream_id)
+    )
