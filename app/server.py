@@ -109,10 +109,13 @@ def load_runner(settings: Settings, progress: Progress) -> Any:
     from bargein.engine.engine import LLMEngine
     from bargein.engine.runner import EngineRunner
 
-    engine = LLMEngine.from_config(settings.engine)
-    progress("weights and KV cache")
-    runner = EngineRunner(engine)
-    runner.start()
+    def build() -> LLMEngine:
+        engine = LLMEngine.from_config(settings.engine)
+        progress("weights and KV cache")
+        return engine
+
+    # loaded on the thread that will step it (EngineRunner.build_and_start says why)
+    runner = EngineRunner.build_and_start(build)
     progress("engine thread")
     return runner
 

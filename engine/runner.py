@@ -19,6 +19,7 @@ import enum
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,8 +87,47 @@ class EngineRunner:
 
     # ---- lifecycle ----------------------------------------------------------
 
+    @classmethod
+    def build_and_start(cls, build: Callable[[], LLMEngine]) -> EngineRunner:
+        """Build the engine on a new engine thread, start the loop there, return once it runs.
+
+        The thread that steps the engine must be the one that loaded it.
+        libgomp (torch's OpenMP, and numba's) keeps a team of worker threads
+        for every thread that ran a parallel region, for that thread's life;
+        once its teams hold more threads than there are CPUs, it cuts every
+        wait's spin to a few hundred iterations, and each of the ~250
+        parallel regions of a decode step then pays a futex wake-up. A
+        model loaded on one thread and stepped on another does exactly that:
+        measured on 2 cores, one sequence, a decode step took 24.1 ms
+        instead of 15.0 ms (docs/perf/wait-policy.md).
+
+        Raises:
+            whatever ``build`` raises (missing weights, a bad config),
+            re-raised on the calling thread; no thread is left behind.
+        """
+        built: Future[EngineRunner] = Future()
+
+        def main() -> None:
+            try:
+                runner = cls(build())
+            except BaseException as exc:
+                built.set_exception(exc)
+                return
+            with runner._cond:
+                runner._state = _State.RUNNING
+                runner._thread = threading.current_thread()
+            built.set_result(runner)
+            runner._run()
+
+        threading.Thread(target=main, name="bargein-engine", daemon=True).start()
+        return built.result()
+
     def start(self) -> None:
-        """Start the engine thread (once)."""
+        """Start the engine thread (once), for an engine built on this thread.
+
+        A server should rather :meth:`build_and_start`, which builds the
+        engine on the thread that steps it.
+        """
         with self._cond:
             assert self._state is _State.NEW, self._state
             self._state = _State.RUNNING

@@ -15,8 +15,12 @@ mean token log-probability below ``LOGPROB_THRESHOLD``.
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -29,6 +33,42 @@ SILENCE_RMS = 10 ** (-55 / 20)  # -55 dBFS
 NO_SPEECH_THRESHOLD = 0.6
 LOGPROB_THRESHOLD = -1.0
 _MAX_TOKENS = 448  # Whisper's decoder context
+
+T = TypeVar("T")
+
+# Why the two functions below: libgomp keeps an OpenMP team for each thread
+# that ran a parallel region, for as long as that thread lives, and once its
+# teams hold more threads than there are CPUs it cuts the spin of every team,
+# the engine's included, which makes each decode step pay futex wake-ups
+# (EngineRunner.build_and_start). Whisper must add no lasting team to
+# torch's libgomp.
+
+
+def _import_ctranslate2() -> Any:
+    """``ctranslate2``, bound to the libgomp it ships (``RTLD_DEEPBIND``).
+
+    Without it, its OpenMP calls resolve to torch's libgomp, loaded first and
+    global, and its worker thread's team would count against the engine's.
+    """
+    if "ctranslate2" in sys.modules:
+        return sys.modules["ctranslate2"]
+    flags = sys.getdlopenflags()
+    sys.setdlopenflags(flags | os.RTLD_DEEPBIND)
+    try:
+        import ctranslate2
+    finally:
+        sys.setdlopenflags(flags)
+    return ctranslate2
+
+
+def _on_own_thread(fn: Callable[[], T]) -> T:
+    """``fn()`` on a thread that ends when it returns, its OpenMP team with it.
+
+    For the log-mel features: transformers computes them with torch's STFT
+    (torch's libgomp) whenever torch is installed.
+    """
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="stt-features") as pool:
+        return pool.submit(fn).result()
 
 
 def whisper_model_path() -> Path:
@@ -54,9 +94,10 @@ class Transcriber:
     """
 
     def __init__(self, model_path: Path | None = None, num_threads: int = 2) -> None:
-        import ctranslate2
         import tokenizers
         from transformers import WhisperFeatureExtractor
+
+        ctranslate2 = _import_ctranslate2()
 
         path = model_path if model_path is not None else whisper_model_path()
         self._model = ctranslate2.models.Whisper(
@@ -81,10 +122,12 @@ class Transcriber:
         return " ".join(t for t in texts if t)
 
     def _generate(self, windows: list[npt.NDArray[np.float32]]) -> list[Any]:
-        import ctranslate2
+        ctranslate2 = _import_ctranslate2()
 
         # features: [num_windows, n_mels, 3000], each window padded to 30 s
-        features = self._features(windows, sampling_rate=SAMPLE_RATE, return_tensors="np").input_features
+        features = _on_own_thread(
+            lambda: self._features(windows, sampling_rate=SAMPLE_RATE, return_tensors="np").input_features
+        )
         return list(
             self._model.generate(
                 ctranslate2.StorageView.from_array(np.ascontiguousarray(features, dtype=np.float32)),

@@ -319,3 +319,40 @@ def test_shutdown_before_start_cancels_queued_requests(shared_runner: ModelRunne
     assert_ended_once(collector, "queued", FinishReason.CANCELLED)
     with pytest.raises(EngineStoppedError):
         runner.submit(request(hf_tokenizer, "late"))
+
+
+def test_build_and_start_steps_the_engine_on_the_thread_that_built_it(
+    shared_runner: ModelRunner, hf_tokenizer
+) -> None:
+    # libgomp throttles every team's spin once its teams outnumber the CPUs:
+    # the loading thread must be the stepping thread (EngineRunner.build_and_start)
+    threads: dict[str, threading.Thread] = {}
+
+    def build() -> LLMEngine:
+        threads["build"] = threading.current_thread()
+        return LLMEngine(shared_runner, CONFIG)
+
+    runner = EngineRunner.build_and_start(build)
+    collector = Collector()
+    runner.add_step_listener(lambda outputs: threads.setdefault("step", threading.current_thread()))
+    runner.add_step_listener(collector)
+    try:
+        runner.submit(request(hf_tokenizer, "b", max_tokens=4))
+        collector.wait_finished("b")
+        assert_ended_once(collector, "b", FinishReason.LENGTH)
+    finally:
+        runner.shutdown()
+    assert threads["step"] is threads["build"] is not threading.current_thread()
+    assert threads["build"].name == "bargein-engine"
+
+
+def test_build_and_start_raises_what_building_raised_on_the_caller() -> None:
+    before = set(threading.enumerate())
+
+    def build() -> LLMEngine:
+        raise FileNotFoundError("no such model")
+
+    with pytest.raises(FileNotFoundError, match="no such model"):
+        EngineRunner.build_and_start(build)
+    time.sleep(0.1)  # the builder thread ends right after it hands the error over
+    assert not [t for t in set(threading.enumerate()) - before if t.name == "bargein-engine"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -47,3 +48,23 @@ def test_speech_after_30_seconds_is_heard_too(voice_models: VoiceModels) -> None
     )
     text = voice_models.transcriber.transcribe(audio)
     assert {"first", "call", "tomorrow", "morning"} <= words(text)
+
+
+def test_transcribing_from_many_threads_leaves_no_openmp_team_behind(voice_models: VoiceModels) -> None:
+    # libgomp keeps a team for each thread that ran a parallel region, as long
+    # as it lives; each persistent thread that computed features with torch
+    # used to add a worker thread to torch's libgomp, and past one worker per
+    # CPU libgomp throttles the engine's spin (voice/stt.py)
+    from concurrent.futures import ThreadPoolExecutor
+
+    audio = espeak_speech("Good morning.")
+    voice_models.transcriber.transcribe(audio)  # ctranslate2 starts its own threads once
+    before = len(os.listdir("/proc/self/task"))
+    pools = [ThreadPoolExecutor(max_workers=1) for _ in range(3)]  # threads that stay, like the voice pool's
+    try:
+        for pool in pools:
+            assert pool.submit(voice_models.transcriber.transcribe, audio).result()
+        assert len(os.listdir("/proc/self/task")) == before + len(pools)
+    finally:
+        for pool in pools:
+            pool.shutdown()
