@@ -32,6 +32,8 @@ from bargein.app.settings import (
 )
 
 LOAD_STAGES = ("weights and KV cache", "engine thread", "ready")
+# libgomp spin iterations before a waiting OpenMP thread sleeps (its default: 300,000)
+SERVE_SPIN_COUNT = "30000"
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -91,12 +93,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         except KeyboardInterrupt:  # Ctrl-C: leave quietly, no traceback
             print(file=sys.stderr)
             return 130
-    # Before torch loads OpenMP: its threads then sleep between kernels instead
-    # of spinning, so the event loop (pings, cancels, refusals) gets a core when
-    # the engine's threads hold every one. Measured on 2 cores at 8 requests/s:
-    # refusal p99 6 ms instead of 163 ms, for a few percent of decode speed
-    # (docs/perf/saturation.md). A value the user set is kept.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # Before torch loads OpenMP: libgomp's threads spin a bounded while after
+    # each parallel region, then sleep. A decode step runs ~250 regions; woken
+    # by futex each (OMP_WAIT_POLICY=PASSIVE) they made served decoding 1.6-1.9x
+    # slower on 2 cores, and the bound lets them sleep soon after the engine
+    # goes idle. The event loop kept its core: refusal p99 9-15 ms at 4x and 8x
+    # the knee (docs/perf/wait-policy.md). A policy or spin count the user set is kept.
+    if "OMP_WAIT_POLICY" not in os.environ:
+        os.environ.setdefault("GOMP_SPINCOUNT", SERVE_SPIN_COUNT)
     from bargein.app.listen import check_tls
 
     try:

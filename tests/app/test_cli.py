@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from bargein.app.cli import main
+from bargein.app.cli import SERVE_SPIN_COUNT, main
 from bargein.app.settings import SettingsError, parse_serve_args
 from tests.app.conftest import LiveServer
 
@@ -107,18 +107,25 @@ def test_serve_refuses_what_cannot_serve_before_starting(argv: list[str], messag
     assert message in out.stderr and "Traceback" not in out.stderr
 
 
-@pytest.mark.parametrize(("given", "expected"), [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
-def test_serve_lets_openmp_threads_sleep_unless_told_otherwise(
-    monkeypatch: pytest.MonkeyPatch, given: str | None, expected: str
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ({}, {"GOMP_SPINCOUNT": SERVE_SPIN_COUNT, "OMP_WAIT_POLICY": None}),
+        ({"OMP_WAIT_POLICY": "PASSIVE"}, {"GOMP_SPINCOUNT": None, "OMP_WAIT_POLICY": "PASSIVE"}),
+        ({"GOMP_SPINCOUNT": "1000"}, {"GOMP_SPINCOUNT": "1000", "OMP_WAIT_POLICY": None}),
+    ],
+)
+def test_serve_bounds_the_openmp_spin_unless_told_otherwise(
+    monkeypatch: pytest.MonkeyPatch, given: dict[str, str], expected: dict[str, str | None]
 ) -> None:
-    if given is None:
-        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    else:
-        monkeypatch.setenv("OMP_WAIT_POLICY", given)
+    for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in given.items():
+        monkeypatch.setenv(name, value)
     with pytest.raises(SystemExit) as refused:  # stops at the model check, before serving
         main(["serve", "--model", "/no/such/model.gguf"])
     assert refused.value.code == 2
-    assert os.environ["OMP_WAIT_POLICY"] == expected
+    assert {name: os.environ.get(name) for name in expected} == expected
 
 
 def test_chat_says_when_the_server_is_not_there() -> None:
