@@ -95,7 +95,7 @@ class EngineRunner:
         libgomp (torch's OpenMP, and numba's) keeps a team of worker threads
         for every thread that ran a parallel region, for that thread's life;
         once its teams hold more threads than there are CPUs, it cuts every
-        wait's spin to a few hundred iterations, and each of the ~250
+        wait's spin to at most 1,000 iterations, and each of the ~250
         parallel regions of a decode step then pays a futex wake-up. A
         model loaded on one thread and stepped on another does exactly that:
         measured on 2 cores, one sequence, a decode step took 24.1 ms

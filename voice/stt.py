@@ -97,7 +97,7 @@ class Transcriber:
         import tokenizers
         from transformers import WhisperFeatureExtractor
 
-        ctranslate2 = _import_ctranslate2()
+        ctranslate2 = self._ctranslate2 = _import_ctranslate2()
 
         path = model_path if model_path is not None else whisper_model_path()
         self._model = ctranslate2.models.Whisper(
@@ -122,15 +122,13 @@ class Transcriber:
         return " ".join(t for t in texts if t)
 
     def _generate(self, windows: list[npt.NDArray[np.float32]]) -> list[Any]:
-        ctranslate2 = _import_ctranslate2()
-
         # features: [num_windows, n_mels, 3000], each window padded to 30 s
         features = _on_own_thread(
             lambda: self._features(windows, sampling_rate=SAMPLE_RATE, return_tensors="np").input_features
         )
         return list(
             self._model.generate(
-                ctranslate2.StorageView.from_array(np.ascontiguousarray(features, dtype=np.float32)),
+                self._ctranslate2.StorageView.from_array(np.ascontiguousarray(features, dtype=np.float32)),
                 [self._prompt] * len(windows),
                 beam_size=1,
                 max_length=_MAX_TOKENS,
