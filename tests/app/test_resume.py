@@ -262,7 +262,10 @@ async def _saved_delivered(service: Any, session_id: str) -> str | None:
 async def test_barge_in_after_a_resume_from_before_the_delivered_end(live_server: LiveServer) -> None:
     """The kept turn is what the client holds. Resumed from 0, the replay
     repeats what the dropped connection had delivered; it is not counted twice."""
-    question = "Count from one to one hundred, in words."
+    # A long answer (greedy, it runs to max_tokens), so the cancel finds it
+    # live: a short one ("One hundred.", 4 tokens) could end first, and a
+    # cancel of an ended response is answered with its response.done again.
+    question = "Write a long story about a dragon."
     dropped = await Conn.open(live_server.ws_url)
     created = await dropped.create(question, temperature=0.0, max_tokens=64)
     before = await dropped.read(Received(), max_deltas=2)
