@@ -6,13 +6,18 @@ norm, ``||y - ref|| / ||ref||``):
 
 * int8: the reference is ``dequant(quant(x per token)) @ dequant(W per channel).T``
   with the same per-token u8 grid fbgemm uses (each row divided by its absmax,
-  then one asymmetric 255-step grid over [min, max] of the whole tensor, 0
-  included). The GEMM is exact integer arithmetic; rows differ from the
-  reference only where a value rounds the other way at a tie or where
-  fbgemm's zero point rounds differently: measured <= 6.8e-3 over the grid
-  below, asserted < 1e-2. Against the unquantized fp32 product the error is
-  the int8 noise itself (inputs with a 20x outlier channel): measured
-  <= 5.4e-2, asserted < 8e-2.
+  then one asymmetric grid over [min, max] of the whole tensor, 0 included):
+  255 steps where the CPU has VNNI, 127 without (``reduce_range``: AVX2's
+  ``vpmaddubsw`` sums pairs of u8 x s8 products in int16, which 8-bit
+  activations overflow; the tests run what ``Int8Linear`` picks on this CPU).
+  The grid's scale and zero point are torch's own (``_choose_qparams_per_tensor``,
+  float32), and the GEMM is exact integer arithmetic, so the two agree to
+  fp32 rounding: measured <= 7e-8 over the grid below with 7-bit activations
+  (AVX2, no VNNI), asserted < 1e-3. (An fp64 grid of our own rounded the zero
+  point and ties differently: up to 1.5e-2 off.) Against the unquantized fp32 product the error is the int8 noise
+  itself (inputs with a 20x outlier channel): measured <= 5.4e-2 with 8-bit
+  activations, asserted < 8e-2; with 7-bit ones the grid step doubles, so the
+  bound does (< 1.6e-1).
 * bf16: the reference is ``x.bfloat16().float() @ W.bfloat16().float().T`` in
   fp32; oneDNN accumulates in fp32 and rounds the output to bf16 once
   (relative 2**-8 = 3.9e-3 per element): measured <= 2.0e-3, asserted < 4e-3, and
@@ -45,25 +50,30 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
 
-def _fbgemm_grid_dequant(x: torch.Tensor) -> torch.Tensor:
-    """Quantize-dequantize ``x`` per tensor as fbgemm's dynamic linear does (u8, asymmetric, 0 in range)."""
-    lo, hi = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
-    scale = (hi - lo) / 255.0 or 1.0
-    zero = min(max(round(-lo / scale), 0), 255)
-    q = torch.clamp(torch.round(x / scale) + zero, 0, 255)
-    return (q - zero) * scale
+def _activation_grid_dequant(x: torch.Tensor, reduce_range: bool) -> torch.Tensor:
+    """Quantize-dequantize ``x [T, in]`` fp32 per tensor as fbgemm's dynamic
+    linear does: u8, asymmetric, 0 in range, torch's own qparams (in float32,
+    with its zero-point rounding), 127 steps under ``reduce_range``, else 255."""
+    scale, zero = torch._choose_qparams_per_tensor(x, reduce_range)
+    return torch.quantize_per_tensor(x, scale, zero, torch.quint8).dequantize()
 
 
-def int8_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``dequant(quant(x per token)) @ dequant(W per channel).T`` in fp64."""
+def int8_reference(x: torch.Tensor, w: torch.Tensor, *, reduce_range: bool) -> torch.Tensor:
+    """``dequant(quant(x per token)) @ dequant(W per channel).T``, the product in fp64;
+    ``reduce_range``: 7-bit activations (127 steps), else 8-bit (255)."""
     q, scale = quantize_weight_per_channel(w)
     w_deq = q.double() * scale.double()[:, None]
     if x.shape[0] == 1:
-        x_deq = _fbgemm_grid_dequant(x.double())
+        x_deq = _activation_grid_dequant(x, reduce_range).double()
     else:
-        s = x.double().abs().amax(dim=-1, keepdim=True)
-        x_deq = _fbgemm_grid_dequant(x.double() / s) * s
+        s = x.abs().amax(dim=-1, keepdim=True)
+        x_deq = _activation_grid_dequant(x / s, reduce_range).double() * s.double()
     return (x_deq @ w_deq.T).float()
+
+
+def _noise_bound(lin: Int8Linear) -> float:
+    """The bound on int8's error against the fp32 product: 8e-2 at 8-bit activations, twice at 7."""
+    return 1.6e-1 if lin.reduce_range else 8e-2
 
 
 def _inputs(rows: int, n_in: int, n_out: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,18 +101,29 @@ def test_weight_quantization_is_symmetric_per_channel() -> None:
 @pytest.mark.parametrize("rows", ROWS)
 def test_int8_matches_quantized_reference(n_out: int, n_in: int, rows: int) -> None:
     x, w = _inputs(rows, n_in, n_out, seed=n_out * 1000 + n_in + rows)
-    y = Int8Linear(w, reduce_range=False)(x)
+    lin = Int8Linear(w)  # this CPU's activation grid
+    y = lin(x)
     assert y.shape == (rows, n_out) and y.dtype == torch.float32
-    assert _rel(y, int8_reference(x, w)) < 1e-2
-    assert _rel(y, x @ w.T) < 8e-2
+    assert _rel(y, int8_reference(x, w, reduce_range=lin.reduce_range)) < 1e-3
+    assert _rel(y, x @ w.T) < _noise_bound(lin)
+
+
+@needs_int8
+@pytest.mark.parametrize("reduce_range", [False, True])
+def test_int8_reference_tells_the_grids_apart(reduce_range: bool) -> None:
+    """The 7- and 8-bit references differ by more than the tolerance, so the
+    test above checks which grid this CPU's kernel runs."""
+    x, w = _inputs(8, 576, 576, seed=5)
+    other = int8_reference(x, w, reduce_range=not reduce_range)
+    assert _rel(int8_reference(x, w, reduce_range=reduce_range), other) > 1e-2
 
 
 @needs_int8
 def test_int8_bias_and_empty_input() -> None:
     x, w = _inputs(5, 64, 48, seed=1)
     b = torch.randn(48)
-    y = Int8Linear(w, b, reduce_range=False)(x)
-    assert _rel(y, int8_reference(x, w) + b) < 1e-2
+    lin = Int8Linear(w, b)
+    assert _rel(lin(x), int8_reference(x, w, reduce_range=lin.reduce_range) + b) < 1e-3
     assert Int8Linear(w)(x[:0]).shape == (0, 48)
 
 
@@ -110,7 +131,7 @@ def test_int8_bias_and_empty_input() -> None:
 def test_int8_rows_do_not_depend_on_their_neighbours_scale() -> None:
     """Per-token activation scales: a loud token leaves the quiet one's result as good as alone."""
     x, w = _inputs(2, 576, 576, seed=3)
-    lin = Int8Linear(w, reduce_range=False)
+    lin = Int8Linear(w)
     quiet_alone = lin(x[:1])
     loud = torch.cat([x[:1], x[1:] * 1000.0])
     assert _rel(lin(loud)[:1], x[:1] @ w.T) < 2 * max(_rel(quiet_alone, x[:1] @ w.T), 5e-3)
