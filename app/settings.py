@@ -294,7 +294,8 @@ def _add_engine_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str
         "--quantization",
         m.quantization,
         str,
-        "linears on the CPU: auto (int8 with avx512_vnni, else bf16 if the CPU has it), none or int8",
+        "linears on the CPU: auto (int8 with avx512_vnni, else bf16 if the CPU has it, else int4), "
+        "none, int8 or int4",
     )
     _add(
         parser,

@@ -15,7 +15,7 @@ Device = Literal["auto", "cpu", "cuda"]
 Backend = Literal["auto", "torch", "triton"]
 DTYPES: tuple[str, ...] = get_args(DType)
 DEVICES: tuple[str, ...] = get_args(Device)
-Quantization = Literal["auto", "none", "int8"]
+Quantization = Literal["auto", "none", "int8", "int4"]
 LinearDType = Literal["auto", "float32", "bfloat16"]
 BACKENDS: tuple[str, ...] = get_args(Backend)
 QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
@@ -41,11 +41,13 @@ class ModelConfig:
         quantization: the linear layers (and the output head) on a CPU with
             ``dtype="float32"``: ``"int8"`` is W8A8 (int8 per-channel weights,
             per-token dynamic int8 activations, SmoothQuant-smoothed; steps
-            of a few rows run a 4-bit checkpoint's own weights); ``"auto"``
-            is the fastest format whose quality holds
-            (``linear.choose_linear_format``): int8 on a CPU with
-            avx512_vnni, else bf16 where it has bf16 dot products, else as
-            ``linear_dtype``; ``"none"`` never quantizes. On CUDA ``auto`` keeps the model dtype.
+            of a few rows run a 4-bit checkpoint's own weights); ``"int4"``
+            runs steps of a few rows on a 4-bit checkpoint's own weights
+            and an int8 head, fp32 above; ``"auto"`` is the fastest format
+            whose quality holds (``linear.choose_linear_format``): int8 on a
+            CPU with avx512_vnni, else bf16 where it has bf16 dot products,
+            else int4 on x86, else as ``linear_dtype``; ``"none"`` never
+            quantizes. On CUDA ``auto`` keeps the model dtype.
         linear_dtype: the weight/GEMM dtype of linears that are not int8:
             ``"auto"`` is bfloat16 where the CPU has bf16 dot products
             (avx512_bf16, amx_bf16), else float32. Exact fp32 (token for

@@ -23,7 +23,13 @@ from bargein.engine.config import CacheConfig, ModelConfig
 from bargein.engine.kernels import get_ops
 from bargein.engine.model import smooth, weight_only
 from bargein.engine.model.linear import choose_linear_format, cpu_has_bf16
-from bargein.engine.model.llama import LayerWeights, LlamaModel, fused_linear_weights, model_shape
+from bargein.engine.model.llama import (
+    LayerWeights,
+    LlamaModel,
+    fused_linear_weights,
+    head_weight,
+    model_shape,
+)
 from bargein.engine.model.loader import cache_root, load_model, load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -54,7 +60,7 @@ def choose_kv_cache_dtype(
     """``(dtype, why)`` of the KV cache (``CacheConfig.dtype``).
 
     ``"auto"``: bfloat16 on the CPU's torch backend when the linears are
-    int8 or bf16 (not exact fp32 already; measured in docs/perf/quality.md),
+    int8, int4 or bf16 (not exact fp32 already; measured in docs/perf/quality.md),
     else the model dtype, so the exact fp32 mode stays token for token with
     transformers.
 
@@ -66,7 +72,7 @@ def choose_kv_cache_dtype(
     """
     cpu_kernels = device_type == "cpu" and backend == "torch" and model_dtype == "float32"
     if requested == "auto":
-        if cpu_kernels and linear_format in ("int8", "bfloat16"):
+        if cpu_kernels and linear_format in ("int8", "int4", "bfloat16"):
             return torch.bfloat16, f"auto: {linear_format} linears -> bfloat16 K/V (half the bytes)"
         return _DTYPES[model_dtype], f"auto: the model dtype ({model_dtype})"
     if requested == model_dtype:
@@ -171,6 +177,8 @@ class ModelRunner:
 
         if self.linear_format == "int8":
             self.model = self._smoothed_int8(loaded, build)
+        elif self.linear_format == "int4":
+            self.model = self._int4(loaded, build)
         else:
             self.model = build(loaded.weights, self.linear_format)
         # One decode step before the first request: the kernels compile (numba
@@ -223,21 +231,48 @@ class ModelRunner:
         )
         return model
 
+    def _int4(self, loaded: Any, build: Callable[..., LlamaModel]) -> LlamaModel:
+        """The int4 format: fp32 linears, with steps of up to
+        ``weight_only.FP32_MAX_ROWS`` rows on the checkpoint's 4-bit weights
+        and of up to ``weight_only.HEAD_MAX_ROWS`` on an int8 head (bf16
+        activations), where each beat fp32 (``weight_only``'s tables). A
+        checkpoint not on a 4-bit grid keeps fp32 layers (4 bits would cost
+        it quality); the head's int8 is its own rounding (docs/perf/quality.md)."""
+        model = build(loaded.weights, "float32")
+        small = self._int4_small_steps(model.layers, loaded.weights, None, weight_only.FP32_MAX_ROWS)
+        if small is not None:
+            model.layers = small
+        model.lm_head = weight_only.RowSplitLinear(
+            weight_only.Int8WeightLinear(head_weight(loaded.config, loaded.weights)),
+            model.lm_head,
+            weight_only.HEAD_MAX_ROWS,
+        )
+        logger.info(
+            "int4: %s; the head on int8 weights up to %d rows, fp32 above",
+            f"steps of up to {weight_only.FP32_MAX_ROWS} rows on the checkpoint's 4-bit weights, fp32 above"
+            if small is not None
+            else "fp32 layers (the checkpoint's weights are not 4-bit)",
+            weight_only.HEAD_MAX_ROWS,
+        )
+        return model
+
     def _int4_small_steps(
         self,
         layers: list[LayerWeights],
         checkpoint: dict[str, torch.Tensor],
-        smoothings: dict[tuple[int, str], smooth.Smoothing],
+        smoothings: dict[tuple[int, str], smooth.Smoothing] | None,
+        max_rows: int = weight_only.MAX_ROWS,
     ) -> list[LayerWeights] | None:
         """``layers`` with each linear run in 4 bits for inputs of up to
-        ``weight_only.MAX_ROWS`` rows, its int8 (or edge) kernel above; None
-        where that would cost quality or cannot run: a weight not on a 4-bit
-        grid (only a 4-bit checkpoint, such as the default Q4_1 GGUF, is held
-        exactly) or no CPU int4 kernel in this torch.
+        ``max_rows`` rows, its own kernel above; None where that would cost
+        quality or cannot run: a weight not on a 4-bit grid (only a 4-bit
+        checkpoint, such as the default Q4_1 GGUF, is held exactly) or no CPU
+        int4 kernel in this torch.
 
-        The 4-bit kernel reads the checkpoint's weights with the smoothing
-        around it (``smooth.Smoothing``); the smoothed model's bias is the
-        checkpoint's divided by the output scale, as its output is."""
+        With ``smoothings`` (the int8 model's) the 4-bit kernel reads the
+        checkpoint's weights with the smoothing around it
+        (``smooth.Smoothing``); the smoothed model's bias is the checkpoint's
+        divided by the output scale, as its output is."""
         if self.device.type != "cpu" or not weight_only.int4_kernel_available():
             return None
         out = []
@@ -247,14 +282,18 @@ class ModelRunner:
                 groups = weight_only.exact_groups(w)
                 if groups is None:
                     return None
-                scaling = smoothings[(i, kind)]
-                if b is not None and scaling.out_scale is not None:
+                scaling = None if smoothings is None else smoothings[(i, kind)]
+                if scaling is not None and b is not None and scaling.out_scale is not None:
                     b = b.float() / scaling.out_scale
                 small[kind] = weight_only.RowSplitLinear(
                     weight_only.Int4Linear.from_groups(
-                        groups, b, in_scale=scaling.in_scale, out_scale=scaling.out_scale
+                        groups,
+                        b,
+                        in_scale=None if scaling is None else scaling.in_scale,
+                        out_scale=None if scaling is None else scaling.out_scale,
                     ),
                     getattr(layer, kind),
+                    max_rows,
                 )
             out.append(dataclasses.replace(layer, **small))
         return out

@@ -1,12 +1,13 @@
 """Decode step time per linear-layer format on the bundled model, same run.
 
-For each format (fp32 exact, bf16, int8 W8A8 smoothed with its head and edge layers in bf16) a
+For each format (fp32 exact, bf16, int8 W8A8 smoothed with its head and edge layers in bf16,
+int4: the checkpoint's 4-bit weights and an int8 head at a few rows, fp32 above) a
 ``ModelRunner`` runs one decode step of B sequences at a context of
 ``--context`` tokens (``ModelRunner.execute``: inputs prepared, paged
 attention, logits of all B rows). Formats alternate rep by rep, so load
 drifts hit all alike; medians of ``--reps``. Writes ``docs/perf/formats.md``.
 
-Usage: ``python loadtests/format_bench.py [--sizes 1,8,32] [--context 128] [--reps 20]``
+Usage: ``python loadtests/format_bench.py [--sizes 1,8,32] [--context 128] [--reps 20] [--formats fp32,int4]``
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ FORMATS = {
     "fp32": ("none", "float32", None),
     "bf16": ("none", "bfloat16", None),
     "int8": ("int8", "auto", None),
+    "int4": ("int4", "auto", None),
 }
 
 
@@ -42,6 +44,7 @@ def main() -> None:
     p.add_argument("--sizes", default="1,8,32")
     p.add_argument("--context", type=int, default=128)
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--formats", default=",".join(FORMATS), help="comma list of " + ", ".join(FORMATS))
     p.add_argument(
         "--out", default=str(Path(__file__).resolve().parent.parent / "docs" / "perf" / "formats.md")
     )
@@ -49,7 +52,11 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     per_seq = math.ceil((args.context + 1) / BLOCK)
     runners = {}
-    for name, (q, ld, head) in FORMATS.items():
+    names = [n.strip() for n in args.formats.split(",")]
+    if names[0] != "fp32":
+        names.insert(0, "fp32")  # the baseline of every ratio
+    for name in names:
+        q, ld, head = FORMATS[name]
         r = ModelRunner(
             ModelConfig(device="cpu", quantization=q, linear_dtype=ld),
             CacheConfig(num_blocks=max(sizes) * per_seq, block_size=BLOCK),
@@ -83,7 +90,8 @@ def main() -> None:
     lines = [
         "# Decode step time per linear-layer format",
         "",
-        f"`python loadtests/format_bench.py --sizes {args.sizes} --context {args.context} --reps {args.reps}` "
+        f"`python loadtests/format_bench.py --sizes {args.sizes} --context {args.context} --reps {args.reps} "
+        f"--formats {','.join(names)}` "
         f"({time.strftime('%Y-%m-%d')}, torch {torch.__version__}, {platform.machine()}, "
         f"{os.cpu_count()} cores, {torch.get_num_threads()} threads). One `ModelRunner.execute` of B decode "
         f"tokens at a context of {args.context} (attention, norms, logits included), median ms of "

@@ -17,7 +17,9 @@ and the share of prompts whose first 32 tokens equal fp32's.
 
 Formats: fp32 (reference), bf16, int8 (smoothed W8A8, head and edge layers
 in bf16), and int8 a few rows at a time (``int8-few-rows``: the checkpoint's
-4-bit weights, what steps of up to ``weight_only.MAX_ROWS`` rows run);
+4-bit weights, what steps of up to ``weight_only.MAX_ROWS`` rows run), and
+int4 (``auto`` on x86 without avx512_vnni or bf16: the 4-bit layers and an
+int8 head at a few rows, measured there; fp32 above);
 ``auto`` is named in the report. Writes a markdown report (``--out``).
 
 Usage: ``python loadtests/quality.py [--prompts 64] [--tokens 128]``
@@ -63,12 +65,15 @@ FORMATS: dict[str, tuple[str, str, str | None, str | None, str]] = {
     "int8/kv-fp32": ("int8", "auto", None, None, "float32"),
     "int8-few-rows": ("int8", "auto", None, None, "auto"),
     "int8-few-rows/kv-fp32": ("int8", "auto", None, None, "float32"),
+    "int4": ("int4", "auto", None, None, "auto"),
 }
 # Formats measured a few rows at a time (teacher-forced in chunks of this many
 # rows, greedy one prompt at a time): where the int8 format runs the
 # checkpoint's 4-bit weights (steps of up to weight_only.MAX_ROWS rows), as a
 # voice user decoding alone does.
-FEW_ROWS = {"int8-few-rows": 4, "int8-few-rows/kv-fp32": 4}
+# int4 runs fp32 above a few rows: its own rounding is at the few rows, where
+# both its 4-bit layers and its int8 head run (weight_only.HEAD_MAX_ROWS).
+FEW_ROWS = {"int8-few-rows": 4, "int8-few-rows/kv-fp32": 4, "int4": 4}
 
 
 def _parse() -> argparse.Namespace:

@@ -1,6 +1,6 @@
 """Linear layers of the forward, in the weight format chosen at load.
 
-Three formats (:data:`LinearFormat`), one class each; :func:`make_linear`
+Four formats (:data:`LinearFormat`); :func:`make_linear`
 builds the right one and :func:`choose_linear_format` picks the format from
 the config and the CPU's features.
 
@@ -42,6 +42,14 @@ SmolLM2-135M: the 30 layers' four GEMMs plus the 49152-row head, ms per step,
 
 fbgemm wins where it matters (one to a few rows; a voice user decodes alone)
 and is level at 32 rows, so it is the int8 kernel.
+
+``int4`` (for x86 CPUs without ``avx512_vnni`` or bf16 dot products, such as
+AVX2-only ones): the linears are fp32 (:class:`Linear`) here;
+``ModelRunner`` runs steps of a few rows on the checkpoint's own 4-bit
+weights and the head on int8 weights (``weight_only``). Without VNNI, fbgemm
+needs 7-bit activations (``reduce_range``), and int8 then lost too much
+(mean KL 0.024 against fp32), while the 4-bit path costs only bf16's
+rounding (0.0003).
 """
 
 from __future__ import annotations
@@ -56,15 +64,17 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-LinearFormat = Literal["float32", "bfloat16", "int8"]
+LinearFormat = Literal["float32", "bfloat16", "int8", "int4"]
 
 # rows from which the prepacked fp32 GEMM wins (measured: slower at 1, faster at 8)
 PACKED_MIN_ROWS = 4
 
-# /proc/cpuinfo flags: int8 dot products (u8 x s8 -> s32 in one instruction)
-VNNI_FLAGS = ("avx512_vnni", "avx_vnni")
 # bf16 dot products / tiles
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+INT4_WHY = (
+    "the checkpoint's 4-bit weights and an int8 head at steps of a few rows, fp32 above; "
+    "mean KL vs fp32 0.0003"
+)
 
 
 def _can_pack(weight: torch.Tensor) -> bool:
@@ -174,7 +184,8 @@ class Int8Linear:
         bias: ``[out]`` or None, added in fp32 after the rescale.
         reduce_range: 7-bit activations, for CPUs without VNNI whose
             ``vpmaddubsw`` pairs saturate int16 (fbgemm's own advice);
-            ``None`` turns it on where /proc/cpuinfo shows no VNNI.
+            ``None`` turns it on where /proc/cpuinfo shows no ``avx512_vnni``
+            (``avx_vnni`` alone does not count: fbgemm's VNNI kernels are AVX-512).
     """
 
     __slots__ = ("packed", "bias", "reduce_range", "out_features")
@@ -191,7 +202,7 @@ class Int8Linear:
             with _quantized_engine("fbgemm"):
                 self.packed = torch.ops.quantized.linear_prepack(qw, None)
         self.bias = None if bias is None else bias.float()
-        self.reduce_range = not _has_vnni() if reduce_range is None else reduce_range
+        self.reduce_range = not _fbgemm_has_vnni() if reduce_range is None else reduce_range
         self.out_features = q.shape[0]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -219,8 +230,8 @@ def make_linear(
 
     ``fmt`` is what :func:`choose_linear_format` returned: a
     :data:`LinearFormat`, or the model dtype's name off the CPU's fp32 path.
-    ``float32``, a dtype name, or a weight not in fp32 keeps the weight's
-    own dtype; ``bfloat16`` and ``int8`` convert a copy and take fp32 input.
+    ``float32``, ``int4`` (its large steps; ``ModelRunner`` adds the small
+    ones), a dtype name, or a weight not in fp32 keeps the weight's own dtype; ``bfloat16`` and ``int8`` convert a copy and take fp32 input.
     """
     if fmt == "int8":
         return Int8Linear(weight, bias, reduce_range=reduce_range)
@@ -243,8 +254,11 @@ def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset[str]:
 
 
 @functools.cache
-def _has_vnni() -> bool:
-    return any(f in cpu_flags() for f in VNNI_FLAGS)
+def _fbgemm_has_vnni() -> bool:
+    """fbgemm runs its VNNI kernels here: they are AVX-512 (``avx512_vnni``, the
+    flag torch's own ``is_cpu_support_vnni`` reads). With ``avx_vnni`` alone it
+    runs its AVX2 kernels, whose int16 pair sums 8-bit activations overflow."""
+    return "avx512_vnni" in cpu_flags()
 
 
 def _is_x86(machine: str) -> bool:
@@ -260,42 +274,55 @@ def choose_linear_format(
     flags: frozenset[str] | None = None,
     machine: str | None = None,
     int8_available: bool | None = None,
+    int4_available: bool | None = None,
 ) -> tuple[LinearFormat | str, str]:
     """``(format, why)`` of the model's linear layers.
 
-    On the CPU with fp32 weights: ``quantization="int8"`` is int8;
-    ``"auto"`` picks the fastest format whose quality holds (mean KL against
-    fp32 below 0.01 nats/token, docs/perf/quality.md): int8 W8A8 (smoothed,
-    its head and edge layers in bf16 or fp32: 0.008) where the x86 CPU has
-    avx512_vnni and torch has fbgemm (fastest at 1 to 32 sequences,
-    docs/perf/formats.md); else bf16 where it has avx512_bf16 or amx_bf16;
-    else ``linear_dtype``, whose ``"auto"`` is fp32 there. Exact fp32 is
-    ``quantization="none", linear_dtype="float32"``. Elsewhere (CUDA, or a
-    model dtype other than fp32) ``auto`` keeps the model dtype, as before.
-    ``flags``/``machine``/``int8_available`` default to this machine's (tests fake them).
+    On the CPU with fp32 weights: ``quantization="int8"`` is int8, ``"int4"``
+    int4; ``"auto"`` picks the fastest format whose quality holds (mean KL
+    against fp32 below 0.01 nats/token, docs/perf/quality.md): int8 W8A8
+    (smoothed, its head and edge layers in bf16 or fp32: 0.008) where the
+    x86 CPU has avx512_vnni and torch has fbgemm (fastest at 1 to 32
+    sequences, docs/perf/formats.md); else bf16 where it has avx512_bf16 or
+    amx_bf16; else, on x86 with torch's int4 kernel, int4 (the checkpoint's
+    4-bit weights at steps of a few rows, fp32 above: 0.0003;
+    docs/perf/formats-avx2.md); else ``linear_dtype``, whose ``"auto"`` is
+    fp32 there. An explicit ``linear_dtype`` under ``auto`` is kept. Exact
+    fp32 is ``quantization="none", linear_dtype="float32"``. Elsewhere
+    (CUDA, or a model dtype other than fp32) ``auto`` keeps the model dtype,
+    as before. ``flags``/``machine``/``int8_available``/``int4_available``
+    default to this machine's (tests fake them).
 
     Raises:
         ValueError: a format this device or dtype cannot run.
     """
-    if quantization not in ("auto", "none", "int8"):
-        raise ValueError(f"quantization={quantization!r} must be auto, none or int8")
+    if quantization not in ("auto", "none", "int8", "int4"):
+        raise ValueError(f"quantization={quantization!r} must be auto, none, int8 or int4")
     if linear_dtype not in ("auto", "float32", "bfloat16"):
         raise ValueError(f"linear_dtype={linear_dtype!r} must be auto, float32 or bfloat16")
     if device_type != "cpu" or dtype != "float32":
-        if quantization == "int8":
-            raise ValueError("quantization=int8 needs device cpu and dtype float32")
+        if quantization in ("int8", "int4"):
+            raise ValueError(f"quantization={quantization} needs device cpu and dtype float32")
         if linear_dtype not in ("auto", dtype):
             raise ValueError(f"linear_dtype={linear_dtype!r} needs device cpu and dtype float32")
         return dtype, f"{device_type} {dtype}: linears in the model dtype"
     flags = cpu_flags() if flags is None else flags
     machine = platform.machine() if machine is None else machine
     int8_ok = int8_kernel_available() if int8_available is None else int8_available
-    vnni = [f for f in VNNI_FLAGS if f in flags]
+    if int4_available is None:
+        from bargein.engine.model import weight_only  # it builds on this module
+
+        int4_available = weight_only.int4_kernel_available() and weight_only.int8_weight_kernel_available()
     if quantization == "int8":
         if not int8_ok:
             raise ValueError("quantization=int8 needs torch's fbgemm engine (x86 builds)")
-        why = f"with {vnni[0]}" if vnni else "no VNNI: 7-bit activations (reduce_range), slower"
+        vnni = "avx512_vnni" in flags
+        why = "with avx512_vnni" if vnni else "no avx512_vnni: 7-bit activations (reduce_range), slower"
         return "int8", f"quantization=int8 ({why})"
+    if quantization == "int4":
+        if not int4_available:
+            raise ValueError("quantization=int4 needs torch's CPU int4 and int8 weight-only kernels")
+        return "int4", f"quantization=int4 ({INT4_WHY})"
     bf16 = [f for f in BF16_FLAGS if f in flags] if _is_x86(machine) else []
     if quantization == "auto" and linear_dtype == "auto":
         # int8 with AVX-512 VNNI: fbgemm's fast path (avx_vnni alone is AVX2 width,
@@ -304,6 +331,8 @@ def choose_linear_format(
             return "int8", "auto: CPU with avx512_vnni -> int8 linears (smoothed; mean KL vs fp32 0.008)"
         if bf16:
             return "bfloat16", f"auto: CPU with {bf16[0]}, no avx512_vnni -> bf16 linears"
+        if int4_available and _is_x86(machine):
+            return "int4", f"auto: x86 CPU without avx512_vnni or bf16 dot products -> int4 ({INT4_WHY})"
     lead = "quantization=none" if quantization == "none" else "auto"
     if linear_dtype != "auto":
         return linear_dtype, f"{lead}, linear_dtype={linear_dtype}"

@@ -78,6 +78,16 @@ def _check_supported(config: PretrainedConfig, max_model_len: int) -> None:
         raise ValueError(f"unsupported: sliding_window={window} < {max_model_len=}")
 
 
+def _tied(config: PretrainedConfig, weights: dict[str, torch.Tensor]) -> bool:
+    return getattr(config, "tie_word_embeddings", False) or "lm_head.weight" not in weights
+
+
+def head_weight(config: PretrainedConfig, weights: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The output head's ``[vocab, hidden]`` weight, in the checkpoint's dtype:
+    the embedding where the checkpoint ties them (or has no ``lm_head``)."""
+    return weights["model.embed_tokens.weight" if _tied(config, weights) else "lm_head.weight"]
+
+
 def fused_linear_weights(
     weights: dict[str, torch.Tensor], i: int
 ) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
@@ -175,8 +185,7 @@ class LlamaModel:
         ]
         self.embed = to(weights["model.embed_tokens.weight"])
         self.norm = to(weights["model.norm.weight"])
-        tied = getattr(config, "tie_word_embeddings", False) or "lm_head.weight" not in weights
-        head = self.embed if tied else to(weights["lm_head.weight"])
+        head = self.embed if _tied(config, weights) else to(weights["lm_head.weight"])
         self.lm_head = make_linear(head, None, self.head_format)
         inv_freq, scaling = _rope_inv_freq(config)
         self.cos_sin_cache = build_cos_sin_cache(max_model_len, self.shape.head_dim, inv_freq, scaling).to(

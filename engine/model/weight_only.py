@@ -35,8 +35,22 @@ from collections.abc import Callable
 
 import torch
 
+from bargein.engine.model.linear import quantize_weight_per_channel
+
 GROUP_SIZE = 32  # weights per scale and zero, along the input (Q4_1's block)
 MAX_ROWS = 4  # rows up to which int4 beats int8 here (the table above)
+# Rows up to which int4 beats fp32 (the int4 format, on CPUs without
+# avx512_vnni or bf16 dot products). The 30 layers' four GEMMs, ms per step on
+# an AVX2-only AMD EPYC (2 threads, best of 7; fp32 prepacked from 4 rows):
+#   rows     1     2     4     6     8    12    16    32
+#   fp32   60.3  99.2  53.1  55.0  60.6  68.1  78.3  97.0
+#   int4   12.8  16.0  24.9  42.7  40.7  56.6  77.3 156.0
+FP32_MAX_ROWS = 12
+# Rows up to which the int8 weight-only head beats fp32 there (49152 x 576):
+#   rows                     1     2     4     8    12
+#   fp32                  18.3  34.4  12.0  13.3  14.8
+#   int8 (bf16 x)          5.4   5.9   6.7  12.9  19.9
+HEAD_MAX_ROWS = 4
 # torch's CPU int4 packing: 1 inner k-tile (its only CPU layout), output rows in 16s
 _INNER_K_TILES = 1
 _PACK_ROWS = 16
@@ -47,6 +61,11 @@ def int4_kernel_available() -> bool:
     return hasattr(torch, "_weight_int4pack_mm_for_cpu") and hasattr(
         torch, "_convert_weight_to_int4pack_for_cpu"
     )
+
+
+def int8_weight_kernel_available() -> bool:
+    """This torch has the CPU W8A16 kernel (``torch._weight_int8pack_mm``)."""
+    return hasattr(torch, "_weight_int8pack_mm")
 
 
 def exact_groups(
@@ -177,6 +196,34 @@ class Int4Linear:
         return y if self.bias is None else y + self.bias
 
 
+class Int8WeightLinear:
+    """fp32 in and out: ``y = x @ (q * scale)^T``, W8A16 (the output head of the int4 format).
+
+    ``q`` is ``weight`` quantized symmetrically per output channel on the
+    bf16-rounded scale the kernel reads (the int8 format's absmax / 127,
+    ``linear.quantize_weight_per_channel``), so each weight is within half a
+    step of its code (rounding on the fp32 scale and multiplying by its bf16
+    copy would be up to 127 * 2**-8 steps off at the largest); the GEMM runs
+    ``torch._weight_int8pack_mm`` on bf16 activations with fp32 accumulation
+    and rounds its output to bf16 once. (On fp32 activations the same kernel
+    was 1.4-17x slower than fp32's GEMM here: only bf16 in is fast.)
+
+    Args:
+        weight: ``[out, in]`` fp32 (CPU); only the int8 copy is kept.
+    """
+
+    __slots__ = ("q", "scale")
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        w = weight.float()
+        _, scale = quantize_weight_per_channel(w)
+        self.scale = scale.to(torch.bfloat16)
+        self.q = torch.round(w / self.scale.float()[:, None]).clamp_(-127, 127).to(torch.int8)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch._weight_int8pack_mm(x.to(torch.bfloat16), self.q, self.scale).float()
+
+
 class RowSplitLinear:
     """One linear, two kernels by input rows: ``small`` for up to ``max_rows``, ``large`` above.
 
@@ -187,7 +234,10 @@ class RowSplitLinear:
     __slots__ = ("small", "large", "max_rows")
 
     def __init__(
-        self, small: Int4Linear, large: Callable[[torch.Tensor], torch.Tensor], max_rows: int = MAX_ROWS
+        self,
+        small: Callable[[torch.Tensor], torch.Tensor],
+        large: Callable[[torch.Tensor], torch.Tensor],
+        max_rows: int = MAX_ROWS,
     ) -> None:
         self.small = small
         self.large = large

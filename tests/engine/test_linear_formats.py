@@ -171,10 +171,25 @@ X86_OLD = frozenset({"avx2", "fma"})
 
 
 def _pick(
-    q: str, ld: str = "auto", *, flags=X86_VNNI, machine="x86_64", device="cpu", dtype="float32", int8=True
+    q: str,
+    ld: str = "auto",
+    *,
+    flags=X86_VNNI,
+    machine="x86_64",
+    device="cpu",
+    dtype="float32",
+    int8=True,
+    int4=True,
 ):
     return choose_linear_format(
-        q, ld, device_type=device, dtype=dtype, flags=flags, machine=machine, int8_available=int8
+        q,
+        ld,
+        device_type=device,
+        dtype=dtype,
+        flags=flags,
+        machine=machine,
+        int8_available=int8,
+        int4_available=int4,
     )[0]
 
 
@@ -186,11 +201,15 @@ def test_auto_picks_by_cpu_features() -> None:
     assert _pick("auto", flags=X86_VNNI, int8=False) == "bfloat16"  # torch without fbgemm
     assert _pick("auto", "float32", flags=X86_VNNI) == "float32"  # a linear_dtype asked for
     assert _pick("auto", "bfloat16", flags=X86_VNNI) == "bfloat16"
-    assert _pick("auto", flags=X86_AVXVNNI) == "float32"  # AVX2-width VNNI: not fbgemm's fast path
     assert _pick("auto", flags=X86_BF16_ONLY) == "bfloat16"
     assert _pick("auto", flags=frozenset({"amx_bf16"})) == "bfloat16"
-    assert _pick("auto", flags=X86_OLD) == "float32"
-    assert _pick("auto", flags=X86_AVXVNNI, int8=False) == "float32"
+    # no avx512_vnni, no bf16: int8 would need 7-bit activations (mean KL 0.024);
+    # int4 is 0.002 and 1.6-3.2x fp32 at 1 to 8 sequences (docs/perf/formats-avx2.md)
+    assert _pick("auto", flags=X86_OLD) == "int4"
+    assert _pick("auto", flags=X86_AVXVNNI) == "int4"  # AVX2-width VNNI: not fbgemm's fast path
+    assert _pick("auto", flags=X86_AVXVNNI, int8=False) == "int4"
+    assert _pick("auto", flags=X86_OLD, int4=False) == "float32"  # torch without the kernels
+    assert _pick("auto", "float32", flags=X86_OLD) == "float32"  # a linear_dtype asked for
     assert _pick("auto", flags=frozenset({"asimd", "bf16"}), machine="aarch64") == "float32"
 
 
@@ -201,6 +220,8 @@ def test_explicit_choices_and_exact_fp32() -> None:
     assert _pick("none", "auto", flags=X86_VNNI) == "bfloat16"
     assert _pick("none", "bfloat16", flags=X86_OLD) == "bfloat16"
     assert _pick("int8", flags=X86_OLD) == "int8"  # runs, with reduce_range
+    assert _pick("int4", flags=X86_VNNI) == "int4"  # asked for: any CPU with the kernels
+    assert _pick("none", flags=X86_OLD) == "float32"  # never quantizes
 
 
 def test_auto_keeps_todays_behaviour_on_cuda_and_non_fp32() -> None:
@@ -213,8 +234,12 @@ def test_auto_keeps_todays_behaviour_on_cuda_and_non_fp32() -> None:
         _pick("int8", int8=False)
     with pytest.raises(ValueError, match="linear_dtype"):
         _pick("none", "bfloat16", device="cuda")
+    with pytest.raises(ValueError, match="int4"):
+        _pick("int4", device="cuda")
+    with pytest.raises(ValueError, match="int4 and int8 weight-only kernels"):
+        _pick("int4", int4=False)
     with pytest.raises(ValueError, match="quantization"):
-        _pick("int4")
+        _pick("int2")
 
 
 def test_the_reason_names_the_feature() -> None:

@@ -8,6 +8,11 @@ kernel accumulates in fp32 and rounds the output to bf16 once (relative
 over 200 random shapes, asserted < 4e-3. Against the exact product of the
 checkpoint's weight (the input and the group scales rounded to bf16 too):
 measured <= 4.7e-3, asserted < 8e-3.
+
+The int8 weight-only head (:class:`Int8WeightLinear`) against
+``bf16(x) @ (q * bf16(scale)).T`` in float64, the same arithmetic: the
+kernel's fp32 accumulation and its one bf16 rounding of the output (2**-8
+per element) bound it as the 4-bit one is, asserted < 4e-3 of the norm.
 """
 
 from __future__ import annotations
@@ -20,10 +25,12 @@ from hypothesis import strategies as st
 from bargein.engine.model.weight_only import (
     GROUP_SIZE,
     Int4Linear,
+    Int8WeightLinear,
     RowSplitLinear,
     exact_groups,
     holds_exactly,
     int4_kernel_available,
+    int8_weight_kernel_available,
     quantize_groups,
 )
 
@@ -133,3 +140,31 @@ def test_row_split_runs_the_small_kernel_up_to_max_rows() -> None:
     layer(torch.ones(5, 64))
     layer(torch.ones(0, 64))  # an empty input goes to the general kernel, which handles it
     assert calls == [5, 0]
+
+
+@pytest.mark.skipif(not int8_weight_kernel_available(), reason="torch without the int8 weight-only kernel")
+@settings(max_examples=40, deadline=None)
+@given(
+    out_blocks=st.integers(1, 64),
+    in_features=st.sampled_from([32, 64, 96, 576]),
+    rows=st.integers(1, 12),
+    seed=st.integers(0, 2**16),
+)
+def test_int8_weight_linear_matches_its_reference(
+    out_blocks: int, in_features: int, rows: int, seed: int
+) -> None:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(16 * out_blocks, in_features, generator=g) * in_features**-0.5
+    w[0] *= 30.0  # a loud channel: its own scale keeps the others' grid fine
+    layer = Int8WeightLinear(w)
+    x = torch.randn(rows, in_features, generator=g)
+    y = layer(x)
+    assert y.dtype == torch.float32 and y.shape == (rows, 16 * out_blocks)
+    assert layer.q.dtype == torch.int8 and layer.scale.dtype == torch.bfloat16
+    ref = x.bfloat16().double() @ (layer.q.double() * layer.scale.double()[:, None]).t()
+    assert float((y.double() - ref).norm() / ref.norm()) < 4e-3
+    # and the int8 grid is the weight's, per channel, on the step the kernel reads:
+    # each weight within half a step of its code (the largest, clamped to 127,
+    # within 127 times the step's bf16 rounding, 2**-8 of it: also half a step)
+    step = layer.scale.double()[:, None]
+    assert bool(((layer.q.double() * step - w.double()).abs() <= 0.5 * step * 1.001).all())
