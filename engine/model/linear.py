@@ -48,8 +48,9 @@ AVX2-only ones): the linears are fp32 (:class:`Linear`) here;
 ``ModelRunner`` runs steps of a few rows on the checkpoint's own 4-bit
 weights and the head on int8 weights (``weight_only``). Without VNNI, fbgemm
 needs 7-bit activations (``reduce_range``), and int8 then lost too much
-(mean KL 0.024 against fp32), while the 4-bit path costs only bf16's
-rounding (0.0003).
+(mean KL 0.024 against fp32), while the 4-bit layers cost only bf16's
+rounding (0.0003) and the int8 head brings the format to 0.0016
+(docs/perf/quality.md).
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ PACKED_MIN_ROWS = 4
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 INT4_WHY = (
     "the checkpoint's 4-bit weights and an int8 head at steps of a few rows, fp32 above; "
-    "mean KL vs fp32 0.0003"
+    "mean KL vs fp32 0.0016"
 )
 
 
@@ -285,7 +286,7 @@ def choose_linear_format(
     x86 CPU has avx512_vnni and torch has fbgemm (fastest at 1 to 32
     sequences, docs/perf/formats.md); else bf16 where it has avx512_bf16 or
     amx_bf16; else, on x86 with torch's int4 kernel, int4 (the checkpoint's
-    4-bit weights at steps of a few rows, fp32 above: 0.0003;
+    4-bit weights at steps of a few rows, fp32 above: 0.0016;
     docs/perf/formats-avx2.md); else ``linear_dtype``, whose ``"auto"`` is
     fp32 there. An explicit ``linear_dtype`` under ``auto`` is kept. Exact
     fp32 is ``quantization="none", linear_dtype="float32"``. Elsewhere

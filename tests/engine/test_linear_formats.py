@@ -204,7 +204,7 @@ def test_auto_picks_by_cpu_features() -> None:
     assert _pick("auto", flags=X86_BF16_ONLY) == "bfloat16"
     assert _pick("auto", flags=frozenset({"amx_bf16"})) == "bfloat16"
     # no avx512_vnni, no bf16: int8 would need 7-bit activations (mean KL 0.024);
-    # int4 is 0.002 and 1.6-3.2x fp32 at 1 to 8 sequences (docs/perf/formats-avx2.md)
+    # int4 is 0.0016 and 1.6-3.2x fp32 at 1 to 8 sequences (docs/perf/formats-avx2.md)
     assert _pick("auto", flags=X86_OLD) == "int4"
     assert _pick("auto", flags=X86_AVXVNNI) == "int4"  # AVX2-width VNNI: not fbgemm's fast path
     assert _pick("auto", flags=X86_AVXVNNI, int8=False) == "int4"
