@@ -186,7 +186,7 @@ class LlamaModel:
         self.embed = to(weights["model.embed_tokens.weight"])
         self.norm = to(weights["model.norm.weight"])
         head = self.embed if _tied(config, weights) else to(weights["lm_head.weight"])
-        self.lm_head = make_linear(head, None, self.head_format)
+        self.lm_head: LinearLayer = make_linear(head, None, self.head_format)
         inv_freq, scaling = _rope_inv_freq(config)
         self.cos_sin_cache = build_cos_sin_cache(max_model_len, self.shape.head_dim, inv_freq, scaling).to(
             device
