@@ -282,16 +282,14 @@ class ModelRunner:
                 groups = weight_only.exact_groups(w)
                 if groups is None:
                     return None
-                scaling = None if smoothings is None else smoothings[(i, kind)]
-                if scaling is not None and b is not None and scaling.out_scale is not None:
-                    b = b.float() / scaling.out_scale
+                in_scale = out_scale = None
+                if smoothings is not None:
+                    scaling = smoothings[(i, kind)]
+                    in_scale, out_scale = scaling.in_scale, scaling.out_scale
+                if b is not None and out_scale is not None:
+                    b = b.float() / out_scale
                 small[kind] = weight_only.RowSplitLinear(
-                    weight_only.Int4Linear.from_groups(
-                        groups,
-                        b,
-                        in_scale=None if scaling is None else scaling.in_scale,
-                        out_scale=None if scaling is None else scaling.out_scale,
-                    ),
+                    weight_only.Int4Linear.from_groups(groups, b, in_scale=in_scale, out_scale=out_scale),
                     getattr(layer, kind),
                     max_rows,
                 )

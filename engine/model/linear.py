@@ -70,6 +70,8 @@ LinearFormat = Literal["float32", "bfloat16", "int8", "int4"]
 # rows from which the prepacked fp32 GEMM wins (measured: slower at 1, faster at 8)
 PACKED_MIN_ROWS = 4
 
+# the flag fbgemm's VNNI kernels need (they are AVX-512; avx_vnni alone is AVX2 width)
+FBGEMM_VNNI_FLAG = "avx512_vnni"
 # bf16 dot products / tiles
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 INT4_WHY = (
@@ -154,10 +156,15 @@ def _bf16_gemm_ok() -> bool:
     return bool(check()) if check is not None else False
 
 
+def weight_scale_per_channel(weight: torch.Tensor) -> torch.Tensor:
+    """``[out]`` fp32: each output channel's absmax / 127 (symmetric int8's step)."""
+    return (weight.abs().amax(dim=1) / 127.0).clamp_min(1e-12).float()
+
+
 def quantize_weight_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric per-output-channel int8: ``(q [out, in] int8, scale [out] fp32)``,
     ``weight ~= q * scale[:, None]``, ``q`` in [-127, 127]."""
-    scale = (weight.abs().amax(dim=1) / 127.0).clamp_min(1e-12).float()
+    scale = weight_scale_per_channel(weight)
     q = torch.round(weight / scale[:, None]).clamp_(-127, 127).to(torch.int8)
     return q, scale
 
@@ -232,7 +239,8 @@ def make_linear(
     ``fmt`` is what :func:`choose_linear_format` returned: a
     :data:`LinearFormat`, or the model dtype's name off the CPU's fp32 path.
     ``float32``, ``int4`` (its large steps; ``ModelRunner`` adds the small
-    ones), a dtype name, or a weight not in fp32 keeps the weight's own dtype; ``bfloat16`` and ``int8`` convert a copy and take fp32 input.
+    ones), a dtype name, or a weight not in fp32 keeps the weight's own
+    dtype; ``bfloat16`` and ``int8`` convert a copy and take fp32 input.
     """
     if fmt == "int8":
         return Int8Linear(weight, bias, reduce_range=reduce_range)
@@ -259,7 +267,7 @@ def _fbgemm_has_vnni() -> bool:
     """fbgemm runs its VNNI kernels here: they are AVX-512 (``avx512_vnni``, the
     flag torch's own ``is_cpu_support_vnni`` reads). With ``avx_vnni`` alone it
     runs its AVX2 kernels, whose int16 pair sums 8-bit activations overflow."""
-    return "avx512_vnni" in cpu_flags()
+    return FBGEMM_VNNI_FLAG in cpu_flags()
 
 
 def _is_x86(machine: str) -> bool:
@@ -317,8 +325,12 @@ def choose_linear_format(
     if quantization == "int8":
         if not int8_ok:
             raise ValueError("quantization=int8 needs torch's fbgemm engine (x86 builds)")
-        vnni = "avx512_vnni" in flags
-        why = "with avx512_vnni" if vnni else "no avx512_vnni: 7-bit activations (reduce_range), slower"
+        vnni = FBGEMM_VNNI_FLAG in flags
+        why = (
+            f"with {FBGEMM_VNNI_FLAG}"
+            if vnni
+            else f"no {FBGEMM_VNNI_FLAG}: 7-bit activations (reduce_range), slower"
+        )
         return "int8", f"quantization=int8 ({why})"
     if quantization == "int4":
         if not int4_available:
@@ -328,7 +340,7 @@ def choose_linear_format(
     if quantization == "auto" and linear_dtype == "auto":
         # int8 with AVX-512 VNNI: fbgemm's fast path (avx_vnni alone is AVX2 width,
         # and without VNNI int8 needs 7-bit activations, losing quality)
-        if int8_ok and "avx512_vnni" in flags and _is_x86(machine):
+        if int8_ok and FBGEMM_VNNI_FLAG in flags and _is_x86(machine):
             return "int8", "auto: CPU with avx512_vnni -> int8 linears (smoothed; mean KL vs fp32 0.008)"
         if bf16:
             return "bfloat16", f"auto: CPU with {bf16[0]}, no avx512_vnni -> bf16 linears"

@@ -35,7 +35,7 @@ from collections.abc import Callable
 
 import torch
 
-from bargein.engine.model.linear import quantize_weight_per_channel
+from bargein.engine.model.linear import weight_scale_per_channel
 
 GROUP_SIZE = 32  # weights per scale and zero, along the input (Q4_1's block)
 MAX_ROWS = 4  # rows up to which int4 beats int8 here (the table above)
@@ -201,12 +201,12 @@ class Int8WeightLinear:
 
     ``q`` is ``weight`` quantized symmetrically per output channel on the
     bf16-rounded scale the kernel reads (the int8 format's absmax / 127,
-    ``linear.quantize_weight_per_channel``), so each weight is within half a
+    ``linear.weight_scale_per_channel``), so each weight is within half a
     step of its code (rounding on the fp32 scale and multiplying by its bf16
     copy would be up to 127 * 2**-8 steps off at the largest); the GEMM runs
     ``torch._weight_int8pack_mm`` on bf16 activations with fp32 accumulation
     and rounds its output to bf16 once. (On fp32 activations the same kernel
-    was 1.4-17x slower than fp32's GEMM here: only bf16 in is fast.)
+    was 1.4-27x slower than fp32's GEMM here: only bf16 in is fast.)
 
     Args:
         weight: ``[out, in]`` fp32 (CPU); only the int8 copy is kept.
@@ -216,8 +216,7 @@ class Int8WeightLinear:
 
     def __init__(self, weight: torch.Tensor) -> None:
         w = weight.float()
-        _, scale = quantize_weight_per_channel(w)
-        self.scale = scale.to(torch.bfloat16)
+        self.scale = weight_scale_per_channel(w).to(torch.bfloat16)
         self.q = torch.round(w / self.scale.float()[:, None]).clamp_(-127, 127).to(torch.int8)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

@@ -14,8 +14,8 @@ norm, ``||y - ref|| / ||ref||``):
   float32), and the GEMM is exact integer arithmetic, so the two agree to
   fp32 rounding: measured <= 7e-8 over the grid below with 7-bit activations
   (AVX2, no VNNI), asserted < 1e-3. (An fp64 grid of our own rounded the zero
-  point and ties differently: up to 1.5e-2 off.) Against the unquantized fp32 product the error is the int8 noise
-  itself (inputs with a 20x outlier channel): measured <= 5.4e-2 with 8-bit
+  point and ties differently: up to 1.5e-2 off.) Against the unquantized fp32
+  product the error is the int8 noise itself (inputs with a 20x outlier channel): measured <= 5.4e-2 with 8-bit
   activations, asserted < 8e-2; with 7-bit ones the grid step doubles, so the
   bound does (< 1.6e-1).
 * bf16: the reference is ``x.bfloat16().float() @ W.bfloat16().float().T`` in
