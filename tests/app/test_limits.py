@@ -101,12 +101,28 @@ def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-async def until(predicate: Any, what: str) -> None:
-    """Poll ``predicate`` until it holds; fail with ``what`` after 30 s (a hang guard, not a bound)."""
-    deadline = time.monotonic() + 30
+async def until(predicate: Any, what: str, guard_s: float = 30.0) -> None:
+    """Poll ``predicate`` until it holds; fail with ``what`` after ``guard_s``
+    seconds (a hang guard, not a bound)."""
+    deadline = time.monotonic() + guard_s
     while not predicate():
         assert time.monotonic() < deadline, what
         await asyncio.sleep(0.01)
+
+
+async def engine_idle(server: EmbeddedServer) -> None:
+    """Wait until nothing runs or waits in ``server``'s engine.
+
+    Answers of earlier tests may still be generating (a closed connection
+    does not stop its generation); on a loaded machine that can take long,
+    hence the wide hang guard.
+    """
+    stats = server.stats
+    await until(
+        lambda: stats().num_running == stats().num_waiting == 0,
+        "the engine is busy with another test's answers",
+        guard_s=180.0,
+    )
 
 
 # ---- API keys ------------------------------------------------------------------
@@ -315,6 +331,7 @@ async def test_cap_on_responses_generating_per_key(guarded: EmbeddedServer) -> N
         await client.connect()
     finished_before = num_finished()
     service.runner.add_step_listener(hold)
+    response_ids: list[tuple[RealtimeClient, str]] = []
     try:
         for client in clients[:2]:  # two answers generating
             await client.send(
@@ -325,7 +342,8 @@ async def test_cap_on_responses_generating_per_key(guarded: EmbeddedServer) -> N
                     "input": [{"role": "user", "content": "Tell me a long story."}],
                 }
             )
-            await client._expect("response.created")
+            created = await client._expect("response.created")
+            response_ids.append((client, created["response_id"]))
         # The engine stepped (the first answer is generating) and is held there.
         assert await asyncio.to_thread(held.wait, 60)  # a hang guard, not a bound
         # The request bucket (1/s, bursts of 2) refills: only the cap is left.
@@ -337,6 +355,9 @@ async def test_cap_on_responses_generating_per_key(guarded: EmbeddedServer) -> N
     finally:
         release.set()
         service.runner.remove_step_listener(hold)
+        for client, response_id in response_ids:  # the next tests want an idle engine
+            await client.send({"type": "response.cancel", "response_id": response_id})
+            await client._expect("response.done")
         for client in clients:
             await client.close()
     assert refused.value.code == "rate_limited"
@@ -376,11 +397,7 @@ async def test_full_queue_answers_overloaded_and_1013_at_connect(
     try:
         for client in clients:
             await client.connect()
-        stats = guarded.stats
-        await until(
-            lambda: stats().num_running == stats().num_waiting == 0,
-            "the engine is busy with another test's answers",
-        )
+        await engine_idle(guarded)
         rejected_before = _overloaded_count(queued)
         service.runner.add_step_listener(hold)
         try:
@@ -468,11 +485,7 @@ async def test_request_still_queued_at_its_deadline_is_dropped_with_overloaded(
         held.set()
         release.wait(60)  # a hang guard: never hold the engine for good
 
-    stats = guarded.stats
-    await until(
-        lambda: stats().num_running == stats().num_waiting == 0,
-        "the engine is busy with another test's answers",
-    )
+    await engine_idle(guarded)
     busy = RealtimeClient(guarded.ws_url, headers=bearer("k-late-busy"))
     await busy.connect()
 
