@@ -43,7 +43,6 @@ from bargein.engine.model_runner import ModelRunner, SeqInput  # noqa: E402
 BLOCK_SIZE = 16
 OPS = {
     "paged_attention_decode": "attention",
-    "decode_attention": "attention",  # fused with rotary and the KV write on decode-only CPU steps
     "rms_norm": "rms_norm",
     "rotary_embedding": "rotary",
     "silu_and_mul": "silu_and_mul",
@@ -101,9 +100,12 @@ def instrument(runner: ModelRunner, timers: Timers) -> Callable[[], None]:
     model = runner.model
     undo: list[Callable[[], None]] = []
     ops = model.ops  # a frozen table: swapped for a timed copy
-    model.ops = dataclasses.replace(
-        ops, **{op: timers.wrap(name, getattr(ops, op)) for op, name in OPS.items()}
-    )
+    timed = {op: timers.wrap(name, getattr(ops, op)) for op, name in OPS.items()}
+    if ops.decode_attention is not None:  # built once per step: its per-layer calls are timed
+        build = ops.decode_attention
+        # fused with rotary and the KV write on decode-only CPU steps
+        timed["decode_attention"] = lambda *args: timers.wrap("attention", build(*args))
+    model.ops = dataclasses.replace(ops, **timed)
     undo.append(lambda: setattr(model, "ops", ops))
     for layer in model.layers:
         for attr in LINEARS:
@@ -167,7 +169,7 @@ def profile(fmt: str, batch: int, context: int, reps: int) -> dict[str, float]:
     ms = {name: 1e3 * statistics.median(v) for name, v in parts.items()}
     ms["step"] = 1e3 * statistics.median(plain)
     ms["overhead"] = 1e3 * (statistics.median(wrapped) - statistics.median(plain))
-    ms["format"] = runner.model.linear_format  # type: ignore[assignment]
+    ms["format"] = runner.linear_format  # type: ignore[assignment]
     return ms
 
 

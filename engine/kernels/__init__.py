@@ -36,9 +36,12 @@ _OP_MODULES: dict[str, str] = {
 class Ops:
     """The kernel ops of one backend (signatures: the ``<op>_ref`` docstrings).
 
-    ``decode_attention`` is a fused path for decode-only steps (rotary, KV
-    write and attention in one call, ``cpu_fused.decode_attention``); a
-    backend without one leaves it None and the model calls the three ops.
+    ``decode_attention`` builds a fused path for decode-only steps, once per
+    step, from the step's positions, cos/sin cache, slots, block tables,
+    lengths, head count and scale; its layers call the result on their qkv
+    and caches (rotary, KV write and attention in one call,
+    ``cpu_fused.DecodeAttention``). A backend without one leaves it None and
+    the model calls the three ops.
     """
 
     rms_norm: Callable[..., tuple[Any, Any]]
@@ -57,7 +60,7 @@ TORCH_OPS = Ops(
     write_kv_cache=write_kv_cache_ref,
     paged_attention_decode=paged_attention_decode_cpu,  # the torch reference off float32
     paged_attention_prefill=paged_attention_prefill_cpu,  # short chunks on numba, else the reference
-    decode_attention=cpu_fused.decode_attention,
+    decode_attention=cpu_fused.DecodeAttention,
 )
 
 

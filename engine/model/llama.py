@@ -213,9 +213,20 @@ class LlamaModel:
         """
         x = F.embedding(input_ids, self.embed)
         residual = None
+        decode = None  # the step's fused decode attention, prepared once for all layers
+        if self.ops.decode_attention is not None and meta.num_prefill_seqs == 0:
+            decode = self.ops.decode_attention(
+                positions,
+                self.cos_sin_cache,
+                meta.slot_mapping,
+                meta.decode_block_tables,
+                meta.decode_seq_lens,
+                self.shape.num_heads,
+                self.scale,
+            )
         for layer, kv in zip(self.layers, kv_caches):
             h, residual = self.ops.rms_norm(x, layer.input_norm, self.shape.rms_norm_eps, residual)
-            h = self._attention(h, layer, positions, meta, kv)
+            h = self._attention(h, layer, positions, meta, kv, decode)
             h, residual = self.ops.rms_norm(h, layer.post_norm, self.shape.rms_norm_eps, residual)
             x = layer.down(self.ops.silu_and_mul(layer.gate_up(h)))
         return self.ops.rms_norm(x, self.norm, self.shape.rms_norm_eps, residual)[0]
@@ -231,25 +242,14 @@ class LlamaModel:
         positions: torch.Tensor,
         meta: AttentionMetadata,
         kv: torch.Tensor,
+        decode: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None,
     ) -> torch.Tensor:
         # kv: [2 (k, v), num_blocks, block_size, Hk, D], this layer's cache
         s = self.shape
         num_tokens = h.shape[0]
         qkv = layer.qkv(h)
-        if self.ops.decode_attention is not None and meta.num_prefill_seqs == 0:
-            out = self.ops.decode_attention(
-                qkv,
-                positions,
-                self.cos_sin_cache,
-                kv[0],
-                kv[1],
-                meta.slot_mapping,
-                meta.decode_block_tables,
-                meta.decode_seq_lens,
-                s.num_heads,
-                self.scale,
-            )
-            return layer.o_proj(out.view(num_tokens, -1))
+        if decode is not None:
+            return layer.o_proj(decode(qkv, kv[0], kv[1]).view(num_tokens, -1))
         q, k, v = qkv.split(
             [s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim, s.num_kv_heads * s.head_dim], -1
         )
