@@ -46,11 +46,12 @@ and is level at 32 rows, so it is the int8 kernel.
 ``int4`` (for x86 CPUs without ``avx512_vnni`` or bf16 dot products, such as
 AVX2-only ones): the linears are fp32 (:class:`Linear`) here;
 ``ModelRunner`` runs steps of a few rows on the checkpoint's own 4-bit
-weights and the head on int8 weights (``weight_only``). Without VNNI, fbgemm
-needs 7-bit activations (``reduce_range``), and int8 then lost too much
-(mean KL 0.024 against fp32), while the 4-bit layers cost only bf16's
-rounding (0.0003) and the int8 head brings the format to 0.0016
-(docs/perf/quality.md).
+weights and the head on int8 weights (``weight_only``). Without VNNI,
+fbgemm's int16 pair sums need one operand in 7 bits (:class:`Int8Linear`
+takes the weights), and int8 then loses too much (mean KL 0.013 against
+fp32; 0.024 with fbgemm's 7-bit activations instead), while the 4-bit
+layers cost only bf16's rounding (0.0003) and the int8 head brings the
+format to 0.0016 (docs/perf/quality.md).
 """
 
 from __future__ import annotations
@@ -156,16 +157,17 @@ def _bf16_gemm_ok() -> bool:
     return bool(check()) if check is not None else False
 
 
-def weight_scale_per_channel(weight: torch.Tensor) -> torch.Tensor:
-    """``[out]`` fp32: each output channel's absmax / 127 (symmetric int8's step)."""
-    return (weight.abs().amax(dim=1) / 127.0).clamp_min(1e-12).float()
+def weight_scale_per_channel(weight: torch.Tensor, qmax: int = 127) -> torch.Tensor:
+    """``[out]`` fp32: each output channel's absmax / ``qmax`` (the step of
+    symmetric int8, 127, or of its 7-bit subset, 63)."""
+    return (weight.abs().amax(dim=1) / float(qmax)).clamp_min(1e-12).float()
 
 
-def quantize_weight_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_weight_per_channel(weight: torch.Tensor, qmax: int = 127) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric per-output-channel int8: ``(q [out, in] int8, scale [out] fp32)``,
-    ``weight ~= q * scale[:, None]``, ``q`` in [-127, 127]."""
-    scale = weight_scale_per_channel(weight)
-    q = torch.round(weight / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    ``weight ~= q * scale[:, None]``, ``q`` in [-qmax, qmax]."""
+    scale = weight_scale_per_channel(weight, qmax)
+    q = torch.round(weight / scale[:, None]).clamp_(-qmax, qmax).to(torch.int8)
     return q, scale
 
 
@@ -187,21 +189,38 @@ def int8_kernel_available() -> bool:
 class Int8Linear:
     """fp32 in and out, W8A8: int8 per-channel weights, per-token dynamic u8 activations.
 
+    Without VNNI, fbgemm's AVX2 kernels multiply u8 activations by s8
+    weights with ``vpmaddubsw``, which sums each pair of products in int16
+    and saturates: 8-bit activations times 8-bit weights reach 2 * 255 *
+    127 = 64770 > 32767. fbgemm's advice is 7-bit activations
+    (``reduce_range``); here the weights take the 7-bit grid instead
+    (codes in [-63, 63]: 2 * 255 * 63 = 32130 fits), which costs less
+    quality: the smoothed model's mean KL against fp32 is 0.013 with 7-bit
+    weights, 0.024 with 7-bit activations (docs/perf/quality.md), at the
+    same speed (the same kernel).
+
     Args:
         weight: ``[out, in]`` fp32 (CPU); only the packed int8 copy is kept.
         bias: ``[out]`` or None, added in fp32 after the rescale.
-        reduce_range: 7-bit activations, for CPUs without VNNI whose
-            ``vpmaddubsw`` pairs saturate int16 (fbgemm's own advice);
-            ``None`` turns it on where /proc/cpuinfo shows no ``avx512_vnni``
+        weight_bits: 8 (codes in [-127, 127]) or 7 ([-63, 63]); ``None``:
+            8 where /proc/cpuinfo shows ``avx512_vnni``, 7 elsewhere
             (``avx_vnni`` alone does not count: fbgemm's VNNI kernels are AVX-512).
+
+    Raises:
+        ValueError: ``weight_bits`` is not 7, 8 or None.
     """
 
-    __slots__ = ("packed", "bias", "reduce_range", "out_features")
+    __slots__ = ("packed", "bias", "weight_bits", "out_features")
 
     def __init__(
-        self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, reduce_range: bool | None = None
+        self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, weight_bits: int | None = None
     ) -> None:
-        q, scale = quantize_weight_per_channel(weight.float())
+        if weight_bits is None:
+            weight_bits = 8 if _fbgemm_has_vnni() else 7
+        if weight_bits not in (7, 8):
+            raise ValueError(f"weight_bits={weight_bits} must be 7 or 8")
+        self.weight_bits = weight_bits
+        q, scale = quantize_weight_per_channel(weight.float(), 2 ** (weight_bits - 1) - 1)
         zero = torch.zeros(q.shape[0], dtype=torch.long)
         with warnings.catch_warnings():
             # quantized tensors are deprecated as a user API; fbgemm's prepack still takes one
@@ -210,17 +229,16 @@ class Int8Linear:
             with _quantized_engine("fbgemm"):
                 self.packed = torch.ops.quantized.linear_prepack(qw, None)
         self.bias = None if bias is None else bias.float()
-        self.reduce_range = not _fbgemm_has_vnni() if reduce_range is None else reduce_range
         self.out_features = q.shape[0]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] == 0:
             return x.new_zeros(0, self.out_features)
         if x.shape[0] == 1:
-            y = torch.ops.quantized.linear_dynamic(x, self.packed, self.reduce_range)
+            y = torch.ops.quantized.linear_dynamic(x, self.packed, False)
         else:
             s = x.abs().amax(dim=-1, keepdim=True).clamp_min_(1e-12)
-            y = torch.ops.quantized.linear_dynamic(x / s, self.packed, self.reduce_range).mul_(s)
+            y = torch.ops.quantized.linear_dynamic(x / s, self.packed, False).mul_(s)
         return y if self.bias is None else y + self.bias
 
 
@@ -231,8 +249,6 @@ def make_linear(
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     fmt: LinearFormat | str = "float32",
-    *,
-    reduce_range: bool | None = None,
 ) -> AnyLinear:
     """The linear layer of format ``fmt`` over ``weight`` (already on its device, in the model dtype).
 
@@ -243,7 +259,7 @@ def make_linear(
     dtype; ``bfloat16`` and ``int8`` convert a copy and take fp32 input.
     """
     if fmt == "int8":
-        return Int8Linear(weight, bias, reduce_range=reduce_range)
+        return Int8Linear(weight, bias)
     if fmt == "bfloat16" and weight.dtype == torch.float32:
         return Bf16Linear(weight, bias)
     return Linear(weight, bias)
@@ -266,7 +282,8 @@ def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset[str]:
 def _fbgemm_has_vnni() -> bool:
     """fbgemm runs its VNNI kernels here: they are AVX-512 (``avx512_vnni``, the
     flag torch's own ``is_cpu_support_vnni`` reads). With ``avx_vnni`` alone it
-    runs its AVX2 kernels, whose int16 pair sums 8-bit activations overflow."""
+    runs its AVX2 kernels, whose int16 pair sums overflow at 8-bit weights
+    and activations (:class:`Int8Linear` then takes 7-bit weights)."""
     return FBGEMM_VNNI_FLAG in cpu_flags()
 
 
@@ -329,7 +346,7 @@ def choose_linear_format(
         why = (
             f"with {FBGEMM_VNNI_FLAG}"
             if vnni
-            else f"no {FBGEMM_VNNI_FLAG}: 7-bit activations (reduce_range), slower"
+            else f"no {FBGEMM_VNNI_FLAG}: 7-bit weights; mean KL vs fp32 0.013"
         )
         return "int8", f"quantization=int8 ({why})"
     if quantization == "int4":
@@ -339,7 +356,7 @@ def choose_linear_format(
     bf16 = [f for f in BF16_FLAGS if f in flags] if _is_x86(machine) else []
     if quantization == "auto" and linear_dtype == "auto":
         # int8 with AVX-512 VNNI: fbgemm's fast path (avx_vnni alone is AVX2 width,
-        # and without VNNI int8 needs 7-bit activations, losing quality)
+        # and without VNNI int8 needs 7-bit weights: mean KL 0.013, over 0.01)
         if int8_ok and FBGEMM_VNNI_FLAG in flags and _is_x86(machine):
             return "int8", "auto: CPU with avx512_vnni -> int8 linears (smoothed; mean KL vs fp32 0.008)"
         if bf16:

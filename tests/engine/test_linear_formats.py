@@ -6,18 +6,18 @@ norm, ``||y - ref|| / ||ref||``):
 
 * int8: the reference is ``dequant(quant(x per token)) @ dequant(W per channel).T``
   with the same per-token u8 grid fbgemm uses (each row divided by its absmax,
-  then one asymmetric grid over [min, max] of the whole tensor, 0 included):
-  255 steps where the CPU has VNNI, 127 without (``reduce_range``: AVX2's
-  ``vpmaddubsw`` sums pairs of u8 x s8 products in int16, which 8-bit
-  activations overflow; the tests run what ``Int8Linear`` picks on this CPU).
-  The grid's scale and zero point are torch's own (``_choose_qparams_per_tensor``,
-  float32), and the GEMM is exact integer arithmetic, so the two agree to
-  fp32 rounding: measured <= 7e-8 over the grid below with 7-bit activations
-  (AVX2, no VNNI), asserted < 1e-3. (An fp64 grid of our own rounded the zero
-  point and ties differently: up to 1.5e-2 off.) Against the unquantized fp32
-  product the error is the int8 noise itself (inputs with a 20x outlier channel): measured <= 5.4e-2 with 8-bit
-  activations, asserted < 8e-2; with 7-bit ones the grid step doubles, so the
-  bound does (< 1.6e-1).
+  then one asymmetric grid over [min, max] of the whole tensor, 0 included,
+  255 steps), and weight codes in [-127, 127] where the CPU has VNNI, in
+  [-63, 63] without (AVX2's ``vpmaddubsw`` sums pairs of u8 x s8 products
+  in int16, which 8-bit weights and activations overflow; the tests run
+  what ``Int8Linear`` picks on this CPU). The grid's scale and zero point
+  are torch's own (``_choose_qparams_per_tensor``, float32), and the GEMM is
+  exact integer arithmetic, so the two agree to fp32 rounding, asserted
+  < 1e-3. (An fp64 grid of our own rounded the zero point and ties
+  differently: up to 1.5e-2 off.) Against the unquantized fp32 product the
+  error is the int8 noise itself (inputs with a 20x outlier channel):
+  measured <= 5.4e-2 with 8-bit weights, asserted < 8e-2; with 7-bit ones
+  the weights' step doubles, asserted < 1.2e-1.
 * bf16: the reference is ``x.bfloat16().float() @ W.bfloat16().float().T`` in
   fp32; oneDNN accumulates in fp32 and rounds the output to bf16 once
   (relative 2**-8 = 3.9e-3 per element): measured <= 2.0e-3, asserted < 4e-3, and
@@ -50,30 +50,30 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
 
-def _activation_grid_dequant(x: torch.Tensor, reduce_range: bool) -> torch.Tensor:
+def _activation_grid_dequant(x: torch.Tensor) -> torch.Tensor:
     """Quantize-dequantize ``x [T, in]`` fp32 per tensor as fbgemm's dynamic
-    linear does: u8, asymmetric, 0 in range, torch's own qparams (in float32,
-    with its zero-point rounding), 127 steps under ``reduce_range``, else 255."""
-    scale, zero = torch._choose_qparams_per_tensor(x, reduce_range)
+    linear does: u8, asymmetric, 0 in range, 255 steps, torch's own qparams
+    (in float32, with its zero-point rounding)."""
+    scale, zero = torch._choose_qparams_per_tensor(x, False)
     return torch.quantize_per_tensor(x, scale, zero, torch.quint8).dequantize()
 
 
-def int8_reference(x: torch.Tensor, w: torch.Tensor, *, reduce_range: bool) -> torch.Tensor:
-    """``dequant(quant(x per token)) @ dequant(W per channel).T``, the product in fp64;
-    ``reduce_range``: 7-bit activations (127 steps), else 8-bit (255)."""
-    q, scale = quantize_weight_per_channel(w)
+def int8_reference(x: torch.Tensor, w: torch.Tensor, *, weight_bits: int) -> torch.Tensor:
+    """``dequant(quant(x per token)) @ dequant(W per channel).T``, the product in
+    fp64; weight codes in [-127, 127] at ``weight_bits`` 8, [-63, 63] at 7."""
+    q, scale = quantize_weight_per_channel(w, 2 ** (weight_bits - 1) - 1)
     w_deq = q.double() * scale.double()[:, None]
     if x.shape[0] == 1:
-        x_deq = _activation_grid_dequant(x, reduce_range).double()
+        x_deq = _activation_grid_dequant(x).double()
     else:
         s = x.abs().amax(dim=-1, keepdim=True)
-        x_deq = _activation_grid_dequant(x / s, reduce_range).double() * s.double()
+        x_deq = _activation_grid_dequant(x / s).double() * s.double()
     return (x_deq @ w_deq.T).float()
 
 
 def _noise_bound(lin: Int8Linear) -> float:
-    """The bound on int8's error against the fp32 product: 8e-2 at 8-bit activations, twice at 7."""
-    return 1.6e-1 if lin.reduce_range else 8e-2
+    """The bound on int8's error against the fp32 product: 8e-2 at 8-bit weights, 1.2e-1 at 7."""
+    return 8e-2 if lin.weight_bits == 8 else 1.2e-1
 
 
 def _inputs(rows: int, n_in: int, n_out: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -104,18 +104,39 @@ def test_int8_matches_quantized_reference(n_out: int, n_in: int, rows: int) -> N
     lin = Int8Linear(w)  # this CPU's activation grid
     y = lin(x)
     assert y.shape == (rows, n_out) and y.dtype == torch.float32
-    assert _rel(y, int8_reference(x, w, reduce_range=lin.reduce_range)) < 1e-3
+    assert _rel(y, int8_reference(x, w, weight_bits=lin.weight_bits)) < 1e-3
     assert _rel(y, x @ w.T) < _noise_bound(lin)
 
 
 @needs_int8
-@pytest.mark.parametrize("reduce_range", [False, True])
-def test_int8_reference_tells_the_grids_apart(reduce_range: bool) -> None:
+@pytest.mark.parametrize("weight_bits", [7, 8])
+def test_int8_reference_tells_the_grids_apart(weight_bits: int) -> None:
     """The 7- and 8-bit references differ by more than the tolerance, so the
     test above checks which grid this CPU's kernel runs."""
     x, w = _inputs(8, 576, 576, seed=5)
-    other = int8_reference(x, w, reduce_range=not reduce_range)
-    assert _rel(int8_reference(x, w, reduce_range=reduce_range), other) > 1e-2
+    other = int8_reference(x, w, weight_bits=15 - weight_bits)
+    assert _rel(int8_reference(x, w, weight_bits=weight_bits), other) > 1e-2
+
+
+@needs_int8
+@pytest.mark.parametrize("rows", [1, 8])
+def test_int8_never_saturates_at_the_largest_codes(rows: int) -> None:
+    """Every activation at the top of its u8 grid and every weight at its
+    largest code: where ``vpmaddubsw``'s int16 pair sums could overflow
+    (8-bit weights without VNNI), the product is still exact. (8-bit weights
+    on this input were 49% off on an AVX2-only CPU.)"""
+    x = torch.ones(rows, 576)
+    x[:, 0] = 0.0  # the grid's 0, so every other entry quantizes to 255
+    w = torch.ones(64, 576)
+    w[:, 1] = -1.0  # symmetric codes: the largest magnitude is at both ends
+    lin = Int8Linear(w)
+    assert _rel(lin(x), int8_reference(x, w, weight_bits=lin.weight_bits)) < 1e-6
+    assert _rel(lin(x), x @ w.T) < 1e-6
+
+
+def test_int8_takes_only_7_or_8_bit_weights() -> None:
+    with pytest.raises(ValueError, match="weight_bits"):
+        Int8Linear(torch.ones(16, 32), weight_bits=4)
 
 
 @needs_int8
@@ -123,7 +144,7 @@ def test_int8_bias_and_empty_input() -> None:
     x, w = _inputs(5, 64, 48, seed=1)
     b = torch.randn(48)
     lin = Int8Linear(w, b)
-    assert _rel(lin(x), int8_reference(x, w, reduce_range=lin.reduce_range) + b) < 1e-3
+    assert _rel(lin(x), int8_reference(x, w, weight_bits=lin.weight_bits) + b) < 1e-3
     assert Int8Linear(w)(x[:0]).shape == (0, 48)
 
 
@@ -203,7 +224,7 @@ def test_auto_picks_by_cpu_features() -> None:
     assert _pick("auto", "bfloat16", flags=X86_VNNI) == "bfloat16"
     assert _pick("auto", flags=X86_BF16_ONLY) == "bfloat16"
     assert _pick("auto", flags=frozenset({"amx_bf16"})) == "bfloat16"
-    # no avx512_vnni, no bf16: int8 would need 7-bit activations (mean KL 0.024);
+    # no avx512_vnni, no bf16: int8 would need 7-bit weights (mean KL 0.013);
     # int4 is 0.0016 and 1.6-3.2x fp32 at 1 to 8 sequences (docs/perf/formats-avx2.md)
     assert _pick("auto", flags=X86_OLD) == "int4"
     assert _pick("auto", flags=X86_AVXVNNI) == "int4"  # AVX2-width VNNI: not fbgemm's fast path
@@ -219,7 +240,7 @@ def test_explicit_choices_and_exact_fp32() -> None:
     assert _pick("auto", "bfloat16", flags=X86_OLD) == "bfloat16"
     assert _pick("none", "auto", flags=X86_VNNI) == "bfloat16"
     assert _pick("none", "bfloat16", flags=X86_OLD) == "bfloat16"
-    assert _pick("int8", flags=X86_OLD) == "int8"  # runs, with reduce_range
+    assert _pick("int8", flags=X86_OLD) == "int8"  # runs, with 7-bit weights
     assert _pick("int4", flags=X86_VNNI) == "int4"  # asked for: any CPU with the kernels
     assert _pick("none", flags=X86_OLD) == "float32"  # never quantizes
 
