@@ -32,7 +32,7 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 def takes_caches(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
     """The numba kernels read these caches: both on the CPU, of one dtype in
     ``KERNEL_DTYPES``."""
-    return k_cache.device.type == "cpu" and k_cache.dtype in KERNEL_DTYPES and v_cache.dtype == k_cache.dtype
+    return k_cache.is_cpu and k_cache.dtype in KERNEL_DTYPES and v_cache.dtype == k_cache.dtype
 
 
 def kernel_view(cache: torch.Tensor) -> np.ndarray:
