@@ -308,7 +308,7 @@ class DecodeAttention:
     which each call takes.
     """
 
-    __slots__ = ("_args", "_ref", "_kernel", "_num_heads", "_splits")
+    __slots__ = ("_args", "_ref", "_kernel", "_num_heads", "_scale", "_splits")
 
     def __init__(
         self,
@@ -320,7 +320,7 @@ class DecodeAttention:
         num_heads: int,
         scale: float,
     ) -> None:
-        self._num_heads = num_heads
+        self._num_heads, self._scale = num_heads, float(scale)
         self._ref = (positions, cos_sin_cache, slot_mapping, block_tables, seq_lens, scale)
         self._kernel: Any = None
         self._args: tuple[Any, ...] = ()
@@ -368,7 +368,7 @@ class DecodeAttention:
             tables,
             lens,
             num_heads,
-            float(self._ref[5]),
+            self._scale,
             self._splits,
             out.numpy(),
         )

@@ -235,10 +235,10 @@ class Int8Linear:
         if x.shape[0] == 0:
             return x.new_zeros(0, self.out_features)
         if x.shape[0] == 1:
-            y = torch.ops.quantized.linear_dynamic(x, self.packed, False)
+            y = torch.ops.quantized.linear_dynamic(x, self.packed)  # 8-bit activations
         else:
             s = x.abs().amax(dim=-1, keepdim=True).clamp_min_(1e-12)
-            y = torch.ops.quantized.linear_dynamic(x / s, self.packed, False).mul_(s)
+            y = torch.ops.quantized.linear_dynamic(x / s, self.packed).mul_(s)
         return y if self.bias is None else y + self.bias
 
 
