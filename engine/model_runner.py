@@ -20,7 +20,7 @@ import torch
 
 from bargein.engine.attention import AttentionMetadata
 from bargein.engine.config import CacheConfig, ModelConfig
-from bargein.engine.kernels import get_ops
+from bargein.engine.kernels import cpu_qblock, get_ops
 from bargein.engine.model import smooth, weight_only
 from bargein.engine.model.linear import choose_linear_format, cpu_has_bf16
 from bargein.engine.model.llama import (
@@ -232,27 +232,41 @@ class ModelRunner:
         return model
 
     def _int4(self, loaded: Any, build: Callable[..., LlamaModel]) -> LlamaModel:
-        """The int4 format: fp32 linears, with steps of up to
-        ``weight_only.FP32_MAX_ROWS`` rows on the checkpoint's 4-bit weights
-        and of up to ``weight_only.HEAD_MAX_ROWS`` on an int8 head (bf16
-        activations), where each beat fp32 (``weight_only``'s tables). A
+        """The int4 format: fp32 linears, with steps of a few rows on the
+        checkpoint's 4-bit weights and an 8-bit head, where each beat fp32.
+
+        Where the block kernels run (``cpu_qblock``: AVX2, FMA, F16C and a C
+        compiler), the layers are Q4_1 and the head Q8_0 on int8 activations,
+        up to ``weight_only.QBLOCK_MAX_ROWS`` rows; elsewhere torch's W4A16
+        layers up to ``weight_only.FP32_MAX_ROWS`` and its int8 weight-only
+        head up to ``weight_only.HEAD_MAX_ROWS`` (``weight_only``'s tables). A
         checkpoint not on a 4-bit grid keeps fp32 layers (4 bits would cost
-        it quality); the head's int8 is its own rounding (docs/perf/quality.md)."""
+        it quality); the head's 8 bits are its own rounding (docs/perf/quality.md)."""
         model = build(loaded.weights, "float32")
-        small = self._int4_small_steps(model.layers, loaded.weights, None, weight_only.FP32_MAX_ROWS)
+        blocks = cpu_qblock.available()
+        layer_rows = weight_only.QBLOCK_MAX_ROWS if blocks else weight_only.FP32_MAX_ROWS
+        head_rows = weight_only.QBLOCK_MAX_ROWS if blocks else weight_only.HEAD_MAX_ROWS
+        small = self._int4_small_steps(model.layers, loaded.weights, None, layer_rows)
         if small is not None:
             model.layers = small
+        head = head_weight(loaded.config, loaded.weights)
         model.lm_head = weight_only.RowSplitLinear(
-            weight_only.Int8WeightLinear(head_weight(loaded.config, loaded.weights)),
+            cpu_qblock.Q8_0Linear(head) if blocks else weight_only.Int8WeightLinear(head),
             model.lm_head,
-            weight_only.HEAD_MAX_ROWS,
+            head_rows,
         )
         logger.info(
-            "int4: %s; the head on int8 weights up to %d rows, fp32 above",
-            f"steps of up to {weight_only.FP32_MAX_ROWS} rows on the checkpoint's 4-bit weights, fp32 above"
+            "int4: %s; the head %s up to %d rows, fp32 above",
+            (
+                f"steps of up to {layer_rows} rows on the checkpoint's 4-bit weights "
+                f"({'Q4_1 x int8 block kernels' if blocks else 'torch W4A16'}), fp32 above"
+            )
             if small is not None
             else "fp32 layers (the checkpoint's weights are not 4-bit)",
-            weight_only.HEAD_MAX_ROWS,
+            "Q8_0 x int8"
+            if blocks
+            else f"on int8 weights (block kernels: {cpu_qblock.unavailable_reason()})",
+            head_rows,
         )
         return model
 
@@ -267,13 +281,15 @@ class ModelRunner:
         ``max_rows`` rows, its own kernel above; None where that would cost
         quality or cannot run: a weight not on a 4-bit grid (only a 4-bit
         checkpoint, such as the default Q4_1 GGUF, is held exactly) or no CPU
-        int4 kernel in this torch.
+        4-bit kernel: the Q4_1 block kernels (``cpu_qblock``) where they run,
+        else torch's W4A16 (torch >= 2.5).
 
         With ``smoothings`` (the int8 model's) the 4-bit kernel reads the
         checkpoint's weights with the smoothing around it
         (``smooth.Smoothing``); the smoothed model's bias is the checkpoint's
         divided by the output scale, as its output is."""
-        if self.device.type != "cpu" or not weight_only.int4_kernel_available():
+        blocks = smoothings is None and cpu_qblock.available()
+        if self.device.type != "cpu" or not (blocks or weight_only.int4_kernel_available()):
             return None
         out = []
         for i, layer in enumerate(layers):
@@ -288,8 +304,13 @@ class ModelRunner:
                     in_scale, out_scale = scaling.in_scale, scaling.out_scale
                 if b is not None and out_scale is not None:
                     b = b.float() / out_scale
+                kernel = (
+                    cpu_qblock.Q4_1Linear(groups, b)
+                    if blocks
+                    else weight_only.Int4Linear.from_groups(groups, b, in_scale=in_scale, out_scale=out_scale)
+                )
                 small[kind] = weight_only.RowSplitLinear(
-                    weight_only.Int4Linear.from_groups(groups, b, in_scale=in_scale, out_scale=out_scale),
+                    kernel,
                     getattr(layer, kind),
                     max_rows,
                 )

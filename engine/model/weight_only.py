@@ -51,6 +51,13 @@ FP32_MAX_ROWS = 12
 #   fp32                  18.3  34.4  12.0  13.3  14.8
 #   int8 (bf16 x)          5.4   5.9   6.7  12.9  19.9
 HEAD_MAX_ROWS = 4
+# Rows up to which the block kernels (kernels/cpu_qblock.py: Q4_1 layers,
+# Q8_0 head, int8 activations) beat fp32 there. The four GEMMs as above:
+#   rows     8    12    16    24    32
+#   fp32   31.2  35.9  41.4  59.8  63.6
+#   Q4_1   19.1  26.8  34.9  51.9  80.4
+# and the head (49152 x 576) 4.5 ms on Q8_0 at 8 rows against fp32's 13.3.
+QBLOCK_MAX_ROWS = 16
 # torch's CPU int4 packing: 1 inner k-tile (its only CPU layout), output rows in 16s
 _INNER_K_TILES = 1
 _PACK_ROWS = 16

@@ -21,11 +21,14 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from bargein.engine.config import CacheConfig, ModelConfig
+from bargein.engine.kernels import cpu_qblock
+from bargein.engine.kernels.cpu_qblock import Q4_1Linear, Q8_0Linear
 from bargein.engine.model import smooth
 from bargein.engine.model.linear import Bf16Linear, Int8Linear, Linear, cpu_has_bf16, int8_kernel_available
 from bargein.engine.model.weight_only import (
     FP32_MAX_ROWS,
     HEAD_MAX_ROWS,
+    QBLOCK_MAX_ROWS,
     Int4Linear,
     Int8WeightLinear,
     RowSplitLinear,
@@ -77,20 +80,25 @@ def fp32_greedy(model_config: ModelConfig) -> tuple[ModelRunner, list[list[int]]
 
 
 def test_int4_generates_and_agrees_with_fp32(model_config: ModelConfig, fp32_greedy) -> None:
-    """int4: the 4-bit layers up to FP32_MAX_ROWS rows and the int8 head up to
-    HEAD_MAX_ROWS, fp32 kernels above; decoding one row runs both small ones."""
-    if not (int4_kernel_available() and int8_weight_kernel_available()):
-        pytest.skip("torch without the CPU int4 or int8 weight-only kernel")
+    """int4: 4-bit layers and an 8-bit head for steps of a few rows, fp32
+    kernels above; decoding one row runs both small ones. Where the block
+    kernels run, Q4_1 and Q8_0 up to QBLOCK_MAX_ROWS; else torch's W4A16 up to
+    FP32_MAX_ROWS and its int8 weight-only head up to HEAD_MAX_ROWS."""
+    blocks = cpu_qblock.available()
+    if not blocks and not (int4_kernel_available() and int8_weight_kernel_available()):
+        pytest.skip("no block kernels and torch without the CPU int4 or int8 weight-only kernel")
     runner = _runner(replace(model_config, quantization="int4"))
     assert runner.linear_format == "int4"
+    layer_kind, layer_rows = (Q4_1Linear, QBLOCK_MAX_ROWS) if blocks else (Int4Linear, FP32_MAX_ROWS)
+    head_kind, head_rows = (Q8_0Linear, QBLOCK_MAX_ROWS) if blocks else (Int8WeightLinear, HEAD_MAX_ROWS)
     for layer in runner.model.layers:
         for k in KINDS:
             split = getattr(layer, k)
-            assert isinstance(split, RowSplitLinear) and isinstance(split.small, Int4Linear)
-            assert isinstance(split.large, Linear) and split.max_rows == FP32_MAX_ROWS
+            assert isinstance(split, RowSplitLinear) and isinstance(split.small, layer_kind)
+            assert isinstance(split.large, Linear) and split.max_rows == layer_rows
     head = runner.model.lm_head
-    assert isinstance(head, RowSplitLinear) and isinstance(head.small, Int8WeightLinear)
-    assert isinstance(head.large, Linear) and head.max_rows == HEAD_MAX_ROWS
+    assert isinstance(head, RowSplitLinear) and isinstance(head.small, head_kind)
+    assert isinstance(head.large, Linear) and head.max_rows == head_rows
     assert runner.kv_caches.dtype == torch.bfloat16
     _, prompts, want = fp32_greedy
     free = _steps(runner, prompts[0], None)

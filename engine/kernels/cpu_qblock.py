@@ -1,0 +1,231 @@
+"""Q4_1 and Q8_0 block GEMMs with int8 activations for CPU steps of a few rows.
+
+At one to a few rows a decode step's GEMMs read every weight once and do
+little arithmetic on it, so their time is the bytes read and how fast each
+byte becomes a product. torch's ``_weight_int4pack_mm_for_cpu`` converts the
+4-bit weights to bf16 and multiplies in floating point; ``cpu_qblock.c``
+does what llama.cpp does on AVX2: the activations are quantized to int8 per
+row and block of 32 and each block's dot product is an integer one
+(``vpmaddubsw``), scaled once per block. Measured on an AVX2-only AMD EPYC
+(2 threads, the 30 layers' four GEMMs of SmolLM2-135M with distinct
+weights, ms, best of 9 in a loop)::
+
+    rows                       1      2      4      8     12
+    torch int4 (bf16 x)      8.01   8.72  11.08  21.47  31.92
+    Q4_1 x int8 (here)       4.85   6.41  10.08  16.94  26.09
+
+At one row that is 13.6 GB/s of weights and scales, near the 17 GB/s the
+machine reads. The int8 activations cost accuracy that the bf16 ones did
+not; ``docs/perf/quality.md`` measures it against fp32.
+
+The C source is compiled on first use with the system's C compiler
+(``$CC``, else ``cc``) into bargein's cache folder, keyed by its hash, as
+Triton and numba compile theirs; :func:`available` is False, with the reason
+in :func:`unavailable_reason`, where the CPU lacks AVX2, FMA or F16C or no
+compiler builds it, and the callers keep torch's kernels.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bargein.engine.model.linear import cpu_flags
+from bargein.engine.model.loader import cache_root
+
+logger = logging.getLogger(__name__)
+
+BLOCK = 32  # weights per block along the input (GGUF's QK4_1 and QK8_0)
+REQUIRED_FLAGS = ("avx2", "fma", "f16c")
+_SOURCE = Path(__file__).with_name("cpu_qblock.c")
+# GGUF's block layouts (ggml-common.h: block_q4_1, block_q8_0), fp16 scales first
+Q4_1_BLOCK = np.dtype([("d", "<f2"), ("m", "<f2"), ("qs", "u1", BLOCK // 2)])
+Q8_0_BLOCK = np.dtype([("d", "<f2"), ("qs", "i1", BLOCK)])
+_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
+
+
+@functools.cache
+def _library() -> tuple[ctypes.CDLL | None, str]:
+    """The compiled kernels, or None and why not."""
+    flags = cpu_flags()
+    missing = [f for f in REQUIRED_FLAGS if f not in flags]
+    if missing:
+        return None, f"the CPU lacks {', '.join(missing)}"
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    if compiler is None:
+        return None, "no C compiler (set CC or install gcc)"
+    source = _SOURCE.read_bytes()
+    key = hashlib.sha256(source + " ".join(_FLAGS).encode()).hexdigest()[:16]
+    target = cache_root(None) / "kernels" / f"cpu_qblock-{key}.so"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # Built beside the target and renamed into place: processes that
+        # compile at once each publish a whole library.
+        fd, partial = tempfile.mkstemp(suffix=".so", dir=target.parent)
+        os.close(fd)
+        try:
+            done = subprocess.run(
+                [compiler, *_FLAGS, str(_SOURCE), "-o", partial], capture_output=True, text=True, timeout=120
+            )
+            if done.returncode != 0:
+                return None, f"{compiler} failed: {done.stderr.strip()[-400:]}"
+            os.replace(partial, target)
+        finally:
+            if os.path.exists(partial):
+                os.unlink(partial)
+    # torch loaded first: the library's libgomp.so.1 resolves to torch's, one thread pool
+    lib = ctypes.CDLL(str(target))
+    for name in ("q4_1_gemm", "q8_0_gemm"):
+        fn = getattr(lib, name)
+        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+        fn.restype = ctypes.c_int
+    return lib, ""
+
+
+def available() -> bool:
+    """This CPU and system run the block kernels (compiling them on first call)."""
+    return _library()[0] is not None
+
+
+def unavailable_reason() -> str:
+    """Why :func:`available` is False; empty when it is True."""
+    return _library()[1]
+
+
+def pack_q4_1(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> torch.Tensor:
+    """GGUF Q4_1 blocks of ``w = scale * q + minimum``.
+
+    Args:
+        q: ``[out, in]`` integer codes in 0..15, ``in`` a multiple of 32.
+        scale, minimum: ``[out, in / 32]`` fp32, rounded to fp16 here.
+
+    Returns:
+        ``[out, in / 32 * 20]`` uint8, the blocks of each output channel.
+    """
+    out, k = q.shape
+    codes = q.to(torch.uint8).reshape(out, k // BLOCK, BLOCK).numpy()
+    blocks = np.empty((out, k // BLOCK), Q4_1_BLOCK)
+    blocks["d"] = scale.float().numpy()
+    blocks["m"] = minimum.float().numpy()
+    blocks["qs"] = codes[..., : BLOCK // 2] | (codes[..., BLOCK // 2 :] << 4)
+    return torch.from_numpy(blocks.view(np.uint8).reshape(out, -1).copy())
+
+
+def quantize_q8_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q8_0 codes and scales of ``weight`` (symmetric, absmax / 127 per block of 32).
+
+    The codes are rounded on the fp16 scale the kernel reads, so each weight
+    is within half a step of ``scale * q``; a Q8_0 checkpoint's weights come
+    back exactly.
+
+    Args:
+        weight: ``[out, in]`` float, ``in`` a multiple of 32.
+
+    Returns:
+        ``q`` ``[out, in]`` int8 in -127..127 and ``scale`` ``[out, in / 32]``
+        fp32 (fp16 values).
+    """
+    out, k = weight.shape
+    groups = weight.float().reshape(out, k // BLOCK, BLOCK)
+    scale = (groups.abs().amax(-1) / 127.0).half().float()
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.round(groups / safe[..., None]).clamp_(-127, 127).to(torch.int8)
+    return q.reshape(out, k), scale
+
+
+def pack_q8_0(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """GGUF Q8_0 blocks: ``q`` ``[out, in]`` int8, ``scale`` ``[out, in / 32]``
+    -> ``[out, in / 32 * 34]`` uint8."""
+    out, k = q.shape
+    blocks = np.empty((out, k // BLOCK), Q8_0_BLOCK)
+    blocks["d"] = scale.float().numpy()
+    blocks["qs"] = q.reshape(out, k // BLOCK, BLOCK).numpy()
+    return torch.from_numpy(blocks.view(np.uint8).reshape(out, -1).copy())
+
+
+def _gemm(name: str, blocks: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    lib = _library()[0]
+    if lib is None:
+        raise RuntimeError(f"the block kernels do not run here: {unavailable_reason()}")
+    if x.dtype != torch.float32 or x.dim() != 2:
+        raise ValueError(f"x must be [rows, in] float32, got {tuple(x.shape)} {x.dtype}")
+    x = x.contiguous()
+    rows, k = x.shape
+    out = blocks.shape[0]
+    y = torch.empty(rows, out)
+    if rows:
+        status = getattr(lib, name)(
+            blocks.data_ptr(), x.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(),
+            rows, out, k, torch.get_num_threads(),
+        )  # fmt: skip
+        if status:
+            raise MemoryError(f"{name}: no memory for the quantized activations of {rows} x {k}")
+    return y
+
+
+class Q4_1Linear:
+    """fp32 in and out: ``y = x @ (scale * q + minimum)^T + bias`` on int8 activations.
+
+    Args:
+        groups: ``(q, scale, minimum)``, what ``weight_only.quantize_groups``
+            or ``exact_groups`` return: ``[out, in]`` codes in 0..15 and
+            ``[out, in / 32]`` fp32 (rounded to fp16 here, as in the GGUF).
+        bias: ``[out]`` or None.
+
+    Raises:
+        ValueError: ``in`` is not a multiple of 32, or (on call) ``x`` is not
+            ``[rows, in]`` float32.
+    """
+
+    __slots__ = ("blocks", "bias", "in_features")
+
+    def __init__(
+        self, groups: tuple[torch.Tensor, torch.Tensor, torch.Tensor], bias: torch.Tensor | None = None
+    ):
+        q, scale, minimum = groups
+        if q.shape[1] % BLOCK:
+            raise ValueError(f"in_features={q.shape[1]} is not a multiple of {BLOCK}")
+        self.in_features = q.shape[1]
+        self.blocks = pack_q4_1(q, scale, minimum)
+        self.bias = None if bias is None else bias.float().contiguous()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"x has {x.shape[-1]} features, the layer takes {self.in_features}")
+        return _gemm("q4_1_gemm", self.blocks, x, self.bias)
+
+
+class Q8_0Linear:
+    """fp32 in and out: ``y = x @ (scale * q)^T`` on int8 activations (the
+    output head of the int4 format; Q8_0 is the default GGUF's head format).
+
+    Args:
+        weight: ``[out, in]`` float, ``in`` a multiple of 32 (quantized by
+            :func:`quantize_q8_0`; only the blocks are kept).
+
+    Raises:
+        ValueError: as :class:`Q4_1Linear`.
+    """
+
+    __slots__ = ("blocks", "in_features")
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        if weight.shape[1] % BLOCK:
+            raise ValueError(f"in_features={weight.shape[1]} is not a multiple of {BLOCK}")
+        self.in_features = weight.shape[1]
+        self.blocks = pack_q8_0(*quantize_q8_0(weight))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"x has {x.shape[-1]} features, the layer takes {self.in_features}")
+        return _gemm("q8_0_gemm", self.blocks, x, None)

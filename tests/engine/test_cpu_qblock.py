@@ -1,0 +1,135 @@
+"""The Q4_1 and Q8_0 block GEMMs (``kernels/cpu_qblock.c``) against plain torch.
+
+The reference does the same arithmetic in float64: each row of x quantized
+to int8 per block of 32 on its absmax / 127 (round half to even), times the
+dequantized weights. The kernel sums each block's integer products exactly
+and accumulates in float32, so the two agree to float32 rounding. The
+packed blocks are also checked byte for byte against the bundled GGUF's own.
+"""
+
+from __future__ import annotations
+
+import gguf
+import pytest
+import torch
+from gguf.quants import dequantize
+
+from bargein.engine.kernels import cpu_qblock
+from bargein.engine.kernels.cpu_qblock import Q4_1Linear, Q8_0Linear, pack_q4_1, pack_q8_0, quantize_q8_0
+from bargein.engine.model.loader import default_model_path
+from bargein.engine.model.weight_only import exact_groups, quantize_groups
+
+pytestmark = pytest.mark.skipif(not cpu_qblock.available(), reason=cpu_qblock.unavailable_reason())
+
+SHAPES = [(16, 32, 1), (48, 64, 2), (960, 576, 1), (576, 1536, 3), (64, 96, 8), (40, 160, 9), (32, 32, 17)]
+
+
+def quantized_activations(x: torch.Tensor) -> torch.Tensor:
+    """``x`` ``[rows, in]`` as the kernel sees it: int8 codes per block of 32 times their scale (float64)."""
+    blocks = x.double().reshape(x.shape[0], -1, 32)
+    scale = (blocks.abs().amax(-1).float() / 127).double()
+    codes = torch.round(blocks / torch.where(scale > 0, scale, 1)[..., None])
+    return (codes * scale[..., None]).reshape(x.shape)
+
+
+def q4_1_weight(groups: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """The weight the Q4_1 blocks hold: ``d * q + m`` on fp16 ``d`` and ``m`` (float64)."""
+    q, scale, minimum = groups
+    out, k = q.shape
+    d, m = scale.half().double()[..., None], minimum.half().double()[..., None]
+    return (q.double().reshape(out, -1, 32) * d + m).reshape(out, k)
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.double() - want).abs().max() / want.abs().max())
+
+
+@pytest.mark.parametrize(("out", "k", "rows"), SHAPES)
+def test_q4_1_matches_the_same_arithmetic_in_float64(out: int, k: int, rows: int) -> None:
+    torch.manual_seed(out * k + rows)
+    groups = quantize_groups(torch.randn(out, k))
+    bias = torch.randn(out)
+    x = torch.randn(rows, k) * 3
+    want = quantized_activations(x) @ q4_1_weight(groups).t() + bias.double()
+    assert relative_error(Q4_1Linear(groups, bias)(x), want) < 1e-5
+
+
+@pytest.mark.parametrize(("out", "k", "rows"), SHAPES)
+def test_q8_0_matches_the_same_arithmetic_in_float64(out: int, k: int, rows: int) -> None:
+    torch.manual_seed(out * k + rows)
+    w = torch.randn(out, k)
+    x = torch.randn(rows, k) * 3
+    q, scale = quantize_q8_0(w)
+    weight = (q.double().reshape(out, -1, 32) * scale.double()[..., None]).reshape(out, k)
+    assert relative_error(Q8_0Linear(w)(x), quantized_activations(x) @ weight.t()) < 1e-5
+
+
+def test_the_largest_codes_do_not_saturate() -> None:
+    """vpmaddubsw sums u8 x s8 pairs in int16 with saturation: 2 x 15 x 127 (Q4_1)
+    and 2 x 127 x 127 (Q8_0, the sign moved to x) must come out exact."""
+    k = 64
+    x = torch.full((2, k), 1.0)
+    x[1] = -1.0
+    q = torch.full((4, k), 15, dtype=torch.int32)
+    ones = torch.ones(4, k // 32)
+    got = Q4_1Linear((q, ones, torch.zeros(4, k // 32)))(x)
+    assert torch.equal(got, torch.tensor([[15.0 * k] * 4, [-15.0 * k] * 4]))
+    # Q8_0: codes -127 on the fp16 scale of 1/127, x's codes 127 on its fp32 one
+    # (a saturated pair sum, 32767 for 32258, would be 1.6% off)
+    w_scale = torch.tensor(1 / 127).half().double()
+    x_scale = torch.tensor(1 / 127).float().double()
+    want = k * 127 * 127 * w_scale * x_scale
+    got = Q8_0Linear(torch.full((4, k), -1.0))(x).double()
+    assert torch.allclose(
+        got, torch.tensor([[-want] * 4, [want] * 4], dtype=torch.float64), rtol=1e-6, atol=0
+    )
+
+
+def test_zero_blocks_and_zero_rows() -> None:
+    """An all-zero activation block has scale 0 (no division by it); no rows, no output."""
+    groups = quantize_groups(torch.randn(16, 64))
+    x = torch.zeros(1, 64)
+    x[0, 32:] = torch.randn(32)
+    want = quantized_activations(x) @ q4_1_weight(groups).t()
+    assert relative_error(Q4_1Linear(groups)(x), want) < 1e-5
+    assert Q4_1Linear(groups)(torch.empty(0, 64)).shape == (0, 16)
+
+
+def test_bad_inputs_are_refused() -> None:
+    layer = Q4_1Linear(quantize_groups(torch.randn(16, 64)))
+    with pytest.raises(ValueError, match="features"):
+        layer(torch.randn(1, 32))
+    with pytest.raises(ValueError, match="float32"):
+        layer(torch.randn(1, 64, dtype=torch.float64))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        Q8_0Linear(torch.randn(16, 48))
+
+
+def test_blocks_are_the_checkpoints_own_bytes() -> None:
+    """The bundled GGUF's Q4_1 layers and Q8_0 embedding (the tied head), dequantized
+    and packed again, are byte for byte the file's blocks: the kernels read the
+    checkpoint's weights, not a rounding of them."""
+    reader = gguf.GGUFReader(str(default_model_path()))
+    tensors = {t.name: t for t in reader.tensors}
+    for name in ("blk.0.ffn_down.weight", "blk.29.attn_output.weight"):
+        t = tensors[name]
+        groups = exact_groups(torch.from_numpy(dequantize(t.data, t.tensor_type).copy()))
+        assert groups is not None
+        assert torch.equal(pack_q4_1(*groups), torch.from_numpy(t.data.copy()))
+    t = tensors["token_embd.weight"]
+    weight = torch.from_numpy(dequantize(t.data, t.tensor_type).copy())
+    assert torch.equal(pack_q8_0(*quantize_q8_0(weight)), torch.from_numpy(t.data.copy()))
+
+
+def test_a_cpu_without_avx2_keeps_torchs_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cpu_qblock, "cpu_flags", lambda: frozenset({"sse2", "fma"}))
+    lib, reason = cpu_qblock._library.__wrapped__()
+    assert lib is None and "avx2" in reason and "f16c" in reason
+
+
+def test_a_failed_compile_says_why(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.setattr(cpu_qblock, "cache_root", lambda _: tmp_path)
+    monkeypatch.setenv("CC", "false")  # a compiler that exits 1
+    lib, reason = cpu_qblock._library.__wrapped__()
+    assert lib is None and "failed" in reason
+    assert not list((tmp_path / "kernels").iterdir())  # no partial library left behind
