@@ -46,12 +46,14 @@ and is level at 32 rows, so it is the int8 kernel.
 ``int4`` (for x86 CPUs without ``avx512_vnni`` or bf16 dot products, such as
 AVX2-only ones): the linears are fp32 (:class:`Linear`) here;
 ``ModelRunner`` runs steps of a few rows on the checkpoint's own 4-bit
-weights and the head on int8 weights (``weight_only``). Without VNNI,
+weights and the head on 8-bit weights: the GGUF's Q4_1 and Q8_0 blocks on
+int8 activations (``kernels/cpu_qblock``, llama.cpp's arithmetic) where
+they run, else torch's W4A16 and W8A16 (``weight_only``). Without VNNI,
 fbgemm's int16 pair sums need one operand in 7 bits (:class:`Int8Linear`
 takes the weights), and int8 then loses too much (mean KL 0.013 against
-fp32; 0.024 with fbgemm's 7-bit activations instead), while the 4-bit
-layers cost only bf16's rounding (0.0003) and the int8 head brings the
-format to 0.0016 (docs/perf/quality.md).
+fp32; 0.024 with fbgemm's 7-bit activations instead), while the int4
+format is 0.0025 with the block kernels' int8 activations (0.0016 on
+torch's bf16 ones, docs/perf/quality.md).
 """
 
 from __future__ import annotations
@@ -76,8 +78,9 @@ FBGEMM_VNNI_FLAG = "avx512_vnni"
 # bf16 dot products / tiles
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 INT4_WHY = (
-    "the checkpoint's 4-bit weights and an int8 head at steps of a few rows, fp32 above; "
-    "mean KL vs fp32 0.0016"
+    "the checkpoint's 4-bit weights and an 8-bit head at steps of a few rows "
+    "(Q4_1 and Q8_0 on int8 activations where the block kernels run), fp32 above; "
+    "mean KL vs fp32 0.0025"
 )
 
 
@@ -311,7 +314,7 @@ def choose_linear_format(
     x86 CPU has avx512_vnni and torch has fbgemm (fastest at 1 to 32
     sequences, docs/perf/formats.md); else bf16 where it has avx512_bf16 or
     amx_bf16; else, on x86 with torch's int4 kernel, int4 (the checkpoint's
-    4-bit weights at steps of a few rows, fp32 above: 0.0016;
+    4-bit weights at steps of a few rows, fp32 above: 0.0025;
     docs/perf/formats-avx2.md); else ``linear_dtype``, whose ``"auto"`` is
     fp32 there. An explicit ``linear_dtype`` under ``auto`` is kept. Exact
     fp32 is ``quantization="none", linear_dtype="float32"``. Elsewhere
