@@ -61,35 +61,45 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
     missing = [f for f in REQUIRED_FLAGS if f not in flags]
     if missing:
         return None, f"the CPU lacks {', '.join(missing)}"
-    compiler = shutil.which(os.environ.get("CC", "cc"))
-    if compiler is None:
-        return None, "no C compiler (set CC or install gcc)"
-    source = _SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join(_FLAGS).encode()).hexdigest()[:16]
+    key = hashlib.sha256(_SOURCE.read_bytes() + " ".join(_FLAGS).encode()).hexdigest()[:16]
     target = cache_root(None) / "kernels" / f"cpu_qblock-{key}.so"
     if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        # Built beside the target and renamed into place: processes that
-        # compile at once each publish a whole library.
-        fd, partial = tempfile.mkstemp(suffix=".so", dir=target.parent)
-        os.close(fd)
+        compiler = shutil.which(os.environ.get("CC", "cc"))
+        if compiler is None:
+            return None, "no C compiler (set CC or install gcc)"
         try:
-            done = subprocess.run(
-                [compiler, *_FLAGS, str(_SOURCE), "-o", partial], capture_output=True, text=True, timeout=120
-            )
-            if done.returncode != 0:
-                return None, f"{compiler} failed: {done.stderr.strip()[-400:]}"
-            os.replace(partial, target)
-        finally:
-            if os.path.exists(partial):
-                os.unlink(partial)
-    # torch loaded first: the library's libgomp.so.1 resolves to torch's, one thread pool
-    lib = ctypes.CDLL(str(target))
+            _compile(compiler, target)
+        except (OSError, subprocess.SubprocessError) as exc:
+            return None, f"could not build {target}: {exc}"
+    try:
+        # torch is loaded first: the library's libgomp.so.1 resolves to torch's, one thread pool
+        lib = ctypes.CDLL(str(target))
+    except OSError as exc:
+        return None, f"could not load {target}: {exc}"
     for name in ("q4_1_gemm", "q8_0_gemm"):
         fn = getattr(lib, name)
         fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
         fn.restype = ctypes.c_int
     return lib, ""
+
+
+def _compile(compiler: str, target: Path) -> None:
+    """Build the library at ``target``; raises OSError or SubprocessError (with the compiler's message)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Built beside the target and renamed into place: processes that compile
+    # at once each publish a whole library.
+    fd, partial = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run(
+            [compiler, *_FLAGS, str(_SOURCE), "-o", partial], capture_output=True, text=True, timeout=120
+        )
+        if done.returncode != 0:
+            raise subprocess.SubprocessError(f"{compiler} failed: {done.stderr.strip()[-400:]}")
+        os.replace(partial, target)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
 
 
 def available() -> bool:

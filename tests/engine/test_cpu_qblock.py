@@ -9,6 +9,8 @@ packed blocks are also checked byte for byte against the bundled GGUF's own.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import gguf
 import pytest
 import torch
@@ -127,9 +129,28 @@ def test_a_cpu_without_avx2_keeps_torchs_kernels(monkeypatch: pytest.MonkeyPatch
     assert lib is None and "avx2" in reason and "f16c" in reason
 
 
-def test_a_failed_compile_says_why(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+def test_a_failed_compile_says_why(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(cpu_qblock, "cache_root", lambda _: tmp_path)
     monkeypatch.setenv("CC", "false")  # a compiler that exits 1
     lib, reason = cpu_qblock._library.__wrapped__()
-    assert lib is None and "failed" in reason
+    assert lib is None and "false failed" in reason
     assert not list((tmp_path / "kernels").iterdir())  # no partial library left behind
+
+
+def test_an_unwritable_cache_keeps_torchs_kernels(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A cache folder that cannot be created is a reason, not a failed start."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setattr(cpu_qblock, "cache_root", lambda _: blocker)  # kernels/ under a file
+    lib, reason = cpu_qblock._library.__wrapped__()
+    assert lib is None and "could not build" in reason
+
+
+def test_a_built_library_is_reused_without_a_compiler(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(cpu_qblock, "cache_root", lambda _: tmp_path)
+    assert cpu_qblock._library.__wrapped__()[0] is not None  # built into tmp_path
+    monkeypatch.setenv("CC", "no-such-compiler")
+    lib, reason = cpu_qblock._library.__wrapped__()
+    assert lib is not None and reason == ""
