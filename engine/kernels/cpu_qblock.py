@@ -32,6 +32,7 @@ import functools
 import hashlib
 import logging
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -64,11 +65,13 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
     key = hashlib.sha256(_SOURCE.read_bytes() + " ".join(_FLAGS).encode()).hexdigest()[:16]
     target = cache_root(None) / "kernels" / f"cpu_qblock-{key}.so"
     if not target.exists():
-        compiler = shutil.which(os.environ.get("CC", "cc"))
+        # CC may carry a launcher or flags ("ccache gcc"), as make reads it
+        command = shlex.split(os.environ.get("CC", "cc"))
+        compiler = shutil.which(command[0]) if command else None
         if compiler is None:
             return None, "no C compiler (set CC or install gcc)"
         try:
-            _compile(compiler, target)
+            _compile([compiler, *command[1:]], target)
         except (OSError, subprocess.SubprocessError) as exc:
             return None, f"could not build {target}: {exc}"
     try:
@@ -83,8 +86,11 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
     return lib, ""
 
 
-def _compile(compiler: str, target: Path) -> None:
-    """Build the library at ``target``; raises OSError or SubprocessError (with the compiler's message)."""
+def _compile(compiler: list[str], target: Path) -> None:
+    """Build the library at ``target`` with ``compiler`` (a program and its arguments).
+
+    Raises OSError or SubprocessError (with the compiler's message).
+    """
     target.parent.mkdir(parents=True, exist_ok=True)
     # Built beside the target and renamed into place: processes that compile
     # at once each publish a whole library.
@@ -92,10 +98,10 @@ def _compile(compiler: str, target: Path) -> None:
     os.close(fd)
     try:
         done = subprocess.run(
-            [compiler, *_FLAGS, str(_SOURCE), "-o", partial], capture_output=True, text=True, timeout=120
+            [*compiler, *_FLAGS, str(_SOURCE), "-o", partial], capture_output=True, text=True, timeout=120
         )
         if done.returncode != 0:
-            raise subprocess.SubprocessError(f"{compiler} failed: {done.stderr.strip()[-400:]}")
+            raise subprocess.SubprocessError(f"{' '.join(compiler)} failed: {done.stderr.strip()[-400:]}")
         os.replace(partial, target)
     finally:
         if os.path.exists(partial):

@@ -137,6 +137,21 @@ def test_a_failed_compile_says_why(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     assert not list((tmp_path / "kernels").iterdir())  # no partial library left behind
 
 
+def test_cc_may_carry_a_launcher_and_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """CC is split as make splits it: ``env`` runs ``cc`` with a define, and the library is built."""
+    monkeypatch.setattr(cpu_qblock, "cache_root", lambda _: tmp_path)
+    monkeypatch.setenv("CC", "env cc -DBARGEIN_CC_TEST=1")
+    lib, reason = cpu_qblock._library.__wrapped__()
+    assert lib is not None and reason == ""
+
+
+def test_an_empty_cc_is_no_compiler(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(cpu_qblock, "cache_root", lambda _: tmp_path)
+    monkeypatch.setenv("CC", "  ")
+    lib, reason = cpu_qblock._library.__wrapped__()
+    assert lib is None and "no C compiler" in reason
+
+
 def test_an_unwritable_cache_keeps_torchs_kernels(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A cache folder that cannot be created is a reason, not a failed start."""
     blocker = tmp_path / "file"
