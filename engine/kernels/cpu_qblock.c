@@ -63,12 +63,19 @@ static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* One output channel for R (1..8, a constant after inlining) rows: out[r * N]. */
-static inline __attribute__((always_inline)) void q4_1_channel(
-    const int R, const block_q4_1 *row, int64_t nb, const int8_t *qx, const float *dx,
+/* One output channel for R (1..8, a constant after inlining) rows: out[r * N].
+ * Q8 (a constant too) is 0 for Q4_1 (codes u8 times x s8) and 1 for Q8_0
+ * (|codes| times x with the codes' sign: 2 * 127 * 127 fits vpmaddubsw's
+ * int16 sums). Q4_1's minimum term, sum_b m_b sx_rb, is a scalar FMA per
+ * block at one or two rows and, from three, a dot product over the blocks
+ * after the block loop (the minimums kept once per channel), which takes it
+ * off the vector units' path. */
+static inline __attribute__((always_inline)) void channel(
+    const int Q8, const int R, const void *row, int64_t nb, const int8_t *qx, const float *dx,
     const float *sx, int64_t K, float *out, int64_t N) {
-    const __m128i low = _mm_set1_epi8(0x0F);
+    const int vector_min = !Q8 && R > 2;
     const __m256i ones = _mm256_set1_epi16(1);
+    float mins[vector_min ? nb : 1];
     __m256 acc[ROWS_PER_PASS];
     float acc_min[ROWS_PER_PASS];
 #pragma GCC unroll 8
@@ -77,47 +84,46 @@ static inline __attribute__((always_inline)) void q4_1_channel(
         acc_min[r] = 0.f;
     }
     for (int64_t b = 0; b < nb; b++) {
-        const __m128i packed = _mm_loadu_si128((const __m128i *)row[b].qs);
-        const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low),
-                                           _mm_and_si128(packed, low));
-        const __m256 d = _mm256_set1_ps(_cvtsh_ss(row[b].d));
-        const float m = _cvtsh_ss(row[b].m);
+        __m256i q;
+        float d, m = 0.f;
+        if (Q8) {
+            const block_q8_0 *blk = (const block_q8_0 *)row + b;
+            q = _mm256_loadu_si256((const __m256i *)blk->qs);
+            d = _cvtsh_ss(blk->d);
+        } else {
+            const block_q4_1 *blk = (const block_q4_1 *)row + b;
+            const __m128i packed = _mm_loadu_si128((const __m128i *)blk->qs);
+            const __m128i low = _mm_set1_epi8(0x0F);
+            q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low), _mm_and_si128(packed, low));
+            d = _cvtsh_ss(blk->d);
+            m = _cvtsh_ss(blk->m);
+            if (vector_min) mins[b] = m;
+        }
+        const __m256i u = Q8 ? _mm256_sign_epi8(q, q) : q;
+        const __m256 dv = _mm256_set1_ps(d);
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
-            const __m256i xv = _mm256_loadu_si256((const __m256i *)(qx + r * K + b * QK));
-            const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), ones);
-            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(dx + r * nb + b)),
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(qx + r * K + b * QK));
+            if (Q8) xv = _mm256_sign_epi8(xv, q);
+            const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(u, xv), ones);
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_broadcast_ss(dx + r * nb + b)),
                                      _mm256_cvtepi32_ps(dot), acc[r]);
-            acc_min[r] += m * sx[r * nb + b];
+            if (!Q8 && !vector_min) acc_min[r] += m * sx[r * nb + b];
         }
     }
 #pragma GCC unroll 8
-    for (int r = 0; r < R; r++) out[r * N] = hsum(acc[r]) + acc_min[r];
-}
-
-static inline __attribute__((always_inline)) void q8_0_channel(
-    const int R, const block_q8_0 *row, int64_t nb, const int8_t *qx, const float *dx,
-    const float *sx, int64_t K, float *out, int64_t N) {
-    (void)sx;
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[ROWS_PER_PASS];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        const __m256i q = _mm256_loadu_si256((const __m256i *)row[b].qs);
-        const __m256i q_abs = _mm256_sign_epi8(q, q); /* |q|, u8; the sign goes to x */
-        const __m256 d = _mm256_set1_ps(_cvtsh_ss(row[b].d));
-#pragma GCC unroll 8
-        for (int r = 0; r < R; r++) {
-            const __m256i xv = _mm256_loadu_si256((const __m256i *)(qx + r * K + b * QK));
-            const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(q_abs, _mm256_sign_epi8(xv, q)), ones);
-            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(dx + r * nb + b)),
-                                     _mm256_cvtepi32_ps(dot), acc[r]);
+    for (int r = 0; r < R; r++) {
+        if (vector_min) {
+            int64_t b = 0;
+            for (; b + 8 <= nb; b += 8)
+                acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(mins + b), _mm256_loadu_ps(sx + r * nb + b), acc[r]);
+            for (; b < nb; b++) acc_min[r] += mins[b] * sx[r * nb + b];
         }
+        out[r * N] = hsum(acc[r]) + acc_min[r];
     }
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++) out[r * N] = hsum(acc[r]);
 }
+#define q4_1_channel(R, ...) channel(0, R, __VA_ARGS__)
+#define q8_0_channel(R, ...) channel(1, R, __VA_ARGS__)
 
 /* Dispatch a row count to its unrolled variant: KERNEL(R, ...) for R = 1..8. */
 #define BY_ROWS(KERNEL, rows, ...)                  \
