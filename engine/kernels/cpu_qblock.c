@@ -9,22 +9,35 @@
  *   Q4_1: sum_j w_j x_j = d dx sum_j q_j qx_j + m dx sum_j qx_j
  *   Q8_0: sum_j w_j x_j = d dx sum_j q_j qx_j
  *
- * The integer sums run in vpmaddubsw (u8 x s8 pairs summed to s16: at most
- * 2 * 15 * 127 for Q4_1, 2 * 127 * 127 for Q8_0 with the sign moved to the
- * activation; neither saturates) and vpmaddwd. Each output channel reads its
- * weight row once for all rows of x (up to 8 at a time in registers), so at
- * one row the kernel is bound by the weight bytes read.
+ * The layout is the kernel's own (q4_1_interleave, q8_0_interleave; the
+ * same bytes, reordered at load): each run of 8 blocks of a channel is a
+ * super-block whose codes are interleaved so that 32-bit lane j of each of
+ * its 8 vectors holds 4 codes of block j, and the activations are reordered
+ * alike. A lane then sums one block's products, so the per-block work (the
+ * conversion to float and the scaling by d dx) is done once per 8 blocks,
+ * 8 lanes at a time, instead of once per block; the products run in
+ * vpmaddubsw (u8 x s8 pairs summed to s16) and, for Q4_1, are summed in
+ * int16 over the super-block's 8 vectors (at most 8 * 2 * 15 * 127 = 30480,
+ * no saturation) before one vpmaddwd. Q8_0's |q| x sign-moved x pairs reach
+ * 2 * 127 * 127, so each vector is widened to int32 (vpmaddwd) before its
+ * sum. The K / 32 % 8 blocks after the super-blocks keep GGUF's layout and
+ * run one at a time. Each output channel reads its weights once for up to 8
+ * rows of x in registers, so at one row the kernel is bound by the weight
+ * bytes read.
  *
- * Shapes: w [N, K / 32] blocks, x [R, K] fp32 (row-major), y [R, N] fp32,
- * bias [N] fp32 or NULL; K a multiple of 32. The output channels are split
- * over nthreads OpenMP threads (torch's libgomp when torch is loaded first).
+ * Shapes: w [N, K / 32] blocks (interleaved), x [R, K] fp32 (row-major),
+ * y [R, N] fp32, bias [N] fp32 or NULL; K a multiple of 32. The output
+ * channels are split over nthreads OpenMP threads (torch's libgomp when
+ * torch is loaded first).
  */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define QK 32
+#define SB 8 /* blocks per super-block: one per 32-bit lane of a vector */
 #define ROWS_PER_PASS 8
 
 typedef struct {
@@ -37,22 +50,89 @@ typedef struct {
     int8_t qs[QK];
 } block_q8_0;
 
-/* x [R, K] -> qx [R, K] int8, dx [R, K / 32] (block scale), sx [R, K / 32] (dx * sum qx). */
-static void quantize_rows(const float *x, int64_t R, int64_t K, int8_t *qx, float *dx, float *sx) {
-    const int64_t nb = K / QK;
-    for (int64_t i = 0; i < R * nb; i++) {
-        const float *xb = x + i * QK;
-        float amax = 0.f;
-        for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(xb[j]));
-        const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
-        int sum = 0;
-        for (int j = 0; j < QK; j++) {
-            const int q = (int)nearbyintf(xb[j] * id); /* round half to even */
-            qx[i * QK + j] = (int8_t)q;
-            sum += q;
+/* 8 Q4_1 blocks interleaved: vector k (32 codes, unpacked) holds in lane j
+ * the codes 4k..4k+3 of block j; qs[k][i] = its code i | its code (16 + i) << 4. */
+typedef struct {
+    uint16_t d[SB], m[SB];
+    uint8_t qs[SB][QK / 2];
+} super_q4_1;
+
+typedef struct {
+    uint16_t d[SB];
+    int8_t qs[SB][QK];
+} super_q8_0;
+
+/* Position in a super-block's vectors of element e (0..31) of block j (0..7). */
+static inline int lane_position(int j, int e) { return (e / 4) * QK + 4 * j + e % 4; }
+
+static inline uint8_t q4_1_code(const block_q4_1 *b, int e) {
+    return e < 16 ? b->qs[e] & 0x0F : b->qs[e - 16] >> 4;
+}
+
+/* GGUF blocks [N, nb] -> the kernel's layout, the same size: per channel
+ * nb / 8 super-blocks, then the nb % 8 blocks as they are. */
+void q4_1_interleave(const block_q4_1 *src, uint8_t *dst, int64_t N, int64_t nb) {
+    const int64_t nsb = nb / SB, tail = nb % SB;
+    for (int64_t n = 0; n < N; n++) {
+        const block_q4_1 *row = src + n * nb;
+        uint8_t *out = dst + n * nb * sizeof(block_q4_1);
+        for (int64_t s = 0; s < nsb; s++) {
+            super_q4_1 sb;
+            uint8_t codes[SB * QK];
+            for (int j = 0; j < SB; j++) {
+                const block_q4_1 *b = row + s * SB + j;
+                sb.d[j] = b->d;
+                sb.m[j] = b->m;
+                for (int e = 0; e < QK; e++) codes[lane_position(j, e)] = q4_1_code(b, e);
+            }
+            for (int k = 0; k < SB; k++)
+                for (int i = 0; i < 16; i++)
+                    sb.qs[k][i] = (uint8_t)(codes[k * QK + i] | codes[k * QK + 16 + i] << 4);
+            memcpy(out + s * sizeof(super_q4_1), &sb, sizeof sb);
         }
-        dx[i] = d;
-        sx[i] = d * (float)sum;
+        memcpy(out + nsb * sizeof(super_q4_1), row + nsb * SB, (size_t)tail * sizeof(block_q4_1));
+    }
+}
+
+void q8_0_interleave(const block_q8_0 *src, uint8_t *dst, int64_t N, int64_t nb) {
+    const int64_t nsb = nb / SB, tail = nb % SB;
+    for (int64_t n = 0; n < N; n++) {
+        const block_q8_0 *row = src + n * nb;
+        uint8_t *out = dst + n * nb * sizeof(block_q8_0);
+        for (int64_t s = 0; s < nsb; s++) {
+            super_q8_0 sb;
+            for (int j = 0; j < SB; j++) {
+                const block_q8_0 *b = row + s * SB + j;
+                sb.d[j] = b->d;
+                for (int e = 0; e < QK; e++) ((int8_t *)sb.qs)[lane_position(j, e)] = b->qs[e];
+            }
+            memcpy(out + s * sizeof(super_q8_0), &sb, sizeof sb);
+        }
+        memcpy(out + nsb * sizeof(super_q8_0), row + nsb * SB, (size_t)tail * sizeof(block_q8_0));
+    }
+}
+
+/* x [R, K] -> qx [R, K] int8 per block of 32 on absmax / 127, each row's
+ * super-blocks in the lane order of the weights; dx, sx [R, nb]. */
+static void quantize_rows(const float *x, int64_t R, int64_t K, int8_t *qx, float *dx, float *sx) {
+    const int64_t nb = K / QK, nsb = nb / SB;
+    for (int64_t r = 0; r < R; r++) {
+        for (int64_t b = 0; b < nb; b++) {
+            const float *xb = x + r * K + b * QK;
+            float amax = 0.f;
+            for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(xb[j]));
+            const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+            const int64_t s = b / SB, j = b % SB;
+            int8_t *dst = qx + r * K + (b < nsb * SB ? s * SB * QK : b * QK);
+            int sum = 0;
+            for (int e = 0; e < QK; e++) {
+                const int q = (int)nearbyintf(xb[e] * id); /* round half to even */
+                dst[b < nsb * SB ? lane_position((int)j, e) : e] = (int8_t)q;
+                sum += q;
+            }
+            dx[r * nb + b] = d;
+            sx[r * nb + b] = d * (float)sum;
+        }
     }
 }
 
@@ -63,19 +143,20 @@ static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+static inline __m256i unpack_nibbles(const uint8_t *packed16) {
+    const __m128i packed = _mm_loadu_si128((const __m128i *)packed16);
+    const __m128i low = _mm_set1_epi8(0x0F);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low), _mm_and_si128(packed, low));
+}
+
 /* One output channel for R (1..8, a constant after inlining) rows: out[r * N].
  * Q8 (a constant too) is 0 for Q4_1 (codes u8 times x s8) and 1 for Q8_0
- * (|codes| times x with the codes' sign: 2 * 127 * 127 fits vpmaddubsw's
- * int16 sums). Q4_1's minimum term, sum_b m_b sx_rb, is a scalar FMA per
- * block at one or two rows and, from three, a dot product over the blocks
- * after the block loop (the minimums kept once per channel), which takes it
- * off the vector units' path. */
+ * (|codes| times x with the codes' sign). */
 static inline __attribute__((always_inline)) void channel(
-    const int Q8, const int R, const void *row, int64_t nb, const int8_t *qx, const float *dx,
+    const int Q8, const int R, const uint8_t *row, int64_t nb, const int8_t *qx, const float *dx,
     const float *sx, int64_t K, float *out, int64_t N) {
-    const int vector_min = !Q8 && R > 2;
+    const int64_t nsb = nb / SB;
     const __m256i ones = _mm256_set1_epi16(1);
-    float mins[vector_min ? nb : 1];
     __m256 acc[ROWS_PER_PASS];
     float acc_min[ROWS_PER_PASS];
 #pragma GCC unroll 8
@@ -83,24 +164,75 @@ static inline __attribute__((always_inline)) void channel(
         acc[r] = _mm256_setzero_ps();
         acc_min[r] = 0.f;
     }
-    for (int64_t b = 0; b < nb; b++) {
-        __m256i q;
-        float d, m = 0.f;
+    for (int64_t s = 0; s < nsb; s++) {
+        __m256i isum[ROWS_PER_PASS];
+        __m256 d;
         if (Q8) {
-            const block_q8_0 *blk = (const block_q8_0 *)row + b;
-            q = _mm256_loadu_si256((const __m256i *)blk->qs);
-            d = _cvtsh_ss(blk->d);
+            const super_q8_0 *sb = (const super_q8_0 *)row + s;
+            d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sb->d));
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int k = 0; k < SB; k++) {
+                const __m256i q = _mm256_loadu_si256((const __m256i *)sb->qs[k]);
+                const __m256i u = _mm256_sign_epi8(q, q);
+#pragma GCC unroll 8
+                for (int r = 0; r < R; r++) {
+                    const __m256i xv = _mm256_loadu_si256((const __m256i *)(qx + r * K + s * SB * QK + k * QK));
+                    isum[r] = _mm256_add_epi32(
+                        isum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_sign_epi8(xv, q)), ones));
+                    __asm__("" : "+x"(isum[r]));
+                }
+            }
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++)
+                acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_loadu_ps(dx + r * nb + s * SB)),
+                                         _mm256_cvtepi32_ps(isum[r]), acc[r]);
         } else {
-            const block_q4_1 *blk = (const block_q4_1 *)row + b;
-            const __m128i packed = _mm_loadu_si128((const __m128i *)blk->qs);
-            const __m128i low = _mm_set1_epi8(0x0F);
-            q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low), _mm_and_si128(packed, low));
-            d = _cvtsh_ss(blk->d);
-            m = _cvtsh_ss(blk->m);
-            if (vector_min) mins[b] = m;
+            /* int16 sums of the 8 vectors: at most 8 * 2 * 15 * 127 = 30480 */
+            const super_q4_1 *sb = (const super_q4_1 *)row + s;
+            d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sb->d));
+            const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sb->m));
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int k = 0; k < SB; k++) {
+                const __m256i q = unpack_nibbles(sb->qs[k]);
+#pragma GCC unroll 8
+                for (int r = 0; r < R; r++) {
+                    const __m256i xv = _mm256_loadu_si256((const __m256i *)(qx + r * K + s * SB * QK + k * QK));
+                    isum[r] = _mm256_add_epi16(isum[r], _mm256_maddubs_epi16(q, xv));
+                    /* summed as they come: GCC 12 otherwise reassociates the 8 adds
+                     * into a tree and spills every product (1.4x slower at 4 rows) */
+                    __asm__("" : "+x"(isum[r]));
+                }
+            }
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) {
+                const __m256i dot = _mm256_madd_epi16(isum[r], ones);
+                acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_loadu_ps(dx + r * nb + s * SB)),
+                                         _mm256_cvtepi32_ps(dot), acc[r]);
+                acc[r] = _mm256_fmadd_ps(m, _mm256_loadu_ps(sx + r * nb + s * SB), acc[r]);
+            }
         }
-        const __m256i u = Q8 ? _mm256_sign_epi8(q, q) : q;
-        const __m256 dv = _mm256_set1_ps(d);
+    }
+    /* the nb % 8 blocks after the super-blocks, one at a time */
+    for (int64_t b = nsb * SB; b < nb; b++) {
+        __m256i q, u;
+        float dd, mm = 0.f;
+        const uint8_t *tail = row + nsb * SB * (Q8 ? sizeof(block_q8_0) : sizeof(block_q4_1));
+        if (Q8) {
+            const block_q8_0 *blk = (const block_q8_0 *)tail + (b - nsb * SB);
+            q = _mm256_loadu_si256((const __m256i *)blk->qs);
+            u = _mm256_sign_epi8(q, q);
+            dd = _cvtsh_ss(blk->d);
+        } else {
+            const block_q4_1 *blk = (const block_q4_1 *)tail + (b - nsb * SB);
+            q = u = unpack_nibbles(blk->qs);
+            dd = _cvtsh_ss(blk->d);
+            mm = _cvtsh_ss(blk->m);
+        }
+        const __m256 dv = _mm256_set1_ps(dd);
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             __m256i xv = _mm256_loadu_si256((const __m256i *)(qx + r * K + b * QK));
@@ -108,19 +240,11 @@ static inline __attribute__((always_inline)) void channel(
             const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(u, xv), ones);
             acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_broadcast_ss(dx + r * nb + b)),
                                      _mm256_cvtepi32_ps(dot), acc[r]);
-            if (!Q8 && !vector_min) acc_min[r] += m * sx[r * nb + b];
+            if (!Q8) acc_min[r] += mm * sx[r * nb + b];
         }
     }
 #pragma GCC unroll 8
-    for (int r = 0; r < R; r++) {
-        if (vector_min) {
-            int64_t b = 0;
-            for (; b + 8 <= nb; b += 8)
-                acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(mins + b), _mm256_loadu_ps(sx + r * nb + b), acc[r]);
-            for (; b < nb; b++) acc_min[r] += mins[b] * sx[r * nb + b];
-        }
-        out[r * N] = hsum(acc[r]) + acc_min[r];
-    }
+    for (int r = 0; r < R; r++) out[r * N] = hsum(acc[r]) + acc_min[r];
 }
 #define q4_1_channel(R, ...) channel(0, R, __VA_ARGS__)
 #define q8_0_channel(R, ...) channel(1, R, __VA_ARGS__)
@@ -139,7 +263,7 @@ static inline __attribute__((always_inline)) void channel(
     }
 
 #define GEMM(NAME, BLOCK, CHANNEL)                                                                 \
-    int NAME(const BLOCK *w, const float *x, const float *bias, float *y, int64_t R, int64_t N,   \
+    int NAME(const uint8_t *w, const float *x, const float *bias, float *y, int64_t R, int64_t N, \
              int64_t K, int nthreads) {                                                            \
         const int64_t nb = K / QK;                                                                 \
         int8_t *qx = malloc((size_t)(R * K));                                                      \
@@ -154,8 +278,8 @@ static inline __attribute__((always_inline)) void channel(
         for (int64_t n = 0; n < N; n++) {                                                          \
             for (int64_t r0 = 0; r0 < R; r0 += ROWS_PER_PASS) {                                    \
                 const int64_t rows = R - r0 < ROWS_PER_PASS ? R - r0 : ROWS_PER_PASS;              \
-                BY_ROWS(CHANNEL, rows, w + n * nb, nb, qx + r0 * K, dx + r0 * nb, sx + r0 * nb, K, \
-                        y + r0 * N + n, N)                                                         \
+                BY_ROWS(CHANNEL, rows, w + n * nb * sizeof(BLOCK), nb, qx + r0 * K, dx + r0 * nb,  \
+                        sx + r0 * nb, K, y + r0 * N + n, N)                                        \
             }                                                                                      \
             if (bias)                                                                              \
                 for (int64_t r = 0; r < R; r++) y[r * N + n] += bias[n];                           \

@@ -6,17 +6,21 @@ byte becomes a product. torch's ``_weight_int4pack_mm_for_cpu`` converts the
 4-bit weights to bf16 and multiplies in floating point; ``cpu_qblock.c``
 does what llama.cpp does on AVX2: the activations are quantized to int8 per
 row and block of 32 and each block's dot product is an integer one
-(``vpmaddubsw``), scaled once per block. Measured on an AVX2-only AMD EPYC
-(2 threads, the 30 layers' four GEMMs of SmolLM2-135M with distinct
-weights, ms, best of 9 in a loop)::
+(``vpmaddubsw``). The blocks are interleaved 8 at a time so that each vector
+lane sums one block, and the float work per block (conversion, scaling) is
+done 8 blocks to a vector. Measured on an AVX2-only AMD EPYC (2 threads, the
+30 layers' four GEMMs of SmolLM2-135M with distinct weights, ms, best of 15
+in a loop, one run)::
 
-    rows                       1      2      4      8     12
-    torch int4 (bf16 x)      8.01   8.72  11.08  21.47  31.92
-    Q4_1 x int8 (here)       4.85   6.41  10.08  16.94  26.09
+    rows                               1      2      4      8     16     32     64
+    prepacked fp32                 21.14  22.83  25.58  30.83  41.03  60.36 104.89
+    Q4_1 x int8, a block at a time  6.05   7.60  10.24  17.09  32.77  64.74 134.25
+    Q4_1 x int8, interleaved (here) 4.66   5.40   7.39  11.83  21.63  43.98  99.27
 
-At one row that is 13.6 GB/s of weights and scales, near the 17 GB/s the
-machine reads. The int8 activations cost accuracy that the bf16 ones did
-not; ``docs/perf/quality.md`` measures it against fp32.
+(torch's W4A16 ``_weight_int4pack_mm_for_cpu``, bf16 activations, was 8.0 /
+21.5 ms at 1 / 8 rows on the same kind, another day.) At one row that is
+about 14 GB/s of weights and scales, near what the machine reads. The
+int8 activations cost accuracy that the bf16 ones did not; ``docs/perf/quality.md`` measures it against fp32.
 
 The C source is compiled on first use with the system's C compiler
 (``$CC``, else ``cc``) into bargein's cache folder, keyed by its hash, as
@@ -83,6 +87,10 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
         fn = getattr(lib, name)
         fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
         fn.restype = ctypes.c_int
+    for name in ("q4_1_interleave", "q8_0_interleave"):
+        fn = getattr(lib, name)
+        fn.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
+        fn.restype = None
     return lib, ""
 
 
@@ -169,6 +177,28 @@ def pack_q8_0(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(blocks.view(np.uint8).reshape(out, -1).copy())
 
 
+def interleave(blocks: torch.Tensor, kind: str) -> torch.Tensor:
+    """GGUF blocks in the kernels' layout: the same bytes, each run of 8 blocks
+    of a channel interleaved so that a vector lane holds one block
+    (``cpu_qblock.c``).
+
+    Args:
+        blocks: ``[out, in / 32 * size]`` uint8, what :func:`pack_q4_1`
+            (``kind="q4_1"``) or :func:`pack_q8_0` (``"q8_0"``) return.
+
+    Returns:
+        a tensor of the same shape and dtype.
+    """
+    lib = _library()[0]
+    if lib is None:
+        raise RuntimeError(f"the block kernels do not run here: {unavailable_reason()}")
+    size = (Q4_1_BLOCK if kind == "q4_1" else Q8_0_BLOCK).itemsize
+    blocks = blocks.contiguous()
+    out = torch.empty_like(blocks)
+    getattr(lib, f"{kind}_interleave")(blocks.data_ptr(), out.data_ptr(), blocks.shape[0], blocks.shape[1] // size)
+    return out
+
+
 def _gemm(name: str, blocks: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     lib = _library()[0]
     if lib is None:
@@ -212,7 +242,7 @@ class Q4_1Linear:
         if q.shape[1] % BLOCK:
             raise ValueError(f"in_features={q.shape[1]} is not a multiple of {BLOCK}")
         self.in_features = q.shape[1]
-        self.blocks = pack_q4_1(q, scale, minimum)
+        self.blocks = interleave(pack_q4_1(q, scale, minimum), "q4_1")
         self.bias = None if bias is None else bias.float().contiguous()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -239,7 +269,7 @@ class Q8_0Linear:
         if weight.shape[1] % BLOCK:
             raise ValueError(f"in_features={weight.shape[1]} is not a multiple of {BLOCK}")
         self.in_features = weight.shape[1]
-        self.blocks = pack_q8_0(*quantize_q8_0(weight))
+        self.blocks = interleave(pack_q8_0(*quantize_q8_0(weight)), "q8_0")
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:

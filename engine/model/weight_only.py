@@ -52,16 +52,17 @@ FP32_MAX_ROWS = 12
 #   int8 (bf16 x)          5.4   5.9   6.7  12.9  19.9
 HEAD_MAX_ROWS = 4
 # Rows up to which the block kernels (kernels/cpu_qblock.py: Q4_1 layers,
-# Q8_0 head, int8 activations) beat prepacked fp32 there. The four GEMMs as
-# above, then the head (49152 x 576), one run on 2026-12-03:
-#   rows     8    16    24    32    40    48
-#   fp32   32.8  46.7  55.1  63.4  75.9  92.5
-#   Q4_1   17.3  34.1  50.6  64.7  80.7 101.4
-#   head fp32  6.9   9.6  12.2  14.6   -   20.4
-#   head Q8_0  3.9   7.7  11.2  15.0   -   22.2
-# The crossing moves between machines of the kind (near 24 rows on
-# 2026-12-02, near 30 here); 24 keeps the kernels where they won in both.
-QBLOCK_MAX_ROWS = 24
+# Q8_0 head, int8 activations, blocks interleaved 8 to a vector) beat
+# prepacked fp32 there. The four GEMMs as above, then the head
+# (49152 x 576), one run on 2026-12-03:
+#   rows         8     16     24     32     48     64
+#   fp32       30.8   41.0   51.1   60.4   88.9  104.9
+#   Q4_1       11.8   21.6   32.8   44.0   66.8   99.3
+#   head fp32   6.9   10.0     -    14.9   20.5   25.7
+#   head Q8_0   2.7    5.0     -    10.0   16.8   21.9
+# At 64 rows the layers' margin is down to 5%: larger steps (prefill
+# chunks) stay fp32.
+QBLOCK_MAX_ROWS = 64
 # torch's CPU int4 packing: 1 inner k-tile (its only CPU layout), output rows in 16s
 _INNER_K_TILES = 1
 _PACK_ROWS = 16

@@ -23,7 +23,12 @@ from bargein.engine.model.weight_only import exact_groups, quantize_groups
 
 pytestmark = pytest.mark.skipif(not cpu_qblock.available(), reason=cpu_qblock.unavailable_reason())
 
-SHAPES = [(16, 32, 1), (48, 64, 2), (960, 576, 1), (576, 1536, 3), (64, 96, 8), (40, 160, 9), (32, 32, 17)]
+# in / 32 blocks: 1, 2, 18 (two super-blocks of 8 and 2 after), 48 (six), 3, 5, 1,
+# 8 (one, nothing after), 10; rows: one pass of up to 8, and 2 or 3 passes
+SHAPES = [
+    (16, 32, 1), (48, 64, 2), (960, 576, 1), (576, 1536, 3), (64, 96, 8), (40, 160, 9), (32, 32, 17),
+    (24, 256, 4), (8, 320, 24), (960, 576, 13),
+]  # fmt: skip
 
 
 def quantized_activations(x: torch.Tensor) -> torch.Tensor:
@@ -67,9 +72,10 @@ def test_q8_0_matches_the_same_arithmetic_in_float64(out: int, k: int, rows: int
 
 
 def test_the_largest_codes_do_not_saturate() -> None:
-    """vpmaddubsw sums u8 x s8 pairs in int16 with saturation: 2 x 15 x 127 (Q4_1)
-    and 2 x 127 x 127 (Q8_0, the sign moved to x) must come out exact."""
-    k = 64
+    """vpmaddubsw sums u8 x s8 pairs in int16 with saturation: 2 x 15 x 127 (Q4_1,
+    then 8 of those summed in int16 over a super-block) and 2 x 127 x 127 (Q8_0,
+    the sign moved to x) must come out exact, in the super-blocks and after them."""
+    k = 256 + 64
     x = torch.full((2, k), 1.0)
     x[1] = -1.0
     q = torch.full((4, k), 15, dtype=torch.int32)
