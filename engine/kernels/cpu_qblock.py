@@ -195,7 +195,9 @@ def interleave(blocks: torch.Tensor, kind: str) -> torch.Tensor:
     size = (Q4_1_BLOCK if kind == "q4_1" else Q8_0_BLOCK).itemsize
     blocks = blocks.contiguous()
     out = torch.empty_like(blocks)
-    getattr(lib, f"{kind}_interleave")(blocks.data_ptr(), out.data_ptr(), blocks.shape[0], blocks.shape[1] // size)
+    getattr(lib, f"{kind}_interleave")(
+        blocks.data_ptr(), out.data_ptr(), blocks.shape[0], blocks.shape[1] // size
+    )
     return out
 
 
