@@ -237,7 +237,7 @@ class ModelRunner:
 
         Where the block kernels run (``cpu_qblock``: AVX2, FMA, F16C and a C
         compiler), the layers are Q4_1 and the head Q8_0 on int8 activations,
-        up to ``weight_only.QBLOCK_MAX_ROWS`` rows; elsewhere torch's W4A16
+        up to ``weight_only.QBLOCK_MAX_ROWS`` and ``QBLOCK_HEAD_MAX_ROWS`` rows; elsewhere torch's W4A16
         layers up to ``weight_only.FP32_MAX_ROWS`` and its int8 weight-only
         head up to ``weight_only.HEAD_MAX_ROWS`` (``weight_only``'s tables). A
         checkpoint not on a 4-bit grid keeps fp32 layers (4 bits would cost
@@ -245,7 +245,7 @@ class ModelRunner:
         model = build(loaded.weights, "float32")
         blocks = cpu_qblock.available()
         layer_rows = weight_only.QBLOCK_MAX_ROWS if blocks else weight_only.FP32_MAX_ROWS
-        head_rows = weight_only.QBLOCK_MAX_ROWS if blocks else weight_only.HEAD_MAX_ROWS
+        head_rows = weight_only.QBLOCK_HEAD_MAX_ROWS if blocks else weight_only.HEAD_MAX_ROWS
         small = self._int4_small_steps(model.layers, loaded.weights, None, layer_rows)
         if small is not None:
             model.layers = small

@@ -19,7 +19,9 @@ Formats: fp32 (reference), bf16, int8 (smoothed W8A8, head and edge layers
 in bf16), and int8 a few rows at a time (``int8-few-rows``: the checkpoint's
 4-bit weights, what steps of up to ``weight_only.MAX_ROWS`` rows run), and
 int4 (``auto`` on x86 without avx512_vnni or bf16: the 4-bit layers and an
-int8 head at a few rows, measured there; fp32 above);
+8-bit head, up to ``weight_only.QBLOCK_MAX_ROWS`` / ``QBLOCK_HEAD_MAX_ROWS``
+rows with the block kernels, a few without them; measured at 4 rows, where
+both run in either case; fp32 above);
 ``auto`` is named in the report. Writes a markdown report (``--out``).
 
 Usage: ``python loadtests/quality.py [--prompts 64] [--tokens 128]``
@@ -71,8 +73,10 @@ FORMATS: dict[str, tuple[str, str, str | None, str | None, str]] = {
 # rows, greedy one prompt at a time): where the int8 format runs the
 # checkpoint's 4-bit weights (steps of up to weight_only.MAX_ROWS rows), as a
 # voice user decoding alone does.
-# int4 runs fp32 above a few rows: its own rounding is at the few rows, where
-# both its 4-bit layers and its int8 head run (weight_only.HEAD_MAX_ROWS).
+# int4 runs fp32 above its kernels' rows (weight_only.QBLOCK_MAX_ROWS and
+# QBLOCK_HEAD_MAX_ROWS with the block kernels, FP32_MAX_ROWS and HEAD_MAX_ROWS
+# without): its own rounding is at 4 rows, where its 4-bit layers and 8-bit
+# head run in either case.
 FEW_ROWS = {"int8-few-rows": 4, "int8-few-rows/kv-fp32": 4, "int4": 4}
 
 

@@ -1,4 +1,4 @@
-/* Block-quantized GEMMs for CPU decode steps of a few rows (AVX2, FMA, F16C).
+/* Block-quantized GEMMs for CPU steps (AVX2, FMA, F16C).
  *
  * Weights are in GGUF's blocks of 32 along the input: Q4_1 (w = d * q + m,
  * q in 0..15, fp16 d and m) and Q8_0 (w = d * q, q in -127..127, fp16 d).
@@ -112,28 +112,51 @@ void q8_0_interleave(const block_q8_0 *src, uint8_t *dst, int64_t N, int64_t nb)
     }
 }
 
-/* x [R, K] -> qx [R, K] int8 per block of 32 on absmax / 127, each row's
- * super-blocks in the lane order of the weights; dx, sx [R, nb]. */
-static void quantize_rows(const float *x, int64_t R, int64_t K, int8_t *qx, float *dx, float *sx) {
-    const int64_t nb = K / QK, nsb = nb / SB;
-    for (int64_t r = 0; r < R; r++) {
-        for (int64_t b = 0; b < nb; b++) {
-            const float *xb = x + r * K + b * QK;
-            float amax = 0.f;
-            for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(xb[j]));
-            const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
-            const int64_t s = b / SB, j = b % SB;
-            int8_t *dst = qx + r * K + (b < nsb * SB ? s * SB * QK : b * QK);
-            int sum = 0;
-            for (int e = 0; e < QK; e++) {
-                const int q = (int)nearbyintf(xb[e] * id); /* round half to even */
-                dst[b < nsb * SB ? lane_position((int)j, e) : e] = (int8_t)q;
-                sum += q;
-            }
-            dx[r * nb + b] = d;
-            sx[r * nb + b] = d * (float)sum;
-        }
+/* One block of 32 floats -> 32 int8 codes on d = absmax / 127 (x * (1 / d),
+ * rounded half to even as the default MXCSR mode does), in order; returns d
+ * and sets *sum to the codes' sum. In vectors: a scalar loop here cost about
+ * a tenth of an 8-row step's GEMM time. */
+static inline float quantize_block(const float *xb, int8_t *codes, int *sum) {
+    const __m256 sign = _mm256_set1_ps(-0.f);
+    __m256 v[4], amax = _mm256_setzero_ps();
+    for (int i = 0; i < 4; i++) {
+        v[i] = _mm256_loadu_ps(xb + 8 * i);
+        amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
     }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    const float d = _mm_cvtss_f32(m) / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+    const __m256 idv = _mm256_set1_ps(id);
+    __m256i q[4];
+    for (int i = 0; i < 4; i++) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], idv));
+    const __m256i total = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+    *sum = _mm_cvtsi128_si32(t);
+    /* the packs work within 128-bit halves: the dword permute puts the codes back in order */
+    const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256((__m256i *)codes,
+                        _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    return d;
+}
+
+/* Block b of row r of x [R, K] -> its codes in qx [R, K] int8 (a row's
+ * super-blocks in the lane order of the weights), dx and sx [R, nb]. */
+static inline void quantize_at(const float *x, int64_t r, int64_t b, int64_t K, int8_t *qx, float *dx, float *sx) {
+    const int64_t nb = K / QK, nsb = nb / SB;
+    int8_t codes[QK];
+    int sum;
+    const float d = quantize_block(x + r * K + b * QK, codes, &sum);
+    if (b < nsb * SB) { /* 4 codes at a time to their lane of the super-block */
+        int8_t *super = qx + r * K + (b / SB) * SB * QK;
+        for (int g = 0; g < QK / 4; g++) memcpy(super + lane_position((int)(b % SB), 4 * g), codes + 4 * g, 4);
+    } else {
+        memcpy(qx + r * K + b * QK, codes, QK);
+    }
+    dx[r * nb + b] = d;
+    sx[r * nb + b] = d * (float)sum;
 }
 
 static inline float hsum(__m256 v) {
@@ -273,16 +296,20 @@ static inline __attribute__((always_inline)) void channel(
             free(qx); free(dx); free(sx);                                                          \
             return -1;                                                                             \
         }                                                                                          \
-        quantize_rows(x, R, K, qx, dx, sx);                                                        \
-        _Pragma("omp parallel for num_threads(nthreads) schedule(static)")                         \
-        for (int64_t n = 0; n < N; n++) {                                                          \
-            for (int64_t r0 = 0; r0 < R; r0 += ROWS_PER_PASS) {                                    \
-                const int64_t rows = R - r0 < ROWS_PER_PASS ? R - r0 : ROWS_PER_PASS;              \
-                BY_ROWS(CHANNEL, rows, w + n * nb * sizeof(BLOCK), nb, qx + r0 * K, dx + r0 * nb,  \
-                        sx + r0 * nb, K, y + r0 * N + n, N)                                        \
+        /* one team: the activations' blocks, then (after the loop's barrier) the channels */      \
+        _Pragma("omp parallel num_threads(nthreads)") {                                           \
+            _Pragma("omp for schedule(static)")                                                    \
+            for (int64_t i = 0; i < R * nb; i++) quantize_at(x, i / nb, i % nb, K, qx, dx, sx);    \
+            _Pragma("omp for schedule(static)")                                                    \
+            for (int64_t n = 0; n < N; n++) {                                                      \
+                for (int64_t r0 = 0; r0 < R; r0 += ROWS_PER_PASS) {                                \
+                    const int64_t rows = R - r0 < ROWS_PER_PASS ? R - r0 : ROWS_PER_PASS;          \
+                    BY_ROWS(CHANNEL, rows, w + n * nb * sizeof(BLOCK), nb, qx + r0 * K,            \
+                            dx + r0 * nb, sx + r0 * nb, K, y + r0 * N + n, N)                      \
+                }                                                                                  \
+                if (bias)                                                                          \
+                    for (int64_t r = 0; r < R; r++) y[r * N + n] += bias[n];                       \
             }                                                                                      \
-            if (bias)                                                                              \
-                for (int64_t r = 0; r < R; r++) y[r * N + n] += bias[n];                           \
         }                                                                                          \
         free(qx); free(dx); free(sx);                                                              \
         return 0;                                                                                  \

@@ -1,26 +1,29 @@
-"""Q4_1 and Q8_0 block GEMMs with int8 activations for CPU steps of a few rows.
+"""Q4_1 and Q8_0 block GEMMs with int8 activations for CPU steps.
 
 At one to a few rows a decode step's GEMMs read every weight once and do
 little arithmetic on it, so their time is the bytes read and how fast each
-byte becomes a product. torch's ``_weight_int4pack_mm_for_cpu`` converts the
-4-bit weights to bf16 and multiplies in floating point; ``cpu_qblock.c``
+byte becomes a product; at more rows, how many products a vector op makes.
+torch's ``_weight_int4pack_mm_for_cpu`` converts the 4-bit weights to bf16
+and multiplies in floating point; ``cpu_qblock.c``
 does what llama.cpp does on AVX2: the activations are quantized to int8 per
 row and block of 32 and each block's dot product is an integer one
 (``vpmaddubsw``). The blocks are interleaved 8 at a time so that each vector
 lane sums one block, and the float work per block (conversion, scaling) is
-done 8 blocks to a vector. Measured on an AVX2-only AMD EPYC (2 threads, the
+done 8 blocks to a vector (a block at a time was the kernel before,
+``git log``). Measured on an AVX2-only AMD EPYC (2 threads, the
 30 layers' four GEMMs of SmolLM2-135M with distinct weights, ms, best of 15
 in a loop, one run)::
 
-    rows                               1      2      4      8     16     32     64
-    prepacked fp32                 21.14  22.83  25.58  30.83  41.03  60.36 104.89
-    Q4_1 x int8, a block at a time  6.05   7.60  10.24  17.09  32.77  64.74 134.25
-    Q4_1 x int8, interleaved (here) 4.66   5.40   7.39  11.83  21.63  43.98  99.27
+    rows                               1      2      4      8     16     32     64    128    256
+    prepacked fp32                 24.23  26.02  27.49  32.92  43.24  65.53 113.22 198.46 369.04
+    Q4_1 x int8, a block at a time  6.05   8.06  11.01  17.37  33.55  69.17 142.02 285.77 595.09
+    Q4_1 x int8, interleaved (here) 4.67   5.16   6.55   9.64  17.80  38.46  81.82 175.75 356.96
 
 (torch's W4A16 ``_weight_int4pack_mm_for_cpu``, bf16 activations, was 8.0 /
 21.5 ms at 1 / 8 rows on the same kind, another day.) At one row that is
 about 14 GB/s of weights and scales, near what the machine reads. The
-int8 activations cost accuracy that the bf16 ones did not; ``docs/perf/quality.md`` measures it against fp32.
+int8 activations cost accuracy that the bf16 ones did not;
+``docs/perf/quality.md`` measures it against fp32.
 
 The C source is compiled on first use with the system's C compiler
 (``$CC``, else ``cc``) into bargein's cache folder, keyed by its hash, as

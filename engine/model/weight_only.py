@@ -55,14 +55,15 @@ HEAD_MAX_ROWS = 4
 # Q8_0 head, int8 activations, blocks interleaved 8 to a vector) beat
 # prepacked fp32 there. The four GEMMs as above, then the head
 # (49152 x 576), one run on 2026-12-03:
-#   rows         8     16     24     32     48     64
-#   fp32       30.8   41.0   51.1   60.4   88.9  104.9
-#   Q4_1       11.8   21.6   32.8   44.0   66.8   99.3
-#   head fp32   6.9   10.0     -    14.9   20.5   25.7
-#   head Q8_0   2.7    5.0     -    10.0   16.8   21.9
-# At 64 rows the layers' margin is down to 5%: larger steps (prefill
-# chunks) stay fp32.
-QBLOCK_MAX_ROWS = 64
+#   rows         8     16     32     64    128    256    384    512
+#   fp32       30.1   41.2   63.9  106.1  194.2  355.6  536.9  714.7
+#   Q4_1       10.1   17.0   34.5   76.6  156.8  331.3  527.4  732.2
+#   head fp32   7.5   10.2   15.8   26.0   48.5   95.3
+#   head Q8_0   2.7    5.0    9.8   21.6   42.3  115.0
+# so the layers' kernel runs prefill chunks of up to 256 rows too (the
+# default chunk) and the head, which sees one row per sequence, up to 128.
+QBLOCK_MAX_ROWS = 256
+QBLOCK_HEAD_MAX_ROWS = 128
 # torch's CPU int4 packing: 1 inner k-tile (its only CPU layout), output rows in 16s
 _INNER_K_TILES = 1
 _PACK_ROWS = 16

@@ -28,6 +28,7 @@ from bargein.engine.model.linear import Bf16Linear, Int8Linear, Linear, cpu_has_
 from bargein.engine.model.weight_only import (
     FP32_MAX_ROWS,
     HEAD_MAX_ROWS,
+    QBLOCK_HEAD_MAX_ROWS,
     QBLOCK_MAX_ROWS,
     Int4Linear,
     Int8WeightLinear,
@@ -82,7 +83,7 @@ def fp32_greedy(model_config: ModelConfig) -> tuple[ModelRunner, list[list[int]]
 def test_int4_generates_and_agrees_with_fp32(model_config: ModelConfig, fp32_greedy) -> None:
     """int4: 4-bit layers and an 8-bit head for steps of a few rows, fp32
     kernels above; decoding one row runs both small ones. Where the block
-    kernels run, Q4_1 and Q8_0 up to QBLOCK_MAX_ROWS; else torch's W4A16 up to
+    kernels run, Q4_1 and Q8_0 up to QBLOCK_MAX_ROWS and QBLOCK_HEAD_MAX_ROWS; else torch's W4A16 up to
     FP32_MAX_ROWS and its int8 weight-only head up to HEAD_MAX_ROWS."""
     blocks = cpu_qblock.available()
     if not blocks and not (int4_kernel_available() and int8_weight_kernel_available()):
@@ -90,7 +91,7 @@ def test_int4_generates_and_agrees_with_fp32(model_config: ModelConfig, fp32_gre
     runner = _runner(replace(model_config, quantization="int4"))
     assert runner.linear_format == "int4"
     layer_kind, layer_rows = (Q4_1Linear, QBLOCK_MAX_ROWS) if blocks else (Int4Linear, FP32_MAX_ROWS)
-    head_kind, head_rows = (Q8_0Linear, QBLOCK_MAX_ROWS) if blocks else (Int8WeightLinear, HEAD_MAX_ROWS)
+    head_kind, head_rows = (Q8_0Linear, QBLOCK_HEAD_MAX_ROWS) if blocks else (Int8WeightLinear, HEAD_MAX_ROWS)
     for layer in runner.model.layers:
         for k in KINDS:
             split = getattr(layer, k)
