@@ -296,20 +296,18 @@ static inline __attribute__((always_inline)) void channel(
             free(qx); free(dx); free(sx);                                                          \
             return -1;                                                                             \
         }                                                                                          \
-        /* one team: the activations' blocks, then (after the loop's barrier) the channels */      \
-        _Pragma("omp parallel num_threads(nthreads)") {                                           \
-            _Pragma("omp for schedule(static)")                                                    \
-            for (int64_t i = 0; i < R * nb; i++) quantize_at(x, i / nb, i % nb, K, qx, dx, sx);    \
-            _Pragma("omp for schedule(static)")                                                    \
-            for (int64_t n = 0; n < N; n++) {                                                      \
-                for (int64_t r0 = 0; r0 < R; r0 += ROWS_PER_PASS) {                                \
-                    const int64_t rows = R - r0 < ROWS_PER_PASS ? R - r0 : ROWS_PER_PASS;          \
-                    BY_ROWS(CHANNEL, rows, w + n * nb * sizeof(BLOCK), nb, qx + r0 * K,            \
-                            dx + r0 * nb, sx + r0 * nb, K, y + r0 * N + n, N)                      \
-                }                                                                                  \
-                if (bias)                                                                          \
-                    for (int64_t r = 0; r < R; r++) y[r * N + n] += bias[n];                       \
+        /* the activations in the calling thread: a second parallel loop's barrier costs more   \
+         * than it saves at a few rows when the team sleeps between regions */                    \
+        for (int64_t i = 0; i < R * nb; i++) quantize_at(x, i / nb, i % nb, K, qx, dx, sx);        \
+        _Pragma("omp parallel for num_threads(nthreads) schedule(static)")                         \
+        for (int64_t n = 0; n < N; n++) {                                                          \
+            for (int64_t r0 = 0; r0 < R; r0 += ROWS_PER_PASS) {                                    \
+                const int64_t rows = R - r0 < ROWS_PER_PASS ? R - r0 : ROWS_PER_PASS;              \
+                BY_ROWS(CHANNEL, rows, w + n * nb * sizeof(BLOCK), nb, qx + r0 * K, dx + r0 * nb,  \
+                        sx + r0 * nb, K, y + r0 * N + n, N)                                        \
             }                                                                                      \
+            if (bias)                                                                              \
+                for (int64_t r = 0; r < R; r++) y[r * N + n] += bias[n];                           \
         }                                                                                          \
         free(qx); free(dx); free(sx);                                                              \
         return 0;                                                                                  \
