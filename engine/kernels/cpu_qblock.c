@@ -21,9 +21,10 @@
  * no saturation) before one vpmaddwd. Q8_0's |q| x sign-moved x pairs reach
  * 2 * 127 * 127, so each vector is widened to int32 (vpmaddwd) before its
  * sum. The K / 32 % 8 blocks after the super-blocks keep GGUF's layout and
- * run one at a time. Each output channel reads its weights once for up to 8
- * rows of x in registers, so at one row the kernel is bound by the weight
- * bytes read.
+ * run one at a time. Each output channel reads its weights once per pass of
+ * up to 8 rows of x, so at one row the kernel is bound by the weight bytes
+ * read; the channels go in tiles of TILE, each tile's passes one after the
+ * other.
  *
  * Shapes: w [N, K / 32] blocks (interleaved), x [R, K] fp32 (row-major),
  * y [R, N] fp32, bias [N] fp32 or NULL; K a multiple of 32. The output
@@ -39,6 +40,12 @@
 #define QK 32
 #define SB 8 /* blocks per super-block: one per 32-bit lane of a vector */
 #define ROWS_PER_PASS 8
+/* Output channels per tile: a tile's weights (32 x K / 32 blocks, 11-30 KB
+ * here) stay in L1/L2 while each pass of 8 rows walks them, and the pass's
+ * activations (8 x K bytes) stay in L1. Channel-major over all rows read
+ * R x K bytes of activations per channel, out of L1 from K x R > 32 KB:
+ * 1.2x at 32 rows, 1.4x at 256 (one run, 2026-12-03). */
+#define TILE 32
 
 typedef struct {
     uint16_t d, m;
@@ -51,7 +58,9 @@ typedef struct {
 } block_q8_0;
 
 /* 8 Q4_1 blocks interleaved: vector k (32 codes, unpacked) holds in lane j
- * the codes 4k..4k+3 of block j; qs[k][i] = its code i | its code (16 + i) << 4. */
+ * the codes 4k..4k+3 of block j; vectors 2p and 2p + 1 share 32 bytes, byte
+ * i their codes i in its low and high nibbles, so that one load, a shift
+ * and two ands unpack two vectors. */
 typedef struct {
     uint16_t d[SB], m[SB];
     uint8_t qs[SB][QK / 2];
@@ -85,9 +94,10 @@ void q4_1_interleave(const block_q4_1 *src, uint8_t *dst, int64_t N, int64_t nb)
                 sb.m[j] = b->m;
                 for (int e = 0; e < QK; e++) codes[lane_position(j, e)] = q4_1_code(b, e);
             }
-            for (int k = 0; k < SB; k++)
-                for (int i = 0; i < 16; i++)
-                    sb.qs[k][i] = (uint8_t)(codes[k * QK + i] | codes[k * QK + 16 + i] << 4);
+            uint8_t *qs = &sb.qs[0][0];
+            for (int p = 0; p < SB / 2; p++)
+                for (int i = 0; i < QK; i++)
+                    qs[p * QK + i] = (uint8_t)(codes[2 * p * QK + i] | codes[(2 * p + 1) * QK + i] << 4);
             memcpy(out + s * sizeof(super_q4_1), &sb, sizeof sb);
         }
         memcpy(out + nsb * sizeof(super_q4_1), row + nsb * SB, (size_t)tail * sizeof(block_q4_1));
@@ -218,9 +228,13 @@ static inline __attribute__((always_inline)) void channel(
             const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sb->m));
 #pragma GCC unroll 8
             for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
+            const __m256i low = _mm256_set1_epi8(0x0F);
+            __m256i pair = _mm256_setzero_si256();
 #pragma GCC unroll 8
             for (int k = 0; k < SB; k++) {
-                const __m256i q = unpack_nibbles(sb->qs[k]);
+                if (k % 2 == 0) pair = _mm256_loadu_si256((const __m256i *)sb->qs[k]);
+                const __m256i q = k % 2 == 0 ? _mm256_and_si256(pair, low)
+                                             : _mm256_and_si256(_mm256_srli_epi16(pair, 4), low);
 #pragma GCC unroll 8
                 for (int r = 0; r < R; r++) {
                     const __m256i xv = _mm256_loadu_si256((const __m256i *)(qx + r * K + s * SB * QK + k * QK));
@@ -299,15 +313,19 @@ static inline __attribute__((always_inline)) void channel(
         /* the activations in the calling thread: a second parallel loop's barrier costs more   \
          * than it saves at a few rows when the team sleeps between regions */                    \
         for (int64_t i = 0; i < R * nb; i++) quantize_at(x, i / nb, i % nb, K, qx, dx, sx);        \
+        const int64_t ntiles = (N + TILE - 1) / TILE;                                              \
         _Pragma("omp parallel for num_threads(nthreads) schedule(static)")                         \
-        for (int64_t n = 0; n < N; n++) {                                                          \
+        for (int64_t t = 0; t < ntiles; t++) {                                                     \
+            const int64_t n0 = t * TILE, n1 = n0 + TILE < N ? n0 + TILE : N;                       \
             for (int64_t r0 = 0; r0 < R; r0 += ROWS_PER_PASS) {                                    \
                 const int64_t rows = R - r0 < ROWS_PER_PASS ? R - r0 : ROWS_PER_PASS;              \
-                BY_ROWS(CHANNEL, rows, w + n * nb * sizeof(BLOCK), nb, qx + r0 * K, dx + r0 * nb,  \
-                        sx + r0 * nb, K, y + r0 * N + n, N)                                        \
+                for (int64_t n = n0; n < n1; n++)                                                  \
+                    BY_ROWS(CHANNEL, rows, w + n * nb * sizeof(BLOCK), nb, qx + r0 * K,            \
+                            dx + r0 * nb, sx + r0 * nb, K, y + r0 * N + n, N)                      \
             }                                                                                      \
             if (bias)                                                                              \
-                for (int64_t r = 0; r < R; r++) y[r * N + n] += bias[n];                           \
+                for (int64_t n = n0; n < n1; n++)                                                  \
+                    for (int64_t r = 0; r < R; r++) y[r * N + n] += bias[n];                       \
         }                                                                                          \
         free(qx); free(dx); free(sx);                                                              \
         return 0;                                                                                  \

@@ -52,18 +52,19 @@ FP32_MAX_ROWS = 12
 #   int8 (bf16 x)          5.4   5.9   6.7  12.9  19.9
 HEAD_MAX_ROWS = 4
 # Rows up to which the block kernels (kernels/cpu_qblock.py: Q4_1 layers,
-# Q8_0 head, int8 activations, blocks interleaved 8 to a vector) beat
-# prepacked fp32 there. The four GEMMs as above, then the head
-# (49152 x 576), one run on 2026-12-03:
+# Q8_0 head, int8 activations, blocks interleaved 8 to a vector, channels in
+# tiles of 32) beat prepacked fp32 there. The four GEMMs as above, then the
+# head (49152 x 576), one run on 2026-12-03:
 #   rows         8     16     32     64    128    256    384    512
-#   fp32       30.1   41.2   63.9  106.1  194.2  355.6  536.9  714.7
-#   Q4_1       10.1   17.0   34.5   76.6  156.8  331.3  527.4  732.2
-#   head fp32   7.5   10.2   15.8   26.0   48.5   95.3
-#   head Q8_0   2.7    5.0    9.8   21.6   42.3  115.0
-# so the layers' kernel runs prefill chunks of up to 256 rows too (the
-# default chunk) and the head, which sees one row per sequence, up to 128.
-QBLOCK_MAX_ROWS = 256
-QBLOCK_HEAD_MAX_ROWS = 128
+#   fp32       34.7   43.5   65.8  108.4  193.3  372.6  616.8  782.6
+#   Q4_1       10.1   15.8   29.7   61.2  128.8  261.6  481.3  636.8
+#   head fp32   8.9   12.5   18.8   29.9   52.9  117.5
+#   head Q8_0   3.6    7.1   13.7   21.6   52.2   89.3
+# so the layers' kernel runs every step up to the default step budget
+# (EngineConfig.max_num_batched_tokens, 512 rows), prefill chunks included,
+# and the head, which sees one row per sequence, up to 256.
+QBLOCK_MAX_ROWS = 512
+QBLOCK_HEAD_MAX_ROWS = 256
 # torch's CPU int4 packing: 1 inner k-tile (its only CPU layout), output rows in 16s
 _INNER_K_TILES = 1
 _PACK_ROWS = 16
