@@ -10,18 +10,21 @@
  *   Q8_0: sum_j w_j x_j = d dx sum_j q_j qx_j
  *
  * The layout is the kernel's own (q4_1_interleave, q8_0_interleave; the
- * same bytes, reordered at load): each run of 8 blocks of a channel is a
- * super-block whose codes are interleaved so that 32-bit lane j of each of
- * its 8 vectors holds 4 codes of block j, and the activations are reordered
- * alike. A lane then sums one block's products, so the per-block work (the
- * conversion to float and the scaling by d dx) is done once per 8 blocks,
- * 8 lanes at a time, instead of once per block; the products run in
- * vpmaddubsw (u8 x s8 pairs summed to s16) and, for Q4_1, are summed in
- * int16 over the super-block's 8 vectors (at most 8 * 2 * 15 * 127 = 30480,
- * no saturation) before one vpmaddwd. Q8_0's |q| x sign-moved x pairs reach
- * 2 * 127 * 127, so each vector is widened to int32 (vpmaddwd) before its
- * sum. The K / 32 % 8 blocks after the super-blocks keep GGUF's layout and
- * run one at a time. Each output channel reads its weights once per pass of
+ * same bytes, reordered at load): a channel's blocks go in groups, K / 32 / 8
+ * super-blocks of 8 blocks, then one group each of 4, 2 and 1 for the set
+ * bits of K / 32 % 8 (SmolLM2's 576 inputs: two super-blocks and a group of
+ * 2). A group of g blocks is g vectors whose codes are interleaved so that
+ * block j owns 8 / g of the 32-bit lanes of each (a super-block: lane j of
+ * each of its 8 vectors holds 4 codes of block j); the activations are
+ * reordered alike, with their scales spread over the lanes. A lane then
+ * sums products of one block only, so the per-block work (the conversion to
+ * float and the scaling by d dx) is done once per group, 8 lanes at a time,
+ * instead of once per block; the products run in vpmaddubsw (u8 x s8 pairs
+ * summed to s16) and, for Q4_1, are summed in int16 over the group's
+ * vectors (at most 8 * 2 * 15 * 127 = 30480, no saturation) before one
+ * vpmaddwd. Q8_0's |q| x sign-moved x pairs reach 2 * 127 * 127, so each
+ * vector is widened to int32 (vpmaddwd) before its sum. Each output
+ * channel reads its weights once per pass of
  * up to 8 rows of x, so at one row the kernel is bound by the weight bytes
  * read; the channels go in tiles of TILE, each tile's passes one after the
  * other.
@@ -57,68 +60,79 @@ typedef struct {
     int8_t qs[QK];
 } block_q8_0;
 
-/* 8 Q4_1 blocks interleaved: vector k (32 codes, unpacked) holds in lane j
- * the codes 4k..4k+3 of block j; vectors 2p and 2p + 1 share 32 bytes, byte
- * i their codes i in its low and high nibbles, so that one load, a shift
- * and two ands unpack two vectors. */
-typedef struct {
-    uint16_t d[SB], m[SB];
-    uint8_t qs[SB][QK / 2];
-} super_q4_1;
+/* A group of g blocks in the kernels' layout, the bytes of its g GGUF blocks:
+ *   Q4_1: d[g], m[g] (fp16), then the codes: for g >= 2, vectors 2p and
+ *         2p + 1 share 32 bytes, byte i their codes i in its low and high
+ *         nibbles (one load, a shift and two ands unpack two vectors); for
+ *         g = 1, GGUF's 16 bytes (code i | code 16 + i << 4).
+ *   Q8_0: d[g], then the g vectors' 32 codes each. */
 
-typedef struct {
-    uint16_t d[SB];
-    int8_t qs[SB][QK];
-} super_q8_0;
+/* Groups of a channel of nb blocks: nb / 8 of 8, then 4, 2, 1 as nb % 8 has them. */
+static inline int64_t group_count(int64_t nb) { return nb / SB + __builtin_popcount((unsigned)(nb % SB)); }
 
-/* Position in a super-block's vectors of element e (0..31) of block j (0..7). */
-static inline int lane_position(int j, int e) { return (e / 4) * QK + 4 * j + e % 4; }
+/* Size of group gi (its first block is the sum of the sizes before it). */
+static inline int group_size(int64_t nb, int64_t gi) {
+    if (gi < nb / SB) return SB;
+    int64_t i = nb / SB;
+    for (int g = SB / 2; g >= 1; g /= 2)
+        if (nb % SB & g && i++ == gi) return g;
+    return 0;
+}
+
+/* Position in a group of g blocks' vectors of element e (0..31) of block j:
+ * block j owns lanes j * 8 / g .. (j + 1) * 8 / g - 1 of each vector, its 4-code
+ * chunks in order across them, then across the vectors. */
+static inline int lane_position(int g, int j, int e) {
+    const int lanes = SB / g, chunk = e / 4;
+    return (chunk / lanes) * QK + 4 * (j * lanes + chunk % lanes) + e % 4;
+}
 
 static inline uint8_t q4_1_code(const block_q4_1 *b, int e) {
     return e < 16 ? b->qs[e] & 0x0F : b->qs[e - 16] >> 4;
 }
 
-/* GGUF blocks [N, nb] -> the kernel's layout, the same size: per channel
- * nb / 8 super-blocks, then the nb % 8 blocks as they are. */
+/* GGUF blocks [N, nb] -> the kernel's layout, the same size. */
 void q4_1_interleave(const block_q4_1 *src, uint8_t *dst, int64_t N, int64_t nb) {
-    const int64_t nsb = nb / SB, tail = nb % SB;
+    const int64_t groups = group_count(nb);
     for (int64_t n = 0; n < N; n++) {
-        const block_q4_1 *row = src + n * nb;
+        const block_q4_1 *b = src + n * nb;
         uint8_t *out = dst + n * nb * sizeof(block_q4_1);
-        for (int64_t s = 0; s < nsb; s++) {
-            super_q4_1 sb;
-            uint8_t codes[SB * QK];
-            for (int j = 0; j < SB; j++) {
-                const block_q4_1 *b = row + s * SB + j;
-                sb.d[j] = b->d;
-                sb.m[j] = b->m;
-                for (int e = 0; e < QK; e++) codes[lane_position(j, e)] = q4_1_code(b, e);
+        for (int64_t gi = 0; gi < groups; gi++) {
+            const int g = group_size(nb, gi);
+            uint16_t *d = (uint16_t *)out, *m = d + g;
+            uint8_t *qs = (uint8_t *)(m + g), codes[SB * QK];
+            for (int j = 0; j < g; j++) {
+                memcpy(d + j, &b[j].d, 2);
+                memcpy(m + j, &b[j].m, 2);
+                for (int e = 0; e < QK; e++) codes[lane_position(g, j, e)] = q4_1_code(b + j, e);
             }
-            uint8_t *qs = &sb.qs[0][0];
-            for (int p = 0; p < SB / 2; p++)
-                for (int i = 0; i < QK; i++)
-                    qs[p * QK + i] = (uint8_t)(codes[2 * p * QK + i] | codes[(2 * p + 1) * QK + i] << 4);
-            memcpy(out + s * sizeof(super_q4_1), &sb, sizeof sb);
+            if (g == 1)
+                memcpy(qs, b->qs, QK / 2);
+            else
+                for (int p = 0; p < g / 2; p++)
+                    for (int i = 0; i < QK; i++)
+                        qs[p * QK + i] = (uint8_t)(codes[2 * p * QK + i] | codes[(2 * p + 1) * QK + i] << 4);
+            b += g;
+            out += g * sizeof(block_q4_1);
         }
-        memcpy(out + nsb * sizeof(super_q4_1), row + nsb * SB, (size_t)tail * sizeof(block_q4_1));
     }
 }
 
 void q8_0_interleave(const block_q8_0 *src, uint8_t *dst, int64_t N, int64_t nb) {
-    const int64_t nsb = nb / SB, tail = nb % SB;
+    const int64_t groups = group_count(nb);
     for (int64_t n = 0; n < N; n++) {
-        const block_q8_0 *row = src + n * nb;
+        const block_q8_0 *b = src + n * nb;
         uint8_t *out = dst + n * nb * sizeof(block_q8_0);
-        for (int64_t s = 0; s < nsb; s++) {
-            super_q8_0 sb;
-            for (int j = 0; j < SB; j++) {
-                const block_q8_0 *b = row + s * SB + j;
-                sb.d[j] = b->d;
-                for (int e = 0; e < QK; e++) ((int8_t *)sb.qs)[lane_position(j, e)] = b->qs[e];
+        for (int64_t gi = 0; gi < groups; gi++) {
+            const int g = group_size(nb, gi);
+            int8_t *qs = (int8_t *)(out + 2 * g);
+            for (int j = 0; j < g; j++) {
+                memcpy(out + 2 * j, &b[j].d, 2);
+                for (int e = 0; e < QK; e++) qs[lane_position(g, j, e)] = b[j].qs[e];
             }
-            memcpy(out + s * sizeof(super_q8_0), &sb, sizeof sb);
+            b += g;
+            out += g * sizeof(block_q8_0);
         }
-        memcpy(out + nsb * sizeof(super_q8_0), row + nsb * SB, (size_t)tail * sizeof(block_q8_0));
     }
 }
 
@@ -152,21 +166,27 @@ static inline float quantize_block(const float *xb, int8_t *codes, int *sum) {
     return d;
 }
 
-/* Block b of row r of x [R, K] -> its codes in qx [R, K] int8 (a row's
- * super-blocks in the lane order of the weights), dx and sx [R, nb]. */
-static inline void quantize_at(const float *x, int64_t r, int64_t b, int64_t K, int8_t *qx, float *dx, float *sx) {
-    const int64_t nb = K / QK, nsb = nb / SB;
-    int8_t codes[QK];
-    int sum;
-    const float d = quantize_block(x + r * K + b * QK, codes, &sum);
-    if (b < nsb * SB) { /* 4 codes at a time to their lane of the super-block */
-        int8_t *super = qx + r * K + (b / SB) * SB * QK;
-        for (int g = 0; g < QK / 4; g++) memcpy(super + lane_position((int)(b % SB), 4 * g), codes + 4 * g, 4);
-    } else {
-        memcpy(qx + r * K + b * QK, codes, QK);
+/* Row r of x [R, K] -> its codes in qx [R, K] int8 (each group's in the lane
+ * order of the weights) and, per group, 8 lanes of scales dx and of
+ * scaled code sums sx [R, 8 * group_count] (block j's in each of its 8 / g
+ * lanes, the sums divided by 8 / g so that its lanes add up to one). */
+static inline void quantize_row(const float *x, int64_t r, int64_t K, int8_t *qx, float *dx, float *sx) {
+    const int64_t nb = K / QK, groups = group_count(nb), nl = SB * groups;
+    int64_t b = 0;
+    for (int64_t gi = 0; gi < groups; gi++) {
+        const int g = group_size(nb, gi), lanes = SB / g;
+        int8_t *group = qx + r * K + b * QK;
+        for (int j = 0; j < g; j++, b++) {
+            int8_t codes[QK];
+            int sum;
+            const float d = quantize_block(x + r * K + b * QK, codes, &sum);
+            for (int c = 0; c < QK / 4; c++) memcpy(group + lane_position(g, j, 4 * c), codes + 4 * c, 4);
+            for (int l = 0; l < lanes; l++) {
+                dx[r * nl + gi * SB + j * lanes + l] = d;
+                sx[r * nl + gi * SB + j * lanes + l] = d * (float)sum / (float)lanes;
+            }
+        }
     }
-    dx[r * nb + b] = d;
-    sx[r * nb + b] = d * (float)sum;
 }
 
 static inline float hsum(__m256 v) {
@@ -182,106 +202,113 @@ static inline __m256i unpack_nibbles(const uint8_t *packed16) {
     return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low), _mm_and_si128(packed, low));
 }
 
-/* One output channel for R (1..8, a constant after inlining) rows: out[r * N].
- * Q8 (a constant too) is 0 for Q4_1 (codes u8 times x s8) and 1 for Q8_0
- * (|codes| times x with the codes' sign). */
-static inline __attribute__((always_inline)) void channel(
-    const int Q8, const int R, const uint8_t *row, int64_t nb, const int8_t *qx, const float *dx,
-    const float *sx, int64_t K, float *out, int64_t N) {
-    const int64_t nsb = nb / SB;
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[ROWS_PER_PASS];
-    float acc_min[ROWS_PER_PASS];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++) {
-        acc[r] = _mm256_setzero_ps();
-        acc_min[r] = 0.f;
+/* A group's g fp16 scales, block j's in each of its 8 / g lanes (g a constant). */
+static inline __m256 lane_scales(const uint8_t *h, const int g) {
+    if (g == SB) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+    if (g == 1) {
+        uint16_t one;
+        memcpy(&one, h, 2);
+        return _mm256_set1_ps(_cvtsh_ss(one));
     }
-    for (int64_t s = 0; s < nsb; s++) {
-        __m256i isum[ROWS_PER_PASS];
-        __m256 d;
-        if (Q8) {
-            const super_q8_0 *sb = (const super_q8_0 *)row + s;
-            d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sb->d));
+    __m128i halves;
+    if (g == 4) {
+        halves = _mm_loadl_epi64((const __m128i *)h);
+    } else {
+        int32_t two;
+        memcpy(&two, h, 4);
+        halves = _mm_cvtsi32_si128(two);
+    }
+    const __m256i spread = g == 4 ? _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3) : _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+    return _mm256_permutevar8x32_ps(_mm256_cvtph_ps(halves), spread);
+}
+
+/* One group of G blocks (a constant after inlining) for R rows into acc[r]:
+ * w its bytes, qx / dx / sx the rows' codes at its first block and its 8
+ * scale lanes (row strides K and nl). Q8 (a constant too) is 0 for Q4_1
+ * (codes u8 times x s8) and 1 for Q8_0 (|codes| times x with the codes'
+ * sign). */
+static inline __attribute__((always_inline)) void group(
+    const int Q8, const int R, const int G, const uint8_t *w, const int8_t *qx, const float *dx, const float *sx,
+    int64_t K, int64_t nl, __m256 *acc) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256 d = lane_scales(w, G);
+    __m256i isum[ROWS_PER_PASS];
 #pragma GCC unroll 8
-            for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
+    for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
+    if (Q8) {
+        const int8_t *qs = (const int8_t *)(w + 2 * G);
 #pragma GCC unroll 8
-            for (int k = 0; k < SB; k++) {
-                const __m256i q = _mm256_loadu_si256((const __m256i *)sb->qs[k]);
-                const __m256i u = _mm256_sign_epi8(q, q);
+        for (int k = 0; k < G; k++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + k * QK));
+            const __m256i u = _mm256_sign_epi8(q, q);
 #pragma GCC unroll 8
-                for (int r = 0; r < R; r++) {
-                    const __m256i xv = _mm256_loadu_si256((const __m256i *)(qx + r * K + s * SB * QK + k * QK));
-                    isum[r] = _mm256_add_epi32(
-                        isum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_sign_epi8(xv, q)), ones));
-                    __asm__("" : "+x"(isum[r]));
-                }
+            for (int r = 0; r < R; r++) {
+                const __m256i xv = _mm256_loadu_si256((const __m256i *)(qx + r * K + k * QK));
+                isum[r] = _mm256_add_epi32(
+                    isum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_sign_epi8(xv, q)), ones));
+                __asm__("" : "+x"(isum[r]));
             }
+        }
 #pragma GCC unroll 8
-            for (int r = 0; r < R; r++)
-                acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_loadu_ps(dx + r * nb + s * SB)),
-                                         _mm256_cvtepi32_ps(isum[r]), acc[r]);
-        } else {
-            /* int16 sums of the 8 vectors: at most 8 * 2 * 15 * 127 = 30480 */
-            const super_q4_1 *sb = (const super_q4_1 *)row + s;
-            d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sb->d));
-            const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sb->m));
+        for (int r = 0; r < R; r++)
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_loadu_ps(dx + r * nl)), _mm256_cvtepi32_ps(isum[r]), acc[r]);
+    } else {
+        /* int16 sums of the group's vectors: at most 8 * 2 * 15 * 127 = 30480 */
+        const __m256 m = lane_scales(w + 2 * G, G);
+        const uint8_t *qs = w + 4 * G;
+        const __m256i low = _mm256_set1_epi8(0x0F);
+        __m256i pair = _mm256_setzero_si256();
 #pragma GCC unroll 8
-            for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
-            const __m256i low = _mm256_set1_epi8(0x0F);
-            __m256i pair = _mm256_setzero_si256();
-#pragma GCC unroll 8
-            for (int k = 0; k < SB; k++) {
-                if (k % 2 == 0) pair = _mm256_loadu_si256((const __m256i *)sb->qs[k]);
-                const __m256i q = k % 2 == 0 ? _mm256_and_si256(pair, low)
-                                             : _mm256_and_si256(_mm256_srli_epi16(pair, 4), low);
-#pragma GCC unroll 8
-                for (int r = 0; r < R; r++) {
-                    const __m256i xv = _mm256_loadu_si256((const __m256i *)(qx + r * K + s * SB * QK + k * QK));
-                    isum[r] = _mm256_add_epi16(isum[r], _mm256_maddubs_epi16(q, xv));
-                    /* summed as they come: GCC 12 otherwise reassociates the 8 adds
-                     * into a tree and spills every product (1.4x slower at 4 rows) */
-                    __asm__("" : "+x"(isum[r]));
-                }
+        for (int k = 0; k < G; k++) {
+            __m256i q;
+            if (G == 1) {
+                q = unpack_nibbles(qs);
+            } else {
+                if (k % 2 == 0) pair = _mm256_loadu_si256((const __m256i *)(qs + k / 2 * QK));
+                q = k % 2 == 0 ? _mm256_and_si256(pair, low) : _mm256_and_si256(_mm256_srli_epi16(pair, 4), low);
             }
 #pragma GCC unroll 8
             for (int r = 0; r < R; r++) {
-                const __m256i dot = _mm256_madd_epi16(isum[r], ones);
-                acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_loadu_ps(dx + r * nb + s * SB)),
-                                         _mm256_cvtepi32_ps(dot), acc[r]);
-                acc[r] = _mm256_fmadd_ps(m, _mm256_loadu_ps(sx + r * nb + s * SB), acc[r]);
+                const __m256i xv = _mm256_loadu_si256((const __m256i *)(qx + r * K + k * QK));
+                isum[r] = _mm256_add_epi16(isum[r], _mm256_maddubs_epi16(q, xv));
+                /* summed as they come: GCC 12 otherwise reassociates the 8 adds
+                 * into a tree and spills every product (1.4x slower at 4 rows) */
+                __asm__("" : "+x"(isum[r]));
             }
         }
-    }
-    /* the nb % 8 blocks after the super-blocks, one at a time */
-    for (int64_t b = nsb * SB; b < nb; b++) {
-        __m256i q, u;
-        float dd, mm = 0.f;
-        const uint8_t *tail = row + nsb * SB * (Q8 ? sizeof(block_q8_0) : sizeof(block_q4_1));
-        if (Q8) {
-            const block_q8_0 *blk = (const block_q8_0 *)tail + (b - nsb * SB);
-            q = _mm256_loadu_si256((const __m256i *)blk->qs);
-            u = _mm256_sign_epi8(q, q);
-            dd = _cvtsh_ss(blk->d);
-        } else {
-            const block_q4_1 *blk = (const block_q4_1 *)tail + (b - nsb * SB);
-            q = u = unpack_nibbles(blk->qs);
-            dd = _cvtsh_ss(blk->d);
-            mm = _cvtsh_ss(blk->m);
-        }
-        const __m256 dv = _mm256_set1_ps(dd);
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
-            __m256i xv = _mm256_loadu_si256((const __m256i *)(qx + r * K + b * QK));
-            if (Q8) xv = _mm256_sign_epi8(xv, q);
-            const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(u, xv), ones);
-            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_broadcast_ss(dx + r * nb + b)),
-                                     _mm256_cvtepi32_ps(dot), acc[r]);
-            if (!Q8) acc_min[r] += mm * sx[r * nb + b];
+            const __m256i dot = _mm256_madd_epi16(isum[r], ones);
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_loadu_ps(dx + r * nl)), _mm256_cvtepi32_ps(dot), acc[r]);
+            acc[r] = _mm256_fmadd_ps(m, _mm256_loadu_ps(sx + r * nl), acc[r]);
         }
     }
+}
+
+/* One output channel for R (1..8, a constant after inlining) rows: out[r * N]. */
+static inline __attribute__((always_inline)) void channel(
+    const int Q8, const int R, const uint8_t *row, int64_t nb, const int8_t *qx, const float *dx,
+    const float *sx, int64_t K, float *out, int64_t N) {
+    const int64_t nsb = nb / SB, nl = SB * group_count(nb);
+    const size_t block = Q8 ? sizeof(block_q8_0) : sizeof(block_q4_1);
+    __m256 acc[ROWS_PER_PASS];
 #pragma GCC unroll 8
-    for (int r = 0; r < R; r++) out[r * N] = hsum(acc[r]) + acc_min[r];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t s = 0; s < nsb; s++)
+        group(Q8, R, SB, row + s * SB * block, qx + s * SB * QK, dx + s * SB, sx + s * SB, K, nl, acc);
+    int64_t b = nsb * SB, lane = nsb * SB;
+    /* the groups of 4, 2 and 1 after the super-blocks */
+    if (nb & 4) {
+        group(Q8, R, 4, row + b * block, qx + b * QK, dx + lane, sx + lane, K, nl, acc);
+        b += 4, lane += SB;
+    }
+    if (nb & 2) {
+        group(Q8, R, 2, row + b * block, qx + b * QK, dx + lane, sx + lane, K, nl, acc);
+        b += 2, lane += SB;
+    }
+    if (nb & 1) group(Q8, R, 1, row + b * block, qx + b * QK, dx + lane, sx + lane, K, nl, acc);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) out[r * N] = hsum(acc[r]);
 }
 #define q4_1_channel(R, ...) channel(0, R, __VA_ARGS__)
 #define q8_0_channel(R, ...) channel(1, R, __VA_ARGS__)
@@ -302,17 +329,17 @@ static inline __attribute__((always_inline)) void channel(
 #define GEMM(NAME, BLOCK, CHANNEL)                                                                 \
     int NAME(const uint8_t *w, const float *x, const float *bias, float *y, int64_t R, int64_t N, \
              int64_t K, int nthreads) {                                                            \
-        const int64_t nb = K / QK;                                                                 \
+        const int64_t nb = K / QK, nl = SB * group_count(nb);                                      \
         int8_t *qx = malloc((size_t)(R * K));                                                      \
-        float *dx = malloc(sizeof(float) * (size_t)(R * nb));                                      \
-        float *sx = malloc(sizeof(float) * (size_t)(R * nb));                                      \
+        float *dx = malloc(sizeof(float) * (size_t)(R * nl));                                      \
+        float *sx = malloc(sizeof(float) * (size_t)(R * nl));                                      \
         if (!qx || !dx || !sx) {                                                                   \
             free(qx); free(dx); free(sx);                                                          \
             return -1;                                                                             \
         }                                                                                          \
         /* the activations in the calling thread: a second parallel loop's barrier costs more   \
          * than it saves at a few rows when the team sleeps between regions */                    \
-        for (int64_t i = 0; i < R * nb; i++) quantize_at(x, i / nb, i % nb, K, qx, dx, sx);        \
+        for (int64_t r = 0; r < R; r++) quantize_row(x, r, K, qx, dx, sx);                         \
         const int64_t ntiles = (N + TILE - 1) / TILE;                                              \
         _Pragma("omp parallel for num_threads(nthreads) schedule(static)")                         \
         for (int64_t t = 0; t < ntiles; t++) {                                                     \
@@ -321,7 +348,7 @@ static inline __attribute__((always_inline)) void channel(
                 const int64_t rows = R - r0 < ROWS_PER_PASS ? R - r0 : ROWS_PER_PASS;              \
                 for (int64_t n = n0; n < n1; n++)                                                  \
                     BY_ROWS(CHANNEL, rows, w + n * nb * sizeof(BLOCK), nb, qx + r0 * K,            \
-                            dx + r0 * nb, sx + r0 * nb, K, y + r0 * N + n, N)                      \
+                            dx + r0 * nl, sx + r0 * nl, K, y + r0 * N + n, N)                      \
             }                                                                                      \
             if (bias)                                                                              \
                 for (int64_t n = n0; n < n1; n++)                                                  \

@@ -7,21 +7,25 @@ torch's ``_weight_int4pack_mm_for_cpu`` converts the 4-bit weights to bf16
 and multiplies in floating point; ``cpu_qblock.c``
 does what llama.cpp does on AVX2: the activations are quantized to int8 per
 row and block of 32 and each block's dot product is an integer one
-(``vpmaddubsw``). The blocks are interleaved 8 at a time so that each vector
-lane sums one block, and the float work per block (conversion, scaling) is
-done 8 blocks to a vector (a block at a time was the kernel before,
-``git log``). Measured on an AVX2-only AMD EPYC (2 threads, the
-30 layers' four GEMMs of SmolLM2-135M with distinct weights, ms, best of 15
-in a loop, one run)::
+(``vpmaddubsw``). The blocks are interleaved in groups of up to 8 so that
+each vector lane sums one block, and the float work per block (conversion,
+scaling) is done 8 lanes at a time; the output channels go in tiles that
+passes of 8 rows walk while their activations stay in L1. Measured on an
+AVX2-only AMD EPYC (2 threads, the 30 layers' four GEMMs of SmolLM2-135M
+with distinct weights, ms, best of 15 in a loop, one run, 2026-12-03)::
 
-    rows                               1      2      4      8     16     32     64    128    256
-    prepacked fp32                 24.23  26.02  27.49  32.92  43.24  65.53 113.22 198.46 369.04
-    Q4_1 x int8, a block at a time  6.05   8.06  11.01  17.37  33.55  69.17 142.02 285.77 595.09
-    Q4_1 x int8, interleaved (here) 4.67   5.16   6.55   9.64  17.80  38.46  81.82 175.75 356.96
+    rows                                1      2      4      8     16     32     64    128    256
+    prepacked fp32                  21.38  21.97  29.72  32.84  45.86  67.30 124.61 210.70 365.44
+    Q4_1 x int8, a block at a time   5.80   7.35  10.47  18.64  36.25  73.79 160.83 306.10 618.35
+    interleaved super-blocks of 8,
+      the 2 blocks after one by one  4.36   4.86   6.48   9.71  18.61  36.45  93.66 174.60 357.75
+    + channel tiles, two vectors'
+      codes a load, groups of 4/2/1  3.82   4.01   5.05   7.32  14.89  27.74  67.61 122.66 232.74
 
-(torch's W4A16 ``_weight_int4pack_mm_for_cpu``, bf16 activations, was 8.0 /
-21.5 ms at 1 / 8 rows on the same kind, another day.) At one row that is
-about 14 GB/s of weights and scales, near what the machine reads. The
+(``git log`` has the kernels of the middle rows; torch's W4A16
+``_weight_int4pack_mm_for_cpu``, bf16 activations, was 8.0 / 21.5 ms at
+1 / 8 rows on the same kind, another day.) At one row that is about 16 GB/s
+of weights and scales, what the machine reads. The
 int8 activations cost accuracy that the bf16 ones did not;
 ``docs/perf/quality.md`` measures it against fp32.
 

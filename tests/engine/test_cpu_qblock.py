@@ -23,12 +23,13 @@ from bargein.engine.model.weight_only import exact_groups, quantize_groups
 
 pytestmark = pytest.mark.skipif(not cpu_qblock.available(), reason=cpu_qblock.unavailable_reason())
 
-# in / 32 blocks: 1, 2, 18 (two super-blocks of 8 and 2 after), 48 (six), 3, 5, 1,
-# 8 (one, nothing after), 10, 9; rows: one pass of up to 8, and 2 or 3 passes;
-# out: one tile of 32 channels or less, several, and a last one part full
+# in / 32 blocks, in groups of 8 (super-blocks), 4, 2 and 1: 1, 2, 18 (8 + 8 + 2),
+# 48 (six of 8), 3 (2 + 1), 5 (4 + 1), 1, 8, 10, 9, 7 (4 + 2 + 1), 15 (all four);
+# rows: one pass of up to 8, and 2 or 3 passes; out: one tile of 32 channels
+# or less, several, and a last one part full
 SHAPES = [
     (16, 32, 1), (48, 64, 2), (960, 576, 1), (576, 1536, 3), (64, 96, 8), (40, 160, 9), (32, 32, 17),
-    (24, 256, 4), (8, 320, 24), (960, 576, 13), (100, 288, 11),
+    (24, 256, 4), (8, 320, 24), (960, 576, 13), (100, 288, 11), (72, 224, 5), (40, 480, 10),
 ]  # fmt: skip
 
 
