@@ -408,7 +408,7 @@ def markdown(rows: Sequence[dict[str, Any]], cfg: BenchConfig, meta: dict[str, A
     out += [f"- {note}" for note in meta["notes"]]
     out += [
         f"- Load average (1, 5, 15 min) before -> after each measured wave: {meta['loads']}.",
-        "- ![peers](peers.png)" if not meta["quick"] else "- (smoke run: --quick)",
+        f"- ![peers]({meta['plot']})" if not meta["quick"] else "- (smoke run: --quick)",
     ]
     return "\n".join(out) + "\n"
 
@@ -556,6 +556,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "notes": notes,
         "loads": "; ".join(f"{LABELS[w.peer]} N={w.n}: {w.load_before} -> {w.load_after}" for w in waves),
         "quick": args.quick,
+        "plot": os.path.relpath(png, out.parent),  # the report's link to its plot
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(markdown(rows, cfg, meta))
