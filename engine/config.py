@@ -42,9 +42,10 @@ class ModelConfig:
             ``dtype="float32"``: ``"int8"`` is W8A8 (int8 per-channel weights,
             per-token dynamic int8 activations, SmoothQuant-smoothed; steps
             of a few rows run a 4-bit checkpoint's own weights); ``"int4"``
-            runs steps of a few rows on a 4-bit checkpoint's own weights
-            and an 8-bit head (Q4_1 and Q8_0 on int8 activations where
-            ``kernels/cpu_qblock`` runs), fp32 above; ``"auto"`` is the fastest format
+            runs steps on a 4-bit checkpoint's own weights and an 8-bit
+            head (Q4_1 and Q8_0 on int8 activations up to 512 / 256 rows
+            where ``kernels/cpu_qblock`` runs, else torch's kernels at a
+            few rows), fp32 above; ``"auto"`` is the fastest format
             whose quality holds (``linear.choose_linear_format``): int8 on a
             CPU with avx512_vnni, else bf16 where it has bf16 dot products,
             else int4 on x86, else as ``linear_dtype``; ``"none"`` never

@@ -45,10 +45,11 @@ and is level at 32 rows, so it is the int8 kernel.
 
 ``int4`` (for x86 CPUs without ``avx512_vnni`` or bf16 dot products, such as
 AVX2-only ones): the linears are fp32 (:class:`Linear`) here;
-``ModelRunner`` runs steps of a few rows on the checkpoint's own 4-bit
-weights and the head on 8-bit weights: the GGUF's Q4_1 and Q8_0 blocks on
-int8 activations (``kernels/cpu_qblock``, llama.cpp's arithmetic) where
-they run, else torch's W4A16 and W8A16 (``weight_only``). Without VNNI,
+``ModelRunner`` runs steps on the checkpoint's own 4-bit weights and the
+head on 8-bit weights: the GGUF's Q4_1 and Q8_0 blocks on int8 activations
+(``kernels/cpu_qblock``, llama.cpp's arithmetic) up to
+``weight_only.QBLOCK_MAX_ROWS`` rows where they run, else torch's W4A16 and
+W8A16 (``weight_only``) at a few rows. Without VNNI,
 fbgemm's int16 pair sums need one operand in 7 bits (:class:`Int8Linear`
 takes the weights), and int8 then loses too much (mean KL 0.013 against
 fp32; 0.024 with fbgemm's 7-bit activations instead), while the int4
