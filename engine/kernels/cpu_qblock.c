@@ -91,50 +91,50 @@ static inline uint8_t q4_1_code(const block_q4_1 *b, int e) {
     return e < 16 ? b->qs[e] & 0x0F : b->qs[e - 16] >> 4;
 }
 
-/* GGUF blocks [N, nb] -> the kernel's layout, the same size. */
-void q4_1_interleave(const block_q4_1 *src, uint8_t *dst, int64_t N, int64_t nb) {
-    const int64_t groups = group_count(nb);
-    for (int64_t n = 0; n < N; n++) {
-        const block_q4_1 *b = src + n * nb;
-        uint8_t *out = dst + n * nb * sizeof(block_q4_1);
-        for (int64_t gi = 0; gi < groups; gi++) {
-            const int g = group_size(nb, gi);
-            uint16_t *d = (uint16_t *)out, *m = d + g;
-            uint8_t *qs = (uint8_t *)(m + g), codes[SB * QK];
-            for (int j = 0; j < g; j++) {
-                memcpy(d + j, &b[j].d, 2);
-                memcpy(m + j, &b[j].m, 2);
-                for (int e = 0; e < QK; e++) codes[lane_position(g, j, e)] = q4_1_code(b + j, e);
-            }
-            if (g == 1)
-                memcpy(qs, b->qs, QK / 2);
-            else
-                for (int p = 0; p < g / 2; p++)
-                    for (int i = 0; i < QK; i++)
-                        qs[p * QK + i] = (uint8_t)(codes[2 * p * QK + i] | codes[(2 * p + 1) * QK + i] << 4);
-            b += g;
-            out += g * sizeof(block_q4_1);
-        }
+/* g GGUF blocks at b -> one group in the kernel's layout at out (the same size). */
+static void q4_1_group(const block_q4_1 *b, int g, uint8_t *out) {
+    uint16_t *d = (uint16_t *)out, *m = d + g;
+    uint8_t *qs = (uint8_t *)(m + g), codes[SB * QK];
+    for (int j = 0; j < g; j++) {
+        memcpy(d + j, &b[j].d, 2);
+        memcpy(m + j, &b[j].m, 2);
+        for (int e = 0; e < QK; e++) codes[lane_position(g, j, e)] = q4_1_code(b + j, e);
+    }
+    if (g == 1) {
+        memcpy(qs, b->qs, QK / 2);
+        return;
+    }
+    for (int p = 0; p < g / 2; p++)
+        for (int i = 0; i < QK; i++)
+            qs[p * QK + i] = (uint8_t)(codes[2 * p * QK + i] | codes[(2 * p + 1) * QK + i] << 4);
+}
+
+static void q8_0_group(const block_q8_0 *b, int g, uint8_t *out) {
+    int8_t *qs = (int8_t *)(out + 2 * g);
+    for (int j = 0; j < g; j++) {
+        memcpy(out + 2 * j, &b[j].d, 2);
+        for (int e = 0; e < QK; e++) qs[lane_position(g, j, e)] = b[j].qs[e];
     }
 }
 
-void q8_0_interleave(const block_q8_0 *src, uint8_t *dst, int64_t N, int64_t nb) {
-    const int64_t groups = group_count(nb);
-    for (int64_t n = 0; n < N; n++) {
-        const block_q8_0 *b = src + n * nb;
-        uint8_t *out = dst + n * nb * sizeof(block_q8_0);
-        for (int64_t gi = 0; gi < groups; gi++) {
-            const int g = group_size(nb, gi);
-            int8_t *qs = (int8_t *)(out + 2 * g);
-            for (int j = 0; j < g; j++) {
-                memcpy(out + 2 * j, &b[j].d, 2);
-                for (int e = 0; e < QK; e++) qs[lane_position(g, j, e)] = b[j].qs[e];
-            }
-            b += g;
-            out += g * sizeof(block_q8_0);
-        }
+/* GGUF blocks [N, nb] -> the kernel's layout, the same size, group by group. */
+#define INTERLEAVE(NAME, BLOCK, GROUP)                                              \
+    void NAME(const BLOCK *src, uint8_t *dst, int64_t N, int64_t nb) {              \
+        const int64_t groups = group_count(nb);                                     \
+        for (int64_t n = 0; n < N; n++) {                                           \
+            const BLOCK *b = src + n * nb;                                          \
+            uint8_t *out = dst + n * nb * sizeof(BLOCK);                            \
+            for (int64_t gi = 0; gi < groups; gi++) {                               \
+                const int g = group_size(nb, gi);                                   \
+                GROUP(b, g, out);                                                   \
+                b += g;                                                             \
+                out += g * sizeof(BLOCK);                                           \
+            }                                                                       \
+        }                                                                           \
     }
-}
+
+INTERLEAVE(q4_1_interleave, block_q4_1, q4_1_group)
+INTERLEAVE(q8_0_interleave, block_q8_0, q8_0_group)
 
 /* One block of 32 floats -> 32 int8 codes on d = absmax / 127 (x * (1 / d),
  * rounded half to even as the default MXCSR mode does), in order; returns d
