@@ -79,9 +79,9 @@ FBGEMM_VNNI_FLAG = "avx512_vnni"
 # bf16 dot products / tiles
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 INT4_WHY = (
-    "the checkpoint's 4-bit weights and an 8-bit head at steps of a few rows "
-    "(Q4_1 and Q8_0 on int8 activations where the block kernels run), fp32 above; "
-    "mean KL vs fp32 0.0025"
+    "the checkpoint's 4-bit weights and an 8-bit head (Q4_1 and Q8_0 on int8 activations "
+    "up to 512 / 256 rows where the block kernels run, torch's kernels at a few rows "
+    "elsewhere), fp32 above; mean KL vs fp32 0.0026"
 )
 
 
@@ -315,7 +315,7 @@ def choose_linear_format(
     x86 CPU has avx512_vnni and torch has fbgemm (fastest at 1 to 32
     sequences, docs/perf/formats.md); else bf16 where it has avx512_bf16 or
     amx_bf16; else, on x86 with torch's int4 kernel, int4 (the checkpoint's
-    4-bit weights at steps of a few rows, fp32 above: 0.0025;
+    4-bit weights, fp32 above the block kernels' rows: 0.0026;
     docs/perf/formats-avx2.md); else ``linear_dtype``, whose ``"auto"`` is
     fp32 there. An explicit ``linear_dtype`` under ``auto`` is kept. Exact
     fp32 is ``quantization="none", linear_dtype="float32"``. Elsewhere
