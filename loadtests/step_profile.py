@@ -95,6 +95,15 @@ class _TimedLinear:
         return getattr(self._inner, name)
 
 
+class _TimedGatedLinear(_TimedLinear):
+    """A down projection that does the SiLU-mul itself (``gated``): timed as
+    the linear, SiLU-mul included."""
+
+    def __init__(self, inner: Any, timed: Callable[..., Any], timed_gated: Callable[..., Any]) -> None:
+        super().__init__(inner, timed)
+        self.gated = timed_gated
+
+
 def instrument(runner: ModelRunner, timers: Timers) -> Callable[[], None]:
     """Wrap the model's ops and linears; returns the undo."""
     model = runner.model
@@ -110,7 +119,12 @@ def instrument(runner: ModelRunner, timers: Timers) -> Callable[[], None]:
     for layer in model.layers:
         for attr in LINEARS:
             inner = getattr(layer, attr)
-            object.__setattr__(layer, attr, _TimedLinear(inner, timers.wrap(attr, inner)))
+            wrapped = (
+                _TimedGatedLinear(inner, timers.wrap(attr, inner), timers.wrap(attr, inner.gated))
+                if hasattr(inner, "gated")
+                else _TimedLinear(inner, timers.wrap(attr, inner))
+            )
+            object.__setattr__(layer, attr, wrapped)
             undo.append(lambda layer=layer, attr=attr, inner=inner: object.__setattr__(layer, attr, inner))
     head = model.lm_head
     model.lm_head = _TimedLinear(head, timers.wrap("lm_head", head))

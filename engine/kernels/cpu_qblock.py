@@ -90,7 +90,7 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
         lib = ctypes.CDLL(str(target))
     except OSError as exc:
         return None, f"could not load {target}: {exc}"
-    for name in ("q4_1_gemm", "q8_0_gemm"):
+    for name in ("q4_1_gemm", "q8_0_gemm", "q4_1_gemm_silu"):
         fn = getattr(lib, name)
         fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
         fn.restype = ctypes.c_int
@@ -98,6 +98,8 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
         fn = getattr(lib, name)
         fn.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
         fn.restype = None
+    lib.exp_f32.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    lib.exp_f32.restype = None
     return lib, ""
 
 
@@ -208,14 +210,16 @@ def interleave(blocks: torch.Tensor, kind: str) -> torch.Tensor:
     return out
 
 
-def _gemm(name: str, blocks: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _gemm(
+    name: str, blocks: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None, k: int
+) -> torch.Tensor:
     lib = _library()[0]
     if lib is None:
         raise RuntimeError(f"the block kernels do not run here: {unavailable_reason()}")
     if x.dtype != torch.float32 or x.dim() != 2:
         raise ValueError(f"x must be [rows, in] float32, got {tuple(x.shape)} {x.dtype}")
     x = x.contiguous()
-    rows, k = x.shape
+    rows = x.shape[0]
     out = blocks.shape[0]
     y = torch.empty(rows, out)
     if rows:
@@ -257,7 +261,22 @@ class Q4_1Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:
             raise ValueError(f"x has {x.shape[-1]} features, the layer takes {self.in_features}")
-        return _gemm("q4_1_gemm", self.blocks, x, self.bias)
+        return _gemm("q4_1_gemm", self.blocks, x, self.bias, self.in_features)
+
+    def gated(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """``self(silu(gate) * up)`` for ``gate_up`` ``[rows, 2 * in]`` fp32 = ``[gate | up]``
+        (the fused gate and up projections' output), the SiLU-mul done in the
+        kernel's activation pass (``kernels.activation.silu_and_mul_ref``'s
+        function, to float32 rounding).
+
+        Raises:
+            ValueError: ``gate_up`` is not ``[rows, 2 * in]`` float32.
+        """
+        if gate_up.shape[-1] != 2 * self.in_features:
+            raise ValueError(
+                f"gate_up has {gate_up.shape[-1]} features, the layer takes 2 x {self.in_features}"
+            )
+        return _gemm("q4_1_gemm_silu", self.blocks, gate_up, self.bias, self.in_features)
 
 
 class Q8_0Linear:
@@ -283,4 +302,4 @@ class Q8_0Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:
             raise ValueError(f"x has {x.shape[-1]} features, the layer takes {self.in_features}")
-        return _gemm("q8_0_gemm", self.blocks, x, None)
+        return _gemm("q8_0_gemm", self.blocks, x, None, self.in_features)

@@ -228,8 +228,18 @@ class LlamaModel:
             h, residual = self.ops.rms_norm(x, layer.input_norm, self.shape.rms_norm_eps, residual)
             h = self._attention(h, layer, positions, meta, kv, decode)
             h, residual = self.ops.rms_norm(h, layer.post_norm, self.shape.rms_norm_eps, residual)
-            x = layer.down(self.ops.silu_and_mul(layer.gate_up(h)))
+            x = self._mlp(h, layer)
         return self.ops.rms_norm(x, self.norm, self.shape.rms_norm_eps, residual)[0]
+
+    def _mlp(self, h: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
+        gate_up = layer.gate_up(h)
+        # a down projection that takes the gate and up halves does the SiLU-mul
+        # in its own pass (weight_only.RowSplitLinear.gated): one op less per
+        # layer, 30 a step, at about 15 us each on a CPU at one sequence
+        gated = getattr(layer.down, "gated", None)
+        if gated is not None:
+            return gated(gate_up)
+        return layer.down(self.ops.silu_and_mul(gate_up))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[N, H]`` hidden states -> ``[N, vocab]`` float32 logits."""

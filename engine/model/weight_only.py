@@ -35,6 +35,7 @@ from collections.abc import Callable
 
 import torch
 
+from bargein.engine.kernels.activation import silu_and_mul_ref
 from bargein.engine.model.linear import weight_scale_per_channel
 
 GROUP_SIZE = 32  # weights per scale and zero, along the input (Q4_1's block)
@@ -260,3 +261,12 @@ class RowSplitLinear:
         if 0 < x.shape[0] <= self.max_rows:
             return self.small(x)
         return self.large(x)
+
+    def gated(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """``self(silu_and_mul_ref(gate_up))`` for the down projection:
+        ``[T, 2 * in] -> [T, out]``, the SiLU-mul inside ``small``'s kernel
+        where it has a ``gated`` (``cpu_qblock.Q4_1Linear``), else a torch op."""
+        if 0 < gate_up.shape[0] <= self.max_rows:
+            fused = getattr(self.small, "gated", None)
+            return fused(gate_up) if fused is not None else self.small(silu_and_mul_ref(gate_up))
+        return self.large(silu_and_mul_ref(gate_up))

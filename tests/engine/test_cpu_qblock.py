@@ -17,6 +17,7 @@ import torch
 from gguf.quants import dequantize
 
 from bargein.engine.kernels import cpu_qblock
+from bargein.engine.kernels.activation import silu_and_mul_ref
 from bargein.engine.kernels.cpu_qblock import Q4_1Linear, Q8_0Linear, pack_q4_1, pack_q8_0, quantize_q8_0
 from bargein.engine.model.loader import default_model_path
 from bargein.engine.model.weight_only import exact_groups, quantize_groups
@@ -177,3 +178,34 @@ def test_a_built_library_is_reused_without_a_compiler(
     monkeypatch.setenv("CC", "no-such-compiler")
     lib, reason = cpu_qblock._library.__wrapped__()
     assert lib is not None and reason == ""
+
+
+@pytest.mark.parametrize(("out", "k", "rows"), [(576, 1536, 1), (576, 1536, 9), (40, 160, 3), (100, 288, 17)])
+def test_the_down_projection_takes_the_gate_and_up_halves(out: int, k: int, rows: int) -> None:
+    """``gated(gate_up)`` is the layer on ``silu_and_mul_ref(gate_up)``: the
+    same arithmetic in float64 on the SiLU-mul of torch, but for an int8 code
+    that a last-bit difference in silu rounds the other way (1 in ~10^5)."""
+    torch.manual_seed(out + k + rows)
+    groups = quantize_groups(torch.randn(out, k))
+    bias = torch.randn(out)
+    gate_up = torch.randn(rows, 2 * k) * 4
+    want = quantized_activations(silu_and_mul_ref(gate_up)) @ q4_1_weight(groups).t() + bias.double()
+    layer = Q4_1Linear(groups, bias)
+    assert relative_error(layer.gated(gate_up), want) < 1e-4
+    torch.testing.assert_close(layer.gated(gate_up), layer(silu_and_mul_ref(gate_up)), rtol=1e-4, atol=1e-3)
+    with pytest.raises(ValueError, match="2 x"):
+        layer.gated(torch.randn(rows, k))
+
+
+def test_the_kernels_exp_is_within_two_ulp() -> None:
+    """exp (the SiLU's) against float64 from -87 to 88: relative error under
+    2.5e-7 (about 2 ulp); clamped to finite floats beyond."""
+    lib = cpu_qblock._library()[0]
+    assert lib is not None
+    x = torch.cat([torch.linspace(-87.0, 88.0, 400_000), torch.tensor([-1e4, 1e4, -float("inf"), 0.0] * 2)])
+    y = torch.empty_like(x)
+    lib.exp_f32(x.data_ptr(), y.data_ptr(), x.numel())
+    want = torch.exp(x[:400_000].double())
+    assert ((y[:400_000].double() - want).abs() / want).max() < 2.5e-7
+    tail = y[400_000:].tolist()
+    assert tail[0] < 1e-37 and 1e38 < tail[1] < float("inf") and tail[2] < 1e-37 and tail[3] == 1.0

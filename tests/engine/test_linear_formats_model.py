@@ -80,11 +80,14 @@ def fp32_greedy(model_config: ModelConfig) -> tuple[ModelRunner, list[list[int]]
     return runner, prompts, [_steps(runner, p, None) for p in prompts]
 
 
-def test_int4_generates_and_agrees_with_fp32(model_config: ModelConfig, fp32_greedy) -> None:
-    """int4: 4-bit layers and an 8-bit head for steps of a few rows, fp32
-    kernels above; decoding one row runs both small ones. Where the block
-    kernels run, Q4_1 and Q8_0 up to QBLOCK_MAX_ROWS and QBLOCK_HEAD_MAX_ROWS; else torch's W4A16 up to
-    FP32_MAX_ROWS and its int8 weight-only head up to HEAD_MAX_ROWS."""
+def test_int4_generates_and_agrees_with_fp32(
+    model_config: ModelConfig, fp32_greedy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """int4: 4-bit layers and an 8-bit head, fp32 kernels above their rows;
+    decoding one row runs both small ones. Where the block kernels run, Q4_1
+    and Q8_0 up to QBLOCK_MAX_ROWS and QBLOCK_HEAD_MAX_ROWS, and the down
+    projections do the SiLU-mul; else torch's W4A16 up to FP32_MAX_ROWS and
+    its int8 weight-only head up to HEAD_MAX_ROWS."""
     blocks = cpu_qblock.available()
     if not blocks and not (int4_kernel_available() and int8_weight_kernel_available()):
         pytest.skip("no block kernels and torch without the CPU int4 or int8 weight-only kernel")
@@ -102,8 +105,15 @@ def test_int4_generates_and_agrees_with_fp32(model_config: ModelConfig, fp32_gre
     assert isinstance(head.large, Linear) and head.max_rows == head_rows
     assert runner.kv_caches.dtype == torch.bfloat16
     _, prompts, want = fp32_greedy
+    gated_rows: list[int] = []
+    gated = Q4_1Linear.gated
+    monkeypatch.setattr(Q4_1Linear, "gated", lambda self, x: gated_rows.append(len(x)) or gated(self, x))
     free = _steps(runner, prompts[0], None)
     assert runner.tokenizer.decode(free[:3]).strip().startswith("Paris")
+    # the prompt's prefill, then TOKENS decode steps of one row, in every layer
+    layers = len(runner.model.layers)
+    want_rows = [len(prompts[0])] * layers + [1] * (layers * TOKENS) if blocks else []
+    assert gated_rows == want_rows
     same = sum(a == b for p, w in zip(prompts, want) for a, b in zip(_steps(runner, p, w), w))
     agreement = same / (len(prompts) * TOKENS)
     print(f"int4: teacher-forced agreement with fp32 greedy {agreement:.3f}")
