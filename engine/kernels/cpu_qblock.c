@@ -24,10 +24,9 @@
  * vectors (at most 8 * 2 * 15 * 127 = 30480, no saturation) before one
  * vpmaddwd. Q8_0's |q| x sign-moved x pairs reach 2 * 127 * 127, so each
  * vector is widened to int32 (vpmaddwd) before its sum. Each output
- * channel reads its weights once per pass of
- * up to 8 rows of x, so at one row the kernel is bound by the weight bytes
- * read; the channels go in tiles of TILE, each tile's passes one after the
- * other.
+ * channel reads its weights once per pass of up to 8 rows of x, so at one
+ * row the kernel is bound by the weight bytes read; the channels go in
+ * tiles of TILE, each tile's passes one after the other.
  *
  * Shapes: w [N, K / 32] blocks (interleaved), x [R, K] fp32 (row-major),
  * y [R, N] fp32, bias [N] fp32 or NULL; K a multiple of 32. The output
