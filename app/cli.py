@@ -30,6 +30,7 @@ from bargein.app.settings import (
     default_chat_url,
     settings_from_args,
 )
+from bargein.session.cancel import cancel_and_wait
 
 LOAD_STAGES = ("weights and KV cache", "engine thread", "ready")
 # libgomp spin iterations before a waiting OpenMP thread sleeps (its default: 300,000)
@@ -386,9 +387,7 @@ async def _until(items: AsyncIterator[str], stop: asyncio.Event) -> AsyncIterato
             item = asyncio.create_task(_next(items))
             await asyncio.wait({item, stopped}, return_when=asyncio.FIRST_COMPLETED)
             if not item.done():
-                item.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await item
+                await cancel_and_wait([item])
                 return
             value = item.result()
             if value is None:

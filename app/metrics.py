@@ -35,6 +35,7 @@ from prometheus_client import (
 )
 
 from bargein.engine.step_budget import TERMS as STEP_COST_TERMS  # pure Python, no torch
+from bargein.session.cancel import cancel_and_wait
 
 if TYPE_CHECKING:
     from bargein.engine.engine import EngineStats, StepStats
@@ -369,9 +370,7 @@ class Metrics:
         try:
             yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait([task])
 
     async def _watch_loop(self, interval_s: float, clock: Callable[[], float]) -> None:
         while True:

@@ -28,6 +28,7 @@ from typing import Any
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from bargein.protocol import Format, encode
+from bargein.session.cancel import cancel_and_wait
 
 CLOSE_TIMEOUT_S = 5.0
 
@@ -142,11 +143,7 @@ class Outgoing:
     async def close(self, code: int) -> None:
         """Stop writing and close the socket with ``code`` (once); waits at
         most ``CLOSE_TIMEOUT_S`` for the close frame to be taken."""
-        for task in (self.task, self._watchdog):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await cancel_and_wait(task for task in (self.task, self._watchdog) if task is not None)
         self._release()
         with contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect, TimeoutError):
             async with asyncio.timeout(CLOSE_TIMEOUT_S):

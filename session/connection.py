@@ -18,6 +18,7 @@ from dataclasses import replace
 from bargein.engine.request import FinishReason
 from bargein.protocol import events as pe
 from bargein.session.actions import AddItem, DeleteItem, TruncateItem
+from bargein.session.cancel import cancel_and_wait
 from bargein.session.delivery import Delivery, SendEvent, done_event
 from bargein.session.errors import StreamNotFound, TokenLogError
 from bargein.session.log import StreamEnd
@@ -325,11 +326,7 @@ class Connection:
         tasks = [task for _, task in self._deliveries.values()]
         if self._restore_watch is not None:
             tasks.append(self._restore_watch)
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(tasks)
         last = snapshot(self.session, self.principal)  # the active response included
         if self.session.state is not State.CLOSED:
             await self._run(self.session.handle(Disconnected(), self._clock()))
@@ -439,10 +436,7 @@ class Connection:
         _, pending = await asyncio.wait(earlier, timeout=self.service.config.drain_timeout_s)
         for task in pending:
             logger.warning("delivery %s did not end before the next response; stopped", task.get_name())
-            task.cancel()
-        for task in pending:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(pending)
 
     def _start_delivery(
         self, response_id: str, stream_id: str, from_offset: int, *, speaker: Speaker | None = None

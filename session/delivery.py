@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from typing import cast
 
 from bargein.protocol import events as pe
+from bargein.session.cancel import cancel_and_wait
 from bargein.session.errors import StreamNotFound, StreamTruncated, TokenLogUnavailable
 from bargein.session.log import EndError, LogEntry, StreamEnd, TokenLog
 from bargein.session.observer import NullObserver, SessionObserver
@@ -127,9 +128,7 @@ async def feed(
                     return
     finally:
         observed.delivery_ended()
-        reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reader
+        await cancel_and_wait([reader])
 
 
 def relayed_code(error: EndError) -> pe.ErrorCode:

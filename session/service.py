@@ -36,6 +36,7 @@ from bargein.engine.errors import EngineStoppedError, PromptTooLongError
 from bargein.engine.request import EngineRequest, FinishReason, RequestOutput
 from bargein.protocol import events as pe
 from bargein.session.admission import Admission, AdmissionConfig, Refusal
+from bargein.session.cancel import cancel_and_wait
 from bargein.session.chat import (
     OneAtATime,
     longest_token_bytes,
@@ -244,11 +245,7 @@ class Service:
         if self.cluster is not None:
             await self.cluster.stop()
         if self._writer is not None:
-            self._writer.cancel()
-            try:
-                await self._writer
-            except asyncio.CancelledError:
-                pass
+            await cancel_and_wait([self._writer])
             self._writer = None
 
     def failing_tasks(self) -> list[str]:

@@ -23,7 +23,6 @@ It also keeps each voice response's speaker, so ``response.cancel`` with
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 from collections import OrderedDict
@@ -35,6 +34,7 @@ import numpy as np
 
 from bargein.protocol import events as pe
 from bargein.session.actions import Send, StartDelivery
+from bargein.session.cancel import cancel_and_wait
 from bargein.session.observer import SessionObserver
 from bargein.session.speaker import Speaker
 from bargein.session.voice import DEFAULT_OUTPUT_RATE, AudioSettings, VoiceInput, VoiceRuntime, merged
@@ -529,11 +529,7 @@ class VoiceChannel:
         """The connection is gone: stop its turns, and retract the answers
         started at a pause that the client never saw (whatever the
         disconnect policy keeps, it keeps what the client was shown)."""
-        for task in list(self._turns):
-            task.cancel()
-        for task in list(self._turns):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(list(self._turns))
         self._speculation = None
         for speculation in list(self._unshown):
             await self._drop(speculation, now)
