@@ -22,6 +22,7 @@ import dataclasses
 import enum
 import functools
 import math
+import sys
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -32,6 +33,7 @@ from bargein.protocol.events import ErrorCode
 
 T = TypeVar("T")
 _NO_NULL: Any = object()  # a field whose wire null means "not given"
+_MAX_FLOAT = sys.float_info.max
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -192,7 +194,8 @@ def _convert_scalar(tp: type, value: Any, where: str) -> Any:
     elif tp is float:
         if type(value) not in (int, float):
             raise _invalid(f"{where!r} must be a number")
-        if not math.isfinite(value):
+        # an integer past a float's range (JSON and msgpack allow 400 digits) is not finite either
+        if type(value) is int and abs(value) > _MAX_FLOAT or not math.isfinite(value):
             raise _bad_value(f"{where!r} must be a finite number")
         return float(value)
     elif tp is str:

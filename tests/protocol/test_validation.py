@@ -73,6 +73,8 @@ INVALID_PARAMETER = [
     pytest.param(_create(top_k=-1), id="top_k<0"),
     pytest.param(_create(seed=-1), id="seed<0"),
     pytest.param(_create(max_tokens=2**63), id="int-over-64-bits"),
+    pytest.param('{"type":"response.create","temperature":1' + "0" * 400 + "}", id="temperature-400-digits"),
+    pytest.param('{"type":"response.create","temperature":1e999}', id="temperature-overflows-to-inf"),
     pytest.param(_create(stop=["a", "b", "c", "d", "e"]), id="stop>4"),
     pytest.param(_create(stop=["a", ""]), id="stop-empty-string"),
     pytest.param(_create(input=[{"role": "tool", "content": "x"}]), id="role-outside-set"),

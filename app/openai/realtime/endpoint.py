@@ -115,6 +115,9 @@ class OpenAIRealtime:
         except ValueError:
             await self._refuse(RealtimeError("invalid_json", "the frame is not JSON"), None)
             return
+        except RecursionError:  # ``[[[[...`` from a hostile client: refused, not a crash
+            await self._refuse(RealtimeError("invalid_json", "the frame is nested too deeply"), None)
+            return
         try:
             event_id, events = self.inbound.translate(data)
         except RealtimeError as exc:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -264,10 +265,7 @@ class Inbound:
             if "noise_reduction" in raw:
                 self.session.noise_reduction = _noise_reduction(raw["noise_reduction"])
             if "transcription" in raw:
-                transcription = raw["transcription"]
-                if transcription is not None:
-                    _object(transcription, "session.audio.input.transcription")
-                self.session.transcription = transcription
+                self.session.transcription = _transcription(raw["transcription"])
             rate = _pcm_rate(raw.get("format"), "session.audio.input.format", (16000, 24000))
             kwargs: dict[str, Any] = {}
             if rate is not None:
@@ -395,11 +393,7 @@ class Inbound:
             if "max_output_tokens" in raw
             else self.session.max_output_tokens
         )
-        temperature = raw.get("temperature")
-        if temperature is not None and (
-            isinstance(temperature, bool) or not isinstance(temperature, int | float)
-        ):
-            raise RealtimeError("invalid_type", "temperature is a number", "response.temperature")
+        temperature = _optional_number(raw.get("temperature"), "response.temperature")
         response_id = f"resp_{uuid.uuid4().hex}"
         self.session.asked[response_id] = ResponseAsked(
             audio=audio, metadata=metadata, max_output_tokens=max_tokens
@@ -413,7 +407,7 @@ class Inbound:
             pe.ResponseCreate(
                 response_id=response_id,
                 max_tokens=max_tokens,
-                temperature=None if temperature is None else float(temperature),
+                temperature=temperature,
                 modalities=modalities,
                 instructions=_optional_str(raw, "instructions", "response."),
                 event_id=event_id,
@@ -639,6 +633,43 @@ def _no_tools(value: Mapping[str, Any], prefix: str) -> None:
         )
 
 
+def _optional_number(value: Any, param: str) -> float | None:
+    """A JSON number as a finite float (None: not given).
+
+    JSON integers have no size limit, and ``1e999`` parses as infinity: both
+    are refused here rather than overflow (``OverflowError``) or reach the
+    sampler.
+
+    Raises:
+        RealtimeError: ``invalid_type`` for a non-number, ``invalid_value``
+            for one no float holds.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise RealtimeError("invalid_type", f"{param} must be a number", param)
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise RealtimeError("invalid_value", f"{param} must be a finite number", param)
+    return number
+
+
+def _transcription(value: Any) -> dict[str, str] | None:
+    """``audio.input.transcription``, kept to echo: OpenAI's three string
+    fields only, so that what is echoed is as small and flat as OpenAI's."""
+    param = "session.audio.input.transcription"
+    if value is None:
+        return None
+    raw = _object(value, param)
+    _only(raw, {"model", "language", "prompt"}, f"{param}.")
+    for name in raw:
+        _optional_str(raw, name, f"{param}.")
+    return {name: text for name, text in raw.items() if text is not None}
+
+
 def _noise_reduction(value: Any) -> dict[str, str] | None:
     param = "session.audio.input.noise_reduction"
     if value is None:
@@ -710,7 +741,6 @@ def _turn_detection(value: Any) -> pe.TurnDetectionSettings:
     if raw.get("idle_timeout_ms") is not None:
         raise RealtimeError("unsupported", "idle_timeout_ms is not supported", f"{param}.idle_timeout_ms")
     kinds = {
-        "threshold": (int, float),
         "prefix_padding_ms": (int,),
         "silence_duration_ms": (int,),
         "create_response": (bool,),
@@ -722,7 +752,7 @@ def _turn_detection(value: Any) -> pe.TurnDetectionSettings:
             raise RealtimeError("invalid_type", f"{param}.{name} has the wrong type", f"{param}.{name}")
     return pe.TurnDetectionSettings(
         type="server_vad",
-        threshold=None if raw.get("threshold") is None else float(raw["threshold"]),
+        threshold=_optional_number(raw.get("threshold"), f"{param}.threshold"),
         prefix_padding_ms=raw.get("prefix_padding_ms"),
         silence_duration_ms=raw.get("silence_duration_ms"),
         create_response=raw.get("create_response"),
