@@ -1,4 +1,4 @@
-"""API keys and the browser ``Origin`` allow-list, checked before any route runs.
+"""The ``Host`` and browser ``Origin`` allow-lists and API keys, checked before any route runs.
 
 :class:`AuthMiddleware` wraps the whole ASGI app. The protected paths are
 everything under ``/v1``, ``/debug`` and ``/metrics``, judged on the path's
@@ -12,17 +12,31 @@ key itself), and ``/metrics`` only when ``--public-metrics`` says so
 ``authorization: {credentials_file: ...}`` in its scrape config). On the
 protected paths:
 
-- a request whose ``Origin`` header is not in ``--allowed-origins`` (when an
-  allow-list is set) is refused with HTTP 403; clients that send no
-  ``Origin`` (not browsers) are not concerned. Origins compare in the form
-  browsers send them (:func:`normalize_origin`: lower case, no default port,
-  no trailing slash). The entry ``self`` allows the origin the request was
-  addressed to (:func:`request_origin`): the ``Host`` header with the
-  request's scheme, which behind a TLS-terminating proxy is the one its
+- a request whose ``Host`` header names a host outside ``--allowed-hosts``
+  is refused with HTTP 400 (as starlette's ``TrustedHostMiddleware`` and
+  Django do), on every path but the probes: a DNS-rebinding page (its own
+  name, resolved to this server's address) sends its own name as ``Host``.
+  The default (:func:`default_allowed_hosts`): bound to a loopback address,
+  the loopback names and addresses (``localhost``, ``127.0.0.1``,
+  ``[::1]``, any port); bound elsewhere, any host (the server logs a
+  warning: list the names clients use). Entries are host names, addresses,
+  ``*.suffix`` or ``*`` (:func:`normalize_host`); ports are not compared;
+- a request whose ``Origin`` header is not allowed is refused with HTTP 403;
+  clients that send no ``Origin`` (not browsers) are not concerned. Without
+  ``--allowed-origins``, an origin is allowed when its host is an allowed
+  host (with any host allowed: when it is the request's own origin, so
+  another site's page is refused, but not a DNS-rebinding one). With it,
+  origins compare in the form browsers send them (:func:`normalize_origin`:
+  lower case, no default port, no trailing slash). The entry ``self``
+  allows the origin the request was addressed to (:func:`request_origin`):
+  the ``Host`` header, already checked against the allowed hosts (so a
+  rebinding page's name never passes it unless any host is allowed), with
+  the request's scheme, which behind a TLS-terminating proxy is the one its
   ``X-Forwarded-Proto`` says, when uvicorn trusts that proxy
   (``--forwarded-allow-ips``; the browser's ``Origin`` is ``https://...``
   while the proxy talks plain HTTP to bargein). The proxy must pass the
-  client's ``Host`` on (nginx: ``proxy_set_header Host $http_host``);
+  client's ``Host`` on (nginx: ``proxy_set_header Host $http_host``), and
+  that name must be an allowed host;
 - when API keys are configured, every request must carry one: the
   ``Authorization: Bearer <key>`` header, or, on a WebSocket, the offered
   subprotocol ``bearer.<key>`` (browsers cannot set headers; the server never
@@ -62,6 +76,7 @@ import hashlib
 import ipaddress
 import json
 import logging
+import re
 import urllib.parse
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
@@ -91,6 +106,11 @@ _QUERY_KEY_NAMES = frozenset(
 # The allowed-origins entry meaning "the origin the request was addressed to".
 SELF_ORIGIN = "self"
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+ANY_HOST = "*"
+# What a server bound to a loopback address answers to by default (any port).
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+# A Host header: a name or IPv4 address, or an IPv6 address in brackets, then an optional port.
+_HOST_HEADER = re.compile(r"(\[[0-9a-f:.]+\]|[a-z0-9_.-]+)(?::[0-9]{1,5})?")
 # A WebSocket's scope scheme is ws/wss; its page's origin is http/https.
 _HTTP_SCHEMES = {"ws": "http", "wss": "https"}
 # uvicorn (0.54, websockets-sansio) logs this at ERROR after a handshake answered
@@ -164,13 +184,22 @@ class AuthConfig:
 
     Attributes:
         key_digests: SHA-256 digests of the accepted keys; empty: no key needed.
+        allowed_hosts: ``Host`` names allowed, in :func:`normalize_host`'s form
+            (a name, an address, ``*.suffix``, or :data:`ANY_HOST`).
         allowed_origins: browser origins allowed, in :func:`normalize_origin`'s
-            form (``scheme://host[:port]``, or :data:`SELF_ORIGIN`); empty: any.
+            form (``scheme://host[:port]``, or :data:`SELF_ORIGIN`); empty:
+            those whose host is an allowed host (see the module doc).
+        open_paths: canonical paths served without any check.
     """
 
     key_digests: frozenset[str] = field(default_factory=frozenset, repr=False)
+    allowed_hosts: frozenset[str] = frozenset({ANY_HOST})
     allowed_origins: frozenset[str] = frozenset()
     open_paths: frozenset[str] = OPEN_PATHS
+
+    def __post_init__(self) -> None:
+        if not self.allowed_hosts:
+            raise ValueError(f"{self.allowed_hosts=} must name at least one host (or {ANY_HOST})")
 
     def is_protected(self, path: str) -> bool:
         """Whether a request for ``path`` (decoded) goes through the checks."""
@@ -202,6 +231,74 @@ def normalize_origin(origin: str) -> str:
         raise bad from None
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname  # IPv6 keeps its brackets
     return f"{scheme}://{host}" if port in (None, _DEFAULT_PORTS[scheme]) else f"{scheme}://{host}:{port}"
+
+
+def normalize_host(entry: str) -> str:
+    """An ``--allowed-hosts`` entry in the form :func:`host_of` gives: lower
+    case, no trailing dot, an IPv6 address in brackets; ``*`` and
+    ``*.suffix`` stay wildcards.
+
+    Raises:
+        ValueError: ``entry`` is not a host name, an address or a wildcard
+            (a port, a scheme, a path), naming it.
+    """
+    text = entry.strip().lower()
+    if text == ANY_HOST:
+        return text
+    wildcard = text.startswith("*.")
+    name = text[2:] if wildcard else text
+    if not wildcard and ":" in name and not name.startswith("["):
+        name = f"[{name}]"  # a bare IPv6 address
+    host = host_of(name)
+    if host is None or host != name.rstrip(".") or (wildcard and host.startswith("[")):
+        raise ValueError(
+            f"allowed host {entry!r} must be a host name, an address, *.domain or * (no scheme, port or path)"
+        )
+    return f"*.{host}" if wildcard else host
+
+
+def host_of(authority: str) -> str | None:
+    """The host of a ``Host`` header or an origin's ``host[:port]``: lower
+    case, without its port and trailing dot, an IPv6 address in brackets;
+    None when malformed (user info, a bad port, odd characters)."""
+    match = _HOST_HEADER.fullmatch(authority.strip().lower())
+    if match is None:
+        return None
+    host = match.group(1)
+    if host.startswith("["):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            return None
+        return host
+    return host.rstrip(".") or None
+
+
+def host_allowed(host: str, allowed: frozenset[str]) -> bool:
+    """Whether ``host`` (:func:`host_of`'s form) matches an entry of ``allowed``:
+    equal, under a ``*.suffix`` (not the suffix itself), or any with ``*``."""
+    if ANY_HOST in allowed or host in allowed:
+        return True
+    return any(entry.startswith("*.") and host.endswith(entry[1:]) for entry in allowed)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding to ``host`` (``--host``) listens on loopback only."""
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def default_allowed_hosts(bind_host: str) -> frozenset[str]:
+    """The ``Host`` names a server bound to ``bind_host`` answers to without
+    ``--allowed-hosts``: the loopback names and addresses (and the bound
+    address itself) on loopback, else any (:data:`ANY_HOST`)."""
+    if not is_loopback(bind_host):
+        return frozenset({ANY_HOST})
+    return frozenset({*LOOPBACK_HOSTS, normalize_host(bind_host)})
 
 
 def request_origin(scope: Scope) -> str | None:
@@ -259,9 +356,10 @@ class AuthMiddleware:
 
     Args:
         app: the wrapped ASGI app.
-        config: keys and origins.
-        on_refused: told the reason of each refusal (``origin_not_allowed``,
-            ``missing_api_key``, ``invalid_api_key``), for the metrics.
+        config: hosts, keys and origins.
+        on_refused: told the reason of each refusal (``host_not_allowed``,
+            ``origin_not_allowed``, ``missing_api_key``, ``invalid_api_key``),
+            for the metrics.
     """
 
     def __init__(
@@ -284,18 +382,32 @@ class AuthMiddleware:
         # With keys, a valid key is an identity; without, any string passes,
         # so limits count against the address instead (see the module doc).
         state["limit_key"] = state["principal"] if self.config.key_digests else address_key(scope)
-        if self.config.is_protected(scope["path"]):
+        refusal = self._host_refusal(scope)
+        if refusal is None and self.config.is_protected(scope["path"]):
             refusal = self._refusal(scope, key)
-            if refusal is not None:
-                self.on_refused(refusal[1])
-                await _deny(scope, receive, send, *refusal)
-                return
+        if refusal is not None:
+            self.on_refused(refusal[1])
+            await _deny(scope, receive, send, *refusal)
+            return
         await self.app(scope, receive, send)
 
+    def _host_refusal(self, scope: Scope) -> tuple[int, str, str] | None:
+        """The refusal of a ``Host`` outside the allowed hosts, or None. The
+        probes stay open: a balancer's health check names the node's address,
+        and what they answer is no secret."""
+        if ANY_HOST in self.config.allowed_hosts or canonical_path(scope["path"]) in OPEN_PATHS:
+            return None
+        header = _headers(scope).get("host", "")
+        host = host_of(header)
+        if host is not None and host_allowed(host, self.config.allowed_hosts):
+            return None
+        logger.info("request refused", extra={"reason": "host", "host": header[:200]})
+        return 400, "host_not_allowed", "this Host is not served here (see --allowed-hosts)"
+
     def _refusal(self, scope: Scope, key: str | None) -> tuple[int, str, str] | None:
-        """``(status, code, message)`` of a request to refuse, or None."""
+        """``(status, code, message)`` of a request to a protected path to refuse, or None."""
         origin = _headers(scope).get("origin")
-        if self.config.allowed_origins and origin is not None and not self._origin_allowed(scope, origin):
+        if origin is not None and not self._origin_allowed(scope, origin):
             logger.info("request refused", extra={"reason": "origin", "origin": origin[:200]})
             return 403, "origin_not_allowed", "this Origin is not allowed"
         digests = self.config.key_digests
@@ -309,12 +421,20 @@ class AuthMiddleware:
         return None
 
     def _origin_allowed(self, scope: Scope, origin: str) -> bool:
-        """Whether a browser page of ``origin`` may call: listed, or ``self`` and the request's own."""
+        """Whether a browser page of ``origin`` may call: listed, or ``self`` and
+        the request's own; without a list, one on an allowed host (see the module doc)."""
         try:
             origin = normalize_origin(origin)
         except ValueError:  # "null" (a sandboxed frame, a file:// page) or garbage
             return False
         allowed = self.config.allowed_origins
+        if not allowed:
+            hosts = self.config.allowed_hosts
+            if ANY_HOST in hosts:  # no names to judge by: only the page's own server
+                return origin == request_origin(scope)
+            host = host_of(origin.partition("://")[2])
+            return host is not None and host_allowed(host, hosts)
+        # The Host behind request_origin passed the allowed hosts already.
         return origin in allowed or (SELF_ORIGIN in allowed and origin == request_origin(scope))
 
 

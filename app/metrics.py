@@ -260,7 +260,7 @@ class Metrics:
         )
         self.auth_refusals = Counter(
             "bargein_auth_refusals",
-            "HTTP requests and WebSocket upgrades refused by the API key or Origin check, by reason.",
+            "HTTP requests and WebSocket upgrades refused by the Host, Origin or API key check, by reason.",
             ["reason"],
             registry=r,
         )

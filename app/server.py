@@ -29,7 +29,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
 from bargein import static
-from bargein.app.auth import OPEN_PATHS, AuthConfig, AuthMiddleware, load_api_keys, normalize_origin
+from bargein.app.auth import ANY_HOST, OPEN_PATHS, AuthConfig, AuthMiddleware, load_api_keys, normalize_origin
 from bargein.app.logging import client_logger, quiet_client_faults, set_ids
 from bargein.app.metrics import Metrics, create_metrics
 from bargein.app.observer import Observer
@@ -288,8 +288,15 @@ def create_app(
         routes.append(Route("/debug/engine", debug_engine))
     routes.append(Mount("/", StaticFiles(directory=STATIC_DIR, html=True), name="static"))
     public = frozenset({"/metrics"}) if settings.server.public_metrics else frozenset()
+    if not settings.server.allowed_hosts and ANY_HOST in settings.server.trusted_hosts:
+        logger.warning(
+            "any Host header is served (bound to %s without --allowed-hosts): a DNS-rebinding page "
+            "can reach this server from a browser on its network; list the names clients use",
+            settings.server.host,
+        )
     auth = AuthConfig(
         key_digests=load_api_keys(settings.server.api_keys),
+        allowed_hosts=settings.server.trusted_hosts,
         allowed_origins=frozenset(normalize_origin(o) for o in settings.server.allowed_origins),
         open_paths=OPEN_PATHS | public,
     )

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from bargein.app.auth import normalize_origin
+from bargein.app.auth import default_allowed_hosts, normalize_host, normalize_origin
 from bargein.app.logging import LogFormat
 from bargein.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from bargein.session.admission import AdmissionConfig
@@ -65,9 +65,11 @@ class ServerConfig:
             when several worker processes serve; ``/metrics`` then sums them.
         api_keys: API keys: a file (one a line) or a comma list; ``None``: no
             key needed (see ``app/auth.py``). Never printed.
+        allowed_hosts: ``Host`` names served (names, addresses, ``*.domain``,
+            ``*``; no ports); empty: the default of :attr:`trusted_hosts`.
         allowed_origins: browser ``Origin`` values allowed (``scheme://host[:port]``,
             or ``self``: the origin the request was addressed to, see
-            ``app/auth.py``); empty: any.
+            ``app/auth.py``); empty: those on an allowed host.
         public_metrics: with ``api_keys``, serve ``/metrics`` without a key
             (a scraper on a private network); off, it needs one like ``/v1``.
         ws_ping_interval_s: seconds between WebSocket pings (uvicorn's
@@ -104,6 +106,7 @@ class ServerConfig:
     log_prompts: bool = False
     metrics_multiproc_dir: str | None = None
     api_keys: str | None = field(default=None, repr=False)
+    allowed_hosts: tuple[str, ...] = ()
     allowed_origins: tuple[str, ...] = ()
     public_metrics: bool = False
     ws_ping_interval_s: float = 20.0
@@ -121,6 +124,14 @@ class ServerConfig:
     def node_name(self) -> str:
         """``node_id``, or ``host:port`` when none was given."""
         return self.node_id or f"{self.host}:{self.port}"
+
+    @property
+    def trusted_hosts(self) -> frozenset[str]:
+        """``allowed_hosts`` normalized, or by default the loopback names and
+        addresses when bound to loopback, else any (``app/auth.py``)."""
+        if self.allowed_hosts:
+            return frozenset(normalize_host(h) for h in self.allowed_hosts)
+        return default_allowed_hosts(self.host)
 
     @property
     def scheme(self) -> str:
@@ -152,6 +163,8 @@ class ServerConfig:
         _check_trusted_proxies(self.forwarded_allow_ips)
         for origin in self.allowed_origins:
             normalize_origin(origin)  # raises ValueError naming a malformed entry
+        for host in self.allowed_hosts:
+            normalize_host(host)  # raises ValueError naming a malformed entry
 
 
 def _check_trusted_proxies(addresses: tuple[str, ...]) -> None:
@@ -440,11 +453,21 @@ def _add_limit_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]
     _add(
         parser,
         env,
+        "--allowed-hosts",
+        "",
+        str,
+        "Host header names served (comma list of names, addresses, *.domain or *; ports not "
+        "compared); default: bound to loopback, localhost, 127.0.0.1 and [::1]; else any, with a warning",
+    )
+    _add(
+        parser,
+        env,
         "--allowed-origins",
         "",
         str,
         "browser Origins allowed (comma list of scheme://host[:port]; self: the origin the "
-        "request was addressed to, with the scheme a trusted proxy forwards)",
+        "request was addressed to, with the scheme a trusted proxy forwards); default: "
+        "those whose host is an allowed host",
     )
     _add(
         parser,
@@ -580,6 +603,7 @@ def _limits_from_args(args: argparse.Namespace) -> dict[str, Any]:
     and :func:`_add_transport_arguments`."""
     return {
         "api_keys": args.api_keys,
+        "allowed_hosts": _comma_list(args.allowed_hosts),
         "allowed_origins": _comma_list(args.allowed_origins),
         "public_metrics": args.public_metrics,
         "ws_ping_interval_s": args.ws_ping_interval,

@@ -160,6 +160,12 @@ async def test_tls_port_takes_no_plain_connection_and_an_untrusted_certificate_f
 # ---- behind a proxy ----------------------------------------------------------------
 
 
+def proxied_settings(**server: object) -> Settings:
+    """A server behind a proxy on the same machine: it serves the public name (the
+    default, bound to loopback, serves only loopback names)."""
+    return server_settings(allowed_hosts=("chat.example.com",), **server)
+
+
 def proxied(server: EmbeddedServer, **headers: str) -> int:
     """Status of ``GET /v1/models`` as a TLS-terminating proxy forwards a page's request."""
     sent = {"Host": "chat.example.com", "Origin": PUBLIC_ORIGIN, "X-Forwarded-For": "203.0.113.9"} | headers
@@ -168,7 +174,7 @@ def proxied(server: EmbeddedServer, **headers: str) -> int:
 
 @pytest.mark.slow
 def test_self_origin_behind_a_trusted_proxy_uses_its_forwarded_scheme(live_server: LiveServer) -> None:
-    with node_on_engine(live_server, server_settings(allowed_origins=("self",))) as server:
+    with node_on_engine(live_server, proxied_settings(allowed_origins=("self",))) as server:
         # bargein hears http from the proxy; the page's origin is https: only
         # the forwarded scheme makes it the request's own origin
         assert proxied(server, **{"X-Forwarded-Proto": "https"}) == 200
@@ -180,7 +186,7 @@ def test_self_origin_behind_a_trusted_proxy_uses_its_forwarded_scheme(live_serve
 
 @pytest.mark.slow
 def test_forwarded_headers_from_an_untrusted_peer_are_ignored(live_server: LiveServer) -> None:
-    settings = server_settings(allowed_origins=("self",), forwarded_allow_ips=("192.0.2.1",))
+    settings = proxied_settings(allowed_origins=("self",), forwarded_allow_ips=("192.0.2.1",))
     with node_on_engine(live_server, settings) as server, server_log("uvicorn.access") as log:
         assert proxied(server, **{"X-Forwarded-Proto": "https"}) == 403
     (line,) = [r for r in log.records if "/v1/models" in r.getMessage()]
@@ -191,7 +197,7 @@ def test_forwarded_headers_from_an_untrusted_peer_are_ignored(live_server: LiveS
 def test_client_address_in_the_access_log_is_the_forwarded_one_from_a_trusted_proxy(
     live_server: LiveServer,
 ) -> None:
-    with node_on_engine(live_server, server_settings()) as server, server_log("uvicorn.access") as log:
+    with node_on_engine(live_server, proxied_settings()) as server, server_log("uvicorn.access") as log:
         assert proxied(server, **{"X-Forwarded-Proto": "https"}) == 200
     (line,) = [r for r in log.records if "/v1/models" in r.getMessage()]
     assert "203.0.113.9" in line.getMessage()
