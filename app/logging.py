@@ -10,8 +10,10 @@ What must not leak never does: fields that carry conversation text
 (``prompt``, ``text``, ``messages``, ...) are replaced by ``"[redacted]"``
 unless ``--log-prompts`` (a debugging flag) is on, and fields that carry
 secrets (``api_key``, ``authorization``, tokens) always are, as is a
-``Bearer ...`` credential or a ``?api_key=...`` query parameter anywhere in a
-message (uvicorn's access lines carry the query string).
+``Bearer ...`` credential, a ``?api_key=...`` query parameter (uvicorn's
+access lines carry the query string) or the password of a URL's user info
+(``redis://user:[redacted]@host``: a ``--redis-url`` in a start-up
+traceback) anywhere in a message or a traceback.
 
 Faults of one client are not the operator's errors: a hostile client must
 not be able to flood the log with tracebacks. :func:`quiet_client_faults`
@@ -54,6 +56,8 @@ _QUERY_SECRET = re.compile(
     r"(?i)([?&](?:api[_-]?key|key|access_token|token|authorization"
     r"|password|secret)=)[^&\s\"]*"
 )
+# scheme://user:password@ anywhere in a line: the password, up to the host's "@".
+_URL_PASSWORD = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s:/@?#'\"]*:)[^\s/?#'\"]*@")
 # uvicorn.error's lines about one client's fault -> bargein's line (None: the app
 # logs that fault itself, see bargein.app.server.realtime).
 CLIENT_FAULT_LINES: dict[str, str | None] = {
@@ -152,9 +156,10 @@ class StructuredFormatter(logging.Formatter):
 
 
 def _scrub(text: str) -> str:
-    """Hide a bearer credential (header or ``bearer.<key>`` subprotocol) and a
-    credential in a query string."""
+    """Hide a bearer credential (header or ``bearer.<key>`` subprotocol), a
+    credential in a query string and the password in a URL's user info."""
     text = _BEARER.sub(lambda m: m.group(1) + REDACTED, text)
+    text = _URL_PASSWORD.sub(lambda m: m.group(1) + REDACTED + "@", text)
     return _QUERY_SECRET.sub(lambda m: m.group(1) + REDACTED, text)
 
 

@@ -21,6 +21,7 @@ from bargein.engine.config import CacheConfig, EngineConfig, ModelConfig, Schedu
 from bargein.session.admission import AdmissionConfig
 from bargein.session.config import SessionConfig, VoiceConfig
 from bargein.session.log.durability import parse_durability
+from bargein.session.log.redis_url import is_redis_url, parse_redis_url, redact_url
 
 ENV_PREFIX = "BARGEIN_"
 
@@ -155,6 +156,8 @@ class ServerConfig:
             raise ValueError(f"log_format={self.log_format!r} must be 'logfmt' or 'json'")
         if self.log_backend == "redis" and not self.redis_url:
             raise ValueError("log_backend='redis' needs a redis_url")
+        if self.redis_url:
+            _check_redis_url(self.redis_url)
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
             raise ValueError(
                 f"ssl_certfile={self.ssl_certfile!r} and ssl_keyfile={self.ssl_keyfile!r} go together: "
@@ -165,6 +168,17 @@ class ServerConfig:
             normalize_origin(origin)  # raises ValueError naming a malformed entry
         for host in self.allowed_hosts:
             normalize_host(host)  # raises ValueError naming a malformed entry
+
+
+def _check_redis_url(url: str) -> None:
+    """Refuse a malformed ``--redis-url`` before anything starts; the message
+    shows it without its password (session/log/redis_url.py ``redact_url``)."""
+    if not is_redis_url(url):
+        raise ValueError(
+            f"redis_url={redact_url(url)!r} must start with redis://, rediss://, unix://, "
+            "redis+cluster://, rediss+cluster://, redis+sentinel:// or rediss+sentinel://"
+        )
+    parse_redis_url(url)  # raises ValueError naming what is wrong
 
 
 def _check_trusted_proxies(addresses: tuple[str, ...]) -> None:

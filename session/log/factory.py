@@ -12,7 +12,7 @@ from collections.abc import Callable
 from bargein.session.log.contract import DEFAULT_RETENTION_S, TokenLog
 from bargein.session.log.durability import parse_durability
 from bargein.session.log.memory import MemoryTokenLog
-from bargein.session.log.redis_url import is_redis_url
+from bargein.session.log.redis_url import is_redis_url, redact_url
 
 
 def open_token_log(
@@ -36,7 +36,8 @@ def open_token_log(
         clock: monotonic seconds for the memory backend (Redis keeps its own time).
         durability: when Redis writes wait for a replica (session/log/durability.py).
 
-    Raises ValueError for another URL scheme or a bad durability.
+    Raises ValueError for another URL scheme or a bad durability (the URL
+    shown without its password).
     """
     if url is None or url == "memory://":
         return MemoryTokenLog(retention_s=retention_s, clock=clock)
@@ -46,6 +47,6 @@ def open_token_log(
         config = RedisLogConfig(retention_s=retention_s, durability=parse_durability(durability))
         return RedisTokenLog(url, node_id=node_id, config=config)
     raise ValueError(
-        f"token log url {url!r} must be memory://, redis://, rediss://, unix://, "
+        f"token log url {redact_url(url)!r} must be memory://, redis://, rediss://, unix://, "
         "redis+cluster:// or redis+sentinel://"
     )

@@ -17,7 +17,8 @@ Pure parsing, no connection (the clients are built in session/log/redis_client.p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import unquote
 
@@ -26,6 +27,20 @@ DEFAULT_SENTINEL_PORT = 26379
 SINGLE_SCHEMES = ("redis://", "rediss://", "unix://")
 
 Kind = Literal["single", "cluster", "sentinel"]
+REDACTED = "[redacted]"
+# The password of ``scheme://user:password@``: everything after the first colon
+# of the userinfo, up to the last "@" before the path (a password may hold "@").
+_USERINFO_PASSWORD = re.compile(r"(?i)^([a-z][a-z0-9+.-]*://[^:/@?#]*:)[^/?#]*@")
+_QUERY_PASSWORD = re.compile(r"(?i)([?&](?:password|passwd|pwd)=)[^&#]*")
+
+
+def redact_url(url: str) -> str:
+    """``url`` fit for a message or a log line: the password of its user info
+    (``redis://user:[redacted]@host``) and a ``?password=`` parameter (which
+    redis-py also reads) replaced by ``[redacted]``; the rest as given, so the
+    operator still sees which part is wrong."""
+    url = _USERINFO_PASSWORD.sub(lambda m: m.group(1) + REDACTED + "@", url)
+    return _QUERY_PASSWORD.sub(lambda m: m.group(1) + REDACTED, url)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -34,7 +49,8 @@ class RedisTarget:
 
     Attributes:
         kind: ``single``, ``cluster`` or ``sentinel``.
-        url: the URL as given (for ``single``, what redis-py parses).
+        url: the URL as given (for ``single``, what redis-py parses); it
+            may hold a password, so it is not in the repr (:func:`redact_url`).
         addresses: ``(host, port)`` seeds of a cluster, or the Sentinels;
             empty for ``single``.
         master: the Sentinel service name (``sentinel`` only).
@@ -44,12 +60,12 @@ class RedisTarget:
     """
 
     kind: Kind
-    url: str
+    url: str = field(repr=False)
     addresses: tuple[tuple[str, int], ...] = ()
     master: str | None = None
     db: int = 0
     username: str | None = None
-    password: str | None = None
+    password: str | None = field(default=None, repr=False)
     tls: bool = False
 
 
@@ -70,14 +86,15 @@ def parse_redis_url(url: str) -> RedisTarget:
     """The deployment ``url`` names (see the module doc).
 
     Raises ValueError for another scheme, a missing or malformed address,
-    a Sentinel URL without a master name, or a cluster URL with a database.
+    a Sentinel URL without a master name, or a cluster URL with a database;
+    its message shows the URL without its password (:func:`redact_url`).
     """
     if url.startswith(SINGLE_SCHEMES):
         return RedisTarget(kind="single", url=url)
     scheme, sep, rest = url.partition("://")
     if not sep or scheme not in _MULTI_SCHEMES:
         raise ValueError(
-            f"redis url {url!r} must start with redis://, rediss://, unix://, "
+            f"redis url {redact_url(url)!r} must start with redis://, rediss://, unix://, "
             "redis+cluster://, rediss+cluster://, redis+sentinel:// or rediss+sentinel://"
         )
     kind, tls = _MULTI_SCHEMES[scheme]
@@ -90,18 +107,20 @@ def parse_redis_url(url: str) -> RedisTarget:
         username = unquote(user) or None
         password = unquote(pw) if has_pw else None
     default_port = DEFAULT_SENTINEL_PORT if kind == "sentinel" else DEFAULT_PORT
-    addresses = tuple(_address(part, default_port, url) for part in netloc.split(","))
+    addresses = tuple(_address(part, default_port, redact_url(url)) for part in netloc.split(","))
     parts = [p for p in path.split("/") if p]
     master = None
     if kind == "sentinel":
         if not parts:
-            raise ValueError(f"redis url {url!r} needs the Sentinel master name: .../<master>[/<db>]")
+            raise ValueError(
+                f"redis url {redact_url(url)!r} needs the Sentinel master name: .../<master>[/<db>]"
+            )
         master, parts = unquote(parts[0]), parts[1:]
     if len(parts) > 1 or (parts and not parts[0].isdigit()):
-        raise ValueError(f"redis url {url!r}: bad database {'/'.join(parts)!r}")
+        raise ValueError(f"redis url {redact_url(url)!r}: bad database {'/'.join(parts)!r}")
     db = int(parts[0]) if parts else 0
     if kind == "cluster" and db != 0:
-        raise ValueError(f"redis url {url!r}: a Redis Cluster has only database 0")
+        raise ValueError(f"redis url {redact_url(url)!r}: a Redis Cluster has only database 0")
     return RedisTarget(
         kind=kind,
         url=url,
@@ -114,8 +133,9 @@ def parse_redis_url(url: str) -> RedisTarget:
     )
 
 
-def _address(part: str, default_port: int, url: str) -> tuple[str, int]:
-    """``host:port``, ``[v6addr]:port`` or ``host`` (the default port)."""
+def _address(part: str, default_port: int, shown_url: str) -> tuple[str, int]:
+    """``host:port``, ``[v6addr]:port`` or ``host`` (the default port); a bad
+    one's error names ``shown_url`` (the URL, redacted)."""
     if part.startswith("["):
         host, _, tail = part[1:].partition("]")
         port = tail[1:] if tail.startswith(":") else (str(default_port) if not tail else "")
@@ -124,5 +144,5 @@ def _address(part: str, default_port: int, url: str) -> tuple[str, int]:
     else:
         host, port = part, str(default_port)
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"redis url {url!r}: bad address {part!r} (want host:port)")
+        raise ValueError(f"redis url {shown_url!r}: bad address {part!r} (want host:port)")
     return host, int(port)

@@ -107,6 +107,13 @@ def test_serve_refuses_what_cannot_serve_before_starting(argv: list[str], messag
     assert message in out.stderr and "Traceback" not in out.stderr
 
 
+def test_serve_refuses_a_malformed_redis_url_without_showing_its_password() -> None:
+    for url in ("redis+sentinel://:s3cr3t-pa55@127.0.0.1:26379", "redis+sentinal://:s3cr3t-pa55@h/m"):
+        out = run_cli("serve", "--port", "1", "--redis-url", url)
+        assert out.returncode == 2 and "redis" in out.stderr and "[redacted]@" in out.stderr
+        assert "s3cr3t" not in out.stdout + out.stderr and "Traceback" not in out.stderr
+
+
 @pytest.mark.parametrize(
     ("given", "expected"),
     [

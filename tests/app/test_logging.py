@@ -10,6 +10,7 @@ import json
 import logging
 import re
 import socket
+import sys
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -183,6 +184,22 @@ async def test_a_request_logs_its_ids_and_no_text(live_server: LiveServer, reque
 
 
 # ---- faults of one client: one quiet line, never a traceback ---------------------
+
+
+def test_a_password_in_a_url_is_scrubbed_from_messages_and_tracebacks() -> None:
+    try:
+        raise ValueError("redis url 'redis+sentinel://:s3cr3t@h:26379' needs the Sentinel master name")
+    except ValueError:
+        rec = record("lifespan failed for %s", "rediss://admin:p@ss:w0rd@h:6380/0")
+        rec.exc_info = sys.exc_info()
+    line = StructuredFormatter("json").format(rec)
+    assert "s3cr3t" not in line and "w0rd" not in line
+    assert "rediss://admin:[redacted]@h:6380/0" in line and "redis+sentinel://:[redacted]@h" in line
+    assert "http://127.0.0.1:8000/v1/models" in _scrub_line("http://127.0.0.1:8000/v1/models")
+
+
+def _scrub_line(text: str) -> str:
+    return StructuredFormatter("logfmt").fields(record("%s", text))["msg"]
 
 
 def test_a_key_in_a_query_string_is_scrubbed_from_access_lines() -> None:

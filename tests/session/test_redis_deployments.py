@@ -14,10 +14,10 @@ from redis.asyncio import Redis
 from bargein.app.settings import ServerConfig
 from bargein.session.cluster.lease import LeaseConfig, Leases
 from bargein.session.errors import StreamFenced
-from bargein.session.log import StreamEnd
+from bargein.session.log import StreamEnd, open_token_log
 from bargein.session.log.durability import LogDurability, parse_durability
 from bargein.session.log.redis_streams import RedisLogConfig, RedisTokenLog
-from bargein.session.log.redis_url import RedisTarget, parse_redis_url
+from bargein.session.log.redis_url import RedisTarget, parse_redis_url, redact_url
 from tests.needs import missing
 from tests.redis_cluster import SentinelServers
 from tests.redis_server import redis_server_binary
@@ -38,6 +38,33 @@ def test_urls_name_one_server_a_cluster_or_sentinel() -> None:
     for bad in ("redis+sentinel://s1:26379", "redis+cluster://a:1/1", "redis+cluster://a:x", "http://a"):
         with pytest.raises(ValueError):
             parse_redis_url(bad)
+
+
+PASSWORD = "s3cr3t-pa55"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"redis+sentinel://:{PASSWORD}@127.0.0.1:26379",  # the master name forgotten
+        f"redis+cluster://u:{PASSWORD}@127.0.0.1:6379/3",  # a database on a cluster
+        f"redis+cluster://:{PASSWORD}@127.0.0.1:x",  # a bad port
+        f"redis+sentinal://:{PASSWORD}@127.0.0.1:26379/mymaster",  # a typo in the scheme
+    ],
+)
+def test_a_refused_url_shows_where_it_is_wrong_but_never_its_password(url: str) -> None:
+    with pytest.raises(ValueError) as refused:
+        open_token_log(url)
+    assert PASSWORD not in str(refused.value) and "[redacted]@127.0.0.1" in str(refused.value)
+
+
+def test_redacted_urls_keep_all_but_the_password() -> None:
+    assert redact_url("redis://user:p@ss@h:1/0?password=x&db=2") == (
+        "redis://user:[redacted]@h:1/0?password=[redacted]&db=2"
+    )
+    assert redact_url("redis://h:1/0") == "redis://h:1/0"
+    assert redact_url("redis://user@h:1/0") == "redis://user@h:1/0"
+    assert PASSWORD not in repr(parse_redis_url(f"redis+cluster://:{PASSWORD}@a:1"))
 
 
 def test_durability_choices_parse_and_decide_when_to_wait() -> None:
