@@ -440,6 +440,23 @@ def _add_session_and_log_arguments(parser: argparse.ArgumentParser, env: Mapping
     _add(
         parser,
         env,
+        "--max-input-audio-speed",
+        v.max_input_audio_speed,
+        float,
+        "input audio one connection may send, as a multiple of real time (beyond its burst); "
+        "faster appends are refused with rate_limited (0: no bound)",
+    )
+    _add(
+        parser,
+        env,
+        "--input-audio-burst-ms",
+        v.input_audio_burst_ms,
+        int,
+        "input audio one connection may send ahead of --max-input-audio-speed at once (ms)",
+    )
+    _add(
+        parser,
+        env,
         "--voice-speculation",
         v.speculate,
         _bool,
@@ -702,6 +719,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                 mode=args.voice,
                 max_input_audio_ms=args.max_input_audio_ms,
                 speculate=args.voice_speculation,
+                max_input_audio_speed=args.max_input_audio_speed,
+                input_audio_burst_ms=args.input_audio_burst_ms,
             ),
         )
     except ValueError as exc:

@@ -91,12 +91,20 @@ class VoiceConfig:
         speculate: answer a turn at its first short pause (transcribed and
             submitted during the silence window; dropped, its KV blocks
             freed, when the user goes on), so the answer starts sooner.
+        max_input_audio_speed: a connection's input audio may arrive at most
+            this many times faster than real time (beyond its burst): more is
+            refused with ``rate_limited``. 0: no bound.
+        input_audio_burst_ms: input audio a connection may send ahead of
+            ``max_input_audio_speed``, ms (a client catching up after a
+            network stall sends what it held at once).
     """
 
     mode: str = "auto"
     max_input_audio_ms: int = 60_000
     workers: int = 2
     speculate: bool = True
+    max_input_audio_speed: float = 4.0
+    input_audio_burst_ms: int = 10_000
 
     def __post_init__(self) -> None:
         if self.mode not in ("auto", "on", "off"):
@@ -105,3 +113,7 @@ class VoiceConfig:
             raise ValueError(f"max_input_audio_ms={self.max_input_audio_ms} must be >= 1000")
         if self.workers < 1:
             raise ValueError(f"workers={self.workers} must be >= 1")
+        if not self.max_input_audio_speed >= 0:  # NaN too
+            raise ValueError(f"max_input_audio_speed={self.max_input_audio_speed} must be >= 0")
+        if self.input_audio_burst_ms < 0:
+            raise ValueError(f"input_audio_burst_ms={self.input_audio_burst_ms} must be >= 0")

@@ -5,7 +5,14 @@ they run in). :class:`VoiceInput` is one connection's input: it resamples the
 appended PCM16 to 16 kHz, keeps the uncommitted audio (bounded), runs the
 VAD frame by frame and the turn detector on its probabilities, and returns
 what the detector saw; the connection (``session/connection.py``) turns that
-into protocol events, barge-ins and responses. Nothing here sends or awaits.
+into protocol events, barge-ins and responses. Nothing here sends.
+
+Two bounds keep one client's audio from costing the others (issue 36):
+:class:`InputPace` refuses audio sent faster than a multiple of real time
+(beyond a burst), and a long append is resampled and run through the VAD in
+:meth:`VoiceRuntime.run_input`'s threads, not on the event loop. With server
+VAD a turn that reaches ``max_input_audio_ms`` ends there, as a silence would
+end it, so the audio after it is a new turn, never a refusal.
 """
 
 from __future__ import annotations
@@ -34,6 +41,10 @@ DEFAULT_OUTPUT_RATE = 24000  # OpenAI's realtime default
 DEFAULT_INPUT_RATE = 24000  # OpenAI's too; clients capturing at 16 kHz say so
 DEFAULT_VOICE = "joe"
 VOICES = ("joe",)  # Piper en_US-joe-medium (voice/tts.py)
+# An append at least this long is resampled and run through the VAD off the
+# event loop (about 2 ms of CPU per 100 ms of audio); shorter ones, what a
+# live client sends every 20-100 ms, stay on it and skip the thread hand-off.
+OFF_LOOP_MS = 500
 
 
 class VoiceRuntime:
@@ -49,14 +60,59 @@ class VoiceRuntime:
         self.models = models
         self.config = config
         self._pool = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="voice")
+        # input audio (resampling, VAD) has threads of its own: a VAD run
+        # queued behind seconds of Whisper would delay a barge-in
+        self._input_pool = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="voice-input")
 
     async def run(self, fn: Callable[[], T]) -> T:
         """``fn()`` in the voice thread pool (the models release the GIL)."""
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
 
+    async def run_input(self, fn: Callable[[], T]) -> T:
+        """``fn()`` in the input-audio threads (resampling and the VAD)."""
+        return await asyncio.get_running_loop().run_in_executor(self._input_pool, fn)
+
     def close(self) -> None:
         """Stop the threads (after the last connection closed)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._input_pool.shutdown(wait=False, cancel_futures=True)
+
+
+class InputPace:
+    """How far one connection's input audio runs ahead of real time (a GCRA
+    token bucket in audio milliseconds).
+
+    Audio may arrive up to ``speed`` times faster than real time, plus a
+    burst of ``burst_ms`` of audio ahead of that pace (a client that held a
+    second or two of speech through a network stall sends it at once). An
+    append is taken whole while the audio taken so far is within the burst,
+    so one append of any size the frame limit allows can pass.
+
+    Args:
+        speed: the multiple of real time allowed; 0: no bound.
+        burst_ms: audio that may run ahead of ``speed``, milliseconds.
+    """
+
+    def __init__(self, *, speed: float, burst_ms: int) -> None:
+        self._speed = speed
+        self._burst_s = 0.0 if speed <= 0 else burst_ms / 1000 / speed
+        self._due_s = float("-inf")  # when the audio taken so far is due at ``speed`` (monotonic s)
+
+    def retry_after_s(self, now: float) -> float | None:
+        """Seconds until an append is taken again, or None: take it now.
+
+        Args:
+            now: when the append arrived, monotonic seconds.
+        """
+        if self._speed <= 0:
+            return None
+        wait = self._due_s - now - self._burst_s
+        return wait if wait >= 0.001 else None  # under a millisecond: rounding, not a client ahead
+
+    def take(self, audio_ms: float, now: float) -> None:
+        """Count ``audio_ms`` of audio taken at ``now`` (monotonic seconds)."""
+        if self._speed > 0:
+            self._due_s = max(self._due_s, now) + audio_ms / 1000 / self._speed
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -100,6 +156,8 @@ class VoiceInput:
         self._resampler = Resampler(settings.input_rate, SAMPLE_RATE)
         self._pending = np.zeros(0, dtype=np.float32)  # samples short of a VAD frame
         self._detector = self._new_detector()
+        config = runtime.config
+        self._pace = InputPace(speed=config.max_input_audio_speed, burst_ms=config.input_audio_burst_ms)
         # (input-timeline ms after an append, monotonic time it arrived): when
         # the frame of a given ms arrived, for the voice-to-voice latency
         self._arrivals: deque[tuple[int, float]] = deque(maxlen=512)
@@ -133,21 +191,68 @@ class VoiceInput:
         """Whether the detector is inside a turn now."""
         return self._detector is not None and self._detector.in_speech
 
+    def too_fast(self, received_at: float) -> float | None:
+        """Seconds until the next append is taken, when this connection's
+        audio already ran past its pace (:class:`InputPace`); None: take it.
+
+        Args:
+            received_at: when the append arrived, monotonic seconds.
+        """
+        return self._pace.retry_after_s(received_at)
+
+    async def feed(self, pcm: bytes, received_at: float) -> list[tuple[TurnEvent, np.ndarray | None]]:
+        """:meth:`append`, in the input-audio threads when ``pcm`` holds at
+        least ``OFF_LOOP_MS`` of audio. The caller holds the connection's
+        lock, so appends are applied in the order they came.
+
+        Raises:
+            what :meth:`append` raises.
+        """
+        if len(pcm) * 500 // self.settings.input_rate < OFF_LOOP_MS:  # 2 bytes a sample
+            return self.append(pcm, received_at)
+        return await self._runtime.run_input(lambda: self.append(pcm, received_at))
+
     def append(self, pcm: bytes, received_at: float) -> list[tuple[TurnEvent, np.ndarray | None]]:
         """Append PCM16 at the input rate; return what the detector saw in it,
         each with the turn's audio (float32, 16 kHz) for a stop (taken: the
         buffer drops it) and a pause (a copy, for a speculative start).
 
+        With the detector on, a turn whose audio reaches ``max_input_audio_ms``
+        ends there (a :class:`SpeechStopped` at the end of the audio held) and
+        the rest of ``pcm`` goes on into the next one.
+
         Raises:
             ValueError: not whole PCM16 samples.
-            bargein.voice.input_buffer.InputAudioFull: the uncommitted audio
-                would pass ``max_input_audio_ms`` (nothing is appended).
+            bargein.voice.input_buffer.InputAudioFull: without the detector,
+                the uncommitted audio would pass ``max_input_audio_ms``
+                (nothing is appended).
         """
         samples = self._resampler.process(pcm16_to_float(pcm))
-        self.buffer.append(samples)
-        self._arrivals.append((self.buffer.total_ms, received_at))
         if self._detector is None:
-            return []
+            self.buffer.append(samples)
+            seen: list[tuple[TurnEvent, np.ndarray | None]] = []
+        else:
+            seen = self._detect_all(samples)
+        self._arrivals.append((self.buffer.total_ms, received_at))
+        self._pace.take(len(pcm) * 500 / self.settings.input_rate, received_at)
+        return seen
+
+    def _detect_all(self, samples: np.ndarray) -> list[tuple[TurnEvent, np.ndarray | None]]:
+        """Hold ``samples`` and run the detector over them, ending the turn
+        in progress each time the audio held reaches its bound."""
+        seen: list[tuple[TurnEvent, np.ndarray | None]] = []
+        while True:
+            room = self.buffer.free_samples
+            self.buffer.append(samples[:room])
+            seen += self._detect(samples[:room])
+            samples = samples[room:]
+            if not len(samples):
+                return seen
+            seen += self._end_at_bound()
+
+    def _detect(self, samples: np.ndarray) -> list[tuple[TurnEvent, np.ndarray | None]]:
+        """Run the VAD and the detector over ``samples`` (already held)."""
+        assert self._detector is not None
         frames = np.concatenate([self._pending, samples])
         usable = len(frames) - len(frames) % FRAME_SAMPLES
         self._pending = frames[usable:]
@@ -162,6 +267,24 @@ class VoiceInput:
                 seen.append((event, audio))
         # bounded without a turn end: only what the detector's turn may still need stays
         self.buffer.trim_before(self._detector.keep_from_ms)
+        return seen
+
+    def _end_at_bound(self) -> list[tuple[TurnEvent, np.ndarray | None]]:
+        """The audio held reached ``max_input_audio_ms``: a turn in progress
+        ends here with all it holds, as a silence would end it (refusing the
+        audio instead would keep the VAD from ever hearing the silence that
+        ends the turn); audio outside a turn (a prefix padding as long as the
+        bound) is dropped. Detection starts afresh after it."""
+        assert self._detector is not None
+        start_ms = self._detector.turn_start_ms
+        end_ms = self.buffer.total_ms
+        if start_ms is None:
+            self.buffer.clear()
+            seen: list[tuple[TurnEvent, np.ndarray | None]] = []
+        else:
+            stopped = SpeechStopped(audio_start_ms=start_ms, audio_end_ms=end_ms)
+            seen = [(stopped, self.buffer.take(start_ms, end_ms))]
+        self.reset()
         return seen
 
     def take_all(self) -> tuple[int, int, np.ndarray]:

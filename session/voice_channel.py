@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -192,8 +193,11 @@ class VoiceChannel:
         if inp is None:
             inp = self._input = VoiceInput(self.runtime, self.settings)
         if isinstance(event, pe.InputAudioAppend):
+            if (wait_s := inp.too_fast(received_at)) is not None:
+                await self._too_fast(event, wait_s)
+                return
             try:
-                seen = inp.append(event.audio, received_at)
+                seen = await inp.feed(event.audio, received_at)
             except InputAudioFull as exc:
                 await self._error(pe.ErrorCode.INVALID_PARAMETER, str(exc), event)
                 return
@@ -533,6 +537,21 @@ class VoiceChannel:
         self._speculation = None
         for speculation in list(self._unshown):
             await self._drop(speculation, now)
+
+    async def _too_fast(self, event: pe.InputAudioAppend, wait_s: float) -> None:
+        """Refuse an append that came while the connection's audio ran past
+        its pace (nothing of it is taken; the connection goes on)."""
+        config = self.runtime.config
+        await self._host.send(
+            pe.ErrorEvent(
+                code=pe.ErrorCode.RATE_LIMITED,
+                message=f"input audio faster than {config.max_input_audio_speed:g}x real time "
+                f"(beyond a burst of {config.input_audio_burst_ms} ms); this append was not taken",
+                retryable=True,
+                retry_after_ms=max(1, math.ceil(wait_s * 1000)),
+                event_id=event.event_id,
+            )
+        )
 
     async def _error(self, code: pe.ErrorCode, message: str, event: object) -> None:
         await self._host.send(

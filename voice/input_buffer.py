@@ -7,7 +7,8 @@ only the part not yet committed into a user item, bounded by
 ``limits.max_input_audio_ms``: with server VAD the session drops what no turn
 can need any more (:meth:`InputAudioBuffer.trim_before` with the detector's
 ``keep_from_ms``), so a client that streams for ever without a turn end
-holds at most the prefix padding, and a turn longer than the limit is refused.
+holds at most the prefix padding, and a turn that reaches the limit is ended
+there by the session (``session/voice.py``).
 
 Pure computation on numpy arrays; audio is mono float32 at ``sample_rate``
 (after resampling). Milliseconds map to samples as ``ms * sample_rate // 1000``.
@@ -73,6 +74,11 @@ class InputAudioBuffer:
     def duration_ms(self) -> int:
         """The uncommitted audio held, ms (floor)."""
         return self._to_ms(self._total - self._head)
+
+    @property
+    def free_samples(self) -> int:
+        """Samples that can still be appended before the held audio reaches ``max_ms``."""
+        return self._max_samples - (self._total - self._head)
 
     def append(self, chunk: npt.ArrayLike) -> None:
         """Appends audio at the end of the timeline (copied, as float32).
