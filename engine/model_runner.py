@@ -243,7 +243,7 @@ class ModelRunner:
         checkpoint not on a 4-bit grid keeps fp32 layers (4 bits would cost
         it quality); the head's 8 bits are its own rounding (docs/perf/quality.md)."""
         model = build(loaded.weights, "float32")
-        blocks = cpu_qblock.available()
+        blocks = cpu_qblock.available(self._cache_dir)
         layer_rows = weight_only.QBLOCK_MAX_ROWS if blocks else weight_only.FP32_MAX_ROWS
         head_rows = weight_only.QBLOCK_HEAD_MAX_ROWS if blocks else weight_only.HEAD_MAX_ROWS
         small = self._int4_small_steps(model.layers, loaded.weights, None, layer_rows)
@@ -265,7 +265,7 @@ class ModelRunner:
             else "fp32 layers (the checkpoint's weights are not 4-bit)",
             "Q8_0 x int8"
             if blocks
-            else f"on int8 weights (block kernels: {cpu_qblock.unavailable_reason()})",
+            else f"on int8 weights (block kernels: {cpu_qblock.unavailable_reason(self._cache_dir)})",
             head_rows,
         )
         return model
@@ -288,7 +288,7 @@ class ModelRunner:
         checkpoint's weights with the smoothing around it
         (``smooth.Smoothing``); the smoothed model's bias is the checkpoint's
         divided by the output scale, as its output is."""
-        blocks = smoothings is None and cpu_qblock.available()
+        blocks = smoothings is None and cpu_qblock.available(self._cache_dir)
         if self.device.type != "cpu" or not (blocks or weight_only.int4_kernel_available()):
             return None
         out = []

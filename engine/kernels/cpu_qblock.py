@@ -30,9 +30,14 @@ int8 activations cost accuracy that the bf16 ones did not;
 ``docs/perf/quality.md`` measures it against fp32.
 
 The C source is compiled on first use with the system's C compiler
-(``$CC``, else ``cc``) into bargein's cache folder, keyed by its hash, as
-Triton and numba compile theirs; :func:`available` is False, with the reason
-in :func:`unavailable_reason`, where the CPU lacks AVX2, FMA or F16C or no
+(``$CC``, else ``cc``) into bargein's cache folder (``--cache-dir``'s
+``kernels/``), keyed by its hash, as Triton and numba compile theirs. A
+library is loaded only from a folder and a file this user owns and nobody
+else may write (a library loaded is code run): another one is rebuilt, and a
+folder that fails (or cannot be created: a read-only HOME) is replaced by a
+private temporary one for this process, with a warning, rather than losing
+the kernels. :func:`available` is False, with the reason in
+:func:`unavailable_reason`, where the CPU lacks AVX2, FMA or F16C or no
 compiler builds it, and the callers keep torch's kernels.
 """
 
@@ -45,6 +50,7 @@ import logging
 import os
 import shlex
 import shutil
+import stat
 import subprocess
 import tempfile
 from pathlib import Path
@@ -66,25 +72,71 @@ Q8_0_BLOCK = np.dtype([("d", "<f2"), ("qs", "i1", BLOCK)])
 _FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
 
 
+# The first library loaded, whatever its folder: every build of one source with
+# one set of flags is the same code, so the kernels' callers need not know where.
+_loaded: list[ctypes.CDLL] = []
+
+
+def _untrusted(path: Path) -> str | None:
+    """Why ``path`` (a folder or a library, links followed) must not be loaded
+    from or built into: owned by another user, or writable by others; None when fine.
+
+    Raises:
+        OSError: ``path`` cannot be read (missing).
+    """
+    info = path.stat()
+    if info.st_uid != os.geteuid():
+        return f"{path} is owned by uid {info.st_uid}, not this user ({os.geteuid()})"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{path} is writable by others (mode {stat.filemode(info.st_mode)})"
+    return None
+
+
+def _kernel_folder(cache_dir: str | None) -> Path:
+    """``cache_root(cache_dir)/kernels``, made if missing; else, if it cannot be
+    made or trusted, a private temporary folder of this process (a warning says why)."""
+    folder = cache_root(cache_dir) / "kernels"
+    try:
+        folder.mkdir(mode=0o755, parents=True, exist_ok=True)
+        why = _untrusted(folder)
+    except OSError as exc:
+        why = f"{folder} cannot be made: {exc}"
+    if why is None:
+        return folder
+    private = Path(tempfile.mkdtemp(prefix="bargein-kernels-"))  # mode 0700, this user's
+    logger.warning("block kernels: %s; building them in %s for this process instead", why, private)
+    return private
+
+
 @functools.cache
-def _library() -> tuple[ctypes.CDLL | None, str]:
-    """The compiled kernels, or None and why not."""
+def _library(cache_dir: str | None = None) -> tuple[ctypes.CDLL | None, str]:
+    """The compiled kernels, built or found under ``cache_root(cache_dir)``
+    (see the module doc), or None and why not."""
     flags = cpu_flags()
     missing = [f for f in REQUIRED_FLAGS if f not in flags]
     if missing:
         return None, f"the CPU lacks {', '.join(missing)}"
     key = hashlib.sha256(_SOURCE.read_bytes() + " ".join(_FLAGS).encode()).hexdigest()[:16]
-    target = cache_root(None) / "kernels" / f"cpu_qblock-{key}.so"
-    if not target.exists():
-        # CC may carry a launcher or flags ("ccache gcc"), as make reads it
-        command = shlex.split(os.environ.get("CC", "cc"))
-        compiler = shutil.which(command[0]) if command else None
-        if compiler is None:
-            return None, "no C compiler (set CC or install gcc)"
-        try:
-            _compile([compiler, *command[1:]], target)
-        except (OSError, subprocess.SubprocessError) as exc:
-            return None, f"could not build {target}: {exc}"
+    target = _kernel_folder(cache_dir) / f"cpu_qblock-{key}.so"
+    if target.exists():
+        why = _untrusted(target)
+        if why is None:
+            return _load(target)
+        logger.warning("block kernels: %s; building it again", why)
+    # CC may carry a launcher or flags ("ccache gcc"), as make reads it
+    command = shlex.split(os.environ.get("CC", "cc"))
+    compiler = shutil.which(command[0]) if command else None
+    if compiler is None:
+        return None, "no C compiler (set CC or install gcc)"
+    try:
+        _compile([compiler, *command[1:]], target)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return None, f"could not build {target}: {exc}"
+    return _load(target)
+
+
+def _load(target: Path) -> tuple[ctypes.CDLL | None, str]:
+    """The library at ``target`` (trusted) with its functions' signatures, or None and why not."""
     try:
         # torch is loaded first: the library's libgomp.so.1 resolves to torch's, one thread pool
         lib = ctypes.CDLL(str(target))
@@ -100,6 +152,8 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
         fn.restype = None
     lib.exp_f32.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     lib.exp_f32.restype = None
+    if not _loaded:
+        _loaded.append(lib)
     return lib, ""
 
 
@@ -119,20 +173,34 @@ def _compile(compiler: list[str], target: Path) -> None:
         )
         if done.returncode != 0:
             raise subprocess.SubprocessError(f"{' '.join(compiler)} failed: {done.stderr.strip()[-400:]}")
+        os.chmod(partial, 0o755)  # the linker's mode follows the umask: never group-writable
         os.replace(partial, target)
     finally:
         if os.path.exists(partial):
             os.unlink(partial)
 
 
-def available() -> bool:
-    """This CPU and system run the block kernels (compiling them on first call)."""
-    return _library()[0] is not None
+def available(cache_dir: str | None = None) -> bool:
+    """This CPU and system run the block kernels (compiling them on first call
+    under ``cache_root(cache_dir)``, ``--cache-dir``)."""
+    return _library(cache_dir)[0] is not None
 
 
-def unavailable_reason() -> str:
+def unavailable_reason(cache_dir: str | None = None) -> str:
     """Why :func:`available` is False; empty when it is True."""
-    return _library()[1]
+    return _library(cache_dir)[1]
+
+
+def _kernels() -> ctypes.CDLL:
+    """The loaded library: the first one :func:`available` loaded, else the default folder's.
+
+    Raises:
+        RuntimeError: the block kernels do not run here.
+    """
+    lib = _loaded[0] if _loaded else _library()[0]
+    if lib is None:
+        raise RuntimeError(f"the block kernels do not run here: {unavailable_reason()}")
+    return lib
 
 
 def pack_q4_1(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> torch.Tensor:
@@ -198,9 +266,7 @@ def interleave(blocks: torch.Tensor, kind: str) -> torch.Tensor:
     Returns:
         a tensor of the same shape and dtype.
     """
-    lib = _library()[0]
-    if lib is None:
-        raise RuntimeError(f"the block kernels do not run here: {unavailable_reason()}")
+    lib = _kernels()
     size = (Q4_1_BLOCK if kind == "q4_1" else Q8_0_BLOCK).itemsize
     blocks = blocks.contiguous()
     out = torch.empty_like(blocks)
@@ -213,9 +279,7 @@ def interleave(blocks: torch.Tensor, kind: str) -> torch.Tensor:
 def _gemm(
     name: str, blocks: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None, k: int
 ) -> torch.Tensor:
-    lib = _library()[0]
-    if lib is None:
-        raise RuntimeError(f"the block kernels do not run here: {unavailable_reason()}")
+    lib = _kernels()
     if x.dtype != torch.float32 or x.dim() != 2:
         raise ValueError(f"x must be [rows, in] float32, got {tuple(x.shape)} {x.dtype}")
     x = x.contiguous()

@@ -161,13 +161,57 @@ def test_an_empty_cc_is_no_compiler(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     assert lib is None and "no C compiler" in reason
 
 
-def test_an_unwritable_cache_keeps_torchs_kernels(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """A cache folder that cannot be created is a reason, not a failed start."""
+def test_an_unwritable_cache_builds_in_a_private_folder(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A cache folder that cannot be created (a read-only HOME) costs a build, not the kernels."""
     blocker = tmp_path / "file"
     blocker.write_text("")
     monkeypatch.setattr(cpu_qblock, "cache_root", lambda _: blocker)  # kernels/ under a file
     lib, reason = cpu_qblock._library.__wrapped__()
-    assert lib is None and "could not build" in reason
+    assert lib is not None and reason == ""
+
+
+def test_the_library_is_built_under_the_cache_dir_not_home(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".cache").write_text("")  # HOME's cache cannot be a folder
+    monkeypatch.setenv("HOME", str(home))
+    lib, reason = cpu_qblock._library.__wrapped__(str(tmp_path / "cache"))
+    assert lib is not None and reason == ""
+    (built,) = (tmp_path / "cache" / "kernels").glob("cpu_qblock-*.so")
+    assert built.stat().st_mode & 0o777 == 0o755
+
+
+def test_a_library_others_may_write_is_rebuilt_not_loaded(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(cpu_qblock, "cache_root", lambda _: tmp_path)
+    assert cpu_qblock._library.__wrapped__()[0] is not None
+    (built,) = (tmp_path / "kernels").glob("cpu_qblock-*.so")
+    built.unlink()  # a new file: the loaded library's pages stay as they are
+    built.write_bytes(b"planted")  # not a library: loading it would fail
+    built.chmod(0o666)
+    lib, reason = cpu_qblock._library.__wrapped__()
+    assert lib is not None and reason == ""
+    assert built.stat().st_mode & 0o777 == 0o755 and built.read_bytes() != b"planted"
+
+
+def test_a_folder_others_may_write_or_own_is_not_used(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(cpu_qblock, "cache_root", lambda _: tmp_path)
+    (tmp_path / "kernels").mkdir(mode=0o755)
+    (tmp_path / "kernels").chmod(0o777)
+    assert cpu_qblock._library.__wrapped__()[0] is not None
+    assert not list((tmp_path / "kernels").iterdir())  # built in a private folder instead
+    (tmp_path / "kernels").chmod(0o755)
+    monkeypatch.setattr(cpu_qblock.os, "geteuid", lambda: 12345)  # another user owns it
+    assert "owned by uid" in (cpu_qblock._untrusted(tmp_path / "kernels") or "")
+    assert cpu_qblock._library.__wrapped__()[0] is not None
+    assert not list((tmp_path / "kernels").iterdir())
 
 
 def test_a_built_library_is_reused_without_a_compiler(
