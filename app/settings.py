@@ -440,6 +440,15 @@ def _add_session_and_log_arguments(parser: argparse.ArgumentParser, env: Mapping
     _add(
         parser,
         env,
+        "--max-voice-turns",
+        v.max_turns,
+        int,
+        "voice turns one connection may have transcribed at once (its share of the voice threads); "
+        "a turn past it is refused with rate_limited",
+    )
+    _add(
+        parser,
+        env,
         "--max-input-audio-speed",
         v.max_input_audio_speed,
         float,
@@ -586,6 +595,15 @@ def _add_limit_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]
     _add(
         parser,
         env,
+        "--rate-limit-audio",
+        a.rate_limit_audio_s,
+        float,
+        "seconds of input audio transcribed per second per API key, or per client address without "
+        "keys (0: off)",
+    )
+    _add(
+        parser,
+        env,
         "--target-ttft-s",
         SERVE_TARGET_TTFT_S,
         float,
@@ -712,12 +730,14 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                 max_active_per_principal=args.max_responses_per_key,
                 rate_limit_requests=args.rate_limit_requests,
                 rate_limit_tokens=args.rate_limit_tokens,
+                rate_limit_audio_s=args.rate_limit_audio,
                 target_ttft_s=args.target_ttft_s,
                 bulk_share=args.bulk_share,
             ),
             voice=VoiceConfig(
                 mode=args.voice,
                 max_input_audio_ms=args.max_input_audio_ms,
+                max_turns=args.max_voice_turns,
                 speculate=args.voice_speculation,
                 max_input_audio_speed=args.max_input_audio_speed,
                 input_audio_burst_ms=args.input_audio_burst_ms,

@@ -209,8 +209,9 @@ class SessionSettings:
 class Limits:
     """Limits announced in ``session.created`` (bytes, tokens, milliseconds).
 
-    ``max_input_audio_ms`` is announced only by a server with audio: the most
-    uncommitted input audio it holds.
+    ``max_input_audio_ms`` and ``max_voice_turns`` are announced only by a
+    server with audio: the most uncommitted input audio it holds, and the most
+    turns of one connection being transcribed at once.
     """
 
     max_frame_bytes: int
@@ -218,6 +219,7 @@ class Limits:
     max_tokens: int
     max_context_tokens: int
     max_input_audio_ms: int | None = None
+    max_voice_turns: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -485,13 +487,26 @@ class InputAudioCommitted:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TranscriptionError:
+    """Why a turn's audio has no transcript (``input_audio.transcript.error``)."""
+
+    code: ErrorCode
+    message: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class InputAudioTranscript:
-    """The transcript of user item ``item_id`` so far (whole, not a delta); ``final`` is the last one."""
+    """The transcript of user item ``item_id`` so far (whole, not a delta); ``final`` is the last one.
+
+    ``error``: the transcription failed (then ``text`` is empty, ``final`` is
+    true and no item joins the conversation).
+    """
 
     type: ClassVar[str] = "input_audio.transcript"
     item_id: str
     text: str
     final: bool
+    error: TranscriptionError | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -623,6 +638,7 @@ __all__ = [
     "InputAudioSpeechStarted",
     "InputAudioSpeechStopped",
     "InputAudioCommitted",
+    "TranscriptionError",
     "InputAudioTranscript",
     "ResponseAudioDelta",
     "ResponseAudioDone",

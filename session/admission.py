@@ -7,6 +7,8 @@ reaches the engine. In the order checked:
 1. per-principal token buckets (``rate_limited``): requests per second, and
    tokens per second (prompt tokens plus ``max_tokens``, charged once the
    prompt is rendered). A bucket holds ``burst_s`` seconds of its rate;
+   a third, of input audio seconds per second, is charged by the voice side
+   for each turn it transcribes (:meth:`Admission.charge_audio`), not here;
 2. a cap on the responses one principal has generating at once
    (``rate_limited``: it is that caller's own load);
 3. a bounded waiting queue (``overloaded``): requests admitted that have not
@@ -102,6 +104,8 @@ class AdmissionConfig:
         max_active_per_principal: responses one principal has generating.
         rate_limit_requests: requests per second per principal.
         rate_limit_tokens: prompt + max_tokens per second per principal.
+        rate_limit_audio_s: seconds of input audio transcribed per second per
+            principal (a voice turn's audio is charged when the turn ends).
         burst_s: seconds of its rate a bucket holds (its size).
         window_s: seconds of recent queue departures the wait estimate uses.
         target_ttft_s: the time-to-first-token target of the model-based
@@ -116,6 +120,7 @@ class AdmissionConfig:
     max_active_per_principal: int = 0
     rate_limit_requests: float = 0.0
     rate_limit_tokens: float = 0.0
+    rate_limit_audio_s: float = 0.0
     burst_s: float = 2.0
     window_s: float = 20.0
     target_ttft_s: float = 0.0
@@ -127,7 +132,13 @@ class AdmissionConfig:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
         if not 0 < self.bulk_share <= 1:
             raise ValueError(f"bulk_share={self.bulk_share} must be in (0, 1]")
-        for name in ("max_queue_time_s", "rate_limit_requests", "rate_limit_tokens", "target_ttft_s"):
+        for name in (
+            "max_queue_time_s",
+            "rate_limit_requests",
+            "rate_limit_tokens",
+            "rate_limit_audio_s",
+            "target_ttft_s",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
         if self.burst_s <= 0 or self.window_s <= 0:
@@ -198,11 +209,14 @@ def _retry_ms(seconds: float) -> int:
 class _Principal:
     requests: TokenBucket | None = None
     tokens: TokenBucket | None = None
+    audio: TokenBucket | None = None  # input audio seconds
     active: int = 0
 
     def is_idle(self, now: float) -> bool:
         """Nothing generating and full buckets: the same as a new principal."""
-        return self.active == 0 and all(b is None or b.is_full_at(now) for b in (self.requests, self.tokens))
+        return self.active == 0 and all(
+            b is None or b.is_full_at(now) for b in (self.requests, self.tokens, self.audio)
+        )
 
 
 class Admission:
@@ -256,6 +270,25 @@ class Admission:
                 "tokens/s (prompt plus max_tokens)",
             )
         bucket.level -= num_tokens
+        return None
+
+    def charge_audio(self, principal: str, seconds: float, now: float) -> Refusal | None:
+        """Take ``seconds`` of input audio (a voice turn about to be
+        transcribed) from the principal's audio bucket, or refuse
+        (``rate_limited``; nothing is taken). A turn longer than the bucket
+        holds may be taken from a full bucket, as a large request may."""
+        bucket = self._principal(principal, now).audio
+        if bucket is None:
+            return None
+        bucket.refill(now)
+        wait = bucket.wait_s(seconds)
+        if wait > 0:
+            return Refusal(
+                code=pe.ErrorCode.RATE_LIMITED,
+                retry_after_ms=_retry_ms(wait),
+                message=f"audio rate limit: {self.config.rate_limit_audio_s:g} s of input audio per second",
+            )
+        bucket.level -= seconds
         return None
 
     def check_load(
@@ -403,6 +436,7 @@ class Admission:
             state = self._principals[principal] = _Principal(
                 requests=_bucket(cfg.rate_limit_requests, cfg.burst_s, now, minimum=1.0),
                 tokens=_bucket(cfg.rate_limit_tokens, cfg.burst_s, now, minimum=0.0),
+                audio=_bucket(cfg.rate_limit_audio_s, cfg.burst_s, now, minimum=0.0),
             )
         return state
 

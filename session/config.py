@@ -88,6 +88,11 @@ class VoiceConfig:
             (announced in ``session.created``'s limits).
         workers: threads running speech-to-text and synthesis (shared by
             every session of the process).
+        max_turns: most turns of one connection being transcribed at once
+            (queued or running in the shared threads; announced in
+            ``session.created``'s limits): a connection's share of the
+            threads, so one client's commits cannot queue work that delays
+            every other session's turns.
         speculate: answer a turn at its first short pause (transcribed and
             submitted during the silence window; dropped, its KV blocks
             freed, when the user goes on), so the answer starts sooner.
@@ -102,6 +107,7 @@ class VoiceConfig:
     mode: str = "auto"
     max_input_audio_ms: int = 60_000
     workers: int = 2
+    max_turns: int = 2
     speculate: bool = True
     max_input_audio_speed: float = 4.0
     input_audio_burst_ms: int = 10_000
@@ -117,3 +123,5 @@ class VoiceConfig:
             raise ValueError(f"max_input_audio_speed={self.max_input_audio_speed} must be >= 0")
         if self.input_audio_burst_ms < 0:
             raise ValueError(f"input_audio_burst_ms={self.input_audio_burst_ms} must be >= 0")
+        if self.max_turns < 1:
+            raise ValueError(f"max_turns={self.max_turns} must be >= 1")

@@ -18,6 +18,7 @@ from dataclasses import replace
 from bargein.engine.request import FinishReason
 from bargein.protocol import events as pe
 from bargein.session.actions import AddItem, DeleteItem, TruncateItem
+from bargein.session.admission import Refusal
 from bargein.session.cancel import cancel_and_wait
 from bargein.session.delivery import Delivery, SendEvent, done_event
 from bargein.session.errors import StreamNotFound, TokenLogError
@@ -98,7 +99,14 @@ class Connection:
         self.voice = (
             None
             if service.voice is None
-            else VoiceChannel(service.voice, self, observer=service.observer, clock=self._clock)
+            else VoiceChannel(
+                service.voice,
+                self,
+                observer=service.observer,
+                clock=self._clock,
+                max_pending_turns=service.config.max_input_items,
+                admit_audio=self._admit_audio,
+            )
         )
         service.sessions[self.session.session_id] = self
 
@@ -118,6 +126,7 @@ class Connection:
                 max_input_audio_ms=None
                 if self.service.voice is None
                 else self.service.voice.config.max_input_audio_ms,
+                max_voice_turns=None if self.service.voice is None else self.service.voice.config.max_turns,
             ),
         )
 
@@ -168,9 +177,14 @@ class Connection:
                 await self._send(self._error(pe.ErrorCode.INVALID_PARAMETER, NO_VOICE, event))
                 return
             try:
-                text = await self.voice.transcribe_pcm(event.audio)
+                text = await self.voice.transcribe_pcm(event.audio, now)
             except ValueError as exc:
                 await self._send(self._error(pe.ErrorCode.INVALID_PARAMETER, f"audio: {exc}", event))
+                return
+            if isinstance(text, Refusal):
+                await self._send(
+                    replace(self._error(text.code, text.message, event), retry_after_ms=text.retry_after_ms)
+                )
                 return
             event = replace(event, item=replace(event.item, content=text), audio=None)
         if isinstance(event, TruncateItem) and self.voice is not None:
@@ -225,6 +239,11 @@ class Connection:
                 self._saver.request()  # a cut turn, new settings, an edited conversation
 
     # ---- what the voice channel calls (bargein.session.voice_channel.VoiceHost) -----
+
+    def _admit_audio(self, seconds: float, now: float) -> Refusal | None:
+        """Charge a voice turn's ``seconds`` of input audio to this
+        connection's admission key (``--rate-limit-audio``)."""
+        return self.service.admission.charge_audio(self.limit_key or self.principal, seconds, now)
 
     async def send(self, event: object) -> None:
         """Write one server event to this connection."""

@@ -18,6 +18,15 @@ saw:
 It also keeps each voice response's speaker, so ``response.cancel`` with
 ``audio_end_ms`` maps milliseconds to characters, and a resume with
 ``audio_from_ms`` re-derives the audio from the logged text.
+
+Bounds (docs/protocol.md sections 2 and 8.4): a connection has at most
+``VoiceConfig.max_turns`` turns being transcribed at once (its share of the
+process's voice threads; a turn past it is refused with ``rate_limited``),
+each turn's audio seconds are charged to its principal's audio rate limit,
+and at most ``max_pending_turns`` transcribed turns wait for a
+``response.create`` (past it the oldest is dropped, with an ``error``), so a
+``response.create`` can always take them all. A transcription that fails is
+reported as a final ``input_audio.transcript`` with an ``error``, and logged.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ import numpy as np
 
 from bargein.protocol import events as pe
 from bargein.session.actions import Send, StartDelivery
+from bargein.session.admission import Refusal
 from bargein.session.cancel import cancel_and_wait
 from bargein.session.observer import SessionObserver
 from bargein.session.speaker import Speaker
@@ -46,6 +56,10 @@ from bargein.voice.vad import SAMPLE_RATE
 
 logger = logging.getLogger(__name__)
 _REMEMBERED = 16  # responses whose speaker a late response.cancel can still name
+FIRST_TRANSCRIBE_S = 1.0  # the retry hint of a refused turn before any transcription was timed
+TRANSCRIPTION_FAILED = "the turn's audio could not be transcribed (a server fault); say it again"
+AdmitAudio = Callable[[float, float], Refusal | None]
+"""``(seconds, now)``: charge a turn's audio to the connection's principal, or the refusal."""
 
 
 class VoiceHost(Protocol):
@@ -89,6 +103,7 @@ class _Speculation:
     held: list[object] = field(default_factory=list)  # its response.created, its delivery
     wanted: bool = True  # False once the user went on speaking
     adopted: bool = False
+    failed: bool = False  # its transcription raised
 
 
 @dataclass(slots=True)
@@ -110,6 +125,11 @@ class VoiceChannel:
         host: the connection.
         observer: voice metrics.
         clock: monotonic seconds.
+        max_pending_turns: most transcribed turns waiting for a
+            ``response.create`` (the session's ``max_input_items``, so that
+            one ``response.create`` takes them all).
+        admit_audio: charges each turn's audio seconds to the principal's
+            audio rate limit (None: no limit).
     """
 
     def __init__(
@@ -119,12 +139,20 @@ class VoiceChannel:
         *,
         observer: SessionObserver,
         clock: Callable[[], float],
+        max_pending_turns: int = 256,
+        admit_audio: AdmitAudio | None = None,
     ) -> None:
         self.runtime = runtime
         self.settings = AudioSettings()
         self._host = host
         self._observer = observer
         self._clock = clock
+        self._max_pending_turns = max_pending_turns
+        self._admit_audio = admit_audio
+        # tasks whose transcription is queued or running in the voice threads
+        # (they leave it once their text is known, before their response)
+        self._transcribing: set[asyncio.Task[None]] = set()
+        self._transcribe_s = FIRST_TRANSCRIBE_S  # the last transcription's time, for retry hints
         self._input: VoiceInput | None = None  # made at the first audio
         self._responses: OrderedDict[str, _VoiceResponse] = OrderedDict()
         self._pending_items: list[tuple[str, pe.InputItem]] = []  # turns without a response yet
@@ -208,6 +236,11 @@ class VoiceChannel:
                 await self._on_turn_event(what, audio, inp, received_at)
         elif isinstance(event, pe.InputAudioCommit):
             await self.drop_speculation(received_at, unless=None)  # the turn ends here instead
+            refusal = self._refuse_turn(inp.buffer.duration_ms / 1000, received_at)
+            if refusal is not None:
+                # the audio stays uncommitted: the same commit succeeds later
+                await self._refused(refusal, event, "commit again later")
+                return
             start, end, audio = inp.take_all()
             self._start_turn(audio, start, end, speech_end_at=received_at)
         elif isinstance(event, pe.InputAudioClear):
@@ -235,6 +268,11 @@ class VoiceChannel:
                 return
             if speculation is not None:
                 await self._drop(speculation, now)
+            refusal = self._refuse_turn((what.audio_end_ms - what.audio_start_ms) / 1000, now)
+            if refusal is not None:
+                self._turn_item_id = None  # the detector took the audio: the turn is gone
+                await self._refused(refusal, None, f"the turn ending at {what.audio_end_ms} ms was dropped")
+                return
             self._start_turn(
                 audio, what.audio_start_ms, what.audio_end_ms, speech_end_at=inp.arrival_of(what.audio_end_ms)
             )
@@ -244,6 +282,7 @@ class VoiceChannel:
                 and td.create_response
                 and self._speculation is None
                 and self._host.active_response_id is None
+                and len(self._transcribing) < self.runtime.config.max_turns
             ):
                 # the turn's own item id: a speculation is retracted (its item
                 # gone) before the turn's next pause or its end
@@ -256,7 +295,7 @@ class VoiceChannel:
                 self._speculation = speculation
                 self._unshown.append(speculation)
                 speculation.task = self._spawn(
-                    self._speculate(speculation, audio), f"speculate-{speculation.item_id}"
+                    self._speculate(speculation, audio), f"speculate-{speculation.item_id}", transcribes=True
                 )
         elif isinstance(what, SpeechResumed) and self._speculation is not None:
             speculation, self._speculation = self._speculation, None
@@ -272,27 +311,79 @@ class VoiceChannel:
     # on speaking, it is retracted: its items leave the conversation and its
     # request is aborted, freeing its KV blocks.
 
-    async def transcribe_pcm(self, pcm: bytes) -> str:
+    async def transcribe_pcm(self, pcm: bytes, now: float) -> str | Refusal:
         """The words of ``pcm`` (pcm16 at the session's input rate), for an
-        audio item the client adds whole (OpenAI's ``input_audio`` content).
+        audio item the client adds whole (OpenAI's ``input_audio`` content),
+        or why not: a turn past the connection's bound or its principal's
+        audio rate (``rate_limited``), or a failed transcription
+        (``internal_error``, logged).
 
         Raises:
             ValueError: an odd number of bytes.
         """
-        resampler = Resampler(self.settings.input_rate, SAMPLE_RATE)
         samples = pcm16_to_float(pcm)
+        refusal = self._refuse_turn(len(samples) / self.settings.input_rate, now)
+        if refusal is not None:
+            return refusal
+        resampler = Resampler(self.settings.input_rate, SAMPLE_RATE)
         audio = np.concatenate([resampler.process(samples), resampler.flush()])
-        return await self._transcribe(audio)
+        try:
+            return await self._transcribe(audio)
+        except Exception:
+            logger.exception("transcribing an audio item failed")
+            retry_ms = max(100, round(1000 * self._transcribe_s))
+            return Refusal(
+                code=pe.ErrorCode.INTERNAL_ERROR, message=TRANSCRIPTION_FAILED, retry_after_ms=retry_ms
+            )
 
     async def _transcribe(self, audio: Any) -> str:
-        """A turn's text (``audio``: float32 at 16 kHz), in the voice threads; timed."""
+        """A turn's text (``audio``: float32 at 16 kHz), in the voice threads;
+        timed. The calling task leaves :attr:`_transcribing` when it is done.
+
+        Raises:
+            Exception: whatever the transcriber raises.
+        """
         started = self._clock()
-        text: str = await self.runtime.run(lambda: self.runtime.models.transcriber.transcribe(audio))
-        self._observer.transcribed(seconds=self._clock() - started, audio_s=len(audio) / SAMPLE_RATE)
+        try:
+            text: str = await self.runtime.run(lambda: self.runtime.models.transcriber.transcribe(audio))
+        finally:
+            self._transcribing.discard(asyncio.current_task())  # type: ignore[arg-type]
+        self._transcribe_s = self._clock() - started
+        self._observer.transcribed(seconds=self._transcribe_s, audio_s=len(audio) / SAMPLE_RATE)
         return text
 
+    def _refuse_turn(self, audio_s: float, now: float) -> Refusal | None:
+        """Why a turn of ``audio_s`` seconds may not be transcribed now, or
+        None (then its audio is charged to the principal's rate limit)."""
+        limit = self.runtime.config.max_turns
+        if len(self._transcribing) >= limit:
+            return Refusal(
+                code=pe.ErrorCode.RATE_LIMITED,
+                message=f"at most {limit} voice turns of one connection are transcribed at once "
+                "(limits.max_voice_turns)",
+                retry_after_ms=max(100, round(1000 * self._transcribe_s)),
+            )
+        return None if self._admit_audio is None else self._admit_audio(audio_s, now)
+
+    async def _refused(self, refusal: Refusal, event: object, what_now: str) -> None:
+        await self._host.send(
+            pe.ErrorEvent(
+                code=refusal.code,
+                message=f"{refusal.message}; {what_now}",
+                retryable=refusal.code.retryable,
+                retry_after_ms=refusal.retry_after_ms,
+                event_id=getattr(event, "event_id", None),
+            )
+        )
+
     async def _speculate(self, speculation: _Speculation, audio: Any) -> None:
-        text = await self._transcribe(audio)
+        try:
+            text = await self._transcribe(audio)
+        except Exception:
+            # nothing was shown; the turn's end says so if it ends here (_adopt)
+            logger.exception("transcribing speculative turn %s failed", speculation.item_id)
+            speculation.failed = True
+            return
         speculation.text = text
         if not text:
             return
@@ -322,14 +413,17 @@ class VoiceChannel:
             )
         )
         if speculation.task is not None:
-            await speculation.task
+            await asyncio.wait([speculation.task])  # its failure is its own (logged, flagged)
+        speculation.adopted = True
+        self._unshown.remove(speculation)
+        self._observer.speculation(adopted=True)
+        if speculation.failed:
+            await self._transcription_failed(speculation.item_id)
+            return
         await self._host.send(
             pe.InputAudioTranscript(item_id=speculation.item_id, text=speculation.text or "", final=True)
         )
         self._judge_barge_in(speculation.text or "")
-        speculation.adopted = True
-        self._unshown.remove(speculation)
-        self._observer.speculation(adopted=True)
         if speculation.held:
             await self._host.release(speculation.held)
 
@@ -337,6 +431,13 @@ class VoiceChannel:
         """The user went on speaking: retract the speculative answer (the
         caller holds the connection's lock)."""
         speculation.wanted = False
+        task = speculation.task
+        if task is not None and speculation.response_id is None and not task.done():
+            # its transcription may still wait in the voice threads' queue:
+            # cancelling the task takes the job out of it (a job already
+            # running finishes there, unread)
+            task.cancel()
+            self._transcribing.discard(task)
         if speculation in self._unshown:
             self._unshown.remove(speculation)
         self._observer.speculation(adopted=False)
@@ -368,11 +469,24 @@ class VoiceChannel:
                 return True
         return False
 
-    def _spawn(self, coro: Any, name: str) -> asyncio.Task[None]:
+    def _spawn(self, coro: Any, name: str, *, transcribes: bool = False) -> asyncio.Task[None]:
+        """Run ``coro`` as one of the connection's voice tasks; ``transcribes``:
+        it holds one of the connection's :attr:`_transcribing` slots until
+        its transcription is done."""
         task = asyncio.create_task(coro, name=name)
         self._turns.add(task)
-        task.add_done_callback(self._turns.discard)
+        if transcribes:
+            self._transcribing.add(task)
+        task.add_done_callback(self._forget)
         return task
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        """A voice task ended: a failure no handler caught is logged (a bug),
+        never left to asyncio's report of an unretrieved exception."""
+        self._turns.discard(task)
+        self._transcribing.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            logger.error("voice task %s failed", task.get_name(), exc_info=exc)
 
     async def _barge_in(self, now: float) -> None:
         """Speech started over the assistant: stop its audio, cancel its
@@ -401,7 +515,9 @@ class VoiceChannel:
 
     def _start_turn(self, audio: Any, start_ms: int, end_ms: int, *, speech_end_at: float | None) -> None:
         item_id, self._turn_item_id = self._turn_item_id or f"item_{uuid.uuid4().hex}", None
-        self._spawn(self._turn(item_id, audio, start_ms, end_ms, speech_end_at), f"turn-{item_id}")
+        self._spawn(
+            self._turn(item_id, audio, start_ms, end_ms, speech_end_at), f"turn-{item_id}", transcribes=True
+        )
 
     async def _turn(
         self, item_id: str, audio: Any, start_ms: int, end_ms: int, speech_end_at: float | None
@@ -410,7 +526,12 @@ class VoiceChannel:
         await self._host.send(
             pe.InputAudioCommitted(item_id=item_id, audio_start_ms=start_ms, audio_end_ms=end_ms)
         )
-        text = await self._transcribe(audio)
+        try:
+            text = await self._transcribe(audio)
+        except Exception:
+            logger.exception("transcribing voice turn %s failed", item_id)
+            await self._transcription_failed(item_id)
+            return
         await self._host.send(pe.InputAudioTranscript(item_id=item_id, text=text, final=True))
         self._judge_barge_in(text)
         if not text:
@@ -420,7 +541,7 @@ class VoiceChannel:
         if td is None or not td.create_response:
             # push to talk (no server VAD) or no auto response: the client's
             # next response.create answers it, as in OpenAI's realtime API
-            self._pending_items.append((item_id, item))
+            await self._keep_pending(item_id, item)
             return
         if not td.interrupt_response:
             await self._host.wait_idle()  # the turn waits for the active response
@@ -434,6 +555,28 @@ class VoiceChannel:
         create = pe.ResponseCreate(input=(item,), interrupt_active=True)
         await self._host.dispatch_if(create, self._clock(), claim)
 
+    async def _transcription_failed(self, item_id: str) -> None:
+        """Tell the client the turn has no transcript (so no item, no
+        response); the connection and its later turns go on."""
+        self._barged = False  # nothing to judge the barge-in by
+        error = pe.TranscriptionError(code=pe.ErrorCode.INTERNAL_ERROR, message=TRANSCRIPTION_FAILED)
+        await self._host.send(pe.InputAudioTranscript(item_id=item_id, text="", final=True, error=error))
+
+    async def _keep_pending(self, item_id: str, item: pe.InputItem) -> None:
+        """Keep a transcribed turn for the next ``response.create``. At most
+        ``max_pending_turns`` wait, so that one ``response.create`` can take
+        them all: past it the oldest leaves (as OpenAI's truncation drops a
+        conversation's oldest items), and the client is told which."""
+        self._pending_items.append((item_id, item))
+        if len(self._pending_items) <= self._max_pending_turns:
+            return
+        dropped, _ = self._pending_items.pop(0)
+        message = (
+            f"{self._max_pending_turns} voice turns wait for a response.create: "
+            f"the oldest, {dropped}, was dropped"
+        )
+        await self._host.send(pe.ErrorEvent(code=pe.ErrorCode.CONFLICT, message=message, retryable=False))
+
     # ---- responses -----------------------------------------------------------------
 
     def on_create(self, event: pe.ResponseCreate) -> tuple[pe.ResponseCreate, str | None]:
@@ -444,6 +587,12 @@ class VoiceChannel:
         audio = "audio" in modalities if modalities is not None else self.settings.output_rate is not None
         if audio and self.settings.output_rate is None:
             return event, "modalities asks for audio while session.audio.output is null (text only)"
+        if len(self._pending_items) + len(event.input or ()) > self._max_pending_turns:
+            return event, (
+                f"input holds {len(event.input or ())} items and {len(self._pending_items)} voice turns "
+                f"wait for a response: more than {self._max_pending_turns} in all; send response.create "
+                "without input (the waiting turns are its input)"
+            )
         creating, self._next = self._next or _VoiceResponse(), None
         creating.audio = audio
         if self._pending_items:

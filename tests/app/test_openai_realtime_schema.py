@@ -3,10 +3,13 @@ client events mapped onto bargein's, or refused naming the field."""
 
 from __future__ import annotations
 
+import pydantic
 import pytest
+from openai.types.realtime import RealtimeServerEvent
 
 from bargein.app.openai.realtime.endpoint import wants_openai
 from bargein.app.openai.realtime.inbound import Inbound, OpenAISession, RealtimeError
+from bargein.app.openai.realtime.outbound import Translator
 from bargein.protocol import events as pe
 
 
@@ -132,3 +135,26 @@ def test_openai_voice_names_take_the_servers_voice() -> None:
         {"type": "session.update", "session": {"audio": {"output": {"voice": "joe"}}}}
     )
     assert event.session.audio.output.voice == "joe"
+
+
+def test_a_failed_transcription_is_openais_failed_event_and_the_item_leaves() -> None:
+    """A final transcript with an ``error`` (issue 36, p09): OpenAI's
+    ``conversation.item.input_audio_transcription.failed``, then the item
+    announced at the commit is deleted; both fit the SDK's schema."""
+    translator = Translator(session=OpenAISession(audio_output=False), model="m", conversation=list)
+    translator.translate(pe.InputAudioCommitted(item_id="item_1", audio_start_ms=0, audio_end_ms=900))
+    error = pe.TranscriptionError(code=pe.ErrorCode.INTERNAL_ERROR, message="transcription failed")
+    failed, deleted = translator.translate(
+        pe.InputAudioTranscript(item_id="item_1", text="", final=True, error=error)
+    )
+    assert failed["type"] == "conversation.item.input_audio_transcription.failed"
+    assert (failed["item_id"], failed["content_index"]) == ("item_1", 0)
+    assert failed["error"] == {
+        "type": "server_error",
+        "code": "internal_error",
+        "message": "transcription failed",
+        "param": None,
+    }
+    assert deleted["type"] == "conversation.item.deleted" and deleted["item_id"] == "item_1"
+    for event in (failed, deleted):
+        pydantic.TypeAdapter(RealtimeServerEvent).validate_python(event)

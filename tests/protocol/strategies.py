@@ -158,7 +158,13 @@ server_events = st.one_of(
     st.builds(ev.InputAudioSpeechStarted, audio_start_ms=counts, item_id=_opt(ids)),
     st.builds(ev.InputAudioSpeechStopped, audio_end_ms=counts, item_id=_opt(ids)),
     st.builds(ev.InputAudioCommitted, item_id=ids, audio_start_ms=counts, audio_end_ms=counts),
-    st.builds(ev.InputAudioTranscript, item_id=ids, text=text, final=st.booleans()),
+    st.builds(
+        ev.InputAudioTranscript,
+        item_id=ids,
+        text=text,
+        final=st.booleans(),
+        error=_opt(st.builds(ev.TranscriptionError, code=st.sampled_from(ev.ErrorCode), message=text)),
+    ),
     st.builds(
         ev.ResponseAudioDelta,
         response_id=ids,

@@ -316,6 +316,16 @@ SERVER_AUDIO_GOLDEN: list[tuple[Any, str]] = [
         '{"type":"input_audio.transcript","item_id":"item_1","text":"What is the capital of France?","final":true}',
     ),
     (
+        ev.InputAudioTranscript(
+            item_id="item_2",
+            text="",
+            final=True,
+            error=ev.TranscriptionError(code=ev.ErrorCode.INTERNAL_ERROR, message="transcription failed"),
+        ),
+        '{"type":"input_audio.transcript","item_id":"item_2","text":"","final":true,'
+        '"error":{"code":"internal_error","message":"transcription failed"}}',
+    ),
+    (
         ev.ResponseAudioDelta(
             response_id="r1", stream_id="s1", audio=PCM, start_ms=480, end_ms=480, text_end=6
         ),

@@ -30,6 +30,18 @@ def test_token_bucket_charges_prompt_plus_max_tokens() -> None:
     assert admission.charge_tokens("bob", 1, now=1.0) is not None
 
 
+def test_audio_bucket_charges_a_turns_seconds_per_principal() -> None:
+    admission = Admission(AdmissionConfig(rate_limit_audio_s=2.0, burst_s=2.0))  # 4 s held
+    assert admission.charge_audio("alice", 3.0, now=0.0) is None
+    refusal = admission.charge_audio("alice", 2.0, now=0.0)
+    assert refusal is not None and refusal.code is pe.ErrorCode.RATE_LIMITED
+    assert refusal.retry_after_ms == 500 and "audio" in refusal.message  # 1 s more at 2 s/s
+    assert admission.charge_audio("alice", 2.0, now=0.5) is None  # refused: nothing was taken
+    assert admission.charge_audio("bob", 30.0, now=0.0) is None  # a long turn from a full bucket
+    assert admission.charge_tokens("bob", 10**6, now=0.0) is None  # the other limits are apart
+    assert Admission(AdmissionConfig()).charge_audio("carol", 1e6, now=0.0) is None  # off
+
+
 def test_cap_on_active_responses_per_principal() -> None:
     admission = Admission(AdmissionConfig(max_active_per_principal=2))
     assert admission.check_request("alice", 0.0) is None

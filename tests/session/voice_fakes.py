@@ -4,7 +4,8 @@
   of :func:`speech` is speech, a frame of :func:`silence` is not), or
   scripted probabilities, one per frame, while its script lasts.
 - :class:`FakeTranscriber`: returns scripted texts, optionally only once a
-  test opens its gate (it runs in the voice threads, as Whisper does).
+  test opens its gate (it runs in the voice threads, as Whisper does), or
+  raises while ``failures`` lasts.
 - :class:`FakeSynth`: ``samples_per_char`` samples per code point of the
   segment it is given, each word ending where its characters end.
 
@@ -91,11 +92,15 @@ class FakeTranscriber:
         self.gate.set()
         self.heard: list[int] = []  # samples of each call, in order
         self.started = threading.Event()  # set at each call, before the gate
+        self.failures = 0  # the next calls that raise, as a failing Whisper does
 
     def transcribe(self, audio: np.ndarray) -> str:
         self.heard.append(len(audio))
         self.started.set()
         assert self.gate.wait(GATE_TIMEOUT_S), "the test never opened the transcriber's gate"
+        if self.failures:
+            self.failures -= 1
+            raise RuntimeError("can't start new thread")  # voice/stt.py at a pids limit
         return self.texts.popleft() if self.texts else self.default
 
 

@@ -428,6 +428,19 @@ class Translator:
             self._empty_commits.discard(event.item_id)
             return []
         seconds = self._committed_ms.pop(event.item_id, 0) / 1000
+        if event.error is not None:
+            # the item announced at the commit never joins the conversation
+            kind = "invalid_request_error" if event.error.code in _CLIENT_ERRORS else "server_error"
+            error = {
+                "type": kind,
+                "code": event.error.code.value,
+                "message": event.error.message,
+                "param": None,
+            }
+            return [
+                {"type": "conversation.item.input_audio_transcription.failed", **ids, "error": error},
+                {"type": "conversation.item.deleted", "item_id": event.item_id},
+            ]
         completed = {
             "type": "conversation.item.input_audio_transcription.completed",
             **ids,
