@@ -211,8 +211,10 @@ class ModelRunner:
             self.model = build(loaded.weights, "float32")
             return smooth.activation_absmax(self.model, run)
 
-        absmax = smooth.cached_absmax(cache, calibrate)
         shape = model_shape(loaded.config)
+        absmax = smooth.cached_absmax(
+            cache, calibrate, smooth.expected_widths(loaded.weights, shape.num_layers)
+        )
         weights, smoothings = smooth.smooth_weights(loaded.weights, absmax, shape)
         keep = "bfloat16" if cpu_has_bf16() else "float32"
         model = build(weights, "int8", head_format=keep, edge_format=keep)

@@ -23,7 +23,7 @@ from bargein.session.cancel import cancel_and_wait
 from bargein.session.delivery import Delivery, SendEvent, done_event
 from bargein.session.errors import StreamNotFound, TokenLogError
 from bargein.session.log import StreamEnd
-from bargein.session.saved import SavedSession, SessionSaver, snapshot
+from bargein.session.saved import SavedSession, SessionSaver, max_saved_bytes, snapshot
 from bargein.session.service import Owner, Service
 from bargein.session.session import (
     Abort,
@@ -91,6 +91,7 @@ class Connection:
             service.log,
             lambda: snapshot(self.session, principal),
             min_interval_s=service.config.save_interval_s,
+            max_bytes=max_saved_bytes(service.config),
         )
         self._restore_watch: asyncio.Task[None] | None = None  # a resumed session's active
         # One event at a time, from the client or from a voice turn ending
@@ -123,6 +124,7 @@ class Connection:
                 max_prompt_tokens=max_model_len - 1,
                 max_tokens=self.service.config.max_tokens,
                 max_context_tokens=max_model_len,
+                max_conversation_bytes=self.service.config.max_conversation_bytes,
                 max_input_audio_ms=None
                 if self.service.voice is None
                 else self.service.voice.config.max_input_audio_ms,
@@ -601,7 +603,7 @@ class Connection:
         if data is None:
             return None
         try:
-            saved = SavedSession.from_bytes(data)
+            saved = await asyncio.to_thread(SavedSession.from_bytes, data)  # megabytes: off the loop
         except ValueError:
             logger.warning("saved session %s is unreadable", session_id)
             return None

@@ -21,17 +21,21 @@ arithmetic:
 
 ``max|X_j|`` comes from a calibration pass of the fp32 model over
 ``calibration.txt`` (:func:`activation_absmax`), text not used by the
-quality measurement (``loadtests/quality.py``). Pure torch, weights in and
-out as the checkpoint's names.
+quality measurement (``loadtests/quality.py``), cached between starts in a
+file named by the weights' content (:func:`calibration_key`) and checked
+when read (:func:`cached_absmax`): anything else is calibrated again. Pure
+torch, weights in and out as the checkpoint's names.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import pickle
-from collections.abc import Callable
+import stat
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +51,10 @@ _SCALE_RANGE = (1e-2, 1e2)  # keeps a dead channel from blowing up its weight co
 _EPS = 1e-5
 
 AbsMax = dict[tuple[int, str], torch.Tensor]
+HEADER_BYTES = 1 << 20  # of each weight file hashed into the cache key (with its size and mtime)
+_WEIGHT_FILES = ("*.safetensors", "*.bin", "*.gguf", "config.json")
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,31 +115,107 @@ def activation_absmax(model: Any, run: Callable[[], None]) -> AbsMax:
     return stats
 
 
-def cached_absmax(path: Path, compute: Callable[[], AbsMax]) -> AbsMax:
+def cached_absmax(
+    path: Path, compute: Callable[[], AbsMax], expected: Mapping[tuple[int, str], int] | None = None
+) -> AbsMax:
     """:func:`activation_absmax`'s result from ``path`` if an earlier start
-    saved it, else ``compute()``, saved there (written whole, then renamed, so
-    a crash never leaves half a file; an unwritable cache only costs the next
-    start the calibration again)."""
+    saved it and it is sound, else ``compute()``, saved there (written whole,
+    then renamed, so a crash never leaves half a file; an unwritable cache
+    only costs the next start the calibration again).
+
+    Sound (:func:`absmax_problem`): a file this user owns and others cannot
+    write, holding a dict of ``"<layer>.<kind>"`` to 1-D finite, non-negative
+    float32 tensors, with ``expected``'s keys and widths when given
+    (``{(layer, kind): in_features}``, :func:`expected_widths`). Anything else
+    is logged and calibrated again.
+    """
     if path.is_file():
-        try:
-            saved = torch.load(path, weights_only=True)
-            return {(int(k.split(".")[0]), k.split(".")[1]): v for k, v in saved.items()}
-        except (OSError, RuntimeError, ValueError, IndexError, EOFError, pickle.UnpicklingError):
-            pass  # unreadable: calibrate again
+        problem = _file_problem(path)
+        if problem is None:
+            try:
+                saved = torch.load(path, weights_only=True)
+            except (OSError, RuntimeError, ValueError, IndexError, EOFError, pickle.UnpicklingError) as exc:
+                problem = f"unreadable ({type(exc).__name__})"
+            else:
+                problem, stats = absmax_problem(saved, expected)
+                if problem is None:
+                    return stats
+        logger.warning("SmoothQuant statistics %s: %s; calibrating again", path, problem)
     stats = compute()
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         torch.save({f"{i}.{kind}": t for (i, kind), t in stats.items()}, tmp)
+        os.chmod(tmp, 0o644)
         tmp.replace(path)
     return stats
 
 
+def _file_problem(path: Path) -> str | None:
+    """Why a statistics file must not be trusted (another owner, writable by
+    others: it decides the model's weights), or None."""
+    info = path.stat()
+    if info.st_uid != os.geteuid():
+        return f"owned by uid {info.st_uid}, not this user"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"writable by others (mode {stat.filemode(info.st_mode)})"
+    return None
+
+
+def absmax_problem(
+    saved: object, expected: Mapping[tuple[int, str], int] | None = None
+) -> tuple[str | None, AbsMax]:
+    """Check what a statistics file held: ``(None, statistics)`` when sound
+    (see :func:`cached_absmax`), else ``(what is wrong, {})``."""
+    if not isinstance(saved, dict):
+        return f"holds a {type(saved).__name__}, not a dict", {}
+    stats: AbsMax = {}
+    for name, t in saved.items():
+        layer, _, kind = str(name).partition(".")
+        if not layer.isdigit() or kind not in LINEAR_KINDS:
+            return f"unknown entry {str(name)[:40]!r}", {}
+        if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.dtype != torch.float32:
+            return f"entry {name!r} is not a 1-D float32 tensor", {}
+        if not bool(torch.isfinite(t).all()) or bool((t < 0).any()):
+            return f"entry {name!r} holds NaN, infinite or negative values", {}
+        stats[(int(layer), kind)] = t
+    if expected is not None:
+        if stats.keys() != expected.keys():
+            return f"holds {len(stats)} entries, the model has {len(expected)} linears", {}
+        for key, t in stats.items():
+            if t.numel() != expected[key]:
+                return f"entry {key} is {t.numel()} wide, the model's is {expected[key]}", {}
+    return None, stats
+
+
+def expected_widths(weights: Mapping[str, torch.Tensor], num_layers: int) -> dict[tuple[int, str], int]:
+    """``{(layer, kind): in_features}`` of the four linears of each layer of a
+    checkpoint (names as in ``llama.py``): what its statistics must hold."""
+    widths: dict[tuple[int, str], int] = {}
+    for i in range(num_layers):
+        p = f"model.layers.{i}."
+        widths[(i, "qkv")] = weights[p + "self_attn.q_proj.weight"].shape[1]
+        widths[(i, "o_proj")] = weights[p + "self_attn.o_proj.weight"].shape[1]
+        widths[(i, "gate_up")] = weights[p + "mlp.gate_proj.weight"].shape[1]
+        widths[(i, "down")] = weights[p + "mlp.down_proj.weight"].shape[1]
+    return widths
+
+
 def calibration_key(model_folder: str) -> str:
-    """The cache file name of a model's statistics: its folder, the text and the pass."""
-    text = CALIBRATION_TEXT.read_bytes()
-    spec = f"{model_folder}|{CALIBRATION_TOKENS}|{CALIBRATION_WINDOW}|".encode() + text
-    return f"smoothquant-{hashlib.sha256(spec).hexdigest()[:16]}.pt"
+    """The cache file name of a model's statistics: the content of its weights
+    (each weight file's name, size, modification time and first
+    :data:`HEADER_BYTES`, and ``config.json``), the text and the pass; so new
+    weights in the same folder get their own statistics."""
+    digest = hashlib.sha256(f"{CALIBRATION_TOKENS}|{CALIBRATION_WINDOW}|".encode())
+    digest.update(CALIBRATION_TEXT.read_bytes())
+    folder = Path(model_folder)
+    files = sorted({f for pattern in _WEIGHT_FILES for f in folder.glob(pattern)}) if folder.is_dir() else []
+    for file in files:
+        info = file.stat()
+        digest.update(f"|{file.name}|{info.st_size}|{info.st_mtime_ns}|".encode())
+        with file.open("rb") as f:
+            digest.update(f.read(HEADER_BYTES))
+    return f"smoothquant-{digest.hexdigest()[:16]}.pt"
 
 
 def smoothing_scale(x_absmax: torch.Tensor, w: torch.Tensor, alpha: float = ALPHA) -> torch.Tensor:

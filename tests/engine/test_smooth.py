@@ -44,6 +44,55 @@ def test_cached_statistics_round_trip(tmp_path) -> None:
     assert smooth.cached_absmax(path, lambda: stats) is stats
 
 
+@pytest.mark.parametrize(
+    "saved",
+    [
+        [1.0, 2.0],  # loadable, not a dict: was an AttributeError at start-up
+        {"0.qkv": torch.full((8,), float("nan"))},  # was NaN smoothing scales
+        {"0.qkv": torch.full((8,), -1.0)},
+        {"0.qkv": torch.ones(8, dtype=torch.float64)},
+        {"0.qkv": torch.ones(2, 4)},
+        {"0.attn": torch.ones(8)},
+        {"x": torch.ones(8)},
+        {"0.qkv": [1.0] * 8},
+        {"0.qkv": torch.ones(576), "3.down": torch.ones(4)},  # another model's widths
+        {"0.qkv": torch.ones(8)},  # an entry missing
+    ],
+)
+def test_unsound_statistics_are_calibrated_again(tmp_path, saved: object) -> None:
+    path = tmp_path / "s.pt"
+    torch.save(saved, path)
+    stats = {(0, "qkv"): torch.rand(8), (3, "down"): torch.rand(4)}
+    assert smooth.cached_absmax(path, lambda: stats, {(0, "qkv"): 8, (3, "down"): 4}) is stats
+    again = smooth.cached_absmax(path, lambda: {}, {(0, "qkv"): 8, (3, "down"): 4})  # saved over it
+    assert all(torch.equal(again[k], stats[k]) for k in stats)
+
+
+def test_statistics_others_can_write_are_not_trusted(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "s.pt"
+    stats = {(0, "qkv"): torch.rand(8)}
+    smooth.cached_absmax(path, lambda: stats)
+    path.chmod(0o666)
+    fresh = {(0, "qkv"): torch.rand(8)}
+    assert smooth.cached_absmax(path, lambda: fresh) is fresh
+    assert path.stat().st_mode & 0o777 == 0o644  # written again, by this user
+    monkeypatch.setattr(smooth.os, "geteuid", lambda: 12345)  # another user's file
+    assert smooth.cached_absmax(path, lambda: stats) is stats
+
+
+def test_the_cache_key_follows_the_weights_not_the_folder(tmp_path) -> None:
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"a" * 1000)
+    (tmp_path / "config.json").write_text("{}")
+    first = smooth.calibration_key(str(tmp_path))
+    assert smooth.calibration_key(str(tmp_path)) == first
+    weights.write_bytes(b"b" * 1000)  # new weights saved over the old, same size
+    assert smooth.calibration_key(str(tmp_path)) != first
+    other = tmp_path / "copy"
+    other.mkdir()
+    assert smooth.calibration_key(str(other)) != smooth.calibration_key(str(tmp_path))
+
+
 @pytest.fixture(scope="module")
 def loaded():
     return load_model(ModelConfig())
