@@ -395,6 +395,14 @@ def _add_session_and_log_arguments(parser: argparse.ArgumentParser, env: Mapping
         "max_tokens when a response.create names none",
     )
     _add(parser, env, "--max-frame-bytes", e.max_frame_bytes, int, "largest client frame")
+    _add(
+        parser,
+        env,
+        "--max-conversation-bytes",
+        e.max_conversation_bytes,
+        int,
+        "most UTF-8 bytes of text (instructions and items) one conversation holds",
+    )
     _add(parser, env, "--instructions", e.instructions, str, "default system prompt")
     _add(
         parser,
@@ -703,6 +711,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                 max_tokens=args.max_tokens,
                 default_max_tokens=args.default_max_tokens,
                 max_frame_bytes=args.max_frame_bytes,
+                max_conversation_bytes=args.max_conversation_bytes,
                 instructions=args.instructions,
                 on_disconnect=args.on_disconnect,
                 abandon_grace_s=args.abandon_grace,

@@ -218,6 +218,8 @@ class Limits:
     max_prompt_tokens: int
     max_tokens: int
     max_context_tokens: int
+    # most UTF-8 bytes of text one conversation holds (None: a server from before it was announced)
+    max_conversation_bytes: int | None = None
     max_input_audio_ms: int | None = None
     max_voice_turns: int | None = None
 

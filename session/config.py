@@ -19,6 +19,13 @@ class SessionConfig:
         max_conversation_items: most items one conversation holds before an
             item event adds one (OpenAI's ``conversation.item.create``; the
             prompt's token limit bounds the rest).
+        max_conversation_bytes: most UTF-8 bytes of text one conversation
+            holds (its instructions and the text of its items; announced in
+            ``session.created``'s limits): an item, a ``response.create``'s
+            input or new instructions past it are refused when they are
+            added. Answers the model generates count but are never refused
+            (``max_tokens`` bounds each). It also bounds what a saved
+            session keeps for ``session.resume``.
         on_disconnect: what happens to a response still generating when its
             client disconnects, unless the client chose: ``"continue"`` (it
             runs to the end into the log, for a resume) or ``"cancel"``
@@ -49,6 +56,7 @@ class SessionConfig:
     instructions: str | None = None
     max_input_items: int = 256
     max_conversation_items: int = 4096
+    max_conversation_bytes: int = 4 << 20
     on_disconnect: str = "continue"
     abandon_grace_s: float = 30.0
     drain_timeout_s: float = 10.0
@@ -66,6 +74,8 @@ class SessionConfig:
             raise ValueError(f"max_input_items={self.max_input_items} must be >= 1")
         if self.max_conversation_items < 1:
             raise ValueError(f"max_conversation_items={self.max_conversation_items} must be >= 1")
+        if self.max_conversation_bytes < 1024:
+            raise ValueError(f"max_conversation_bytes={self.max_conversation_bytes} must be >= 1024")
         if self.abandon_grace_s < 0:
             raise ValueError(f"abandon_grace_s={self.abandon_grace_s} must be >= 0")
         if self.drain_timeout_s <= 0:

@@ -15,7 +15,9 @@ and encoded when the save starts, and saves start at most once every
 ``min_interval_s`` (a burst of ``session.update`` is written once or twice,
 not once per event: each save re-encodes the whole conversation). The
 connection's last save (:meth:`SessionSaver.close`) does not wait for the
-interval.
+interval. The state is encoded off the event loop (megabytes of conversation
+take milliseconds), and a save over :func:`max_saved_bytes` is not written:
+the log would keep it for its retention time after the client left.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bargein.session.actions import Message
+from bargein.session.config import SessionConfig
 from bargein.session.errors import TokenLogError
 from bargein.session.log import TokenLog
 from bargein.session.session import ConversationSettings, Session
@@ -40,6 +43,17 @@ FORMAT_VERSION = 1
 # Saves of one session start at most this often. A crash of the node loses at
 # most this much of the conversation; a closing connection saves at once.
 DEFAULT_SAVE_INTERVAL_S = 0.1
+# Room in a save for what is not conversation text: the settings, item ids,
+# the active response's delivered text (max_tokens tokens) and JSON's framing.
+SAVE_OVERHEAD_BYTES = 1 << 20
+
+
+def max_saved_bytes(config: SessionConfig) -> int:
+    """Largest save written, in bytes: a conversation at ``max_conversation_bytes``
+    whose every character JSON escapes in two bytes (a quote, a newline), plus
+    :data:`SAVE_OVERHEAD_BYTES`. Text of control characters (six bytes each
+    escaped) can pass it: such a session is then not saved (not resumable)."""
+    return 2 * config.max_conversation_bytes + SAVE_OVERHEAD_BYTES
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -153,6 +167,9 @@ class SessionSaver:
         log: where sessions are kept.
         state: returns the state to save now (called when a save starts).
         min_interval_s: least time between the starts of two saves (0: none).
+        max_bytes: a save larger than this many bytes is not written (a
+            warning is logged; a resume gets the last save that fitted).
+            None: no bound.
         clock: monotonic seconds.
         sleep: waits that many seconds (tests pass one driven by a fake clock).
     """
@@ -163,6 +180,7 @@ class SessionSaver:
         state: Callable[[], SavedSession],
         *,
         min_interval_s: float = DEFAULT_SAVE_INTERVAL_S,
+        max_bytes: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -171,6 +189,7 @@ class SessionSaver:
         self._log = log
         self._state = state
         self._min_interval_s = min_interval_s
+        self._max_bytes = max_bytes
         self._clock = clock
         self._sleep = sleep
         self._dirty = False
@@ -224,7 +243,17 @@ class SessionSaver:
         self.num_saves += 1
         saved = self._state()
         try:
-            await self._log.save_session(saved.session_id, saved.to_bytes())
+            # one save at a time (flush and close wait for it), so saves still land in order
+            data = await asyncio.to_thread(saved.to_bytes)
+            if self._max_bytes is not None and len(data) > self._max_bytes:
+                logger.warning(
+                    "session %s not saved: %d bytes, over the %d a save may take",
+                    saved.session_id,
+                    len(data),
+                    self._max_bytes,
+                )
+                return
+            await self._log.save_session(saved.session_id, data)
         except TokenLogError:  # the session is only less resumable; the log says why
             logger.warning("saving session %s failed", saved.session_id)
         except Exception:  # a bug: logged, and the connection (its close too) goes on

@@ -64,6 +64,11 @@ SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop"
 _REMEMBERED_RESPONSES = 64  # finished responses a late cancel can still name
 
 
+def text_bytes(text: str) -> int:
+    """UTF-8 bytes of ``text`` (a lone surrogate, which JSON lets through, counts 3)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
 def assistant_item_id(stream_id: str) -> str:
     """The id of the assistant item a response's stream becomes: made from the
     stream, so the same on every node and after a resume."""
@@ -288,6 +293,12 @@ class Session:
         head = (Message(role="system", content=system),) if system else ()
         return head + tuple(self.turns)
 
+    def conversation_bytes(self, instructions: str | None = None) -> int:
+        """UTF-8 bytes of the conversation's text: its instructions (``instructions``
+        in place of the session's, when given) and every turn's content."""
+        system = self.settings.instructions if instructions is None else instructions
+        return text_bytes(system or "") + sum(text_bytes(t.content) for t in self.turns)
+
     def response_of_item(self, item_id: str) -> str | None:
         """The ``response_id`` whose assistant item is ``item_id``, if remembered."""
         response = self._response_of_item(item_id)
@@ -317,6 +328,10 @@ class Session:
             self._sampling(new.defaults)
         except ValueError as exc:
             return [_error(pe.ErrorCode.INVALID_PARAMETER, str(exc), event)]
+        if update.instructions and (
+            problem := self._over_bytes(self.conversation_bytes(instructions=update.instructions))
+        ):
+            return [_error(pe.ErrorCode.INVALID_PARAMETER, problem, event)]
         self.settings = new
         return [Send(event=pe.SessionUpdated(session=new.to_event()))]
 
@@ -369,6 +384,10 @@ class Session:
             return "input must hold at least one item", params, []
         if len(items) > self.config.max_input_items:
             return f"input holds more than {self.config.max_input_items} items", params, []
+        if items and (
+            problem := self._over_bytes(self.conversation_bytes() + sum(text_bytes(i.content) for i in items))
+        ):
+            return problem, params, []
         if not self.turns and not items:
             return "the conversation is empty: send input", params, []
         ids = [i.item_id for i in items]
@@ -458,6 +477,8 @@ class Session:
             return [
                 _error(pe.ErrorCode.INVALID_PARAMETER, f"the conversation holds {limit} items already", event)
             ]
+        if problem := self._over_bytes(self.conversation_bytes() + text_bytes(item.content)):
+            return [_error(pe.ErrorCode.INVALID_PARAMETER, problem, event)]
         self._shift_turn_indexes(at, +1)
         self.turns.insert(at, item)
         before = self.turns[at - 1].item_id if at > 0 else None
@@ -519,6 +540,17 @@ class Session:
         return [
             Send(event=ItemTruncated(item_id=event.item_id, kept_chars=kept, audio_end_ms=event.audio_end_ms))
         ]
+
+    def _over_bytes(self, num_bytes: int) -> str | None:
+        """Why a conversation of ``num_bytes`` bytes of text is refused, or None
+        when it is within ``max_conversation_bytes``."""
+        limit = self.config.max_conversation_bytes
+        if num_bytes <= limit:
+            return None
+        return (
+            f"the conversation would hold {num_bytes} bytes of text, over its limit of {limit} "
+            "(limits.max_conversation_bytes): delete items first"
+        )
 
     def _index_of(self, item_id: str) -> int | None:
         return next((i for i, t in enumerate(self.turns) if t.item_id == item_id), None)

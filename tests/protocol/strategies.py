@@ -108,6 +108,7 @@ server_events = st.one_of(
             max_prompt_tokens=counts,
             max_tokens=counts,
             max_context_tokens=counts,
+            max_conversation_bytes=_opt(counts),
             max_input_audio_ms=_opt(counts),
         ),
     ),

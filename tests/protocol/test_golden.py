@@ -85,6 +85,23 @@ SERVER_GOLDEN: list[tuple[Any, str]] = [
         '"protocol":"bargein.v1"}',
     ),
     (
+        ev.SessionCreated(
+            session_id="sess",
+            session_token="st",
+            model="SmolLM2-135M-Instruct",
+            limits=ev.Limits(
+                max_frame_bytes=65536,
+                max_prompt_tokens=1536,
+                max_tokens=512,
+                max_context_tokens=2048,
+                max_conversation_bytes=4194304,
+            ),
+        ),
+        '{"type":"session.created","session_id":"sess","session_token":"st","model":"SmolLM2-135M-Instruct",'
+        '"limits":{"max_frame_bytes":65536,"max_prompt_tokens":1536,"max_tokens":512,"max_context_tokens":2048,'
+        '"max_conversation_bytes":4194304},"protocol":"bargein.v1"}',
+    ),
+    (
         ev.SessionUpdated(
             session=ev.SessionSettings(instructions="", on_disconnect="continue", include_token_ids=False)
         ),
