@@ -498,7 +498,7 @@ class Connection:
         if info is None:
             await self._send(self._error(pe.ErrorCode.NOT_FOUND, "stream not found", event))
             return
-        if event.from_ > info.end and info.status == "complete":
+        if info.finish is not None and not info.finish.truncated and event.from_ > info.end:
             await self._send(
                 self._error(
                     pe.ErrorCode.INVALID_PARAMETER, f"from is past the stream's end {info.end}", event

@@ -479,7 +479,8 @@ async def stream_events(request: Request) -> Response:
     stream_id = request.path_params["stream_id"]
     from_offset, role = _resume_position(request, stream_id)
     info = await _owned_stream(request, service)
-    if info.status == "complete" and from_offset > info.end:
+    past_end = info.finish is not None and not info.finish.truncated and from_offset > info.end
+    if past_end:  # a stream ended for its lost entries is a 410 from any position, below
         raise ApiError(
             f"position {from_offset} is past the stream's end {info.end}",
             param="Last-Event-ID" if "last-event-id" in request.headers else "from",

@@ -50,10 +50,11 @@ from bargein.session.cluster.takeover import (
     gen_key,
     read_prefix,
 )
-from bargein.session.errors import TokenLogError, TokenLogUnavailable
-from bargein.session.log import StreamEnd, StreamInfo, StreamWrite
+from bargein.session.errors import StreamTruncated, TokenLogError, TokenLogUnavailable
+from bargein.session.log import TRUNCATED_CODE, EndError, StreamEnd, StreamInfo, StreamWrite
 from bargein.session.log.redis_client import retrying_client
 from bargein.session.log.redis_format import Keys
+from bargein.session.log.redis_tail import LOGGED
 from bargein.session.supervise import TaskHealth, supervised
 
 log = logging.getLogger(__name__)
@@ -382,7 +383,17 @@ class Cluster:
             await self._release_now(stream_id)
             return "done"
         await self.redis.hset(self._keys.meta(stream_id), "owner_node", self.node_id)
-        prefix = await read_prefix(service.log, stream_id, info.end)
+        try:
+            prefix = await self._logged_prefix(stream_id, info)
+        except StreamTruncated as exc:
+            # Without its whole prefix the stream cannot be continued: end it so, or its
+            # readers (past the loss) would wait for tokens nobody writes.
+            log.warning("cannot continue %s: %s; ending it as truncated", stream_id, exc)
+            service.log.adopt_stream(info)
+            await self._finish(
+                stream_id, info, raw_record, LoggedPrefix(token_ids=(), text=""), FinishReason.ERROR, exc
+            )
+            return "ended"
         if isinstance(prefix, StreamEnd):
             await self._release_now(stream_id)
             return "done"
@@ -410,6 +421,17 @@ class Cluster:
         log.info("took over %s at offset %d", stream_id, prefix.end)
         return "continued"
 
+    async def _logged_prefix(self, stream_id: str, info: StreamInfo) -> LoggedPrefix | StreamEnd:
+        """What the log holds of a live stream, ``[0, info.end)``, or its end.
+
+        Raises StreamTruncated when entries are missing, also when the log
+        lost all of them (an end of 0 then only means nothing is left, which
+        the metadata's ``logged`` mark tells); StreamNotFound, TokenLogUnavailable.
+        """
+        if info.end == 0 and await self.redis.hexists(self._keys.meta(stream_id), LOGGED):
+            raise StreamTruncated(stream_id, 0)
+        return await read_prefix(self._service.log, stream_id, info.end)
+
     def _end_reason(
         self, raw_record: bytes | None, flag: bytes | None, prefix: LoggedPrefix, info: StreamInfo
     ) -> FinishReason | None:
@@ -431,15 +453,24 @@ class Cluster:
         raw_record: bytes | None,
         prefix: LoggedPrefix,
         reason: FinishReason,
+        lost: StreamTruncated | None = None,
     ) -> None:
-        """End an adopted stream at its logged end, then release its lease."""
+        """End an adopted stream at its logged end, then release its lease.
+
+        ``lost``: the log lost entries, so the end is ``info.end`` and carries
+        the error that makes every reader raise StreamTruncated.
+        """
         num_prompt = 0 if raw_record is None else len(GenerationRecord.decode(raw_record).prompt_token_ids)
+        end_at = prefix.end if lost is None else info.end
         end = StreamEnd(
-            end=prefix.end,
+            end=end_at,
             finish_reason=reason.value,
             prompt_tokens=num_prompt,
-            completion_tokens=prefix.end,
+            completion_tokens=end_at,
             cached_tokens=0,
+            error=None
+            if lost is None
+            else EndError(code=TRUNCATED_CODE, message=str(lost), retry_after_ms=0),
         )
         await self._service.log.write_step([StreamWrite(stream_id=stream_id, entry=None, finish=end)])
         await self._release_now(stream_id)

@@ -14,6 +14,7 @@ are in :mod:`~bargein.session.log.redis_url`);
 from bargein.session.log.contract import (
     DEFAULT_LIVE_TTL_S,
     DEFAULT_RETENTION_S,
+    TRUNCATED_CODE,
     EndError,
     LogEntry,
     ReadCursor,
@@ -38,6 +39,7 @@ __all__ = [
     "StreamEnd",
     "StreamInfo",
     "StreamWrite",
+    "TRUNCATED_CODE",
     "TokenLog",
     "check_writes",
     "open_token_log",

@@ -26,7 +26,11 @@ Contract (both backends, one test suite: tests/session/test_token_log_contract.p
   :class:`~bargein.session.errors.StreamTruncated` (a :class:`StreamNotFound`)
   instead of skipping them: an entry that starts past the reader's position,
   a finish that the entries do not reach, a log that lost every entry. Both
-  backends apply one :class:`ReadCursor`.
+  backends apply one :class:`ReadCursor`. A stream that cannot go on because
+  its log lost entries (its node died and the takeover found the prefix it
+  would continue from incomplete) is ended with a finish that says so
+  (:attr:`StreamEnd.truncated`): every reader then raises ``StreamTruncated``
+  instead of waiting for tokens nobody will write.
 - Retention: an ended stream (and a saved session) is kept ``retention_s``
   seconds after its end (after its last save), then it is gone:
   ``info`` returns ``None`` and ``read`` raises ``StreamNotFound``. A stream
@@ -41,6 +45,7 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from bargein.protocol.events import ErrorCode
 from bargein.session.errors import (
     OffsetOutOfRange,
     StreamEnded,
@@ -49,6 +54,8 @@ from bargein.session.errors import (
 
 DEFAULT_RETENTION_S = 600.0
 DEFAULT_LIVE_TTL_S = 3600.0
+# The EndError code of a stream ended because its log lost entries (docs/protocol.md section 6).
+TRUNCATED_CODE = ErrorCode.STREAM_TRUNCATED.value
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -90,6 +97,12 @@ class StreamEnd:
     completion_tokens: int
     cached_tokens: int
     error: EndError | None = None
+
+    @property
+    def truncated(self) -> bool:
+        """Whether the stream was ended because its log lost entries: a reader
+        raises StreamTruncated instead of yielding this end."""
+        return self.error is not None and self.error.code == TRUNCATED_CODE
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -243,9 +256,12 @@ class ReadCursor:
     def finish(self, end: StreamEnd) -> StreamEnd:
         """The finish to yield, once the entries before it were taken.
 
-        Raises OffsetOutOfRange when the reader asked past the stream's end,
-        StreamTruncated when the entries stop short of it.
+        Raises StreamTruncated when the entries stop short of it or the stream
+        was ended for its lost entries (whatever the reader asked), else
+        OffsetOutOfRange when the reader asked past the stream's end.
         """
+        if end.truncated:
+            raise StreamTruncated(self.stream_id, self.pos)
         if self.from_offset > end.end:
             raise OffsetOutOfRange(self.stream_id, self.from_offset, end.end)
         self.reached(end.end)

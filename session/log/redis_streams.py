@@ -696,6 +696,8 @@ class RedisTokenLog:
         info = info_from_meta(stream_id, meta, newest)
         if info is None:
             raise StreamNotFound(stream_id)
+        if info.finish is not None and info.finish.truncated:
+            raise StreamTruncated(stream_id, min(from_offset, info.end))
         if info.finish is not None and from_offset > info.end:
             raise OffsetOutOfRange(stream_id, from_offset, info.end)
         if info.finish is None and not newest and LOGGED.encode() in meta:
