@@ -13,7 +13,10 @@ The audio is re-derived, never stored: segmenting is a function of the text,
 and the synthesizer's timings are deterministic (``noise_w = 0``), so a
 client that resumes with ``audio_from_ms`` gets the same timeline again
 (:class:`Speaker` with ``skip_before_ms``), and the model generates nothing
-twice. Synthesis is cheap next to generation (a real-time factor of about
+twice. Such a resume synthesizes only from the segment that holds
+``audio_from_ms``: the segments before it are placed on the timeline by the
+synthesizer's durations alone (``timing``, a tenth of the CPU), so a resume
+at the end of the audio synthesizes nothing. Synthesis is cheap next to generation (a real-time factor of about
 0.05 here), while logging 24 kHz audio would cost 48 KB per second of speech
 in the token log of every stream.
 
@@ -54,6 +57,10 @@ class SpeechSynth(Protocol):
     def sample_rate(self) -> int: ...
 
     def synthesize(self, text: str) -> Any: ...
+
+    def timing(self, text: str) -> Any:
+        """What ``synthesize(text)`` would give, without the audio: its
+        ``num_samples`` and ``words`` (:class:`bargein.voice.tts.Timing`)."""
 
 
 class Speaker:
@@ -174,6 +181,13 @@ class Speaker:
         text = segment.text.translate(_UNSPOKEN)
         if not text.strip():
             return
+        if self._samples * 1000 // self.sample_rate < self._skip_before_ms:
+            # a resume: a segment whose every chunk is skipped is only placed
+            timing = await self._run_blocking(lambda: self._synth.timing(text))
+            length = self._resampled_length(timing.num_samples)
+            if (self._samples + length) * 1000 // self.sample_rate <= self._skip_before_ms:
+                self._place(segment, timing.words, length)
+                return
         started = self._clock()
         speech = await self._run_blocking(lambda: self._synth.synthesize(text))
         audio = self._resampled(speech.audio)
@@ -181,23 +195,8 @@ class Speaker:
             self._observer.synthesized(
                 audio_s=len(audio) / self.sample_rate, compute_s=self._clock() - started
             )
-        scale = self.sample_rate / self._synth.sample_rate
         base = self._samples
-        ms = 1000 / self.sample_rate
-        self.alignment.add_segment(
-            start_ms=base * ms,
-            end_ms=(base + len(audio)) * ms,
-            word_ends=[
-                # the last word carries what follows it in the segment (markup,
-                # spaces): text without sound counts as spoken with its words
-                (
-                    segment.end if i == len(speech.words) - 1 else segment.start + w.char_end,
-                    min(base + w.sample_end * scale, base + len(audio)) * ms,
-                )
-                for i, w in enumerate(speech.words)
-            ],
-        )
-        self._samples += len(audio)
+        self._place(segment, speech.words, len(audio))
         skip = -(-self._skip_before_ms * self.sample_rate // 1000)  # first sample at or after it
         for lo in range(0, len(audio), self._chunk):
             if self.stopped:
@@ -209,6 +208,27 @@ class Speaker:
                 continue
             piece = audio[max(lo, skip - base) : chunk_end - base]
             await self._send_chunk(piece, chunk_end)
+
+    def _place(self, segment: Segment, words: Any, length: int) -> None:
+        """Put a segment of ``length`` samples (at the session's rate) with
+        its ``words`` (:class:`bargein.voice.tts.WordEnd`) next on the timeline."""
+        scale = self.sample_rate / self._synth.sample_rate
+        base = self._samples
+        ms = 1000 / self.sample_rate
+        self.alignment.add_segment(
+            start_ms=base * ms,
+            end_ms=(base + length) * ms,
+            word_ends=[
+                # the last word carries what follows it in the segment (markup,
+                # spaces): text without sound counts as spoken with its words
+                (
+                    segment.end if i == len(words) - 1 else segment.start + w.char_end,
+                    min(base + w.sample_end * scale, base + length) * ms,
+                )
+                for i, w in enumerate(words)
+            ],
+        )
+        self._samples += length
 
     async def _send_chunk(self, piece: np.ndarray, end_sample: int) -> None:
         start_ms = (end_sample - len(piece)) * 1000 // self.sample_rate
@@ -232,6 +252,13 @@ class Speaker:
         )
         if first and self._on_first_audio is not None:
             self._on_first_audio()
+
+    def _resampled_length(self, num_samples: int) -> int:
+        """The samples :meth:`_resampled` gives for ``num_samples`` of the
+        synthesizer's (the resampler's own count: its filter rounds)."""
+        if self._synth.sample_rate == self.sample_rate:
+            return num_samples
+        return len(self._resampled(np.zeros(num_samples, dtype=np.int16)))
 
     def _resampled(self, audio: np.ndarray) -> np.ndarray:
         """The synthesizer's int16 audio as float32 at the session's rate."""

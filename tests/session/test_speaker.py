@@ -70,10 +70,12 @@ def speaker(wire: Wire, synth: FakeSynth, *, skip_before_ms: int = 0) -> Speaker
     )
 
 
-async def speak(text: str, pieces: list[int], *, skip_before_ms: int = 0) -> Wire:
+async def speak(
+    text: str, pieces: list[int], *, skip_before_ms: int = 0, synth: FakeSynth | None = None
+) -> Wire:
     """Feed ``text`` cut at ``pieces``, letting the worker run between feeds, then finish."""
     wire = Wire()
-    s = speaker(wire, FakeSynth(), skip_before_ms=skip_before_ms)
+    s = speaker(wire, synth or FakeSynth(), skip_before_ms=skip_before_ms)
     lo = 0
     for hi in [*pieces, len(text)]:
         wire.fed += hi - lo
@@ -188,6 +190,32 @@ async def test_a_resume_re_derives_the_same_timeline_from_audio_from_ms() -> Non
 async def test_a_resume_past_the_audio_sends_only_the_audio_done() -> None:
     wire = await speak(TEXT, [], skip_before_ms=10**6)
     assert [type(e) for e in wire.events] == [pe.ResponseAudioDone]
+
+
+async def test_a_resume_synthesizes_only_from_the_segment_that_holds_audio_from_ms() -> None:
+    first_synth = FakeSynth()
+    first = (await speak(TEXT, [], synth=first_synth)).audio()
+    segments = first_synth.texts  # "Paris is the", " capital of France.", ...
+    starts_ms = [sum(map(len, segments[:i])) * MS_PER_CHAR for i in range(len(segments))]
+    for from_ms in (0, starts_ms[1] - 1, starts_ms[1], starts_ms[2] + 5):
+        synth = FakeSynth()
+        again = (await speak(TEXT, [], skip_before_ms=from_ms, synth=synth)).audio()
+        held = max(i for i, start in enumerate(starts_ms) if start <= from_ms)
+        # the segment holding from_ms and those after it are synthesized, the others only timed
+        assert synth.texts == segments[held:], from_ms
+        # timed first: those starting before from_ms (the one holding it too, if it does)
+        assert synth.timed == [seg for seg, start in zip(segments, starts_ms, strict=True) if start < from_ms]
+        tail = [(a.start_ms, a.end_ms, a.text_end) for a in first if a.end_ms > from_ms]
+        assert [(a.end_ms, a.text_end) for a in again] == [(e, t) for _, e, t in tail]
+
+
+async def test_a_resume_at_the_end_synthesizes_nothing_and_gives_the_audio_length() -> None:
+    synth = FakeSynth()
+    wire = await speak(TEXT, [], skip_before_ms=len(TEXT) * MS_PER_CHAR, synth=synth)
+    assert [type(e) for e in wire.events] == [pe.ResponseAudioDone]
+    assert wire.events[0].end_ms == len(TEXT) * MS_PER_CHAR
+    assert synth.texts == []  # every segment placed by its timing alone
+    assert "".join(synth.timed) == TEXT
 
 
 async def test_a_synthesis_failure_costs_the_audio_not_the_response(caplog: pytest.LogCaptureFixture) -> None:

@@ -35,7 +35,7 @@ from bargein.session.config import SessionConfig, VoiceConfig
 from bargein.session.connection import Connection
 from bargein.session.service import Service
 from bargein.session.voice import VoiceRuntime
-from bargein.voice.tts import Speech, WordEnd
+from bargein.voice.tts import Speech, Timing, WordEnd
 from tests.session.test_service import CountingLog, ThreadedEngine
 
 RATE = 16000  # the tests' input rate: no resampling
@@ -114,17 +114,30 @@ class FakeSynth:
         self.gate = threading.Event()
         self.gate.set()
         self.fail: str | None = None  # a text containing it raises
+        self.timed: list[str] = []  # texts whose timing alone was asked
 
     def synthesize(self, text: str) -> Speech:
         self.texts.append(text)
         assert self.gate.wait(GATE_TIMEOUT_S), "the test never opened the synthesizer's gate"
         if self.fail is not None and self.fail in text:
             raise RuntimeError("injected synthesis failure")
-        n = self.samples_per_char
-        words = tuple(WordEnd(char_end=m.end(), sample_end=m.end() * n) for m in re.finditer(r"\S+", text))
+        words = _words_only(text, self.samples_per_char)
         if not words:
             return Speech(audio=np.zeros(0, dtype=np.int16), words=())
-        return Speech(audio=np.full(len(text) * n, 3000, dtype=np.int16), words=words)
+        return Speech(audio=np.full(len(text) * self.samples_per_char, 3000, dtype=np.int16), words=words)
+
+    def timing(self, text: str) -> Timing:
+        """:meth:`synthesize`'s length and words without its audio (noted in ``timed``)."""
+        self.timed.append(text)
+        speech = _words_only(text, self.samples_per_char)
+        return Timing(num_samples=len(text) * self.samples_per_char if speech else 0, words=speech)
+
+
+def _words_only(text: str, samples_per_char: int) -> tuple[WordEnd, ...]:
+    """FakeSynth's word ends: each where its characters end."""
+    return tuple(
+        WordEnd(char_end=m.end(), sample_end=m.end() * samples_per_char) for m in re.finditer(r"\S+", text)
+    )
 
 
 @dataclass

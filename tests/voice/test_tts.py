@@ -56,6 +56,22 @@ def test_the_same_text_gives_the_same_speech(synthesizer: Synthesizer, two_sente
     np.testing.assert_array_equal(again.audio, two_sentences.audio)
 
 
+@pytest.mark.parametrize("text", [TWO_SENTENCES, "Wait ... what?", "In 1215, King John met them.", "..."])
+def test_timing_gives_synthesis_length_and_word_ends_for_a_fraction_of_its_cpu(
+    synthesizer: Synthesizer, text: str
+) -> None:
+    speech = synthesizer.synthesize(text)
+    timing = synthesizer.timing(text)
+    assert (timing.num_samples, timing.words) == (len(speech.audio), speech.words)
+    if speech.words:  # the durations alone: far cheaper than the audio (a tenth or less here)
+        cpu = time.process_time()
+        synthesizer.timing(text)
+        timed = time.process_time() - cpu
+        cpu = time.process_time()
+        synthesizer.synthesize(text)
+        assert timed < (time.process_time() - cpu) / 2
+
+
 @pytest.mark.parametrize("text", ["", "   ", "...", "— …"])
 def test_nothing_to_say_gives_empty_speech(synthesizer: Synthesizer, text: str) -> None:
     speech = synthesizer.synthesize(text)
