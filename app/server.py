@@ -43,7 +43,7 @@ from bargein.protocol import CloseCode, Decoder, select_subprotocol
 from bargein.protocol.errors import FrameTooLarge, ProtocolError
 from bargein.session.admission import Admission
 from bargein.session.connection import Connection
-from bargein.session.errors import TokenLogUnavailable
+from bargein.session.errors import NodeIdInUse, TokenLogUnavailable
 from bargein.session.log import TokenLog, open_token_log
 from bargein.session.service import Service
 from bargein.session.voice import VOICES, VoiceRuntime
@@ -200,7 +200,14 @@ async def _load(state: AppState, progress: Progress) -> None:
         cluster=make_cluster(state.settings),
         voice=voice,
     )
-    await service.start()
+    try:
+        await service.start()
+    except NodeIdInUse as exc:  # refused to start: nothing of this node reaches Redis
+        logger.error("%s", exc)
+        state.load_error = str(exc)
+        state.loaded.set()
+        progress(LOAD_FAILED)
+        return
     state.service = service
     progress("ready")
     state.loaded.set()

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import secrets
+import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -40,6 +42,10 @@ def default_chat_url(env: Mapping[str, str] | None = None) -> str:
     env = os.environ if env is None else env
     return env.get(ENV_PREFIX + "URL", "ws://127.0.0.1:8000/v1/realtime")
 
+
+# A node's default id: readable (the host name, the process) and unique even where
+# every container has one host name and port (0.0.0.0:8000), thanks to the suffix.
+PROCESS_NODE_ID = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
 LogBackend = Literal["memory", "redis"]
 
@@ -81,7 +87,7 @@ class ServerConfig:
         max_outgoing_bytes: bytes of frames one connection may have waiting
             for its socket.
         node_id: this node's name among several sharing one Redis (unique per
-            node; ``None``: ``host:port``, see :attr:`node_name`).
+            node, checked at start; ``None``: :data:`PROCESS_NODE_ID`).
         lease_ttl_s: with Redis, a stream whose node stops renewing its lease
             this long is continued by the node a client resumes it on.
         log_durability: with Redis, when a log write waits for a replica:
@@ -123,8 +129,9 @@ class ServerConfig:
 
     @property
     def node_name(self) -> str:
-        """``node_id``, or ``host:port`` when none was given."""
-        return self.node_id or f"{self.host}:{self.port}"
+        """``node_id``, or this process's unique one when none was given
+        (:data:`PROCESS_NODE_ID`)."""
+        return self.node_id or PROCESS_NODE_ID
 
     @property
     def trusted_hosts(self) -> frozenset[str]:
@@ -280,7 +287,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] 
         "--node-id",
         None,
         str,
-        "this node's unique name among nodes sharing one Redis (default: host:port)",
+        "this node's unique name among nodes sharing one Redis; a start whose id a live node "
+        "holds is refused (default: hostname-pid-random, unique)",
     )
     _add(
         parser,

@@ -101,3 +101,18 @@ class StreamFenced(TokenLogUnavailable):
 
     def __init__(self, stream_ids: tuple[str, ...]) -> None:
         super().__init__("another node continues these streams", stream_ids)
+
+
+class NodeIdInUse(SessionError):
+    """Another live node holds this node's ``--node-id`` on the shared Redis.
+
+    Attributes:
+        node_id: the id both nodes were given.
+    """
+
+    def __init__(self, node_id: str, waited_s: float) -> None:
+        super().__init__(
+            f"--node-id {node_id!r} is held by another live node on this Redis (still renewed after "
+            f"{waited_s:.1f} s); give each node its own id, or leave --node-id unset for a unique one"
+        )
+        self.node_id = node_id

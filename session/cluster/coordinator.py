@@ -42,6 +42,7 @@ from bargein.engine.errors import EngineError
 from bargein.engine.request import EngineRequest, FinishReason, SamplingParams
 from bargein.session.cluster.forward import Forwarder
 from bargein.session.cluster.lease import LeaseConfig, Leases
+from bargein.session.cluster.registry import NodeRegistry
 from bargein.session.cluster.takeover import (
     Continuation,
     GenerationRecord,
@@ -108,6 +109,7 @@ class Cluster:
             flag_key=self.forwarder.flag_key,
             epoch_ttl_s=2 * record_ttl_s,
         )
+        self.registry = NodeRegistry(self.redis, node_id, ttl_s=lease.ttl_s, key_prefix=key_prefix)
         self._prefix = key_prefix
         self._keys = Keys(key_prefix)
         self._record_ttl_ms = int(record_ttl_s * 1000)
@@ -126,7 +128,13 @@ class Cluster:
     # ---- life cycle ------------------------------------------------------------
 
     async def start(self, service: Any) -> None:
-        """Attach to the service (its runner, log, tokenizer) and start ticking."""
+        """Attach to the service (its runner, log, tokenizer) and start ticking.
+
+        Raises:
+            NodeIdInUse: another live node holds this node's id
+                (session/cluster/registry.py).
+        """
+        await self.registry.register()
         self._service = service
         service.log.fence_with(self.leases.fence)  # every write checks the lease's epoch
         await self.forwarder.start()
@@ -157,6 +165,10 @@ class Cluster:
         # gh-86296 on 3.11): bound the wait, so shutdown never hangs on one.
         if tasks:
             await asyncio.wait(tasks, timeout=STOP_TIMEOUT_S)
+        try:
+            await self.registry.release()  # a restart under the same id need not wait
+        except _REDIS_ERRORS as exc:
+            log.warning("releasing the node id at shutdown failed (it expires): %r", exc)
         await self.redis.aclose()
 
     # ---- hooks of the service --------------------------------------------------
@@ -274,6 +286,7 @@ class Cluster:
     async def _tick(self) -> None:
         """Renew, apply cancel flags, release ended leases, check watched streams."""
         service = self._service
+        await self.registry.renew()
         renewal = await self.leases.renew()
         for sid in renewal.lost:
             log.error("lease of %s is held by another node: abandoning it", sid)
