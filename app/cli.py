@@ -182,7 +182,8 @@ def serve(settings: Settings) -> int:
     """Run the server until interrupted (Ctrl-C); the model loads after startup.
 
     Returns:
-        0 after a clean shutdown; 1 when the model failed to load (the server
+        0 after a clean shutdown; 1 when the start failed (the model did not load,
+        or another live node holds this --node-id: the server
         stops rather than staying up unready forever).
     """
     import uvicorn
@@ -204,7 +205,7 @@ def serve(settings: Settings) -> int:
         if stage == LOAD_FAILED:
             bar.close()
             failed = True
-            print("bargein serve: error: the model failed to load (see the log above)", file=sys.stderr)
+            print("bargein serve: error: the server failed to start (the reason is in the log above)", file=sys.stderr)
             server.should_exit = True
             return
         bar.update(1)
