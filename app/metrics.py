@@ -211,6 +211,11 @@ class Metrics:
             "The inter-token latency target each step is filled to (--target-itl-ms; 0: off).",
             mode="livemax",
         )
+        self.log_pending_steps = gauge(
+            "bargein_token_log_pending_steps",
+            "Engine steps waiting to be written to the token log, at the last write "
+            "(at most the writer's bound; there, the engine waits).",
+        )
         self.event_loop_lag = gauge(
             "bargein_event_loop_lag_seconds",
             "How late the event loop ran a timer, last sample.",
@@ -262,6 +267,12 @@ class Metrics:
             "bargein_auth_refusals",
             "HTTP requests and WebSocket upgrades refused by the Host, Origin or API key check, by reason.",
             ["reason"],
+            registry=r,
+        )
+        self.engine_log_wait = Counter(
+            "bargein_engine_log_wait_seconds",
+            "Seconds the engine thread waited for room in the token log writer's queue "
+            "(backpressure: the log is slower than the engine).",
             registry=r,
         )
         self.preemptions = Counter(

@@ -110,6 +110,11 @@ class Observer:
     def log_written(self, seconds: float, num_streams: int) -> None:
         self.metrics.log_write.observe(seconds)
 
+    def log_backlog(self, *, num_steps: int, engine_wait_s: float) -> None:
+        self.metrics.log_pending_steps.set(num_steps)
+        if engine_wait_s:
+            self.metrics.engine_log_wait.inc(engine_wait_s)
+
     def resumed(self, *, stream_id: str, from_offset: int, num_replayed: int) -> None:
         self.metrics.resumes.inc()
         if num_replayed:

@@ -208,8 +208,11 @@ class EngineRunner:
     def add_step_listener(self, fn: StepListener) -> None:
         """Call ``fn(outputs)`` on the engine thread once per step with outputs.
 
-        ``fn`` must be quick (for example ``loop.call_soon_threadsafe``); an
-        exception in it is logged and does not stop the engine.
+        ``fn`` must be quick (for example ``loop.call_soon_threadsafe``), or
+        block on purpose to push back (the service's listener waits while its
+        log writer is too far behind: the engine then steps no faster than the
+        log takes the steps); an exception in it is logged and does not stop
+        the engine.
         """
         with self._cond:
             self._listeners.append(fn)

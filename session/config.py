@@ -43,6 +43,11 @@ class SessionConfig:
             conversation (for ``session.resume``): the saves of a burst of
             turn changes are coalesced into one per interval; a closing
             connection saves at once.
+        max_pending_log_steps: most engine steps handed over and not yet
+            written to the token log; past it the engine waits for the log
+            writer (backpressure), so a slow log bounds memory and delivery
+            lag (64 steps: a second or two of decoding) instead of letting
+            them grow.
         shared_prefix_cache: whether cached prompt prefixes are shared
             between principals (API keys). Off (the default), each principal's
             requests reuse only KV its own requests computed, so no tenant
@@ -61,6 +66,7 @@ class SessionConfig:
     abandon_grace_s: float = 30.0
     drain_timeout_s: float = 10.0
     save_interval_s: float = 0.1
+    max_pending_log_steps: int = 64
     shared_prefix_cache: bool = False
 
     def __post_init__(self) -> None:
@@ -82,6 +88,8 @@ class SessionConfig:
             raise ValueError(f"drain_timeout_s={self.drain_timeout_s} must be > 0")
         if self.save_interval_s < 0:
             raise ValueError(f"save_interval_s={self.save_interval_s} must be >= 0")
+        if self.max_pending_log_steps < 1:
+            raise ValueError(f"max_pending_log_steps={self.max_pending_log_steps} must be >= 1")
         if self.on_disconnect not in ("continue", "cancel"):
             raise ValueError(f"on_disconnect={self.on_disconnect!r} must be 'continue' or 'cancel'")
 

@@ -57,6 +57,11 @@ class SessionObserver(Protocol):
     def log_written(self, seconds: float, num_streams: int) -> None:
         """One ``TokenLog.write_step`` took ``seconds`` for ``num_streams`` streams."""
 
+    def log_backlog(self, *, num_steps: int, engine_wait_s: float) -> None:
+        """The log writer took a step: ``num_steps`` engine steps were waiting
+        to be written (that one included), and the engine thread waited
+        ``engine_wait_s`` seconds for room to hand it over (backpressure)."""
+
     def resumed(self, *, stream_id: str, from_offset: int, num_replayed: int) -> None:
         """A ``stream.resume`` was accepted; ``num_replayed`` tokens were already
         in the log past ``from_offset`` (they are sent from the log, not generated)."""
@@ -122,6 +127,9 @@ class NullObserver:
         pass
 
     def log_written(self, seconds: float, num_streams: int) -> None:
+        pass
+
+    def log_backlog(self, *, num_steps: int, engine_wait_s: float) -> None:
         pass
 
     def resumed(self, *, stream_id: str, from_offset: int, num_replayed: int) -> None:

@@ -9,7 +9,12 @@ One :class:`Service` per process. It
   request goes to the runner;
 - listens to the runner's steps: one ``call_soon_threadsafe`` per engine step
   hands the step's outputs to the event loop, and one ``write_step`` per step
-  puts them into the token log (in step order, by one writer task);
+  puts them into the token log (in step order, by one writer task). At most
+  ``config.max_pending_log_steps`` steps wait for the writer: past that the
+  engine thread waits for room (backpressure), so a log slower than the
+  engine (a replica ``WAIT``, a slow Redis) slows generation down instead of
+  growing memory and delivery lag without bound; the observer is told how
+  long the engine waited and how many steps were pending;
 - tells the connection that owns a stream when generation finished, so the
   conversation gets the assistant turn.
 
@@ -26,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Sequence
@@ -64,6 +70,18 @@ FAILED_MESSAGE = "the server failed while writing this response (a bug, in its l
 RETRY_AFTER_FAILURE_MS = 1000  # a new request may well succeed: the step writer restarted
 
 OnFinish = Callable[[GenerationFinished], None]
+# How often an engine thread waiting for the writer looks whether the service stopped.
+_STOP_POLL_S = 0.1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Step:
+    """One engine step on its way to the log writer."""
+
+    started_at: float  # monotonic seconds: when the engine step began
+    outputs: list[RequestOutput]
+    engine_wait_s: float  # the engine thread waited this long for room in the queue
+    holds_slot: bool  # it took one of the queue's slots (the writer gives it back)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -203,8 +221,13 @@ class Service:
         self._readers: dict[str, int] = {}  # stream id -> deliveries of it on this node
         # session id -> the connection on this node that holds it (the last to attach)
         self.sessions: dict[str, Any] = {}
-        self._steps: asyncio.Queue[tuple[float, list[RequestOutput]]] = asyncio.Queue()
+        self._steps: asyncio.Queue[_Step] = asyncio.Queue()
+        # Room for steps between the engine thread and the writer: taken by the
+        # engine thread (it waits when none is left), given back once written.
+        self._step_slots = threading.BoundedSemaphore(config.max_pending_log_steps)
+        self._stopping = threading.Event()  # an engine thread waiting for room gives up
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread_id: int | None = None
         self._writer: asyncio.Task[None] | None = None
         self._tokenizing = OneAtATime()  # one tokenization in flight per connection
         self._max_prompt_bytes: int | None = None  # None: no bound before tokenizing
@@ -226,6 +249,8 @@ class Service:
         """Attach to the runner, measure its tokenizer (the prompt text bound, see
         session/chat.py) and start the log writer (on the event loop)."""
         self._loop = asyncio.get_running_loop()
+        self._loop_thread_id = threading.get_ident()
+        self._stopping.clear()
         token_bytes = await asyncio.to_thread(longest_token_bytes, getattr(self.runner, "tokenizer", None))
         if token_bytes is not None:
             self._max_prompt_bytes = max_prompt_bytes(token_bytes, self.max_model_len)
@@ -244,6 +269,7 @@ class Service:
             remove(self._on_engine_step)
         if self.cluster is not None:
             await self.cluster.stop()
+        self._stopping.set()  # nobody will make room any more
         if self._writer is not None:
             await cancel_and_wait([self._writer])
             self._writer = None
@@ -626,17 +652,44 @@ class Service:
         # the step's forward pass: their blocks were freed just now.
         ends_only = all(not out.new_token_ids for out in outputs)
         step_start = time.monotonic() - (0.0 if ends_only else self.runner.stats().last_step_s)
-        self._loop.call_soon_threadsafe(self._steps.put_nowait, (step_start, outputs))
+        waited_s, holds_slot = self._wait_for_room()
+        step = _Step(started_at=step_start, outputs=outputs, engine_wait_s=waited_s, holds_slot=holds_slot)
+        self._loop.call_soon_threadsafe(self._steps.put_nowait, step)
+
+    def _wait_for_room(self) -> tuple[float, bool]:
+        """Take a slot of the writer's queue, waiting while it is full
+        (backpressure on the engine thread); ``(seconds waited, whether a
+        slot was taken)``.
+
+        Never waits on the event loop's own thread (a runner shut down from
+        the loop hands its last outputs over there: the writer could not run),
+        nor once the service stops: those steps go over the bound.
+        """
+        if self._step_slots.acquire(blocking=False):
+            return 0.0, True
+        if threading.get_ident() == self._loop_thread_id:
+            return 0.0, False
+        started = time.perf_counter()
+        while not self._step_slots.acquire(timeout=_STOP_POLL_S):
+            if self._stopping.is_set():
+                return time.perf_counter() - started, False
+        return time.perf_counter() - started, True
 
     async def _write_steps(self) -> None:
         """Write each step to the log in one ``write_step``, in step order
-        (supervised: see :meth:`_writer_crashed`)."""
+        (supervised: see :meth:`_writer_crashed`); each step's slot is given
+        back once it is written (or failed)."""
         while True:
-            step_start, outputs = await self._steps.get()
-            self._in_flight = outputs
-            if await self._write_step(step_start, outputs):
-                self.health.working(WRITER)
-            self._in_flight = []
+            step = await self._steps.get()
+            try:
+                self.observer.log_backlog(num_steps=self._steps.qsize() + 1, engine_wait_s=step.engine_wait_s)
+                self._in_flight = step.outputs
+                if await self._write_step(step.started_at, step.outputs):
+                    self.health.working(WRITER)
+                self._in_flight = []
+            finally:
+                if step.holds_slot:
+                    self._step_slots.release()
 
     async def _write_step(self, step_start: float, outputs: list[RequestOutput]) -> bool:
         """Log one step's outputs, tell the owners of finished streams; whether
