@@ -205,7 +205,10 @@ def serve(settings: Settings) -> int:
         if stage == LOAD_FAILED:
             bar.close()
             failed = True
-            print("bargein serve: error: the server failed to start (the reason is in the log above)", file=sys.stderr)
+            print(
+                "bargein serve: error: the server failed to start (the reason is in the log above)",
+                file=sys.stderr,
+            )
             server.should_exit = True
             return
         bar.update(1)
