@@ -347,7 +347,7 @@ class VoiceChannel:
         try:
             text: str = await self.runtime.run(lambda: self.runtime.models.transcriber.transcribe(audio))
         finally:
-            self._transcribing.discard(asyncio.current_task())  # type: ignore[arg-type]
+            self._transcribing.discard(asyncio.current_task())
         self._transcribe_s = self._clock() - started
         self._observer.transcribed(seconds=self._transcribe_s, audio_s=len(audio) / SAMPLE_RATE)
         return text
