@@ -236,7 +236,9 @@ class VoiceChannel:
                 await self._on_turn_event(what, audio, inp, received_at)
         elif isinstance(event, pe.InputAudioCommit):
             await self.drop_speculation(received_at, unless=None)  # the turn ends here instead
-            refusal = self._refuse_turn(inp.buffer.duration_ms / 1000, received_at)
+            # a commit of nothing runs no transcription: nothing to bound
+            held = inp.buffer.duration_ms > 0
+            refusal = self._refuse_turn(inp.buffer.duration_ms / 1000, received_at) if held else None
             if refusal is not None:
                 # the audio stays uncommitted: the same commit succeeds later
                 await self._refused(refusal, event, "commit again later")
@@ -516,7 +518,9 @@ class VoiceChannel:
     def _start_turn(self, audio: Any, start_ms: int, end_ms: int, *, speech_end_at: float | None) -> None:
         item_id, self._turn_item_id = self._turn_item_id or f"item_{uuid.uuid4().hex}", None
         self._spawn(
-            self._turn(item_id, audio, start_ms, end_ms, speech_end_at), f"turn-{item_id}", transcribes=True
+            self._turn(item_id, audio, start_ms, end_ms, speech_end_at),
+            f"turn-{item_id}",
+            transcribes=len(audio) > 0,
         )
 
     async def _turn(
@@ -527,7 +531,7 @@ class VoiceChannel:
             pe.InputAudioCommitted(item_id=item_id, audio_start_ms=start_ms, audio_end_ms=end_ms)
         )
         try:
-            text = await self._transcribe(audio)
+            text = await self._transcribe(audio) if len(audio) else ""  # no audio, no words
         except Exception:
             logger.exception("transcribing voice turn %s failed", item_id)
             await self._transcription_failed(item_id)

@@ -82,6 +82,21 @@ async def test_commits_past_the_connections_share_are_refused_and_keep_their_aud
         await done(c)
 
 
+async def test_commits_of_nothing_take_no_share() -> None:
+    c = await client()
+    try:
+        await push_to_talk(c)
+        c.models.transcriber.gate.clear()  # nothing reaches it: no audio, no transcription
+        for _ in range(4):
+            await c.send(type="input_audio.commit")
+        transcripts = await c.wait_for(pe.InputAudioTranscript, 4)
+        assert [t.text for t in transcripts] == [""] * 4 and not c.of(pe.ErrorEvent)
+        assert c.models.transcriber.heard == []
+    finally:
+        c.models.transcriber.gate.set()
+        await done(c)
+
+
 async def test_a_voice_turn_past_the_share_is_dropped_with_an_error() -> None:
     c = await client()
     try:
