@@ -222,6 +222,43 @@ async def test_commits_of_nothing_are_empty_turns_that_start_nothing(voice_serve
             await conn.close()
 
 
+async def test_commits_past_the_connections_share_of_the_voice_threads_are_refused(
+    voice_server: LiveServer,
+) -> None:
+    """Issue 36, p03: commits sent without waiting queue at most
+    ``max_voice_turns`` transcriptions; the next is ``rate_limited`` and keeps
+    its audio, committed once a turn is transcribed."""
+    with clean_server_log():
+        conn = await Conn.open(voice_server.ws_url)
+        try:
+            assert conn.created["limits"]["max_voice_turns"] == 2
+            await voice_session(conn, max_tokens=MAX_TOKENS, output=False)
+            await conn.send(type="session.update", session={"audio": {"input": {"turn_detection": None}}})
+            await conn.expect("session.updated")
+            for n in range(3):  # 1 s of noise each, as fast as the socket takes them
+                await conn.send(
+                    type="input_audio.append", audio=b64(noise_pcm16(1000, RATE, dbfs=-20, seed=n))
+                )
+                await conn.send(type="input_audio.commit", event_id=f"commit-{n}")
+            events: list[dict[str, Any]] = []
+            error = await until(conn, "error", events)
+            assert (error["code"], error["event_id"], error["retryable"]) == (
+                "rate_limited",
+                "commit-2",
+                True,
+            )
+            assert error["retry_after_ms"] >= 100
+            while len([e for e in events if e["type"] == "input_audio.transcript"]) < 2:
+                events.append(await conn.recv())
+            assert len([e for e in events if e["type"] == "input_audio.committed"]) == 2
+            await conn.send(type="input_audio.commit")  # the refused commit's audio is still held
+            committed = await conn.expect("input_audio.committed")
+            assert (committed["audio_start_ms"], committed["audio_end_ms"]) == (2000, 3000)
+            await conn.expect("input_audio.transcript")
+        finally:
+            await conn.close()
+
+
 async def test_a_clear_in_the_middle_of_a_turn_drops_it_and_the_next_turn_is_heard(
     voice_server: LiveServer,
 ) -> None:
