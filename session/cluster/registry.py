@@ -18,7 +18,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from bargein.session.errors import NodeIdInUse
 from bargein.session.log.redis_client import AnyRedis
@@ -65,7 +65,7 @@ class NodeRegistry:
         ttl_s: float,
         key_prefix: str = "bargein:",
         clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], object] = asyncio.sleep,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     ) -> None:
         self.redis = redis
         self.node_id = node_id
@@ -80,7 +80,7 @@ class NodeRegistry:
 
         Raises redis errors.
         """
-        held = await self.redis.eval(HOLD_LUA, 1, self.key, self._token, self._ttl_ms)  # type: ignore[misc]
+        held = await self.redis.eval(HOLD_LUA, 1, self.key, self._token, self._ttl_ms)
         return bool(held)
 
     async def register(self) -> None:
@@ -115,4 +115,4 @@ class NodeRegistry:
 
         Raises redis errors.
         """
-        await self.redis.eval(RELEASE_LUA, 1, self.key, self._token)  # type: ignore[misc]
+        await self.redis.eval(RELEASE_LUA, 1, self.key, self._token)
