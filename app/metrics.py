@@ -169,6 +169,13 @@ class Metrics:
             buckets=ERROR_RATIO_BUCKETS,
             registry=r,
         )
+        self.admission_ttft_error = Histogram(
+            "bargein_admission_ttft_error_ratio",
+            "Measured over predicted time to the first token of an admitted request "
+            "(the admission's step-time model against what then happened; above 1: optimistic).",
+            buckets=ERROR_RATIO_BUCKETS,
+            registry=r,
+        )
         self.synthesis_rtf = Histogram(
             "bargein_synthesis_real_time_factor",
             "Synthesis time over the duration of the audio it made, per segment (below 1: faster than real time).",

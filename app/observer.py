@@ -83,6 +83,10 @@ class Observer:
         with bind(request_id=response_id):
             logger.info("response rejected", extra={"reason": reason})
 
+    def ttft_predicted(self, *, predicted_s: float, measured_s: float) -> None:
+        # A floor of 10 ms: a prediction of about nothing (an idle engine) makes no ratio.
+        self.metrics.admission_ttft_error.observe(measured_s / max(predicted_s, 0.01))
+
     def finished(
         self,
         *,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,6 +52,18 @@ class StepCostConfig:
         max_outlier_ratio: a duration over this many times the prediction
             (plus 10 ms) is clipped to it: a GC pause or a burst of another
             process's work must not move the fit much.
+        robust_window: the last steps among which those of one shape
+            (decodes, prefill and context tokens, each within a factor of 2)
+            bound the next sample of that shape (see ``robust_quantile``).
+        robust_quantile: a duration is learned as at most this quantile of
+            its shape's recent measured-over-predicted ratios times its
+            prediction (a low one: 0.25). A noisy neighbour slows some steps,
+            not the engine's own work: the steps it inflates (up to three in
+            four) are learned at the ratio of the unslowed ones, so they move
+            the fit little, while a machine that really slowed down raises
+            every ratio and is followed within ``robust_window`` steps. Per
+            shape: where the fit is still off for a shape, its steps agree on
+            it and are not clipped. 1: off (the maximum).
     """
 
     prior: StepCost = CPU_PRIOR
@@ -60,8 +73,15 @@ class StepCostConfig:
     warmup_steps: int = 2
     refit_every: int = 8
     max_outlier_ratio: float = 4.0
+    robust_window: int = 64
+    robust_quantile: float = 0.25
 
     def __post_init__(self) -> None:
+        if self.robust_window < 1 or not 0 < self.robust_quantile <= 1:
+            raise ValueError(
+                f"robust_window={self.robust_window} must be >= 1, "
+                f"robust_quantile={self.robust_quantile} in (0, 1]"
+            )
         if (
             self.prior_floor <= 0
             or self.prior_weight <= 0
@@ -100,6 +120,9 @@ class StepCostModel:
         self._xtx = np.zeros((NUM_TERMS, NUM_TERMS))  # forgotten normal equations
         self._xty = np.zeros(NUM_TERMS)
         self._seen = 0
+        # per shape, its steps of the last robust_window (see _typical):
+        # (step number, seconds, decodes, prefill tokens, context tokens)
+        self._recent: dict[tuple[int, int, int], deque[tuple[int, float, int, int, int]]] = {}
 
     def observe(self, decode_seqs: int, prefill_tokens: int, context_tokens: int, duration_s: float) -> None:
         """Learn from one step: what it computed and how long it took (seconds)."""
@@ -107,7 +130,8 @@ class StepCostModel:
         if self._seen <= self.config.warmup_steps or not math.isfinite(duration_s) or duration_s < 0:
             return
         predicted = self.current.predict(decode_seqs, prefill_tokens, context_tokens)
-        duration_s = min(duration_s, self.config.max_outlier_ratio * predicted + 0.01)
+        typical = self._typical((decode_seqs, prefill_tokens, context_tokens), duration_s, predicted)
+        duration_s = min(duration_s, typical, self.config.max_outlier_ratio * predicted + 0.01)
         x = np.array([1.0, decode_seqs, prefill_tokens, context_tokens]) / _SCALES
         self._xtx *= self._decay
         self._xty *= self._decay
@@ -117,6 +141,25 @@ class StepCostModel:
         self.num_samples += 1
         if self.num_samples % self.config.refit_every == 0:
             self.refit()
+
+    def _typical(self, shape: tuple[int, int, int], duration_s: float, predicted_s: float) -> float:
+        """The most a step of ``shape`` (decodes, prefill tokens, context
+        tokens) predicted at ``predicted_s`` is learned as, seconds: the
+        ``robust_quantile`` of its shape's recent steps' measured-over-predicted
+        ratios (this one's included; all predicted by the current fit, so a
+        refit never makes old ratios stale) times its prediction."""
+        if predicted_s <= 0:
+            return duration_s
+        key = (shape[0].bit_length(), shape[1].bit_length(), shape[2].bit_length())  # within 2x
+        recent = self._recent.get(key)
+        if recent is None:  # at most 9 x 14 x 25 shapes (int32 counts): bounded
+            recent = self._recent[key] = deque()
+        while recent and recent[0][0] <= self._seen - self.config.robust_window:
+            recent.popleft()  # older than the window: the machine may have changed since
+        recent.append((self._seen, duration_s, *shape))
+        predict = self.current.predict
+        ratios = sorted(t / max(predict(d, p, c), 1e-9) for _, t, d, p, c in recent)
+        return ratios[math.ceil(self.config.robust_quantile * len(ratios)) - 1] * predicted_s
 
     def refit(self) -> StepCost:
         """Solve for the coefficients now (``observe`` does every ``refit_every``)."""

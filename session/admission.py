@@ -45,9 +45,14 @@ past it. Such drops are not departures.
    - *the running streams' ITL*: the request joins the decoding batch once
      its prompt is in, with every request admitted ahead of it; the step of
      that batch, with the minimum prefill, must fit the target. Otherwise
-     the batch must first shrink by the excess: ``retry_after_ms`` is the
-     time until that many running streams can have ended (their remaining
-     ``max_tokens``, ascending, at one step each of the target);
+     it waits in the engine's queue (the scheduler lets it join only when
+     the batch fits) until the batch has shrunk by the excess: the running
+     streams' remaining ``max_tokens``, ascending, then rounds of the
+     waiting ones ahead (each taken as long as its own ``max_tokens``), at
+     the predicted step of a full batch (at most the target). It is queued,
+     as vLLM and llama-server queue a burst, when that wait and its prefill
+     meet ``target_ttft_s``; else refused with ``retry_after_ms`` the wait
+     (without a TTFT target it is refused at once, as before);
    - *its TTFT* (``target_ttft_s``): the prompt tokens admitted ahead of it
      and its own go in at the prefill tokens per step the budget leaves
      after the decodes; the predicted time of those steps must meet the
@@ -58,6 +63,12 @@ past it. Such drops are not departures.
 
    Prompt tokens are counted whole (a prefix-cache hit is known only once
    the engine schedules the request): the estimate errs towards refusing.
+   Each admitted request carries its predicted TTFT
+   (:class:`LoadVerdict`); the service reports it against the measured one
+   (``bargein_admission_ttft_error_ratio``), so the model is checked
+   against what then happens. The step-time model itself learns from the
+   low quantile of recent steps of each shape (engine/step_cost.py): a
+   noisy neighbour slowing some steps does not make it refuse.
 
    Priority: interactive sessions (a WebSocket session's turns, voice or
    text; :attr:`bargein.session.service.Owner.interactive`) may fill the
@@ -152,6 +163,22 @@ class Refusal:
     code: pe.ErrorCode
     message: str
     retry_after_ms: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadVerdict:
+    """What :meth:`Admission.judge_load` says of a request.
+
+    Attributes:
+        refusal: why it is refused; None: admitted.
+        predicted_ttft_s: the model's time to its first token, seconds (the
+            queue ahead, a wait for room in the batch, its prefill); None
+            without a step-time model. Checked against the measured TTFT by
+            the ``bargein_admission_ttft_error_ratio`` metric.
+    """
+
+    refusal: Refusal | None
+    predicted_ttft_s: float | None
 
 
 @dataclass(slots=True, kw_only=True)
@@ -292,8 +319,26 @@ class Admission:
         return None
 
     def check_load(
-        self, num_prompt_tokens: int, load: EngineLoad | None, *, interactive: bool = True
+        self,
+        num_prompt_tokens: int,
+        load: EngineLoad | None,
+        *,
+        interactive: bool = True,
+        max_tokens: int = 0,
     ) -> Refusal | None:
+        """:meth:`judge_load`'s refusal, or None when admitted."""
+        return self.judge_load(
+            num_prompt_tokens, load, interactive=interactive, max_tokens=max_tokens
+        ).refusal
+
+    def judge_load(
+        self,
+        num_prompt_tokens: int,
+        load: EngineLoad | None,
+        *,
+        interactive: bool = True,
+        max_tokens: int = 0,
+    ) -> LoadVerdict:
         """Admit a request against the engine's step-time model (5. in the
         module doc), or say why not; on admission its prompt tokens count
         as queued until :meth:`release_load`.
@@ -304,72 +349,105 @@ class Admission:
                 ``step_budget``, admits (no model to judge by).
             interactive: a session's turn (the whole budget) or a bulk
                 request (``bulk_share`` of it).
+            max_tokens: the most tokens it may generate (a queue ahead of
+                it that is not running yet is taken to be as long).
 
-        Call after :meth:`check_request` passed (the request is among
-        ``num_waiting``).
+        Returns the refusal (None: admitted) and the predicted time to its
+        first token, seconds (None without a model). Call after
+        :meth:`check_request` passed (the request is among ``num_waiting``).
         """
-        refusal = self._judge_load(num_prompt_tokens, load, interactive)
-        if refusal is None and load is not None and load.step_budget is not None:
+        verdict = self._judge_load(num_prompt_tokens, load, interactive, max_tokens)
+        if verdict.refusal is None and load is not None and load.step_budget is not None:
             self.num_queued_tokens += num_prompt_tokens
-        return refusal
+        return verdict
 
     def precheck_load(self, load: EngineLoad | None, *, interactive: bool = True) -> Refusal | None:
         """:meth:`check_load` for an empty prompt, counting nothing: a request
         the load alone refuses is refused before its prompt is tokenized
         (a thread hop that waits for the engine's GIL), so at once."""
-        return self._judge_load(0, load, interactive)
+        return self._judge_load(0, load, interactive, 0).refusal
 
     def _judge_load(
-        self, num_prompt_tokens: int, load: EngineLoad | None, interactive: bool
-    ) -> Refusal | None:
+        self, num_prompt_tokens: int, load: EngineLoad | None, interactive: bool, max_tokens: int
+    ) -> LoadVerdict:
         budget = None if load is None else load.step_budget
         if load is None or budget is None:
-            return None
+            return LoadVerdict(refusal=None, predicted_ttft_s=None)
         share = 1.0 if interactive else self.config.bulk_share
         decoders = load.num_decoding + max(1, self.num_waiting)  # its own among the waiting
         context = load.num_decoding_tokens + self.num_queued_tokens + num_prompt_tokens
-        return self._over_itl(budget, load, decoders, context, share) or self._over_ttft(
-            budget, load, num_prompt_tokens
+        if decoders <= 1 or budget.fits(decoders, context, share):
+            ttft = self._prefill_s(budget, load, self.num_queued_tokens + num_prompt_tokens)
+            return LoadVerdict(refusal=self._over_ttft(ttft), predicted_ttft_s=ttft)
+        # Past the batch the ITL target allows: it waits in the engine's queue until
+        # enough running streams end (the scheduler admits it then), then prefills.
+        capacity = budget.max_decode_seqs(context / decoders, share)
+        excess = max(1, decoders - capacity)
+        wait_s = self._join_wait_s(budget, load, excess, capacity, max_tokens, context / decoders)
+        ttft = wait_s + self._prefill_s(budget, load, num_prompt_tokens)
+        target = self.config.target_ttft_s
+        if target and ttft <= target:
+            return LoadVerdict(refusal=None, predicted_ttft_s=ttft)  # queued within the TTFT target
+        who = "" if share == 1.0 else f" ({share:.0%} of it for HTTP requests)"
+        refusal = Refusal(
+            code=pe.ErrorCode.OVERLOADED,
+            retry_after_ms=_retry_ms(wait_s),
+            message=f"the server is overloaded: {decoders} streams would share each step, "
+            f"past the {1000 * budget.target_s:.0f} ms inter-token target{who}"
+            + (f", and waiting for room would take its first token to {ttft:.1f} s" if target else "")
+            + "; retry later",
         )
+        return LoadVerdict(refusal=refusal, predicted_ttft_s=ttft)
 
     def release_load(self, num_prompt_tokens: int) -> None:
         """A request admitted by :meth:`check_load` left the queue (its first
         token came, it ended, or it never reached the engine)."""
         self.num_queued_tokens = max(0, self.num_queued_tokens - num_prompt_tokens)
 
-    def _over_itl(
-        self, budget: StepBudget, load: EngineLoad, decoders: int, context: int, share: float
-    ) -> Refusal | None:
-        if decoders <= 1 or budget.fits(decoders, context, share):
-            return None
-        capacity = budget.max_decode_seqs(context / decoders, share)
-        excess = max(1, decoders - capacity)
+    @staticmethod
+    def _join_wait_s(
+        budget: StepBudget,
+        load: EngineLoad,
+        excess: int,
+        capacity: int,
+        max_tokens: int,
+        context_per_seq: float,
+    ) -> float:
+        """Seconds until ``excess`` streams ahead of it have ended: the running
+        ones' remaining tokens, ascending; past those, the waiting ones ahead
+        run in rounds of ``capacity``, each taken to be ``max_tokens`` long.
+        Steps meanwhile take what the model predicts for a full batch, at
+        most the target (the scheduler keeps the batch within it)."""
         remaining = load.running_remaining_tokens
-        wait_s = remaining[min(excess, len(remaining)) - 1] * budget.target_s if remaining else 1.0
-        who = "" if share == 1.0 else f" ({share:.0%} of it for HTTP requests)"
-        return Refusal(
-            code=pe.ErrorCode.OVERLOADED,
-            retry_after_ms=_retry_ms(wait_s),
-            message=f"the server is overloaded: {decoders} streams would share each step, "
-            f"past the {1000 * budget.target_s:.0f} ms inter-token target{who}; retry later",
-        )
+        if excess <= len(remaining):
+            steps = remaining[excess - 1]
+        else:
+            rounds = math.ceil((excess - len(remaining)) / max(1, capacity))
+            steps = (remaining[-1] if remaining else 0) + rounds * max(1, max_tokens)
+        batch = max(1, capacity)
+        step_s = min(budget.target_s, budget.cost.predict(batch, 0, int(batch * context_per_seq)))
+        return steps * step_s
 
-    def _over_ttft(self, budget: StepBudget, load: EngineLoad, num_prompt_tokens: int) -> Refusal | None:
-        """The queue ahead and the prompt, at the prefill rate the current
+    @staticmethod
+    def _prefill_s(budget: StepBudget, load: EngineLoad, num_tokens: int) -> float:
+        """Seconds to prefill ``num_tokens`` at the prefill rate the current
         decodes leave (it falls as the queue's prompts become decodes; the
         ITL check bounds that)."""
-        target = self.config.target_ttft_s
-        if not target or self.num_queued_tokens == 0:
-            return None  # off, or nobody ahead: its own prompt's time is no overload
         per_step = budget.prefill_tokens(load.num_decoding, load.num_decoding_tokens)
-        if per_step <= 0:
-            return None
-        full, rest = divmod(self.num_queued_tokens + num_prompt_tokens, per_step)
+        if per_step <= 0 or num_tokens <= 0:
+            return 0.0
+        full, rest = divmod(num_tokens, per_step)
         cost, decodes, context = budget.cost, load.num_decoding, load.num_decoding_tokens
-        ttft = full * cost.predict(decodes, per_step, context) + (
+        return full * cost.predict(decodes, per_step, context) + (
             cost.predict(decodes, rest, context) if rest else 0.0
         )
-        if ttft <= target:
+
+    def _over_ttft(self, ttft: float) -> Refusal | None:
+        """The refusal of a request whose queue ahead and prompt take past the
+        TTFT target (``ttft``, seconds). A request with nobody ahead of it is
+        never refused: its own prompt's time is no overload."""
+        target = self.config.target_ttft_s
+        if not target or self.num_queued_tokens == 0 or ttft <= target:
             return None
         return Refusal(
             code=pe.ErrorCode.OVERLOADED,

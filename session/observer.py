@@ -41,6 +41,10 @@ class SessionObserver(Protocol):
         the error code sent (``invalid_parameter``, ``prompt_too_long``,
         ``conflict``, ...) or ``engine_stopped``."""
 
+    def ttft_predicted(self, *, predicted_s: float, measured_s: float) -> None:
+        """An admitted request's first token came ``measured_s`` seconds after
+        admission, which had predicted ``predicted_s`` (its step-time model)."""
+
     def finished(
         self,
         *,
@@ -113,6 +117,9 @@ class NullObserver:
         pass
 
     def rejected(self, reason: str, *, response_id: str | None) -> None:
+        pass
+
+    def ttft_predicted(self, *, predicted_s: float, measured_s: float) -> None:
         pass
 
     def finished(

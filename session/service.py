@@ -99,6 +99,7 @@ class _LiveStream:
     num_prompt_tokens: int = 0
     queued_tokens: int = 0  # prompt tokens admission counts as queued (check_load) until it starts
     admitted_at: float = 0.0  # service clock when admission let it in
+    predicted_ttft_s: float | None = None  # admission's model of its first token's time
     started: bool = False  # its first token (or its end) came: it left the queue
     released: bool = False  # the connection that created it closed
     abandoned: asyncio.TimerHandle | None = None  # aborts it if nobody reads it in time
@@ -333,9 +334,11 @@ class Service:
         if len(ids) >= self.max_model_len:
             return self._too_long(action, len(ids))
         load = self._engine_load()
-        refusal = self.admission.check_load(len(ids), load, interactive=owner.interactive)
-        if refusal is not None:  # first: a request refused for the load costs no rate tokens
-            return self._refused(action, refusal)
+        verdict = self.admission.judge_load(
+            len(ids), load, interactive=owner.interactive, max_tokens=action.params.max_tokens
+        )
+        if verdict.refusal is not None:  # first: a request refused for the load costs no rate tokens
+            return self._refused(action, verdict.refusal)
         queued = len(ids) if load is not None else 0  # what check_load counted as queued
         refusal = self.admission.charge_tokens(
             owner.admission_key, len(ids) + action.params.max_tokens, self.clock()
@@ -345,7 +348,9 @@ class Service:
             return self._refused(action, refusal)
         submitted = False
         try:
-            result = await self._create_and_submit(action, owner, now, admitted_at, ids, queued)
+            result = await self._create_and_submit(
+                action, owner, now, admitted_at, ids, queued, verdict.predicted_ttft_s
+            )
             submitted = isinstance(result, Submitted)
             return result
         finally:
@@ -360,7 +365,14 @@ class Service:
         return load if getattr(load, "step_budget", None) is not None else None
 
     async def _create_and_submit(
-        self, action: Submit, owner: Owner, now: float, admitted_at: float, ids: tuple[int, ...], queued: int
+        self,
+        action: Submit,
+        owner: Owner,
+        now: float,
+        admitted_at: float,
+        ids: tuple[int, ...],
+        queued: int,
+        predicted_ttft_s: float | None = None,
     ) -> Submitted | SubmitFailed:
         """Create the stream in the log, submit the request, start its deadline."""
         try:
@@ -414,6 +426,7 @@ class Service:
             num_prompt_tokens=len(ids),
             queued_tokens=queued,
             admitted_at=admitted_at,
+            predicted_ttft_s=predicted_ttft_s,
         )
         queue_time_s = self.admission.config.max_queue_time_s
         if queue_time_s and self._loop is not None:
@@ -844,8 +857,13 @@ class Service:
                 live.deadline = None
             if out.new_token_ids:
                 live.expired = None  # scheduled before its deadline: the drop did not apply
-            self.admission.started(self.clock(), admitted_at=live.admitted_at, served=live.expired is None)
+            now = self.clock()
+            self.admission.started(now, admitted_at=live.admitted_at, served=live.expired is None)
             self.admission.release_load(live.queued_tokens)
+            if live.predicted_ttft_s is not None and out.new_token_ids:
+                self.observer.ttft_predicted(
+                    predicted_s=live.predicted_ttft_s, measured_s=now - live.admitted_at
+                )
         cut = live.abort_requested_at is not None
         entry = None
         if out.new_token_ids and not cut:

@@ -89,6 +89,7 @@ CANCEL_WAIT_S = 10.0  # a cancel answers once the engine confirmed (one step), o
 # A resume's status waits this long for its replay to start: a log that lost the offsets is a
 # 410 then; later (a slow Redis), the same error ends the stream as an error event.
 FIRST_EVENT_WAIT_S = 1.0
+DEFAULT_RETRY_AFTER_S = 1  # a 503 without an estimate of its own (the log or engine failing, loading)
 
 
 def principal_of(headers: Mapping[str, str]) -> str:
@@ -137,12 +138,20 @@ def _answering(endpoint: Endpoint) -> Endpoint:
             return await endpoint(request)
         except ApiError as exc:
             request.app.state.bargein.observer.http_error(exc.status, exc.code)
-            return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+            return JSONResponse(exc.body(), status_code=exc.status, headers=_with_retry_after(exc))
         except ClientDisconnect:  # it left while sending its body: nobody reads an answer
             client_logger.debug("client left before sending its whole request body")
             return Response(status_code=499)
 
     return answer
+
+
+def _with_retry_after(exc: ApiError) -> dict[str, str] | None:
+    """The answer's headers: every 429 and 503 says when to retry (RFC 9110
+    section 10.2.3), ``DEFAULT_RETRY_AFTER_S`` where the refusal knows no better."""
+    if exc.status not in (429, 503) or any(k.lower() == "retry-after" for k in exc.headers or {}):
+        return exc.headers
+    return {**(exc.headers or {}), "Retry-After": str(DEFAULT_RETRY_AFTER_S)}
 
 
 def _service(request: Request) -> Service:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import pytest
 import redis
 
@@ -248,3 +249,22 @@ async def test_a_log_outage_fails_the_event_and_keeps_the_connection(
         assert set(client.errors) == {"resume-in-outage", "cancel-in-outage"}
     finally:
         sock.close()
+
+
+async def test_every_503_says_when_to_retry(outage_node: EmbeddedServer, own_redis: RedisServer) -> None:
+    """A request the log fails (a new completion, a stream's events) is a 503
+    with ``Retry-After``, as admission's refusals are (RFC 9110)."""
+    body = {"model": "bargein", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    async with httpx.AsyncClient(base_url=outage_node.http_url, timeout=HANG_GUARD_S) as http:
+        own_redis.pause()
+        try:
+            answers = [
+                await http.post("/v1/chat/completions", json=body),
+                await http.get("/v1/streams/some-stream/events"),
+            ]
+        finally:
+            own_redis.resume()
+    for answer in answers:
+        assert answer.status_code == 503, answer.text
+        assert int(answer.headers["Retry-After"]) >= 1
+        assert answer.json()["error"]["code"] == "internal_error"

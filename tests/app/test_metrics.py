@@ -66,6 +66,7 @@ EXPECTED_FAMILIES = {
     "bargein_step_cost_samples",
     "bargein_step_target_seconds",
     "bargein_step_cost_error_ratio",
+    "bargein_admission_ttft_error_ratio",
 }
 
 

@@ -113,3 +113,35 @@ def test_invalid_coefficients_and_configs_are_refused() -> None:
         StepCost(base_s=0.0, per_decode_s=-1.0, per_prefill_token_s=0.0, per_context_token_s=0.0)
     with pytest.raises(ValueError, match="half_life_steps"):
         StepCostConfig(half_life_steps=0)
+
+
+def neighboured(model: StepCostModel, num_steps: int, *, share: float, factor: float, seed: int = 3) -> None:
+    """Steps of a steady batch (8 to 11 decodes, a 64-token prefill every tenth
+    step, the context growing) timed by ``TRUE``, ``share`` of them slowed
+    ``factor`` times by another process on the machine (a noisy neighbour)."""
+    rng = random.Random(seed)
+    context = 0
+    for i in range(num_steps):
+        decodes = 8 + (i // 100) % 4
+        context = (context + decodes) % 20_000
+        prefill = 0 if i % 10 else 64
+        slowed = factor if rng.random() < share else 1.0
+        model.observe(decodes, prefill, context, TRUE.predict(decodes, prefill, context) * slowed)
+
+
+def test_a_noisy_neighbour_slowing_most_steps_moves_the_fit_little() -> None:
+    """60% of steps 3x slower: a mean would predict 2.2x; the low quantile of
+    each shape's recent ratios keeps the engine's own cost."""
+    robust, mean = StepCostModel(), StepCostModel(StepCostConfig(robust_quantile=1.0))
+    for model in (robust, mean):
+        neighboured(model, 600, share=0.6, factor=3.0)
+    want = TRUE.predict(8, 0, 2000)
+    assert robust.refit().predict(8, 0, 2000) == pytest.approx(want, rel=0.1)
+    assert mean.refit().predict(8, 0, 2000) > 1.8 * want
+
+
+def test_a_neighbour_on_every_step_is_followed() -> None:
+    """When every step is slower the machine is slower: the fit follows."""
+    model = StepCostModel(StepCostConfig(half_life_steps=50))
+    neighboured(model, 600, share=1.0, factor=3.0)
+    assert model.refit().predict(8, 0, 2000) == pytest.approx(3 * TRUE.predict(8, 0, 2000), rel=0.1)
