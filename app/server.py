@@ -38,7 +38,7 @@ from bargein.app.openai.realtime.endpoint import OPENAI_SUBPROTOCOL, OpenAIRealt
 from bargein.app.openai.realtime.endpoint import encode as encode_openai
 from bargein.app.openai.routes import openai_routes
 from bargein.app.outgoing import Outgoing
-from bargein.app.settings import Settings
+from bargein.app.settings import ServerConfig, Settings
 from bargein.protocol import CloseCode, Decoder, select_subprotocol
 from bargein.protocol.errors import FrameTooLarge, ProtocolError
 from bargein.session.admission import Admission
@@ -54,6 +54,7 @@ logger = logging.getLogger("bargein")
 STATIC_DIR = Path(static.__file__).resolve().parent  # bargein.static: package data
 Progress = Callable[[str], None]
 LOAD_FAILED = "failed"  # the progress stage reported when loading fails
+MAX_UNREAD_S = 5.0  # the longest one pause of a client's reader (see _read_loop)
 
 
 def close_code_for(exc: BaseException) -> int:
@@ -467,7 +468,8 @@ async def realtime(ws: WebSocket) -> None:
             adapter.attach(connection)
             await adapter.open()
             handle = _openai_frames(adapter, state.settings.session.max_frame_bytes)
-        closed_with = await _read_loop(ws, writer, handle)
+        unread = _unread_pause(connection, _max_unread_s(server))
+        closed_with = await _read_loop(ws, writer, handle, unread)
         if closed_with == CloseCode.INVALID_UTF8:  # uvicorn closed it; its line is dropped
             client_logger.info("client sent invalid UTF-8 in a text frame: closed with 1007")
         if writer.too_slow.is_set():
@@ -517,10 +519,30 @@ def _openai_frames(adapter: OpenAIRealtime, max_frame_bytes: int) -> FrameHandle
     return handle
 
 
-async def _read_loop(ws: WebSocket, writer: Outgoing, handle: FrameHandler) -> int | None:
+def _max_unread_s(server: ServerConfig) -> float:
+    """The longest the reader leaves a client's frames unread at once: the
+    frames left include the pong of uvicorn's keepalive ping, and one read
+    later than the ping timeout would close the connection."""
+    timeout = server.ws_ping_timeout_s
+    return MAX_UNREAD_S if not timeout else min(MAX_UNREAD_S, timeout / 2)
+
+
+def _unread_pause(connection: Connection, max_s: float) -> Callable[[float], float]:
+    """``now -> seconds`` to leave the connection's frames unread, at most ``max_s``."""
+    return lambda now: min(connection.unread_s(now), max_s)
+
+
+async def _read_loop(
+    ws: WebSocket, writer: Outgoing, handle: FrameHandler, unread_s: Callable[[float], float]
+) -> int | None:
     """Hand frames over, until the client goes away (or stayed too slow, see
     :mod:`bargein.app.outgoing`); returns the close code of the disconnect
-    (None when the server stopped reading)."""
+    (None when the server stopped reading).
+
+    After a frame, ``unread_s(now)`` seconds pass before the next is read
+    (a client past its audio pace): uvicorn reads no more of a socket until
+    its one message is received, so what the client sends meanwhile stays
+    in TCP's buffers and then blocks its sends, at no cost to the loop."""
     while True:
         message = await _receive(ws, writer.too_slow)
         received_at = time.monotonic()
@@ -532,6 +554,9 @@ async def _read_loop(ws: WebSocket, writer: Outgoing, handle: FrameHandler) -> i
         if frame is None:
             frame = message.get("bytes") or b""
         await handle(frame, received_at)
+        if (pause_s := unread_s(time.monotonic())) > 0:
+            with contextlib.suppress(TimeoutError):  # the pause is over; a writer giving up ends it
+                await asyncio.wait_for(writer.too_slow.wait(), pause_s)
 
 
 async def _receive(ws: WebSocket, stop: asyncio.Event) -> Any:

@@ -240,6 +240,17 @@ class Connection:
             if isinstance(event, (pe.ResponseCancel, pe.SessionUpdate, AddItem, DeleteItem, TruncateItem)):
                 self._saver.request()  # a cut turn, new settings, an edited conversation
 
+    def unread_s(self, now: float) -> float:
+        """Seconds the socket's reader should leave this client's frames
+        unread before the next one (0: read on): after an input audio append
+        refused for its pace, so a client that keeps sending is paced by TCP
+        rather than answered, at a decode and a refusal a frame, on the loop.
+
+        Args:
+            now: monotonic seconds.
+        """
+        return 0.0 if self.voice is None else self.voice.unread_s(now)
+
     # ---- what the voice channel calls (bargein.session.voice_channel.VoiceHost) -----
 
     def _admit_audio(self, seconds: float, now: float) -> Refusal | None:

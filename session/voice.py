@@ -9,10 +9,12 @@ into protocol events, barge-ins and responses. Nothing here sends.
 
 Two bounds keep one client's audio from costing the others (issue 36):
 :class:`InputPace` refuses audio sent faster than a multiple of real time
-(beyond a burst), and a long append is resampled and run through the VAD in
-:meth:`VoiceRuntime.run_input`'s threads, not on the event loop. With server
-VAD a turn that reaches ``max_input_audio_ms`` ends there, as a silence would
-end it, so the audio after it is a new turn, never a refusal.
+(beyond a burst), after which the connection's frames are left unread for
+a while (:attr:`VoiceInput.unread_until`: TCP paces the client), and a long
+append is resampled and run through the VAD in :meth:`VoiceRuntime.run_input`'s
+threads, not on the event loop. With server VAD a turn that reaches
+``max_input_audio_ms`` ends there, as a silence would end it, so the audio
+after it is a new turn, never a refusal.
 """
 
 from __future__ import annotations
@@ -114,6 +116,14 @@ class InputPace:
         if self._speed > 0:
             self._due_s = max(self._due_s, now) + audio_ms / 1000 / self._speed
 
+    def unread_s(self, audio_ms: float, retry_after_s: float) -> float:
+        """Seconds to leave the connection's frames unread after refusing an
+        append of ``audio_ms``: until an append is taken again, and at least
+        the refused audio's own time at ``speed``, so refused audio is read
+        no faster than taken audio (a client alternating small appends the
+        pace takes with big ones it refuses gains nothing)."""
+        return max(retry_after_s, audio_ms / 1000 / self._speed) if self._speed > 0 else 0.0
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AudioSettings:
@@ -158,6 +168,11 @@ class VoiceInput:
         self._detector = self._new_detector()
         config = runtime.config
         self._pace = InputPace(speed=config.max_input_audio_speed, burst_ms=config.input_audio_burst_ms)
+        # Until when the connection's reader leaves its frames unread
+        # (monotonic s), after an append refused for its pace: what the client
+        # sends meanwhile waits in its socket (TCP backpressure), instead of
+        # costing the event loop a decode and a refusal per frame.
+        self.unread_until = float("-inf")
         # (input-timeline ms after an append, monotonic time it arrived): when
         # the frame of a given ms arrived, for the voice-to-voice latency
         self._arrivals: deque[tuple[int, float]] = deque(maxlen=512)
@@ -191,14 +206,20 @@ class VoiceInput:
         """Whether the detector is inside a turn now."""
         return self._detector is not None and self._detector.in_speech
 
-    def too_fast(self, received_at: float) -> float | None:
+    def too_fast(self, pcm: bytes, received_at: float) -> float | None:
         """Seconds until the next append is taken, when this connection's
         audio already ran past its pace (:class:`InputPace`); None: take it.
+        A refused append also sets :attr:`unread_until`.
 
         Args:
+            pcm: the append's PCM16 at the input rate.
             received_at: when the append arrived, monotonic seconds.
         """
-        return self._pace.retry_after_s(received_at)
+        wait_s = self._pace.retry_after_s(received_at)
+        if wait_s is not None:
+            audio_ms = len(pcm) * 500 / self.settings.input_rate  # 2 bytes a sample
+            self.unread_until = received_at + self._pace.unread_s(audio_ms, wait_s)
+        return wait_s
 
     async def feed(self, pcm: bytes, received_at: float) -> list[tuple[TurnEvent, np.ndarray | None]]:
         """:meth:`append`, in the input-audio threads when ``pcm`` holds at

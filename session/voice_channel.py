@@ -165,6 +165,12 @@ class VoiceChannel:
         self._turn_item_id: str | None = None
         self._unshown: list[_Speculation] = []  # speculations whose answer is held back
 
+    def unread_s(self, now: float) -> float:
+        """Seconds the connection's reader should leave its frames unread
+        (after an append refused for its pace, :attr:`VoiceInput.unread_until`);
+        0: read on."""
+        return 0.0 if self._input is None else max(0.0, self._input.unread_until - now)
+
     # ---- settings ----------------------------------------------------------------
 
     def merge(self, audio: pe.AudioSettings) -> AudioSettings | tuple[pe.ErrorCode, str]:
@@ -221,7 +227,7 @@ class VoiceChannel:
         if inp is None:
             inp = self._input = VoiceInput(self.runtime, self.settings)
         if isinstance(event, pe.InputAudioAppend):
-            if (wait_s := inp.too_fast(received_at)) is not None:
+            if (wait_s := inp.too_fast(event.audio, received_at)) is not None:
                 await self._too_fast(event, wait_s)
                 return
             try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import pytest
 
 from bargein.protocol import events as pe
 from bargein.session.config import VoiceConfig
@@ -136,3 +137,17 @@ async def test_a_turn_that_reaches_the_input_bound_ends_there_and_the_next_audio
         assert c.models.transcriber.heard == [16000, 16000, 5120]
     finally:
         await done(c)
+
+
+def test_a_refused_append_leaves_the_connection_unread_for_its_own_audio_at_the_pace() -> None:
+    """The reader's pause after a refusal (issue 36, p04): until an append is
+    due again, and at least the refused audio's own time at the pace, so a
+    client alternating small appends the pace takes with big refused ones
+    has no more audio read than the pace takes."""
+    pace = InputPace(speed=4.0, burst_ms=0)
+    pace.take(100, 0.0)
+    wait = pace.retry_after_s(0.0)
+    assert wait == pytest.approx(0.025)
+    assert pace.unread_s(20_000, wait) == 5.0  # a refused 20 s append
+    assert pace.unread_s(40, wait) == pytest.approx(0.025)
+    assert InputPace(speed=0, burst_ms=0).unread_s(20_000, 0.0) == 0.0
