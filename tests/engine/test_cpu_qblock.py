@@ -9,12 +9,15 @@ packed blocks are also checked byte for byte against the bundled GGUF's own.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import gguf
 import pytest
 import torch
 from gguf.quants import dequantize
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bargein.engine.kernels import cpu_qblock
 from bargein.engine.kernels.activation import silu_and_mul_ref
@@ -253,3 +256,49 @@ def test_the_kernels_exp_is_within_two_ulp() -> None:
     assert ((y[:400_000].double() - want).abs() / want).max() < 2.5e-7
     tail = y[400_000:].tolist()
     assert tail[0] < 1e-37 and 1e38 < tail[1] < float("inf") and tail[2] < 1e-37 and tail[3] == 1.0
+
+
+def embedded(row: torch.Tensor, others: torch.Tensor, at: int) -> torch.Tensor:
+    """``others`` ``[n, in]`` with ``row`` ``[in]`` inserted as row ``at``: ``[n + 1, in]``."""
+    return torch.cat((others[:at], row[None], others[at:]))
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    num_others=st.integers(1, 600),
+    where=st.floats(0, 1),
+    threads=st.sampled_from([1, 2]),
+    kind=st.sampled_from(["q4_1", "q4_1_gated", "q8_0"]),
+)
+def test_a_rows_output_is_bitwise_the_same_whatever_shares_the_step(
+    seed: int, num_others: int, where: float, threads: int, kind: str
+) -> None:
+    """Issue 37: a row's output does not depend on the other rows of the call
+    nor on their number. Its activations are quantized per row and block of
+    32; its integer products are exact; its float accumulation runs over its
+    own groups in one order, whichever pass of 8 rows (and which of its
+    unrolled variants, 1..8 rows) or channel tile or thread computes it. So
+    the row alone and the same row among 1..600 others (the passes cut at
+    every offset, the last pass part full) are equal bit for bit. 576 inputs
+    are SmolLM2's (two super-blocks and a group of 2); 100 outputs end in a
+    part-full tile."""
+    gen = torch.Generator().manual_seed(seed)
+    k, out = 576, 100
+    width = 2 * k if kind == "q4_1_gated" else k
+    row = torch.randn(width, generator=gen) * 3
+    others = torch.randn(num_others, width, generator=gen) * 3
+    at = round(where * num_others)
+    if kind == "q8_0":
+        layer: Callable[[torch.Tensor], torch.Tensor] = Q8_0Linear(torch.randn(out, k, generator=gen))
+    else:
+        q4 = Q4_1Linear(quantize_groups(torch.randn(out, k, generator=gen)), torch.randn(out, generator=gen))
+        layer = q4.gated if kind == "q4_1_gated" else q4
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        alone = layer(row[None])
+        among = layer(embedded(row, others, at))
+    finally:
+        torch.set_num_threads(old)
+    assert torch.equal(among[at], alone[0])
