@@ -153,7 +153,11 @@ def _check_formats(settings: Settings) -> None:
     device = where.type
     try:
         linear_format, _ = choose_linear_format(
-            model.quantization, model.linear_dtype, device_type=device, dtype=model.dtype
+            model.quantization,
+            model.linear_dtype,
+            device_type=device,
+            dtype=model.dtype,
+            cache_dir=model.cache_dir,
         )
         choose_kv_cache_dtype(
             settings.engine.cache.dtype,

@@ -131,6 +131,7 @@ class ModelRunner:
             model_config.linear_dtype,
             device_type=self.device.type,
             dtype=model_config.dtype,
+            cache_dir=model_config.cache_dir,
         )
         logger.info("linear layers: %s (%s)", self.linear_format, why)
         self._cache_dir = model_config.cache_dir
@@ -234,41 +235,47 @@ class ModelRunner:
         return model
 
     def _int4(self, loaded: Any, build: Callable[..., LlamaModel]) -> LlamaModel:
-        """The int4 format: fp32 linears, with steps of a few rows on the
-        checkpoint's 4-bit weights and an 8-bit head, where each beat fp32.
+        """The int4 format: the checkpoint's 4-bit weights and an 8-bit head.
 
         Where the block kernels run (``cpu_qblock``: AVX2, FMA, F16C and a C
-        compiler), the layers are Q4_1 and the head Q8_0 on int8 activations,
-        up to ``weight_only.QBLOCK_MAX_ROWS`` and ``QBLOCK_HEAD_MAX_ROWS`` rows; elsewhere torch's W4A16
-        layers up to ``weight_only.FP32_MAX_ROWS`` and its int8 weight-only
-        head up to ``weight_only.HEAD_MAX_ROWS`` (``weight_only``'s tables). A
-        checkpoint not on a 4-bit grid keeps fp32 layers (4 bits would cost
-        it quality); the head's 8 bits are its own rounding (docs/perf/quality.md)."""
+        compiler), every step runs them whatever its row count: the layers
+        Q4_1 and the head Q8_0 on int8 activations quantized per row and
+        block of 32, so a row's output is the same bits whatever else shares
+        its step (issue 37, docs/design.md "Exact by default"); no fp32 copy
+        of those weights is kept. Elsewhere torch's W4A16 layers up to
+        ``weight_only.FP32_MAX_ROWS`` rows and its int8 weight-only head up to
+        ``weight_only.HEAD_MAX_ROWS``, fp32 above (``weight_only``'s tables):
+        faster there, but a row's arithmetic then depends on the step's row
+        count. A checkpoint not on a 4-bit grid keeps fp32 layers (4 bits
+        would cost it quality); the head's 8 bits are its own rounding
+        (docs/perf/quality.md)."""
         model = build(loaded.weights, "float32")
         blocks = cpu_qblock.available(self._cache_dir)
-        layer_rows = weight_only.QBLOCK_MAX_ROWS if blocks else weight_only.FP32_MAX_ROWS
-        head_rows = weight_only.QBLOCK_HEAD_MAX_ROWS if blocks else weight_only.HEAD_MAX_ROWS
+        layer_rows = None if blocks else weight_only.FP32_MAX_ROWS
         small = self._int4_small_steps(model.layers, loaded.weights, None, layer_rows)
         if small is not None:
             model.layers = small
         head = head_weight(loaded.config, loaded.weights)
-        model.lm_head = weight_only.RowSplitLinear(
-            cpu_qblock.Q8_0Linear(head) if blocks else weight_only.Int8WeightLinear(head),
-            model.lm_head,
-            head_rows,
-        )
+        if blocks:
+            model.lm_head = cpu_qblock.Q8_0Linear(head)
+        else:
+            model.lm_head = weight_only.RowSplitLinear(
+                weight_only.Int8WeightLinear(head), model.lm_head, weight_only.HEAD_MAX_ROWS
+            )
         logger.info(
-            "int4: %s; the head %s up to %d rows, fp32 above",
+            "int4: %s; the head %s",
             (
-                f"steps of up to {layer_rows} rows on the checkpoint's 4-bit weights "
-                f"({'Q4_1 x int8 block kernels' if blocks else 'torch W4A16'}), fp32 above"
+                "the checkpoint's 4-bit weights: Q4_1 x int8 block kernels at every row count"
+                if blocks
+                else f"steps of up to {layer_rows} rows on the checkpoint's 4-bit weights (torch W4A16), "
+                "fp32 above"
             )
             if small is not None
             else "fp32 layers (the checkpoint's weights are not 4-bit)",
-            "Q8_0 x int8"
+            "Q8_0 x int8 at every row count"
             if blocks
-            else f"on int8 weights (block kernels: {cpu_qblock.unavailable_reason(self._cache_dir)})",
-            head_rows,
+            else f"on int8 weights up to {weight_only.HEAD_MAX_ROWS} rows, fp32 above (block kernels: "
+            f"{cpu_qblock.unavailable_reason(self._cache_dir)}); rows not batch-invariant",
         )
         return model
 
@@ -277,10 +284,11 @@ class ModelRunner:
         layers: list[LayerWeights],
         checkpoint: dict[str, torch.Tensor],
         smoothings: dict[tuple[int, str], smooth.Smoothing] | None,
-        max_rows: int = weight_only.MAX_ROWS,
+        max_rows: int | None = weight_only.MAX_ROWS,
     ) -> list[LayerWeights] | None:
         """``layers`` with each linear run in 4 bits for inputs of up to
-        ``max_rows`` rows, its own kernel above; None where that would cost
+        ``max_rows`` rows, its own kernel above (``None``: the 4-bit kernel
+        at every row count, the layer's own dropped); None where that would cost
         quality or cannot run: a weight not on a 4-bit grid (only a 4-bit
         checkpoint, such as the default Q4_1 GGUF, is held exactly) or no CPU
         4-bit kernel: the Q4_1 block kernels (``cpu_qblock``) where they run,
@@ -311,10 +319,10 @@ class ModelRunner:
                     if blocks
                     else weight_only.Int4Linear.from_groups(groups, b, in_scale=in_scale, out_scale=out_scale)
                 )
-                small[kind] = weight_only.RowSplitLinear(
-                    kernel,
-                    getattr(layer, kind),
-                    max_rows,
+                small[kind] = (
+                    kernel
+                    if max_rows is None
+                    else weight_only.RowSplitLinear(kernel, getattr(layer, kind), max_rows)
                 )
             out.append(dataclasses.replace(layer, **small))
         return out

@@ -18,10 +18,9 @@ and the share of prompts whose first 32 tokens equal fp32's.
 Formats: fp32 (reference), bf16, int8 (smoothed W8A8, head and edge layers
 in bf16), and int8 a few rows at a time (``int8-few-rows``: the checkpoint's
 4-bit weights, what steps of up to ``weight_only.MAX_ROWS`` rows run), and
-int4 (``auto`` on x86 without avx512_vnni or bf16: the 4-bit layers and an
-8-bit head, up to ``weight_only.QBLOCK_MAX_ROWS`` / ``QBLOCK_HEAD_MAX_ROWS``
-rows with the block kernels, a few without them; measured at 4 rows, where
-both run in either case; fp32 above);
+int4 (``auto`` on x86 where the block kernels run: the 4-bit layers and an
+8-bit head at every row count; without them, a few rows and fp32 above;
+measured at 4 rows, where both run in either case);
 ``auto`` is named in the report. Writes a markdown report (``--out``).
 
 Usage: ``python loadtests/quality.py [--prompts 64] [--tokens 128]``
@@ -73,10 +72,9 @@ FORMATS: dict[str, tuple[str, str, str | None, str | None, str]] = {
 # rows, greedy one prompt at a time): where the int8 format runs the
 # checkpoint's 4-bit weights (steps of up to weight_only.MAX_ROWS rows), as a
 # voice user decoding alone does.
-# int4 runs fp32 above its kernels' rows (weight_only.QBLOCK_MAX_ROWS and
-# QBLOCK_HEAD_MAX_ROWS with the block kernels, FP32_MAX_ROWS and HEAD_MAX_ROWS
-# without): its own rounding is at 4 rows, where its 4-bit layers and 8-bit
-# head run in either case.
+# int4 runs its block kernels at every row count (without them, fp32 above
+# weight_only.FP32_MAX_ROWS and HEAD_MAX_ROWS): its own rounding is at 4 rows,
+# where its 4-bit layers and 8-bit head run in either case.
 FEW_ROWS = {"int8-few-rows": 4, "int8-few-rows/kv-fp32": 4, "int4": 4}
 
 

@@ -43,18 +43,21 @@ SmolLM2-135M: the 30 layers' four GEMMs plus the 49152-row head, ms per step,
 fbgemm wins where it matters (one to a few rows; a voice user decodes alone)
 and is level at 32 rows, so it is the int8 kernel.
 
-``int4`` (for x86 CPUs without ``avx512_vnni`` or bf16 dot products, such as
-AVX2-only ones): the linears are fp32 (:class:`Linear`) here;
-``ModelRunner`` runs steps on the checkpoint's own 4-bit weights and the
-head on 8-bit weights: the GGUF's Q4_1 and Q8_0 blocks on int8 activations
-(``kernels/cpu_qblock``, llama.cpp's arithmetic) up to
-``weight_only.QBLOCK_MAX_ROWS`` rows where they run, else torch's W4A16 and
-W8A16 (``weight_only``) at a few rows. Without VNNI,
-fbgemm's int16 pair sums need one operand in 7 bits (:class:`Int8Linear`
-takes the weights), and int8 then loses too much (mean KL 0.013 against
-fp32; 0.024 with fbgemm's 7-bit activations instead), while the int4
-format is 0.0025 with the block kernels' int8 activations (0.0016 on
-torch's bf16 ones, docs/perf/quality.md).
+``int4`` (``auto`` on every x86 CPU where the block kernels run: AVX2, FMA,
+F16C and a C compiler): the checkpoint's own 4-bit weights and an 8-bit
+head, the GGUF's Q4_1 and Q8_0 blocks on int8 activations
+(``kernels/cpu_qblock``, llama.cpp's arithmetic), set up by ``ModelRunner``
+at every row count: the activations are quantized per row and block of 32
+and a row's float sums run in one order whatever the step's row count, so a
+row's output is the same bits whatever shares its step (issue 37), which
+neither fbgemm's dynamic int8 (one activation scale per tensor) nor
+oneDNN's fp32 (its blocking varies with the rows) promise. Without the
+block kernels, torch's W4A16 and W8A16 (``weight_only``) at a few rows and
+fp32 above. Without VNNI, fbgemm's int16 pair sums need one operand in 7
+bits (:class:`Int8Linear` takes the weights), and int8 then loses too much
+(mean KL 0.013 against fp32; 0.024 with fbgemm's 7-bit activations
+instead), while the int4 format is 0.0025 with the block kernels' int8
+activations (0.0016 on torch's bf16 ones, docs/perf/quality.md).
 """
 
 from __future__ import annotations
@@ -79,10 +82,12 @@ FBGEMM_VNNI_FLAG = "avx512_vnni"
 # bf16 dot products / tiles
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 INT4_WHY = (
-    "the checkpoint's 4-bit weights and an 8-bit head (Q4_1 and Q8_0 on int8 activations "
-    "up to 512 / 256 rows where the block kernels run, torch's kernels at a few rows "
-    "elsewhere), fp32 above; mean KL vs fp32 0.0026"
+    "the checkpoint's 4-bit weights and an 8-bit head (Q4_1 and Q8_0 on int8 activations at "
+    "every row count where the block kernels run: one arithmetic per row; torch's kernels "
+    "at a few rows and fp32 above elsewhere); mean KL vs fp32 0.0026"
 )
+# x86 CPUs where the block kernels (kernels/cpu_qblock, AVX2 + FMA + F16C) run
+BLOCK_FLAGS = ("avx2", "fma", "f16c")
 
 
 def _can_pack(weight: torch.Tensor) -> bool:
@@ -305,23 +310,31 @@ def choose_linear_format(
     machine: str | None = None,
     int8_available: bool | None = None,
     int4_available: bool | None = None,
+    blocks_available: bool | None = None,
+    cache_dir: str | None = None,
 ) -> tuple[LinearFormat | str, str]:
     """``(format, why)`` of the model's linear layers.
 
     On the CPU with fp32 weights: ``quantization="int8"`` is int8, ``"int4"``
-    int4; ``"auto"`` picks the fastest format whose quality holds (mean KL
-    against fp32 below 0.01 nats/token, docs/perf/quality.md): int8 W8A8
-    (smoothed, its head and edge layers in bf16 or fp32: 0.008) where the
-    x86 CPU has avx512_vnni and torch has fbgemm (fastest at 1 to 32
-    sequences, docs/perf/formats.md); else bf16 where it has avx512_bf16 or
-    amx_bf16; else, on x86 with torch's int4 kernel, int4 (the checkpoint's
-    4-bit weights, fp32 above the block kernels' rows: 0.0026;
-    docs/perf/formats-avx2.md); else ``linear_dtype``, whose ``"auto"`` is
-    fp32 there. An explicit ``linear_dtype`` under ``auto`` is kept. Exact
-    fp32 is ``quantization="none", linear_dtype="float32"``. Elsewhere
-    (CUDA, or a model dtype other than fp32) ``auto`` keeps the model dtype,
-    as before. ``flags``/``machine``/``int8_available``/``int4_available``
-    default to this machine's (tests fake them).
+    int4; ``"auto"`` is int4 on every x86 CPU where the block kernels run
+    (AVX2, FMA, F16C and a C compiler; ``kernels/cpu_qblock``): the
+    checkpoint's 4-bit weights on int8 activations at every row count, so a
+    row's output is the same bits whatever shares its step (issue 37,
+    docs/design.md "Exact by default"), mean KL against fp32 0.0026
+    (docs/perf/quality.md). That holds on AVX-512 VNNI and bf16 CPUs too,
+    where ``auto`` was smoothed int8 or bf16: fbgemm's dynamic int8 takes one
+    activation scale for the whole tensor (a row's arithmetic depends on its
+    neighbours), and its 4-bit path ran only up to a few rows. Where the
+    block kernels do not run, as before: int8 W8A8 (smoothed, 0.008) where
+    the x86 CPU has avx512_vnni and torch has fbgemm; else bf16 where it has
+    avx512_bf16 or amx_bf16; else int4 on torch's kernels (a few rows, fp32
+    above); else ``linear_dtype``, whose ``"auto"`` is fp32 there. An
+    explicit ``linear_dtype`` under ``auto`` is kept. Exact fp32 is
+    ``quantization="none", linear_dtype="float32"``. Elsewhere (CUDA, or a
+    model dtype other than fp32) ``auto`` keeps the model dtype, as before.
+    ``flags``/``machine``/``int8_available``/``int4_available``/
+    ``blocks_available`` default to this machine's (tests fake them); the
+    block kernels are built under ``cache_root(cache_dir)``.
 
     Raises:
         ValueError: a format this device or dtype cannot run.
@@ -343,6 +356,14 @@ def choose_linear_format(
         from bargein.engine.model import weight_only  # it builds on this module
 
         int4_available = weight_only.int4_kernel_available() and weight_only.int8_weight_kernel_available()
+
+    def blocks() -> bool:  # asked only where it decides: the first call compiles the kernels
+        if not _is_x86(machine):
+            return False
+        if blocks_available is not None:
+            return blocks_available
+        return all(f in flags for f in BLOCK_FLAGS) and _blocks_build(cache_dir)
+
     if quantization == "int8":
         if not int8_ok:
             raise ValueError("quantization=int8 needs torch's fbgemm engine (x86 builds)")
@@ -354,11 +375,16 @@ def choose_linear_format(
         )
         return "int8", f"quantization=int8 ({why})"
     if quantization == "int4":
-        if not int4_available:
-            raise ValueError("quantization=int4 needs torch's CPU int4 and int8 weight-only kernels")
+        if not (int4_available or blocks()):
+            raise ValueError(
+                "quantization=int4 needs the block kernels (AVX2, FMA, F16C and a C compiler) "
+                "or torch's CPU int4 and int8 weight-only kernels"
+            )
         return "int4", f"quantization=int4 ({INT4_WHY})"
     bf16 = [f for f in BF16_FLAGS if f in flags] if _is_x86(machine) else []
     if quantization == "auto" and linear_dtype == "auto":
+        if blocks():
+            return "int4", f"auto: x86 CPU with {', '.join(BLOCK_FLAGS)} -> int4 ({INT4_WHY})"
         # int8 with AVX-512 VNNI: fbgemm's fast path (avx_vnni alone is AVX2 width,
         # and without VNNI int8 needs 7-bit weights: mean KL 0.013, over 0.01)
         if int8_ok and FBGEMM_VNNI_FLAG in flags and _is_x86(machine):
@@ -373,3 +399,10 @@ def choose_linear_format(
     if bf16:
         return "bfloat16", f"{lead}, CPU with {bf16[0]} -> bf16 linears"
     return "float32", f"{lead}, no bf16 dot products -> fp32 linears"
+
+
+def _blocks_build(cache_dir: str | None) -> bool:
+    """The block kernels build and load here (``kernels/cpu_qblock``, compiled on first call)."""
+    from bargein.engine.kernels import cpu_qblock  # it builds on this module
+
+    return cpu_qblock.available(cache_dir)

@@ -52,20 +52,19 @@ FP32_MAX_ROWS = 12
 #   fp32                  18.3  34.4  12.0  13.3  14.8
 #   int8 (bf16 x)          5.4   5.9   6.7  12.9  19.9
 HEAD_MAX_ROWS = 4
-# Rows up to which the block kernels (kernels/cpu_qblock.py: Q4_1 layers,
-# Q8_0 head, int8 activations, blocks interleaved 8 to a vector, channels in
-# tiles of 32) beat prepacked fp32 there. The four GEMMs as above, then the
-# head (49152 x 576), one run on 2026-12-03:
+# The block kernels (kernels/cpu_qblock.py: Q4_1 layers, Q8_0 head, int8
+# activations, blocks interleaved 8 to a vector, channels in tiles of 32) run
+# every step, whatever its row count: a row's output is then the same bits
+# whatever shares its step (issue 37; tests/engine/test_cpu_qblock.py), which a
+# cut-over to fp32 above some row count would break. They beat prepacked fp32
+# at every row count measured. The four GEMMs as above, then the head (49152 x
+# 576), one run on 2026-12-03:
 #   rows         8     16     32     64    128    256    384    512
 #   fp32       34.7   43.5   65.8  108.4  193.3  372.6  616.8  782.6
 #   Q4_1       10.1   15.8   29.7   61.2  128.8  261.6  481.3  636.8
 #   head fp32   8.9   12.5   18.8   29.9   52.9  117.5
 #   head Q8_0   3.6    7.1   13.7   21.6   52.2   89.3
-# so the layers' kernel runs every step up to the default step budget
-# (EngineConfig.max_num_batched_tokens, 512 rows), prefill chunks included,
-# and the head, which sees one row per sequence, up to 256.
-QBLOCK_MAX_ROWS = 512
-QBLOCK_HEAD_MAX_ROWS = 256
+# (above 512 rows: docs/perf/rows-invariant.md).
 # torch's CPU int4 packing: 1 inner k-tile (its only CPU layout), output rows in 16s
 _INNER_K_TILES = 1
 _PACK_ROWS = 16

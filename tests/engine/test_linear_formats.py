@@ -201,6 +201,7 @@ def _pick(
     dtype="float32",
     int8=True,
     int4=True,
+    blocks=False,
 ):
     return choose_linear_format(
         q,
@@ -211,10 +212,28 @@ def _pick(
         machine=machine,
         int8_available=int8,
         int4_available=int4,
+        blocks_available=blocks,
     )[0]
 
 
-def test_auto_picks_by_cpu_features() -> None:
+def test_auto_is_int4_on_the_block_kernels_on_every_x86_cpu_kind() -> None:
+    """Issue 37: where the block kernels run, auto is int4 on them at every row
+    count (one arithmetic per row), VNNI and bf16 CPUs included; an explicit
+    linear_dtype is kept, and no other machine gets them."""
+    for flags in (X86_VNNI, X86_AVXVNNI, X86_BF16_ONLY, X86_OLD):
+        assert _pick("auto", flags=flags, blocks=True) == "int4"
+        assert _pick("auto", flags=flags, blocks=True, int4=False, int8=False) == "int4"
+        assert _pick("int4", flags=flags, blocks=True, int4=False) == "int4"
+    assert _pick("auto", "float32", flags=X86_VNNI, blocks=True) == "float32"
+    assert _pick("none", "auto", flags=X86_OLD, blocks=True) == "float32"
+    assert _pick("auto", flags=frozenset({"asimd"}), machine="aarch64", blocks=True) == "float32"
+    fmt, why = choose_linear_format(
+        "auto", "auto", device_type="cpu", dtype="float32", flags=X86_VNNI, blocks_available=True
+    )
+    assert fmt == "int4" and "every row count" in why
+
+
+def test_without_the_block_kernels_auto_picks_by_cpu_features() -> None:
     # smoothed int8 meets the KL target (0.008, docs/perf/quality.md) and is the
     # fastest at 1 to 32 sequences (docs/perf/formats.md) where fbgemm has AVX-512 VNNI
     assert _pick("auto", flags=X86_VNNI) == "int8"
@@ -257,7 +276,7 @@ def test_auto_keeps_todays_behaviour_on_cuda_and_non_fp32() -> None:
         _pick("none", "bfloat16", device="cuda")
     with pytest.raises(ValueError, match="int4"):
         _pick("int4", device="cuda")
-    with pytest.raises(ValueError, match="int4 and int8 weight-only kernels"):
+    with pytest.raises(ValueError, match="block kernels"):
         _pick("int4", int4=False)
     with pytest.raises(ValueError, match="quantization"):
         _pick("int2")
@@ -272,6 +291,7 @@ def test_the_reason_names_the_feature() -> None:
         flags=X86_BF16_ONLY,
         machine="x86_64",
         int8_available=True,
+        blocks_available=False,
     )
     assert fmt == "bfloat16" and "bf16" in why
 

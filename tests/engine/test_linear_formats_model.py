@@ -28,8 +28,6 @@ from bargein.engine.model.linear import Bf16Linear, Int8Linear, Linear, cpu_has_
 from bargein.engine.model.weight_only import (
     FP32_MAX_ROWS,
     HEAD_MAX_ROWS,
-    QBLOCK_HEAD_MAX_ROWS,
-    QBLOCK_MAX_ROWS,
     Int4Linear,
     Int8WeightLinear,
     RowSplitLinear,
@@ -83,26 +81,28 @@ def fp32_greedy(model_config: ModelConfig) -> tuple[ModelRunner, list[list[int]]
 def test_int4_generates_and_agrees_with_fp32(
     model_config: ModelConfig, fp32_greedy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """int4: 4-bit layers and an 8-bit head, fp32 kernels above their rows;
-    decoding one row runs both small ones. Where the block kernels run, Q4_1
-    and Q8_0 up to QBLOCK_MAX_ROWS and QBLOCK_HEAD_MAX_ROWS, and the down
-    projections do the SiLU-mul; else torch's W4A16 up to FP32_MAX_ROWS and
-    its int8 weight-only head up to HEAD_MAX_ROWS."""
+    """int4: 4-bit layers and an 8-bit head. Where the block kernels run, Q4_1
+    and Q8_0 at every row count (no fp32 copy: one arithmetic per row, issue
+    37), and the down projections do the SiLU-mul; else torch's W4A16 up to
+    FP32_MAX_ROWS and its int8 weight-only head up to HEAD_MAX_ROWS, fp32
+    above; decoding one row runs the 4-bit kernels."""
     blocks = cpu_qblock.available()
     if not blocks and not (int4_kernel_available() and int8_weight_kernel_available()):
         pytest.skip("no block kernels and torch without the CPU int4 or int8 weight-only kernel")
     runner = _runner(replace(model_config, quantization="int4"))
     assert runner.linear_format == "int4"
-    layer_kind, layer_rows = (Q4_1Linear, QBLOCK_MAX_ROWS) if blocks else (Int4Linear, FP32_MAX_ROWS)
-    head_kind, head_rows = (Q8_0Linear, QBLOCK_HEAD_MAX_ROWS) if blocks else (Int8WeightLinear, HEAD_MAX_ROWS)
-    for layer in runner.model.layers:
-        for k in KINDS:
-            split = getattr(layer, k)
-            assert isinstance(split, RowSplitLinear) and isinstance(split.small, layer_kind)
-            assert isinstance(split.large, Linear) and split.max_rows == layer_rows
     head = runner.model.lm_head
-    assert isinstance(head, RowSplitLinear) and isinstance(head.small, head_kind)
-    assert isinstance(head.large, Linear) and head.max_rows == head_rows
+    if blocks:
+        assert all(isinstance(getattr(layer, k), Q4_1Linear) for layer in runner.model.layers for k in KINDS)
+        assert isinstance(head, Q8_0Linear)
+    else:
+        for layer in runner.model.layers:
+            for k in KINDS:
+                split = getattr(layer, k)
+                assert isinstance(split, RowSplitLinear) and isinstance(split.small, Int4Linear)
+                assert isinstance(split.large, Linear) and split.max_rows == FP32_MAX_ROWS
+        assert isinstance(head, RowSplitLinear) and isinstance(head.small, Int8WeightLinear)
+        assert isinstance(head.large, Linear) and head.max_rows == HEAD_MAX_ROWS
     assert runner.kv_caches.dtype == torch.bfloat16
     _, prompts, want = fp32_greedy
     gated_rows: list[int] = []
@@ -218,7 +218,8 @@ def test_only_a_4bit_checkpoint_gets_the_4bit_path(
         for quantization in ("int8", "int4"):
             runner = _runner(replace(cfg, quantization=quantization))
             layers = runner.model.layers
-            split = [isinstance(getattr(layer, k), RowSplitLinear) for layer in layers for k in KINDS]
+            four_bit = (RowSplitLinear, Q4_1Linear)  # int4 on the block kernels: every row count
+            split = [isinstance(getattr(layer, k), four_bit) for layer in layers for k in KINDS]
             assert all(split) if on_grid else not any(split)
     fp32 = _runner(
         replace(cfg, path=str(tmp_path / "grid-True"), quantization="none", linear_dtype="float32")
