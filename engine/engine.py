@@ -1,8 +1,9 @@
 """One engine step: drain aborts -> schedule -> forward -> sample -> outputs.
 
 ``LLMEngine`` is synchronous and single-threaded (the runner's thread drives
-it). It owns the scheduler and block pool, the sampler, one incremental
-detokenizer and one generator per live request, and applies the stop rules
+it). It owns the scheduler and block pool, the sampler (a seeded request's
+noise keyed by its seed and the token's position), one incremental
+detokenizer per live request, and applies the stop rules
 that need text (stop strings) after the scheduler applied the token ones
 (EOS, stop token ids, ``max_tokens``, ``max_model_len``).
 """
@@ -23,7 +24,7 @@ from bargein.engine.errors import DuplicateRequestError, PromptTooLongError
 from bargein.engine.kv_cache import BlockPool
 from bargein.engine.model_runner import ModelRunner, SeqInput
 from bargein.engine.request import EngineRequest, FinishReason, RequestOutput
-from bargein.engine.sampler import Sampler, make_generator
+from bargein.engine.sampler import Sampler
 from bargein.engine.scheduler import Scheduler, SchedulerOutput
 from bargein.engine.sequence import Sequence
 from bargein.engine.step_budget import StepBudget, StepCost
@@ -191,7 +192,6 @@ class LLMEngine:
         )
         self.sampler = Sampler()
         self._detoks: dict[str, IncrementalDetokenizer] = {}
-        self._generators: dict[str, torch.Generator | None] = {}
         # (request id, reason, only if never scheduled yet, tokens whose blocks stay cached)
         self._pending_aborts: list[tuple[str, FinishReason, bool, int | None]] = []
         self._num_generated_tokens = 0
@@ -249,7 +249,6 @@ class LLMEngine:
         self._detoks[request_id] = IncrementalDetokenizer(
             self.runner.tokenizer, request.prompt_token_ids, params.stop, min_tokens=params.min_tokens
         )
-        self._generators[request_id] = make_generator(params.seed, self.runner.device)
         self.scheduler.add(request)
 
     def abort_request(
@@ -404,9 +403,10 @@ class LLMEngine:
             tokens: list[int] = []
         else:
             params = [seq.params for seq in seqs]
-            generators = [self._generators[seq.request_id] for seq in seqs]
+            # the index of each token being sampled: a seeded row's noise is keyed by it
+            positions = [seq.num_tokens for seq in seqs]
             banned = [self._banned(seq) for seq in seqs]
-            tokens = self.sampler(logits, params, generators, banned if any(banned) else None)
+            tokens = self.sampler(logits, params, positions, banned if any(banned) else None)
         self.time_by_phase["model"] += t1 - t0
         self.time_by_phase["sample"] += time.perf_counter() - t1
         return tokens
@@ -456,7 +456,6 @@ class LLMEngine:
         assert seq.finish_reason is not None
         self._finished[seq.finish_reason.value] += 1
         self._record.e2e_s.append(time.monotonic() - seq.request.arrival_time)
-        self._generators.pop(seq.request_id)
         return self._detoks.pop(seq.request_id).flush()
 
     @staticmethod

@@ -30,8 +30,10 @@ class SamplingParams:
         temperature: 0 means greedy (argmax); > 0 scales logits.
         top_p: nucleus mass in (0, 1]; 1 disables.
         top_k: keep the k most likely tokens; 0 disables.
-        seed: per-request generator seed; the same seed gives the same tokens
-            whatever else shares the batch. ``None``: nondeterministic.
+        seed: keys the request's sampling noise with the position of each
+            token sampled (``sampler.noise_seed``): the same seed gives the
+            same tokens whatever else shares the batch, after a preemption
+            or on another node. ``None``: nondeterministic.
         stop: stop strings, matched on text across token boundaries; the
             output text never contains them.
         stop_token_ids: token ids that end the sequence (besides EOS).

@@ -4,9 +4,13 @@ Greedy rows take the argmax of the raw logits (no softmax). The other rows
 are scaled by temperature, filtered by top-k and top-p together over one
 sort (as vLLM's ``apply_top_k_top_p``), and drawn with the exponential race
 (``argmax(p / q)``, ``q ~ Exp(1)``, equivalent to sampling from ``p``; the
-trick vLLM and gpt-fast use) so a request's noise comes from its own
-``torch.Generator``: the same seed gives the same tokens whatever else
-shares the batch.
+trick vLLM and gpt-fast use). A seeded row's noise is a pure function of
+(seed, position of the token being sampled): a generator seeded with a hash
+of the two (:func:`noise_seed`) draws it, so the same seed gives the same
+tokens whatever else shares the batch, and also after a preemption's
+recompute, a resume or a takeover's re-prefill of the logged tokens (a
+generator kept per request would count its draws instead, issue 37).
+Unseeded rows draw from the global RNG.
 
 Banned tokens (``min_tokens``: EOS and the stop token ids of a request that
 has not reached its minimum) get ``-inf`` logits before all of this, greedy
@@ -15,6 +19,7 @@ rows included, as vLLM's ``MinTokensLogitsProcessor`` does.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Collection, Sequence
 
 import torch
@@ -22,11 +27,13 @@ import torch
 from bargein.engine.request import SamplingParams
 
 
-def make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:
-    """A generator seeded for one request, or ``None`` for the global RNG."""
-    if seed is None:
-        return None
-    return torch.Generator(device=device).manual_seed(seed)
+def noise_seed(seed: int, position: int) -> int:
+    """The generator seed of a seeded row's draw: a 64-bit hash (BLAKE2b) of
+    the request's ``seed`` (any int) and ``position``, the index in its
+    sequence (prompt plus output) of the token being sampled. Distinct pairs
+    give unrelated streams; the same pair, the same noise."""
+    digest = hashlib.blake2b(f"{seed}:{position}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
 
 
 def apply_top_k_top_p(
@@ -84,22 +91,31 @@ def mask_banned(logits: torch.Tensor, banned: Sequence[Collection[int]]) -> torc
 
 
 class Sampler:
-    """Samples one token per row of logits according to per-row params."""
+    """Samples one token per row of logits according to per-row params.
+
+    Holds one reusable generator per device, re-seeded for every seeded row
+    (:func:`noise_seed`); not thread-safe (the engine thread owns it).
+    """
+
+    def __init__(self) -> None:
+        self._generators: dict[torch.device, torch.Generator] = {}
 
     def __call__(
         self,
         logits: torch.Tensor,
         params: Sequence[SamplingParams],
-        generators: Sequence[torch.Generator | None],
+        positions: Sequence[int],
         banned: Sequence[Collection[int]] | None = None,
     ) -> list[int]:
         """Pick the tokens.
 
         Args:
             logits: ``[B, V]`` float32, one row per sampling sequence.
-            params: ``B`` sampling params, row order.
-            generators: ``B`` per-request generators (``None``: global RNG),
-                on ``logits.device``.
+            params: ``B`` sampling params, row order; a row with a ``seed``
+                draws its noise from (seed, its position), others from the
+                global RNG.
+            positions: ``B`` positions (tokens before the one being sampled:
+                prompt plus output so far) of each row's token.
             banned: ``B`` collections of token ids each row may not sample
                 (see :func:`mask_banned`), or ``None``. A row must leave at
                 least one token unbanned.
@@ -107,7 +123,7 @@ class Sampler:
         Returns:
             ``B`` token ids.
         """
-        assert logits.dim() == 2 and logits.shape[0] == len(params) == len(generators)
+        assert logits.dim() == 2 and logits.shape[0] == len(params) == len(positions)
         if banned is not None:
             assert len(banned) == len(params)
             logits = mask_banned(logits, banned)
@@ -122,10 +138,18 @@ class Sampler:
         probs = self._probs(logits[rand_rows], rand_params)
         noise = torch.empty_like(probs).exponential_()  # global RNG for unseeded rows
         for row, i in enumerate(rand_rows):
-            if generators[i] is not None:  # seeded rows draw from their own stream
-                noise[row].exponential_(generator=generators[i])
+            seed = params[i].seed
+            if seed is not None:  # seeded rows: noise keyed by (seed, position) alone
+                gen = self._generator(logits.device).manual_seed(noise_seed(seed, positions[i]))
+                noise[row].exponential_(generator=gen)
         tokens[rand_rows] = (probs / noise).argmax(dim=-1)
         return tokens.tolist()
+
+    def _generator(self, device: torch.device) -> torch.Generator:
+        gen = self._generators.get(device)
+        if gen is None:
+            gen = self._generators[device] = torch.Generator(device=device)
+        return gen
 
     @staticmethod
     def _probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:

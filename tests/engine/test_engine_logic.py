@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
+from typing import Any
 
 import pytest
+import torch
 
 from bargein.engine.config import SchedulerConfig
 from bargein.engine.engine import LLMEngine
 from bargein.engine.errors import DuplicateRequestError, PromptTooLongError
 from bargein.engine.request import EngineRequest, FinishReason, RequestOutput, SamplingParams
-from tests.engine.fake_runner import EOS, FakeRunner, FakeTokenizer, reference
+from tests.engine.fake_runner import EOS, VOCAB, FakeRunner, FakeTokenizer, reference
 
 CONFIG = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=24, prefill_chunk_size=8, max_model_len=48)
 
@@ -229,3 +231,51 @@ def test_an_abort_only_if_waiting_spares_a_request_whose_prefill_began() -> None
     ]
     outputs = run_all(engine, {})
     assert outputs["started"][-1].finish_reason is FinishReason.LENGTH
+
+
+class SpreadRunner(FakeRunner):
+    """The fake model with spread logits (a fixed function of the history, as
+    ``next_token``), so that seeded sampling at temperature 0.8 really draws."""
+
+    def execute(self, seqs: list[Any]) -> torch.Tensor:
+        rows = super().execute(seqs)
+        spread = [torch.randn(VOCAB, generator=torch.Generator().manual_seed(int(r.argmax()))) for r in rows]
+        return rows / 10 + torch.stack(spread) * 2 if spread else rows
+
+
+def seeded(max_tokens: int) -> SamplingParams:
+    return SamplingParams(temperature=0.8, seed=7, max_tokens=max_tokens, ignore_eos=True)
+
+
+def test_a_seed_gives_the_same_tokens_after_preemption_and_takeover() -> None:
+    """Issue 37: a seeded request's noise is keyed by (seed, position), so its
+    tokens are the same alone, under load with preemptions (the recompute
+    samples again at the same position), and when another engine continues
+    it from its logged tokens (a takeover's re-prefill: a new request whose
+    prompt is the old prompt plus the tokens so far)."""
+    prompt = (3, 1, 4, 1, 5, 9, 2, 6)
+    want = tokens_of(run_alone(EngineRequest(request_id="s", prompt_token_ids=prompt, params=seeded(30))))
+    assert len(set(want)) > 5  # really sampling
+    rng = random.Random(3)
+    arrivals: dict[int, list[EngineRequest]] = defaultdict(list)
+    for i in range(12):
+        other = prompt_of(rng, rng.randrange(4, 30))
+        params = SamplingParams(temperature=1.0, seed=i, max_tokens=16, ignore_eos=True)
+        arrivals[rng.randrange(0, 6)].append(
+            EngineRequest(request_id=f"o{i}", prompt_token_ids=other, params=params)
+        )
+    arrivals[2].append(EngineRequest(request_id="s", prompt_token_ids=prompt, params=seeded(30)))
+    engine = LLMEngine(SpreadRunner(num_blocks=14), CONFIG)
+    loaded = run_all(engine, arrivals)["s"]
+    assert engine.stats().num_preemptions > 0
+    assert tokens_of(loaded) == want
+    takeover = EngineRequest(request_id="t", prompt_token_ids=prompt + tuple(want[:11]), params=seeded(19))
+    assert tokens_of(run_alone(takeover)) == want[11:]
+
+
+def run_alone(request: EngineRequest) -> list[RequestOutput]:
+    return run_all(LLMEngine(SpreadRunner(num_blocks=100), CONFIG), {0: [request]})[request.request_id]
+
+
+def tokens_of(outputs: list[RequestOutput]) -> list[int]:
+    return [t for o in outputs for t in o.new_token_ids]
