@@ -614,8 +614,8 @@ def _add_limit_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]
         "--rate-limit-audio",
         a.rate_limit_audio_s,
         float,
-        "seconds of input audio transcribed per second per API key, or per client address without "
-        "keys (0: off)",
+        "seconds of audio per second per API key, or per client address without keys: input audio "
+        "transcribed, and speech a resume with audio_from_ms synthesizes again (0: off)",
     )
     _add(
         parser,

@@ -7,8 +7,9 @@ reaches the engine. In the order checked:
 1. per-principal token buckets (``rate_limited``): requests per second, and
    tokens per second (prompt tokens plus ``max_tokens``, charged once the
    prompt is rendered). A bucket holds ``burst_s`` seconds of its rate;
-   a third, of input audio seconds per second, is charged by the voice side
-   for each turn it transcribes (:meth:`Admission.charge_audio`), not here;
+   a third, of audio seconds per second, is charged by the voice side
+   for each turn it transcribes (:meth:`Admission.charge_audio`) and for the
+   speech a resume synthesizes again (:class:`AudioBudget`), not here;
 2. a cap on the responses one principal has generating at once
    (``rate_limited``: it is that caller's own load);
 3. a bounded waiting queue (``overloaded``): requests admitted that have not
@@ -236,7 +237,7 @@ def _retry_ms(seconds: float) -> int:
 class _Principal:
     requests: TokenBucket | None = None
     tokens: TokenBucket | None = None
-    audio: TokenBucket | None = None  # input audio seconds
+    audio: TokenBucket | None = None  # audio seconds (turns transcribed, resumes synthesized)
     active: int = 0
 
     def is_idle(self, now: float) -> bool:
@@ -244,6 +245,36 @@ class _Principal:
         return self.active == 0 and all(
             b is None or b.is_full_at(now) for b in (self.requests, self.tokens, self.audio)
         )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AudioBudget:
+    """One principal's audio rate limit (``--rate-limit-audio``), charged
+    after the fact by audio made piece by piece: a resume's synthesized
+    speech. A piece may start while the bucket holds anything, and its
+    seconds are then taken whole, so the principal overshoots by at most
+    one piece; turns and resumes are refused until the bucket refills.
+
+    Attributes:
+        admission: the service's admission state.
+        principal: the admission key charged.
+    """
+
+    admission: Admission
+    principal: str
+
+    def refusal(self, now: float) -> Refusal | None:
+        """``rate_limited`` (with the wait) while the bucket is empty; None:
+        audio may be made, or there is no audio limit.
+
+        Args:
+            now: monotonic seconds.
+        """
+        return self.admission.audio_refusal(self.principal, now)
+
+    def spend(self, seconds: float, now: float) -> None:
+        """Charge ``seconds`` of audio made (at ``now``, monotonic seconds)."""
+        self.admission.spend_audio(self.principal, seconds, now)
 
 
 class Admission:
@@ -310,13 +341,38 @@ class Admission:
         bucket.refill(now)
         wait = bucket.wait_s(seconds)
         if wait > 0:
-            return Refusal(
-                code=pe.ErrorCode.RATE_LIMITED,
-                retry_after_ms=_retry_ms(wait),
-                message=f"audio rate limit: {self.config.rate_limit_audio_s:g} s of input audio per second",
-            )
+            return self._audio_limited(wait)
         bucket.level -= seconds
         return None
+
+    def audio_budget(self, principal: str) -> AudioBudget:
+        """The principal's audio bucket, for audio charged as it is made
+        (a resume's speech, synthesized segment by segment)."""
+        return AudioBudget(admission=self, principal=principal)
+
+    def audio_refusal(self, principal: str, now: float) -> Refusal | None:
+        """``rate_limited`` while the principal's audio bucket is empty."""
+        bucket = self._principal(principal, now).audio
+        if bucket is None:
+            return None
+        bucket.refill(now)
+        return None if bucket.level > 0 else self._audio_limited(-bucket.level / bucket.rate)
+
+    def spend_audio(self, principal: str, seconds: float, now: float) -> None:
+        """Take ``seconds`` already made from the principal's audio bucket
+        (its level may go below zero: later audio waits until it refills)."""
+        bucket = self._principal(principal, now).audio
+        if bucket is not None:
+            bucket.refill(now)
+            bucket.level -= seconds
+
+    def _audio_limited(self, wait_s: float) -> Refusal:
+        return Refusal(
+            code=pe.ErrorCode.RATE_LIMITED,
+            retry_after_ms=_retry_ms(wait_s),
+            message=f"audio rate limit: {self.config.rate_limit_audio_s:g} s of audio per second "
+            "(voice turns transcribed, resumed speech synthesized)",
+        )
 
     def check_load(
         self,

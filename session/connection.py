@@ -522,10 +522,24 @@ class Connection:
         if info.status == "live":
             await self.service.follow(event.stream_id)  # its node may have died
         speaker = None
-        if event.audio_from_ms is not None and self.voice is not None:
-            # None: a text-only response of this connection
+        if (
+            event.audio_from_ms is not None
+            and self.voice is not None
+            and self.voice.spoken_on_resume(info.response_id)
+        ):
+            # the speech synthesized again is charged to the caller's audio rate
+            # limit, as its turns' audio is: refused at once while it is spent
+            budget = self.service.admission.audio_budget(self.limit_key or self.principal)
+            if (refusal := budget.refusal(self._clock())) is not None:
+                await self._send(
+                    replace(
+                        self._error(refusal.code, refusal.message, event),
+                        retry_after_ms=refusal.retry_after_ms,
+                    )
+                )
+                return
             speaker = self.voice.speaker_for(
-                info.response_id, event.stream_id, skip_before_ms=event.audio_from_ms
+                info.response_id, event.stream_id, skip_before_ms=event.audio_from_ms, budget=budget
             )
         held: str | None = None  # the stream's text before from, read once for both uses
         if self.session.knows_stream(event.stream_id) or speaker is not None:

@@ -35,6 +35,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from bargein.protocol import events as pe
+from bargein.session.admission import AudioBudget, Refusal
 from bargein.session.observer import SessionObserver
 from bargein.voice.align import Alignment
 from bargein.voice.audio import Resampler, float_to_pcm16
@@ -77,6 +78,10 @@ class Speaker:
         chunk_ms: most audio per delta.
         clock: monotonic seconds (for the synthesis time).
         on_first_audio: called once, when the first chunk went out.
+        budget: a resume's: each segment's synthesized seconds are charged
+            to it; a segment due while it is empty is not synthesized, and
+            the audio stops there with a ``rate_limited`` ``error`` (the
+            text goes on; ``response.audio.done`` says where the audio ended).
     """
 
     def __init__(
@@ -93,6 +98,7 @@ class Speaker:
         clock: Callable[[], float],
         observer: SessionObserver | None = None,
         on_first_audio: Callable[[], None] | None = None,
+        budget: AudioBudget | None = None,
     ) -> None:
         self.response_id = response_id
         self.stream_id = stream_id
@@ -110,6 +116,7 @@ class Speaker:
         self._clock = clock
         self._observer = observer
         self._on_first_audio = on_first_audio
+        self._budget = budget
         self._segmenter = Segmenter()
         self._queue: asyncio.Queue[Segment | None] = asyncio.Queue()
         self._samples = 0  # output timeline length so far, in samples
@@ -167,7 +174,7 @@ class Speaker:
             self._worker = asyncio.create_task(self._speak(), name=f"speak-{self.stream_id}")
 
     async def _speak(self) -> None:
-        while (segment := await self._queue.get()) is not None:
+        while not self.stopped and (segment := await self._queue.get()) is not None:
             try:
                 await self._speak_segment(segment)
             except asyncio.CancelledError:
@@ -189,8 +196,13 @@ class Speaker:
                 self._place(segment, timing.words, length)
                 return
         started = self._clock()
+        if self._budget is not None and (refusal := self._budget.refusal(started)) is not None:
+            await self._refuse(refusal)
+            return
         speech = await self._run_blocking(lambda: self._synth.synthesize(text))
         audio = self._resampled(speech.audio)
+        if self._budget is not None:
+            self._budget.spend(len(audio) / self.sample_rate, self._clock())
         if self._observer is not None and len(audio):
             self._observer.synthesized(
                 audio_s=len(audio) / self.sample_rate, compute_s=self._clock() - started
@@ -208,6 +220,22 @@ class Speaker:
                 continue
             piece = audio[max(lo, skip - base) : chunk_end - base]
             await self._send_chunk(piece, chunk_end)
+
+    async def _refuse(self, refusal: Refusal) -> None:
+        """The audio budget is spent: no more audio of this response (its
+        text goes on), and the client is told when to resume it again."""
+        self.stopped = True
+        await self._send(
+            pe.ErrorEvent(
+                code=refusal.code,
+                message=f"{refusal.message}: the resumed audio stops at "
+                f"{max(self.sent_end_ms, self._skip_before_ms)} ms "
+                "(resume again with audio_from_ms to hear the rest)",
+                retryable=True,
+                retry_after_ms=refusal.retry_after_ms,
+                response_id=self.response_id,
+            )
+        )
 
     def _place(self, segment: Segment, words: Any, length: int) -> None:
         """Put a segment of ``length`` samples (at the session's rate) with

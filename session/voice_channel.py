@@ -44,7 +44,7 @@ import numpy as np
 
 from bargein.protocol import events as pe
 from bargein.session.actions import Send, StartDelivery
-from bargein.session.admission import Refusal
+from bargein.session.admission import AudioBudget, Refusal
 from bargein.session.cancel import cancel_and_wait
 from bargein.session.observer import SessionObserver
 from bargein.session.speaker import Speaker
@@ -631,15 +631,28 @@ class VoiceChannel:
         modalities: tuple[pe.Modality, ...] = ("text", "audio") if response.audio else ("text",)
         return replace(event, input_item_id=response.input_item_id, modalities=modalities)
 
+    def spoken_on_resume(self, response_id: str) -> bool:
+        """Whether a resume with ``audio_from_ms`` speaks ``response_id``: a
+        response of this connection if it was created spoken, any other
+        (whether it was spoken is not logged)."""
+        response = self._responses.get(response_id)
+        return response is None or response.audio
+
     def speaker_for(
-        self, response_id: str, stream_id: str, *, skip_before_ms: int | None = None
+        self,
+        response_id: str,
+        stream_id: str,
+        *,
+        skip_before_ms: int | None = None,
+        budget: AudioBudget | None = None,
     ) -> Speaker | None:
         """The speaker of a response being delivered (None: text only).
 
         ``skip_before_ms``: a resume's ``audio_from_ms``. A response of this
         connection is spoken if it was created so; one of another connection
-        only on a resume that asks for its audio (whether it was spoken is
-        not logged).
+        only on a resume that asks for its audio (:meth:`spoken_on_resume`).
+        ``budget``: a resume's, charged with the speech synthesized again
+        (:class:`~bargein.session.speaker.Speaker`).
         """
         response = self._responses.get(response_id)
         if response is None:
@@ -665,6 +678,7 @@ class VoiceChannel:
             clock=self._clock,
             observer=self._observer,
             on_first_audio=first_audio,
+            budget=budget,
         )
         return response.speaker
 

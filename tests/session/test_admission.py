@@ -42,6 +42,22 @@ def test_audio_bucket_charges_a_turns_seconds_per_principal() -> None:
     assert Admission(AdmissionConfig()).charge_audio("carol", 1e6, now=0.0) is None  # off
 
 
+def test_a_resumes_speech_is_charged_after_it_is_made_and_refused_in_debt() -> None:
+    admission = Admission(AdmissionConfig(rate_limit_audio_s=2.0, burst_s=2.0))  # 4 s held
+    budget = admission.audio_budget("alice")
+    assert budget.refusal(0.0) is None
+    budget.spend(7.0, 0.0)  # a segment longer than what was left: 3 s in debt
+    refusal = budget.refusal(1.0)  # 1 s later: 1 s in debt
+    assert refusal is not None and refusal.code is pe.ErrorCode.RATE_LIMITED
+    assert refusal.retry_after_ms == 500
+    assert admission.charge_audio("alice", 0.5, now=1.0) is not None  # the turns' bucket too
+    assert budget.refusal(1.6) is None  # it holds 0.2 s: one more segment may start
+    assert admission.audio_budget("bob").refusal(1.0) is None  # per principal
+    off = Admission(AdmissionConfig()).audio_budget("carol")
+    off.spend(1e6, 0.0)
+    assert off.refusal(0.0) is None
+
+
 def test_cap_on_active_responses_per_principal() -> None:
     admission = Admission(AdmissionConfig(max_active_per_principal=2))
     assert admission.check_request("alice", 0.0) is None
