@@ -290,6 +290,7 @@ class Admission:
     def __init__(self, config: AdmissionConfig) -> None:
         self.config = config
         self.num_waiting = 0
+        self.num_active = 0  # admitted by check_request, not ended: waiting or generating
         self.num_queued_tokens = 0  # prompt tokens admitted by check_load, not started yet
         # (when, seconds) of the recent service gaps, oldest first
         self._gaps: deque[tuple[float, float]] = deque()
@@ -309,6 +310,7 @@ class Admission:
             if state.requests is not None:
                 state.requests.level -= 1
             state.active += 1
+            self.num_active += 1
             self.num_waiting += 1
         return refusal
 
@@ -430,7 +432,9 @@ class Admission:
         if load is None or budget is None:
             return LoadVerdict(refusal=None, predicted_ttft_s=None)
         share = 1.0 if interactive else self.config.bulk_share
-        decoders = load.num_decoding + max(1, self.num_waiting)  # its own among the waiting
+        # Its own among the waiting. The engine's stats date from its last step: a request
+        # that got its first token since is no longer waiting, yet not decoding in them either.
+        decoders = max(load.num_decoding + max(1, self.num_waiting), self.num_active)
         context = load.num_decoding_tokens + self.num_queued_tokens + num_prompt_tokens
         if decoders <= 1 or budget.fits(decoders, context, share):
             ttft = self._prefill_s(budget, load, self.num_queued_tokens + num_prompt_tokens)
@@ -532,6 +536,7 @@ class Admission:
 
     def ended(self, principal: str) -> None:
         """An admitted request's generation ended."""
+        self.num_active = max(0, self.num_active - 1)
         state = self._principals.get(principal)
         if state is not None:
             state.active = max(0, state.active - 1)

@@ -197,3 +197,24 @@ def test_a_running_batch_ending_soon_makes_a_new_request_wait_not_fail() -> None
     assert verdict.predicted_ttft_s == pytest.approx(
         5 * 0.046 + 12 * 0.050 + (0.010 + 0.036 + 0.002), abs=1e-3
     )
+
+
+def test_a_stream_that_started_since_the_engines_last_stats_still_counts() -> None:
+    """The engine's stats date from its last step: a request whose first token
+    came since is neither waiting nor decoding in them. It still takes its place
+    in the batch: with 18 such streams, a 19th waits (and, past the TTFT
+    target, is refused), as with the stats up to date."""
+    admission = Admission(AdmissionConfig(max_waiting=0, target_ttft_s=0.5))
+    for _ in range(18):
+        assert admit(admission, 20, Load()) is None
+        admission.started(0.1, admitted_at=0.0)
+        admission.release_load(20)
+    assert admission.num_waiting == 0 and admission.num_active == 18
+    assert admission.check_request("someone", 0.2) is None
+    stale = Load()  # nothing decoding yet, as of the last step
+    verdict = admission.judge_load(20, stale, max_tokens=48)
+    assert verdict.refusal is not None and "19 streams" in verdict.refusal.message
+    admission.cancelled("someone")
+    for _ in range(18):
+        admission.ended("someone")
+    assert admission.num_active == 0
