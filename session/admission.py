@@ -419,11 +419,13 @@ class Admission:
             self.num_queued_tokens += num_prompt_tokens
         return verdict
 
-    def precheck_load(self, load: EngineLoad | None, *, interactive: bool = True) -> Refusal | None:
+    def precheck_load(
+        self, load: EngineLoad | None, *, interactive: bool = True, max_tokens: int = 0
+    ) -> Refusal | None:
         """:meth:`check_load` for an empty prompt, counting nothing: a request
         the load alone refuses is refused before its prompt is tokenized
         (a thread hop that waits for the engine's GIL), so at once."""
-        return self._judge_load(0, load, interactive, 0).refusal
+        return self._judge_load(0, load, interactive, max_tokens).refusal
 
     def _judge_load(
         self, num_prompt_tokens: int, load: EngineLoad | None, interactive: bool, max_tokens: int

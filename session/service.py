@@ -301,7 +301,9 @@ class Service:
         refusal = self.admission.check_request(owner.admission_key, admitted_at)
         if refusal is not None:
             return self._refused(action, refusal)
-        refusal = self.admission.precheck_load(self._engine_load(), interactive=owner.interactive)
+        refusal = self.admission.precheck_load(
+            self._engine_load(), interactive=owner.interactive, max_tokens=action.params.max_tokens
+        )
         if refusal is not None:  # the load alone refuses it: no need to tokenize
             self.admission.cancelled(owner.admission_key)
             return self._refused(action, refusal)
