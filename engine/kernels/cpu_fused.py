@@ -10,14 +10,17 @@ on a plain loop (SiLU-mul is one vectorized ATen op already and stays one):
 - :func:`decode_attention` (:class:`DecodeAttention`, prepared once per
   step): for a decode-only step, the rotary of q and k,
   the KV-cache write and the paged attention, straight from the fused qkv
-  projection's output, one task per sequence, or per run of its context
-  when there are fewer sequences than cores (split-K).
+  projection's output, one task per tile of ``TILE_TOKENS`` of each
+  context (split-K), in ``cpu_attention``'s fixed order.
 
 Same contracts as the torch references (``rms_norm_ref``,
 ``rotary_embedding_ref`` + ``write_kv_cache_ref`` +
-``paged_attention_decode_ref``) they are tested against. The sums run in
-float32 with reassociation (SIMD order), so results match the references
-to float32 rounding, not bit for bit. Only float32 CPU tensors are taken
+``paged_attention_decode_ref``) they are tested against. RMSNorm sums in
+float32 with reassociation (SIMD order, the same for every row), so it
+matches its reference to float32 rounding, not bit for bit; the fused
+decode attention writes the K/V rows torch's rotary writes, bit for bit,
+and its output is bit for bit ``cpu_attention``'s prefill and decode
+output for the same position. Only float32 CPU tensors are taken
 (and a bfloat16 KV cache, read and written through ``cpu_kv``): the
 wrappers hand anything else to the reference.
 """
@@ -30,19 +33,16 @@ import numba
 import numpy as np
 import torch
 
-from bargein.engine.kernels.cpu_kv import kernel_view, load, store, takes_caches
+from bargein.engine.kernels.cpu_attention import decode_merge, decode_tile_task, num_tiles
+from bargein.engine.kernels.cpu_kv import kernel_view, store, takes_caches
 from bargein.engine.kernels.kv_cache_write import write_kv_cache_ref
 from bargein.engine.kernels.paged_attention import paged_attention_decode_ref
 from bargein.engine.kernels.rms_norm import rms_norm_ref
 from bargein.engine.kernels.rotary import rotary_embedding_ref
 
-# As in cpu_attention: reassociation vectorizes the row sums; no nnan/ninf.
+# RMSNorm: reassociation vectorizes the row sums; no nnan/ninf.
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 _F32 = np.float32
-
-
-# A context split shorter than this costs more to launch and merge than it saves.
-MIN_SPLIT_TOKENS = 128
 
 
 def _takes(*tensors: torch.Tensor) -> bool:
@@ -114,52 +114,11 @@ def rms_norm(
     return torch.from_numpy(out), torch.from_numpy(residual_out)
 
 
-# exp(x) for the softmax as 2^y, y = x log2(e): 2^floor(y) is built in the
-# exponent bits, 2^frac(y) by a degree-5 polynomial (a least-squares fit to
-# 2^f on [0, 1) at Chebyshev nodes; relative error 1.6e-7 evaluated in
-# float32, about one ulp). Unlike ``np.exp`` (a scalar libm call: numba's
-# LLVM has no vector math library here) the loop vectorizes.
-_LOG2E = _F32(1.4426950408889634)
-_EXP2_POLY = (
-    _F32(0.0018762329127639532),
-    _F32(0.00899258442223072),
-    _F32(0.05582360550761223),
-    _F32(0.24015453457832336),
-    _F32(0.6931529641151428),
-    _F32(0.9999999403953552),
-)
-# exp below this underflows float32's normal range; 2^-126 is its floor
-_EXP_FLOOR = _F32(-87.0)
-
-
-@numba.njit(fastmath=_FASTMATH, cache=True, nogil=True, inline="always")
-def _exp_minus_top(
-    row: np.ndarray, top: float, bits: np.ndarray
-) -> np.float32:  # pragma: no cover - compiled
-    """``row[i] <- exp(row[i] - top)`` in place for ``row [n]`` float32 with
-    ``top >= max(row)``; returns their sum. ``bits``: ``[>= n]`` int32 scratch."""
-    c5, c4, c3, c2, c1, c0 = _EXP2_POLY
-    n = row.shape[0]
-    for i in range(n):
-        y = max(row[i] - top, _EXP_FLOOR) * _LOG2E
-        whole = np.floor(y)
-        f = y - whole
-        row[i] = ((((c5 * f + c4) * f + c3) * f + c2) * f + c1) * f + c0
-        bits[i] = (np.int32(whole) + np.int32(127)) << np.int32(23)
-    powers = bits[:n].view(np.float32)
-    total = _F32(0.0)
-    for i in range(n):
-        w = row[i] * powers[i]
-        row[i] = w
-        total += w
-    return total
-
-
 def _compile_decode_attention(parallel: bool) -> Any:
     """The fused decode attention kernel; its ``prange`` loops run on numba's
     threads when ``parallel``, else as plain loops in the calling thread.
 
-    A step with one task (one sequence, one split) gains nothing from the
+    A step with one task (one sequence, one tile) gains nothing from the
     threads, but each of the kernel's three parallel loops wakes them
     (futex round trips under ``OMP_WAIT_POLICY=PASSIVE``, the serve default
     when this was measured): measured in-step at one sequence, 128 tokens, the serial variant saved
@@ -168,14 +127,14 @@ def _compile_decode_attention(parallel: bool) -> Any:
     and closure, not by its flags, and would otherwise load one compiled
     variant for both.
 
-    The inner loops run over 1-D row views (``k_cache[b, o, h]``, ``acc[h]``):
-    numba then computes one base address per row instead of a 4-D index per
-    element, and the loops vectorize (1.5x on the whole kernel at 8 to 64
-    sequences of 128 tokens against 4-D indexing, measured in one process).
-    Each K and V row is read once for the query heads of its KV head.
+    No fastmath: the rotary is ``x1 cos - x2 sin`` rounded as torch rounds
+    it (no fused multiply-add), so a K row written here equals the one a
+    prefill writes through ``rotary_embedding_ref``; the attention is
+    ``cpu_attention``'s fixed order (tiles of ``TILE_TOKENS``, merged in
+    order), so its output equals a prefill's for the same position.
     """
 
-    @numba.njit(parallel=parallel, fastmath=_FASTMATH, cache=True, nogil=True)
+    @numba.njit(parallel=parallel, cache=True, nogil=True)
     def kernel(
         qkv: np.ndarray,
         positions: np.ndarray,
@@ -187,14 +146,13 @@ def _compile_decode_attention(parallel: bool) -> Any:
         seq_lens: np.ndarray,
         num_heads: int,
         scale: float,
-        num_splits: int,
+        max_tiles: int,
         out: np.ndarray,
     ) -> None:  # pragma: no cover - compiled, tested through the wrapper
         _ = parallel  # makes `parallel` a closure variable (see above)
         num_seqs = qkv.shape[0]
         block_size, num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
         half = head_dim // 2
-        group = num_heads // num_kv_heads
         k_base, v_base = num_heads * head_dim, (num_heads + num_kv_heads) * head_dim
         scale32 = _F32(scale)
         # 1. Rotary of q and k, and this token's K/V row into its slot, before any
@@ -218,64 +176,26 @@ def _compile_decode_attention(parallel: bool) -> Any:
                     x1, x2 = x[q_at + d], x[q_at + half + d]
                     q_row[d] = (x1 * cs[d] - x2 * cs[half + d]) * scale32
                     q_row[half + d] = (x2 * cs[d] + x1 * cs[half + d]) * scale32
-        # 2. One task per (sequence, split): a split is a run of whole blocks of
-        #    the context; it keeps its scores' max, the sum of their exponentials
-        #    and the unnormalized weighted sum of V (split-K, as FlashDecoding).
-        tops = np.full((num_seqs, num_splits, num_heads), -np.inf, dtype=np.float32)
-        sums = np.zeros((num_seqs, num_splits, num_heads), dtype=np.float32)
-        accs = np.zeros((num_seqs, num_splits, num_heads, head_dim), dtype=np.float32)
-        for task in numba.prange(num_seqs * num_splits):
-            seq, split = task // num_splits, task % num_splits
-            length = seq_lens[seq]
-            num_blocks = (length + block_size - 1) // block_size
-            per_split = (num_blocks + num_splits - 1) // num_splits
-            first = split * per_split * block_size
-            last = min(length, first + per_split * block_size)
-            if first >= last:
-                continue
-            scores = np.empty((num_heads, last - first), dtype=np.float32)
-            bits = np.empty(last - first, dtype=np.int32)
-            q_seq, acc = q[seq], accs[seq, split]
-            for p in range(first, last):
-                b, o = block_tables[seq, p // block_size], p % block_size
-                for kv_head in range(num_kv_heads):
-                    k_row = k_cache[b, o, kv_head]
-                    for head in range(kv_head * group, (kv_head + 1) * group):
-                        q_row = q_seq[head]
-                        dot = _F32(0.0)
-                        for d in range(head_dim):
-                            dot += q_row[d] * load(k_row, d)
-                        scores[head, p - first] = dot
-            for head in range(num_heads):
-                top = scores[head].max()
-                tops[seq, split, head] = top
-                sums[seq, split, head] = _exp_minus_top(scores[head], top, bits)
-            for p in range(first, last):
-                b, o = block_tables[seq, p // block_size], p % block_size
-                for kv_head in range(num_kv_heads):
-                    v_row = v_cache[b, o, kv_head]
-                    for head in range(kv_head * group, (kv_head + 1) * group):
-                        w, acc_row = scores[head, p - first], acc[head]
-                        for d in range(head_dim):
-                            acc_row[d] += w * load(v_row, d)
-        # 3. Merge the splits: rescale each to the overall max (empty splits weigh 0).
+        # 2. One task per (sequence, tile of TILE_TOKENS): its softmax partial.
+        tops = np.full((num_seqs, max_tiles, num_heads), -np.inf, dtype=np.float32)
+        sums = np.zeros((num_seqs, max_tiles, num_heads), dtype=np.float32)
+        accs = np.zeros((num_seqs, max_tiles, num_heads, head_dim), dtype=np.float32)
+        for task in numba.prange(num_seqs * max_tiles):
+            seq, tile = task // max_tiles, task % max_tiles
+            decode_tile_task(
+                q[seq],
+                k_cache,
+                v_cache,
+                block_tables[seq],
+                seq_lens[seq],
+                tile,
+                tops[seq, tile],
+                sums[seq, tile],
+                accs[seq, tile],
+            )
+        # 3. Each sequence's tiles merged in order.
         for seq in numba.prange(num_seqs):
-            for head in range(num_heads):
-                top = tops[seq, :, head].max()
-                total = _F32(0.0)
-                out_row = out[seq, head]
-                out_row[:] = 0.0
-                for split in range(num_splits):
-                    if sums[seq, split, head] == 0.0:
-                        continue
-                    weight = np.exp(tops[seq, split, head] - top)
-                    total += weight * sums[seq, split, head]
-                    acc_row = accs[seq, split, head]
-                    for d in range(head_dim):
-                        out_row[d] += weight * acc_row[d]
-                inv_total = _F32(1.0) / total
-                for d in range(head_dim):
-                    out_row[d] *= inv_total
+            decode_merge(tops[seq], sums[seq], accs[seq], out[seq])
 
     return kernel
 
@@ -284,23 +204,11 @@ _decode_attention_kernel = _compile_decode_attention(parallel=True)
 _decode_attention_serial = _compile_decode_attention(parallel=False)
 
 
-def num_context_splits(num_seqs: int, max_seq_len: int, num_threads: int) -> int:
-    """How many splits of each context the decode attention makes (split-K).
-
-    Fewer sequences than threads leave cores idle with one task per
-    sequence: each context is then cut in up to ``num_threads // num_seqs``
-    runs of blocks, none shorter than ``MIN_SPLIT_TOKENS``. Otherwise 1.
-    """
-    if num_seqs >= num_threads:
-        return 1
-    return max(1, min(num_threads // num_seqs, max_seq_len // MIN_SPLIT_TOKENS))
-
-
 class DecodeAttention:
     """A decode-only step's attention, prepared once for all its layers.
 
     Everything but the layer's qkv and cache is the same in every layer of
-    a step (positions, slots, block tables, lengths, the split count), so it
+    a step (positions, slots, block tables, lengths, the tile count), so it
     is converted and checked here once: at one sequence the per-call torch
     conversions and checks cost about twice the kernel itself (measured on an
     AVX2 EPYC: 69 us a call against 18 us for the kernel alone, 30 calls a
@@ -308,7 +216,7 @@ class DecodeAttention:
     which each call takes.
     """
 
-    __slots__ = ("_args", "_ref", "_kernel", "_num_heads", "_scale", "_splits")
+    __slots__ = ("_args", "_ref", "_kernel", "_num_heads", "_scale", "_tiles")
 
     def __init__(
         self,
@@ -324,13 +232,13 @@ class DecodeAttention:
         self._ref = (positions, cos_sin_cache, slot_mapping, block_tables, seq_lens, scale)
         self._kernel: Any = None
         self._args: tuple[Any, ...] = ()
-        self._splits = 1
+        self._tiles = 1
         if not _takes(cos_sin_cache):
             return
         seq_lens = seq_lens.to(torch.int32)
         num_seqs = seq_lens.shape[0]
-        self._splits = num_context_splits(num_seqs, int(seq_lens.max()), numba.get_num_threads())
-        serial = num_seqs * self._splits <= 1
+        self._tiles = num_tiles(int(seq_lens.max()))
+        serial = num_seqs * self._tiles <= 1
         self._kernel = _decode_attention_serial if serial else _decode_attention_kernel
         self._args = (
             positions.numpy(),
@@ -369,7 +277,7 @@ class DecodeAttention:
             lens,
             num_heads,
             self._scale,
-            self._splits,
+            self._tiles,
             out.numpy(),
         )
         return out

@@ -112,9 +112,8 @@ def test_prefill_chunks_match_the_reference(
     seed: int,
     cache_dtype: torch.dtype,
 ) -> None:
-    """Chunks of ``n`` new tokens after ``cached`` ones: short ones run as decode
-    rows on numba, long ones (over SHORT_CHUNK_TOKENS) take the reference; over
-    a float32 or a bfloat16 cache."""
+    """Chunks of ``n`` new tokens after ``cached`` ones, over a float32 or a
+    bfloat16 cache."""
     totals = [n + cached for n, cached in chunks]
     _, k_cache, v_cache, table, seq_lens = _inputs(totals, group * hk, hk, d, block_size, seed)
     k_cache, v_cache = k_cache.to(cache_dtype), v_cache.to(cache_dtype)
