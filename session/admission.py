@@ -50,7 +50,7 @@ past it. Such drops are not departures.
      the batch fits) until the batch has shrunk by the excess: the running
      streams' remaining ``max_tokens``, ascending, then rounds of the
      waiting ones ahead (each taken as long as its own ``max_tokens``), at
-     the predicted step of a full batch (at most the target). It is queued,
+     the predicted step of a full batch. It is queued,
      as vLLM and llama-server queue a burst, when that wait and its prefill
      meet ``target_ttft_s``; else refused with ``retry_after_ms`` the wait
      (without a TTFT target it is refused at once, as before);
@@ -478,8 +478,8 @@ class Admission:
         """Seconds until ``excess`` streams ahead of it have ended: the running
         ones' remaining tokens, ascending; past those, the waiting ones ahead
         run in rounds of ``capacity``, each taken to be ``max_tokens`` long.
-        Steps meanwhile take what the model predicts for a full batch, at
-        most the target (the scheduler keeps the batch within it)."""
+        Steps meanwhile take what the model predicts for a full batch (one
+        stream when even one breaks the target: it runs anyway, slower)."""
         remaining = load.running_remaining_tokens
         if excess <= len(remaining):
             steps = remaining[excess - 1]
@@ -487,8 +487,7 @@ class Admission:
             rounds = math.ceil((excess - len(remaining)) / max(1, capacity))
             steps = (remaining[-1] if remaining else 0) + rounds * max(1, max_tokens)
         batch = max(1, capacity)
-        step_s = min(budget.target_s, budget.cost.predict(batch, 0, int(batch * context_per_seq)))
-        return steps * step_s
+        return steps * budget.cost.predict(batch, 0, int(batch * context_per_seq))
 
     @staticmethod
     def _prefill_s(budget: StepBudget, load: EngineLoad, num_tokens: int) -> float:
