@@ -187,7 +187,7 @@ def bench_attention(cfg: BenchConfig, batch: int, context: int) -> AttentionRow:
     ref = paged_attention_decode_ref(*args, scale)
     torch.testing.assert_close(paged_attention_decode(*args, scale), ref, atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(unsplit(), ref, atol=2e-2, rtol=2e-2)
-    splits, _ = _decode_num_splits(batch * cfg.num_kv_heads, table_tokens, args[0].device)
+    splits, _ = _decode_num_splits(table_tokens, args[0].device)
     kv_bytes = 2 * batch * context * cfg.num_kv_heads * cfg.head_dim * args[1].element_size()
     return AttentionRow(
         batch=batch,

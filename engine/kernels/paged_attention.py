@@ -230,27 +230,31 @@ def _paged_attention_reduce_kernel(
     out_head_stride,
     num_splits,
     head_dim,
-    BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """Program ``(seq * Hq + head)``: merge the splits' partial softmaxes (log-sum-exp in base 2)."""
+    """Program ``(seq * Hq + head)``: merge the splits' partial softmaxes (log-sum-exp in base 2)
+    one after another from the first, so the sum's order is the same whatever
+    the number of (trailing, empty) splits the batch's widest table gives."""
     row = tl.program_id(0).to(tl.int64)  # seq * Hq + head: partials are [B*Hq, splits, D]
-    splits = tl.arange(0, BLOCK_S)
     dims = tl.arange(0, BLOCK_D)
-    s_mask = splits < num_splits
-    m = tl.load(m_ptr + row * num_splits + splits, mask=s_mask, other=float("-inf"))
-    l = tl.load(l_ptr + row * num_splits + splits, mask=s_mask, other=0.0)
-    m_max = tl.max(m, axis=0)
-    # a split past its sequence's end has m = -inf and l = 0: weight 0
-    weight = tl.where(m > float("-inf"), tl.exp2(m - m_max), 0.0)
-    mask = s_mask[:, None] & (dims[None, :] < head_dim)
-    acc = tl.load(
-        partial_ptr + row * partial_head_stride + splits[:, None] * partial_split_stride + dims[None, :],
-        mask=mask,
-        other=0.0,
-    )
-    out = tl.sum(acc * weight[:, None], axis=0) / tl.sum(l * weight, axis=0)
-    tl.store(out_ptr + row * out_head_stride + dims, out.to(out_ptr.dtype.element_ty), mask=dims < head_dim)
+    d_mask = dims < head_dim
+    m_max = float("-inf")
+    for split in range(num_splits):
+        m_max = tl.maximum(m_max, tl.load(m_ptr + row * num_splits + split))
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    total = 0.0
+    for split in range(num_splits):
+        m = tl.load(m_ptr + row * num_splits + split)
+        # a split past its sequence's end has m = -inf and l = 0: weight 0, adds exactly 0
+        weight = tl.where(m > float("-inf"), tl.exp2(m - m_max), 0.0)
+        part = tl.load(
+            partial_ptr + row * partial_head_stride + split * partial_split_stride + dims,
+            mask=d_mask,
+            other=0.0,
+        )
+        acc = acc + part * weight
+        total = total + tl.load(l_ptr + row * num_splits + split) * weight
+    tl.store(out_ptr + row * out_head_stride + dims, (acc / total).to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
 def _check_paged_inputs(
@@ -281,24 +285,23 @@ def _num_sms(device_index: int | None) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _decode_num_splits(num_programs: int, max_context: int, device: torch.device) -> tuple[int, int]:
-    """``(num_splits, tokens_per_split)`` for split-K decode.
+# Tokens per decode split (split-K), fixed so that a sequence's splits, and
+# so its output's bits, depend on its own length alone, never on the batch
+# or the GPU (the fixed split-KV of SGLang's deterministic mode; issue 37).
+# 256 tokens on CUDA (the shortest split worth a partial's write and read
+# when this was sized), 64 on the interpreter so that small tests cover it;
+# whole BLOCK_N tiles either way.
+DECODE_SPLIT_TOKENS_CUDA = 256
+DECODE_SPLIT_TOKENS_INTERPRETER = 64
 
-    Splits the context while the ``seq x kv_head`` programs alone are too
-    few to keep the memory system busy (four resident programs per
-    multiprocessor: one program's loads alone cannot hide HBM latency), never
-    below 256 tokens per split (64 on the interpreter, so that small tests
-    cover both paths). The partials cost ``B * Hq * splits * (D + 2)`` float32
-    writes and reads, small beside the K and V they replace.
-    """
-    if device.type == "cuda":
-        target, min_tokens = 4 * _num_sms(device.index), 256
-    else:
-        target, min_tokens = 8, 64
-    num_splits = max(1, min(-(-target // num_programs), -(-max_context // min_tokens)))
-    tokens_per_split = -(-max_context // num_splits)
-    tokens_per_split = -(-tokens_per_split // 64) * 64  # whole BLOCK_N tiles
-    return -(-max_context // tokens_per_split), tokens_per_split
+
+def _decode_num_splits(max_context: int, device: torch.device) -> tuple[int, int]:
+    """``(num_splits, tokens_per_split)`` for split-K decode over a table of
+    ``max_context`` tokens: splits of a fixed size (see above), the ones past
+    a shorter sequence's end empty. The partials cost ``B * Hq * splits * (D + 2)``
+    float32 writes and reads, small beside the K and V they stand for."""
+    tokens_per_split = DECODE_SPLIT_TOKENS_CUDA if device.type == "cuda" else DECODE_SPLIT_TOKENS_INTERPRETER
+    return max(1, -(-max_context // tokens_per_split)), tokens_per_split
 
 
 def paged_attention_decode(
@@ -311,9 +314,10 @@ def paged_attention_decode(
 ) -> torch.Tensor:
     """Triton decode attention over the paged cache; same contract as ``paged_attention_decode_ref``.
 
-    Splits long contexts into ranges reduced by a second kernel when the batch
-    alone cannot fill the GPU (``_decode_num_splits``). No host sync: the
-    context bound is the block table's width.
+    Splits contexts into ranges of a fixed number of tokens reduced in order
+    by a second kernel (``_decode_num_splits``), so a sequence's output does
+    not depend on the batch. No host sync: the context bound is the block
+    table's width.
 
     Raises:
         AssertionError: shapes, dtypes or strides the kernel does not take.
@@ -321,16 +325,14 @@ def paged_attention_decode(
     _check_paged_inputs(q, k_cache, v_cache, block_tables)
     check_tensor("seq_lens", seq_lens, 1, torch.int32)
     num_seqs, num_q_heads, head_dim = q.shape
-    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    block_size = k_cache.shape[1]
     assert block_tables.shape[0] == num_seqs and seq_lens.shape == (num_seqs,), (
         "one table row and length per query"
     )
     out = torch.empty((num_seqs, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
     if num_seqs == 0:
         return out
-    num_splits, tokens_per_split = _decode_num_splits(
-        num_seqs * num_kv_heads, block_tables.shape[1] * block_size, q.device
-    )
+    num_splits, tokens_per_split = _decode_num_splits(block_tables.shape[1] * block_size, q.device)
     return _launch_decode(
         q, k_cache, v_cache, block_tables, seq_lens, scale, out, num_splits, tokens_per_split
     )
@@ -404,7 +406,6 @@ def _launch_decode(
             out.stride(1),
             num_splits,
             head_dim,
-            BLOCK_S=next_power_of_2(num_splits),
             BLOCK_D=block_d,
         )
     return out
@@ -442,28 +443,34 @@ def _paged_attention_prefill_kernel(
     Query row ``j`` of sequence ``seq`` sits at position ``seq_len - query_len + j``
     and attends to cache positions ``<=`` it; keys are gathered through the
     block table ``BLOCK_N`` at a time and stop at the tile's last position
-    (FlashAttention-2, Dao 2023, over a paged cache). Tiles past the
-    sequence's query length return at once.
+    (FlashAttention-2, Dao 2023, over a paged cache). Query tiles are
+    aligned to absolute positions (tile ``t`` holds positions ``[(context //
+    BLOCK_M + t) * BLOCK_M, ...)``, rows before the chunk masked), so a
+    position sits in the same row of its tile whatever the chunking: its
+    bits do not depend on where a chunk starts. Tiles past the chunk return
+    at once.
     """
     seq = tl.program_id(0).to(tl.int64)
     tile = tl.program_id(1)
     head = tl.program_id(2)
     q_start = tl.load(query_start_loc_ptr + seq)
     query_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
-    if tile * BLOCK_M >= query_len:
-        return
     seq_len = tl.load(seq_lens_ptr + seq)
-    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    context = seq_len - query_len
+    shift = context % BLOCK_M  # the chunk's first row sits at this row of its tile
+    if tile * BLOCK_M - shift >= query_len:
+        return
+    rows = tile * BLOCK_M - shift + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, BLOCK_D)
-    q_pos = seq_len - query_len + rows
-    q_mask = (rows[:, None] < query_len) & (dims[None, :] < head_dim)
+    q_pos = context + rows
+    q_mask = ((rows >= 0) & (rows < query_len))[:, None] & (dims[None, :] < head_dim)
     q_off = (q_start + rows)[:, None] * q_token_stride + head * q_head_stride + dims[None, :]
     q = tl.load(q_ptr + q_off, mask=q_mask, other=0.0).to(DOT_DTYPE)
     kv_head = head // group_size
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    end = tl.minimum(seq_len, seq_len - query_len + (tile + 1) * BLOCK_M)
+    end = tl.minimum(seq_len, context + (tile + 1) * BLOCK_M - shift)
     for n0 in range(0, end, BLOCK_N):
         tokens = n0 + tl.arange(0, BLOCK_N)
         t_mask = tokens < end
@@ -521,7 +528,8 @@ def paged_attention_prefill(
     if num_tokens == 0:
         return out
     block_m = 64 if q.is_cuda else 16
-    grid = (num_seqs, -(-num_tokens // block_m), num_q_heads)
+    # one tile more than the tokens need: a chunk's tiles start at its first position's tile
+    grid = (num_seqs, -(-num_tokens // block_m) + 1, num_q_heads)
     _paged_attention_prefill_kernel[grid](
         q,
         k_cache,

@@ -159,3 +159,37 @@ def test_prefill_large_chunks_on_gpu(
 ) -> None:
     chunks = [(0, 512), (1000, 256), (15, 1), (17, 333), (2047, 129)]
     _check_prefill(chunks, (9, 3, 64), 16, dtype, device)
+
+
+def test_decode_does_not_depend_on_the_batch(device: torch.device) -> None:
+    """Splits are fixed in tokens and merged in order: a sequence's output is
+    bit for bit the same alone and beside longer ones (which widen the table
+    and so add empty splits after its own)."""
+    lens = [70, 3, 200]
+    q, k_cache, v_cache, tables, seq_lens = _decode_inputs(lens, (9, 3, 64), 16, torch.float32, device)
+    together = paged_attention_decode(q, k_cache, v_cache, tables, seq_lens, 0.125)
+    for i, n in enumerate(lens):
+        width = -(-n // 16)
+        alone = paged_attention_decode(
+            q[i : i + 1], k_cache, v_cache, tables[i : i + 1, :width].contiguous(), seq_lens[i : i + 1], 0.125
+        )
+        assert torch.equal(alone[0], together[i]), n
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 16, 23])
+def test_prefill_does_not_depend_on_the_chunking(chunk: int, device: torch.device) -> None:
+    """Key tiles start at position 0 whatever the chunk: a prompt prefilled
+    whole and in chunks of ``chunk`` tokens gives the same bits per token."""
+    n, hq, hk, d, bs = 40, 4, 2, 16, 7
+    gen = torch.Generator().manual_seed(chunk)
+    k_cache, v_cache, tables = paged_kv([n], hk, d, bs, torch.float32, device, gen)
+    q = torch.randn(n, hq, d, generator=gen).to(device)
+
+    def run(a: int, b: int) -> torch.Tensor:
+        starts = torch.tensor([0, b - a], dtype=torch.int32, device=device)
+        lens = torch.tensor([b], dtype=torch.int32, device=device)
+        return paged_attention_prefill(q[a:b], k_cache, v_cache, tables, starts, lens, 0.125)
+
+    whole = run(0, n)
+    chunked = torch.cat([run(a, min(a + chunk, n)) for a in range(0, n, chunk)])
+    assert torch.equal(chunked, whole)
