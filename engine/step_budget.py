@@ -67,10 +67,15 @@ class StepCost:
         return (self.base_s, self.per_decode_s, self.per_prefill_token_s, self.per_context_token_s)
 
 
-# The bundled model in fp32 on the 2-core CPU box (docs/perf/engine-step.md:
-# 75 ms at one sequence, 402 ms at 64, about 5 ms per GEMM row at large
-# batch): pessimistic for a GPU, whose fit replaces it within tens of steps.
-CPU_PRIOR = StepCost(base_s=0.06, per_decode_s=0.005, per_prefill_token_s=0.004, per_context_token_s=1e-6)
+# The bundled model in its default format (int4, the block kernels) on the
+# 2-core AVX2 CPU box (docs/perf/step-profile-avx2.md: 8.9 ms at one decode,
+# 117 ms at 64 over 128 tokens of context, so about 1.7 ms a decode row; a
+# prefill token is a GEMM row without the head, about 1.2 ms). It was the
+# fp32 step before (60 ms + 5 ms a row + 4 ms a prompt token): three times
+# the default's, so admission predicted a burst's prefill 1.5-2.5x too slow
+# and refused what it could serve (docs/perf/bursts.md). A slower machine is
+# followed by the fit within tens of steps; pessimistic for a GPU.
+CPU_PRIOR = StepCost(base_s=0.008, per_decode_s=0.0017, per_prefill_token_s=0.0012, per_context_token_s=1e-6)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
