@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from server_proc import ROOT, free_port  # noqa: E402
-from voice_bench import QUESTIONS, RATE, Mic, one_turn, pct  # noqa: E402
+from voice_bench import QUESTIONS, RATE, Mic, pct, voiced_bounds  # noqa: E402
 from websockets.asyncio.client import connect  # noqa: E402
 from websockets.exceptions import ConnectionClosed  # noqa: E402
 
@@ -120,8 +120,37 @@ class Server:
 # --- the well-behaved sessions ------------------------------------------------
 
 
-async def voice_session(ws_url: str, deadline: float, speech: dict[str, bytes]) -> list[float]:
-    """Spoken questions in real time until ``deadline``; voice-to-voice seconds per turn."""
+async def voice_turn(
+    ws: Any, mic: Mic, t: int, speech: dict[str, bytes], refused: collections.Counter[str]
+) -> float | None:
+    """Speak question ``t`` and wait for its answer: the voice-to-voice seconds
+    (speech end to the answer's first audio), or None when the turn got no
+    audio (its response refused: the code is counted in ``refused``)."""
+    question = speech[QUESTIONS[t % len(QUESTIONS)]]
+    mic.say(question, {f"end{t}": voiced_bounds(question)[1]})
+    response_id, first_audio = None, None
+    while True:
+        event = json.loads(await asyncio.wait_for(ws.recv(), 120))
+        kind, end = event["type"], mic.marks.get(f"end{t}")
+        if end is None:
+            continue
+        if kind == "response.created":
+            response_id = event["response_id"]
+        elif kind == "response.audio.delta" and first_audio is None and event["response_id"] == response_id:
+            first_audio = time.monotonic() - end
+        elif kind == "error" and response_id is None:
+            refused[event["code"]] += 1  # the turn's response was refused: no answer comes
+            break
+        elif kind == "response.done" and event["response_id"] == response_id:
+            break
+    mic.say(silence_pcm16(800, RATE), {})  # a breath before the next question
+    return first_audio
+
+
+async def voice_session(
+    ws_url: str, deadline: float, speech: dict[str, bytes], refused: collections.Counter[str]
+) -> list[float]:
+    """Spoken questions in real time until ``deadline``; voice-to-voice seconds per answered turn."""
     latencies: list[float] = []
     async with connect(ws_url, subprotocols=[SUBPROTOCOL], max_size=None) as ws:  # type: ignore[list-item]
         json.loads(await ws.recv())
@@ -135,9 +164,9 @@ async def voice_session(ws_url: str, deadline: float, speech: dict[str, bytes]) 
         try:
             t = 0
             while time.monotonic() < deadline:
-                turn = await one_turn(ws, mic, t, speech, barge=False)
-                if turn.first_audio is not None:
-                    latencies.append(turn.first_audio)
+                latency = await voice_turn(ws, mic, t, speech, refused)
+                if latency is not None:
+                    latencies.append(latency)
                 t += 1
         finally:
             sender.cancel()
@@ -407,8 +436,9 @@ async def phase(server: Server, seconds: float, speech: dict[str, bytes], attack
             tallies[name] = Tally()
             attacks.append(attack(tallies[name]))
     refused: collections.Counter[str] = collections.Counter()
+    voice_refused: collections.Counter[str] = collections.Counter()
     results = await asyncio.gather(
-        voice_session(urls["ws"], deadline, speech),
+        voice_session(urls["ws"], deadline, speech, voice_refused),
         text_session(urls["ws"], deadline, refused),
         *attacks,
         return_exceptions=True,
@@ -426,6 +456,7 @@ async def phase(server: Server, seconds: float, speech: dict[str, bytes], attack
         "voice_to_voice_s": {"p50": pct(voice, 50), "p95": pct(voice, 95), "n": len(voice)},
         "ttft_s": {"p50": pct(text, 50), "p95": pct(text, 95), "n": len(text)},
         "text_refused": dict(refused),
+        "voice_refused": dict(voice_refused),
         "rss_mb": {"start": rss[0] if rss else None, "max": max(rss, default=None), "end": server.rss_mb()},
         "error_log_lines": server.error_lines(log_start, server.log_size()),
     }
@@ -465,6 +496,7 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
                 f"| {name} {q} (ms) | {ms(base[key][q])} | {ms(hit[key][q])} | {ratio(hit[key][q], base[key][q])} |"
             )
         lines.append(f"| {name} turns | {base[key]['n']} | {hit[key]['n']} | |")
+    lines.append(f"| voice turns refused | {base['voice_refused']} | {hit['voice_refused']} | |")
     lines.append(f"| text requests refused | {base['text_refused']} | {hit['text_refused']} | |")
     lines.append(f"| server RSS max (MiB) | {base['rss_mb']['max']:.0f} | {hit['rss_mb']['max']:.0f} | |")
     lines.append(
