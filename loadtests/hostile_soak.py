@@ -12,7 +12,7 @@ One server (``--voice on``) runs two phases of ``--seconds`` each:
    - ``items``: ``conversation.item.create`` of ~0.9 MB items (OpenAI endpoint);
    - ``commit_flood``: push to talk, 4 s of noise + commit, without waiting;
    - ``fast_audio``: audio appended as fast as the socket takes it (server VAD);
-   - ``long_turn``: continuous speech that never pauses (server VAD);
+   - ``long_turn``: continuous speech that never pauses (server VAD, no responses);
    - ``pending_turns``: short spoken turns with ``create_response: false``;
    - ``resume_audio``: ``stream.resume`` of a spoken answer with
      ``audio_from_ms`` at its end, again and again;
@@ -303,7 +303,8 @@ async def attack_fast_audio(urls: dict[str, str], deadline: float, tally: Tally)
 
 
 async def attack_long_turn(urls: dict[str, str], deadline: float, tally: Tally, speech: bytes) -> None:
-    ws = await voice_socket(urls["ws"], {"type": "server_vad"})
+    # no responses: the bound under test is the turn's length, not the engine's share
+    ws = await voice_socket(urls["ws"], {"type": "server_vad", "create_response": False})
     async with ws:
         reader = asyncio.create_task(drain(ws, tally))
         while time.monotonic() < deadline and not reader.done():
@@ -339,14 +340,19 @@ async def attack_resume_audio(urls: dict[str, str], deadline: float, tally: Tall
             "max_tokens": 200,
             "temperature": 0,
         }
-        await ws.send(json.dumps(create))
         created = end = None
-        while end is None:
-            event = json.loads(await asyncio.wait_for(ws.recv(), 300))
-            if event["type"] == "response.created":
-                created = event
-            elif event["type"] == "response.done":
-                end = event["end"]
+        while end is None:  # the answer to replay; a refused create (overloaded) is tried again
+            await ws.send(json.dumps(create))
+            while True:
+                event = json.loads(await asyncio.wait_for(ws.recv(), 300))
+                if event["type"] == "response.created":
+                    created = event
+                elif event["type"] == "response.done":
+                    end = event["end"]
+                    break
+                elif event["type"] == "error" and created is None:
+                    await asyncio.sleep(event.get("retry_after_ms", 1000) / 1000)
+                    break
     assert created is not None
     resume = {
         "type": "stream.resume",
