@@ -156,7 +156,7 @@ def test_clients_import_without_torch_or_the_engine() -> None:
 def test_chat_command_talks_to_a_live_server(live_server: LiveServer) -> None:
     chat = subprocess.run(
         [sys.executable, "-m", "bargein", "chat", "--url", live_server.ws_url, "--max-tokens", "16"],
-        input="What is the capital of France?\n\n",
+        input="Name the capital of France.\n\n",  # int4 answers "What is ...?" in French
         capture_output=True,
         text=True,
         timeout=120,
