@@ -90,12 +90,6 @@ def start_node(
                 *key,
                 "--debug-endpoints",
                 "true",
-                # Exact fp32: a takeover's continuation then equals what the dead
-                # node would have generated (bf16 rounds differently per batch shape).
-                "--quantization",
-                "none",
-                "--linear-dtype",
-                "float32",
                 "--lease-ttl",
                 str(LEASE_TTL_S),
                 "--max-model-len",

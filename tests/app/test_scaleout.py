@@ -7,9 +7,9 @@ generates; nodes B and C serve resumes and cancels of A's streams. A primary tha
 fails mid-stream (killed on the Cluster: its replica is promoted;
 ``SENTINEL FAILOVER`` on Sentinel) loses nothing silently: every reader
 completes its stream exactly, resuming after each retryable error. Last, A is
-SIGKILLed and B continues its stream exactly. fp32 (the nodes of
-tests/app/test_multinode.py): a takeover's continuation equals what the dead
-node would have generated.
+SIGKILLed and B continues its stream exactly, in the default format (the
+nodes of tests/app/test_multinode.py; issue 37): a takeover's continuation
+equals what the dead node would have generated.
 """
 
 from __future__ import annotations
