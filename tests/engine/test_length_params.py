@@ -1,4 +1,4 @@
-"""``min_tokens`` and ``ignore_eos`` on the real model (greedy, fp32).
+"""``min_tokens`` and ``ignore_eos`` on the real model (greedy, default format).
 
 The prompt is one the default model answers in three tokens ("Yes." and
 EOS), so every constraint below visibly changes where the answer ends.
@@ -25,8 +25,8 @@ def greedy(**kw: object) -> SamplingParams:
 
 
 @pytest.fixture(scope="module")
-def engine(model_runner_factory: RunnerFactory) -> LLMEngine:
-    return LLMEngine(model_runner_factory(num_blocks=64, max_model_len=256), CONFIG)
+def engine(default_runner_factory: RunnerFactory) -> LLMEngine:
+    return LLMEngine(default_runner_factory(num_blocks=64, max_model_len=256), CONFIG)
 
 
 @pytest.fixture(scope="module")

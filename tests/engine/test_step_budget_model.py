@@ -36,11 +36,11 @@ def request(request_id: str, num_prompt: int, max_tokens: int, offset: int = 0) 
 
 
 @pytest.fixture(scope="module")
-def runner(model_runner_factory: RunnerFactory) -> ModelRunner:
+def runner(default_runner_factory: RunnerFactory) -> ModelRunner:
     """One model for the module's engines (each has its own block pool; a
     block's K/V is written before it is read, so what an earlier engine left
     in the tensors is never seen)."""
-    return model_runner_factory()
+    return default_runner_factory()
 
 
 def run_burst(engine: LLMEngine, decodes_first: int = 1) -> list[StepStats]:
