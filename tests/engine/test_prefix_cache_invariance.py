@@ -6,11 +6,12 @@ sharing its first ``k`` tokens, for ``k`` on and off the 16-token block
 boundaries and the whole prompt (only the last token recomputed), either
 finished before the request arrives or still decoding beside it; and a next
 turn whose cached blocks hold the first turn's answer, whose K/V was
-computed by decode steps, not by a prefill. The prefill of the uncached
-tail (chunked 1 to 256 tokens) attends over the cached blocks. Its tokens,
-greedy and seeded, and its logits bit for bit must equal the run without
-the cache, in the DEFAULT format (``quantization`` ``auto``), like
-``test_batch_invariance.py``.
+computed by decode steps, not by a prefill; and a takeover's re-prefill of
+the logged tokens, on a node with and without them cached. The prefill of
+the uncached tail (chunked 1 to 256 tokens) attends over the cached blocks.
+Its tokens, greedy and seeded, and its logits bit for bit must equal the
+run without the cache, in the DEFAULT format (``quantization`` ``auto``),
+like ``test_batch_invariance.py``.
 """
 
 from __future__ import annotations
@@ -174,3 +175,26 @@ def test_a_next_turn_over_a_cached_answer_changes_no_token_nor_logit(
     assert cached == (len(prompt) + len(answer) - 1) // BLOCK_SIZE * BLOCK_SIZE
     assert cached > len(prompt) // BLOCK_SIZE * BLOCK_SIZE, "cached blocks should hold decoded tokens"
     assert_same((tokens, logits), uncached(runner, ids, mode))
+
+
+@pytest.mark.parametrize("mode", ["greedy", "seeded"])
+@pytest.mark.parametrize(("num_logged", "cached"), [(1, False), (5, True)])
+def test_a_takeovers_re_prefill_continues_with_the_same_tokens_and_logits(
+    runner: ModelRunner, prompt: tuple[int, ...], mode: str, num_logged: int, cached: bool
+) -> None:
+    """Another node continues a stream from its logged tokens: a new request
+    whose prompt is the old prompt and the first ``num_logged`` output tokens,
+    prefilled at once (on a node that has the old prompt cached, or not),
+    where the owner computed those tokens' K/V one decode step at a time."""
+    want_tokens, want_logits = uncached(runner, prompt, mode)
+    engine = LLMEngine(runner, scheduler(16))
+    if cached:  # the node answered the same prompt before
+        run(engine, EngineRequest(request_id="earlier", prompt_token_ids=prompt, params=modes()[mode]))
+    params = replace(modes()[mode], max_tokens=MAX_TOKENS - num_logged)
+    me = EngineRequest(
+        request_id="me", prompt_token_ids=prompt + tuple(want_tokens[:num_logged]), params=params
+    )
+    tokens, logits, num_cached = run(engine, me)
+    # the earlier answer was the same: its blocks hold the logged tokens too
+    assert num_cached == ((len(me.prompt_token_ids) - 1) // BLOCK_SIZE * BLOCK_SIZE if cached else 0)
+    assert_same((tokens, logits), (want_tokens[num_logged:], want_logits[num_logged:]))
