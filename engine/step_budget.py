@@ -89,12 +89,20 @@ class StepBudget:
         min_prefill_tokens: prefill tokens a step may always take, whatever
             the model says (prompts must progress even when the decodes alone
             fill the budget; then the step overruns by at most their cost).
+        slow_headroom: where one stream's step alone is already past the
+            target (a slow or loaded machine: every step slowed, which no
+            robust fit can tell from the engine's own cost), the batch is
+            bounded by this many times that step instead: a second stream
+            barely slows the first (the fixed cost dominates), so refusing
+            it would not bring the first back under the target, only leave
+            the second user with nothing.
     """
 
     target_s: float
     cost: StepCost
     max_tokens: int
     min_prefill_tokens: int = 16
+    slow_headroom: float = 1.5
 
     def prefill_tokens(self, decode_seqs: int, context_tokens: int) -> int:
         """Prefill tokens a step with these decodes may compute: what the
@@ -110,17 +118,27 @@ class StepBudget:
         fit = room if per_token <= 0 else math.floor(max(0.0, left) / per_token)
         return max(0, min(room, max(self.min_prefill_tokens, fit)))
 
+    def limit_s(self, context_per_seq: float, share: float = 1.0) -> float:
+        """The longest step a batch may take, seconds: ``share`` of the
+        target, or ``slow_headroom`` times one stream's step (over
+        ``context_per_seq`` KV tokens, with ``min_prefill_tokens``) where
+        that alone is past it."""
+        alone = self.cost.predict(1, self.min_prefill_tokens, math.ceil(context_per_seq))
+        return max(share * self.target_s, self.slow_headroom * alone)
+
     def fits(self, decode_seqs: int, context_tokens: int, share: float = 1.0) -> bool:
         """Whether a step of ``decode_seqs`` decodes over ``context_tokens``
-        plus ``min_prefill_tokens`` of prefill is within ``share`` of the target."""
+        plus ``min_prefill_tokens`` of prefill is within :meth:`limit_s`."""
         step = self.cost.predict(decode_seqs, self.min_prefill_tokens, context_tokens)
-        return step <= share * self.target_s
+        return step <= self.limit_s(context_tokens / max(1, decode_seqs), share)
 
     def max_decode_seqs(self, context_per_seq: float, share: float = 1.0) -> int:
         """The most decoding sequences (each over ``context_per_seq`` KV
-        tokens) whose step, with ``min_prefill_tokens``, fits ``share`` of the target."""
+        tokens) whose step, with ``min_prefill_tokens``, is within :meth:`limit_s`."""
         c = self.cost
-        left = share * self.target_s - c.base_s - c.per_prefill_token_s * self.min_prefill_tokens
+        left = (
+            self.limit_s(context_per_seq, share) - c.base_s - c.per_prefill_token_s * self.min_prefill_tokens
+        )
         per_seq = c.per_decode_s + c.per_context_token_s * context_per_seq
         if left < 0:
             return 0

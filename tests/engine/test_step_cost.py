@@ -105,7 +105,19 @@ def test_budget_bounds_the_decoding_batch() -> None:
     n = budget.max_decode_seqs(context_per_seq=500)
     assert budget.fits(n, n * 500) and not budget.fits(n + 1, (n + 1) * 500)
     assert budget.max_decode_seqs(500, share=0.5) < n
-    assert StepBudget(target_s=0.01, cost=TRUE, max_tokens=512).max_decode_seqs(0) == 0
+    strict = StepBudget(target_s=0.01, cost=TRUE, max_tokens=512, slow_headroom=1.0)
+    assert strict.max_decode_seqs(0) == 1  # past the target alone: one stream, no more
+
+
+def test_a_machine_too_slow_for_the_target_batches_within_the_headroom_of_one_stream() -> None:
+    """One stream's step (29 ms) is past the 10 ms target: streams still join
+    while the step stays within 1.5x of that one's (43.5 ms), not refused."""
+    budget = StepBudget(target_s=0.01, cost=TRUE, max_tokens=512)
+    alone = TRUE.predict(1, 16, 0)
+    n = budget.max_decode_seqs(0)
+    assert n == 15  # (1.5 * 29 ms - 20 ms - 8 ms) / 1 ms
+    assert budget.fits(n, 0) and not budget.fits(n + 1, 0)
+    assert TRUE.predict(n, 16, 0) <= 1.5 * alone < TRUE.predict(n + 1, 16, 0)
 
 
 def test_invalid_coefficients_and_configs_are_refused() -> None:
