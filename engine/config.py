@@ -132,6 +132,10 @@ class SchedulerConfig:
             the limits say; ``bargein serve`` turns it on).
         min_prefill_tokens: with a target, prefill tokens a step may take
             even when its decodes alone fill the budget (prompts progress).
+        slow_headroom: with a target, where one stream's step alone is
+            predicted past it (a loaded machine), the batch may take this
+            many times that step (``StepBudget.slow_headroom``); 1: one
+            stream only, whatever the others wait.
     """
 
     max_num_seqs: int = 64
@@ -141,6 +145,7 @@ class SchedulerConfig:
     enable_prefix_caching: bool = True
     target_itl_s: float = 0.0
     min_prefill_tokens: int = 16
+    slow_headroom: float = 1.5
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -155,6 +160,8 @@ class SchedulerConfig:
             raise ValueError(f"{self.target_itl_s=} must be >= 0 (0: off)")
         if self.min_prefill_tokens < 1:
             raise ValueError(f"{self.min_prefill_tokens=} must be >= 1")
+        if not 1 <= self.slow_headroom < float("inf"):
+            raise ValueError(f"{self.slow_headroom=} must be >= 1")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -253,6 +253,7 @@ class Scheduler:
             cost=self.step_cost(),
             max_tokens=cfg.max_num_batched_tokens,
             min_prefill_tokens=cfg.min_prefill_tokens,
+            slow_headroom=cfg.slow_headroom,
         )
 
     def schedule(self) -> SchedulerOutput:

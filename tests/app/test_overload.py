@@ -35,7 +35,10 @@ GREEDY = {"temperature": 0.0}
 def tight() -> Iterator[EmbeddedServer]:
     server = EmbeddedServer(
         Settings(
-            engine=EngineConfig(scheduler=SchedulerConfig(max_model_len=512, target_itl_s=0.001)),
+            # slow_headroom 1: no step meets a 1 ms target, so only the decoding stream runs
+            engine=EngineConfig(
+                scheduler=SchedulerConfig(max_model_len=512, target_itl_s=0.001, slow_headroom=1.0)
+            ),
             session=SessionConfig(max_tokens=64, default_max_tokens=16),
             server=ServerConfig(port=0, debug_endpoints=True, log_level="warning"),
             # Any wait is past the TTFT target: a request that finds the batch full is
