@@ -246,7 +246,7 @@ async def test_a_client_that_leaves_mid_body_leaves_no_traceback(live_server: Li
     with server_log("uvicorn.error", "bargein") as log:
         with socket.create_connection((live_server.host, live_server.port)) as sock:
             sock.sendall(
-                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                 b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
                 b'{"messages"'
             )
