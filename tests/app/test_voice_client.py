@@ -29,7 +29,9 @@ from tests.needs import missing
 
 pytestmark = pytest.mark.slow
 
-QUESTION = "What is the capital of France?"
+# int4 answers "What is the capital of France?" in French (a near tie at its first token,
+# tests/app/test_exact_default.py), which the English voice cannot say for Whisper to hear
+QUESTION = "Name the capital of France."
 GREEDY = {"temperature": 0, "max_tokens": 24}
 
 
