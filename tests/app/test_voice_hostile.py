@@ -25,13 +25,11 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 from bargein.app.embedded import EmbeddedServer
-from bargein.app.settings import ServerConfig, Settings
-from bargein.session.config import SessionConfig, VoiceConfig
-from bargein.session.voice import VoiceRuntime
-from tests.app.conftest import MAX_FRAME_BYTES, LiveServer
+from bargein.session.config import VoiceConfig
+from tests.app.conftest import LiveServer
 from tests.app.log_capture import Records, server_log
 from tests.app.resume_helpers import Conn
-from tests.app.voice_helpers import CHUNK_MS, RATE, send_audio, until, voice_session
+from tests.app.voice_helpers import CHUNK_MS, RATE, send_audio, until, voice_server, voice_session
 from tests.speech import espeak_pcm16, noise_pcm16, silence_pcm16
 
 pytestmark = pytest.mark.slow
@@ -44,25 +42,8 @@ def plain_server(live_server: LiveServer) -> Iterator[EmbeddedServer]:
     """live_server's engine and voice models behind a server that answers a
     turn only at its end (no speculative answer at a pause), so a test can
     act between a turn's end and its answer."""
-    if live_server.state.voice is None:
-        from tests.needs import missing
-
-        missing("the voice stack is not installed (make install)")
-    voice = VoiceRuntime(live_server.state.voice.models, VoiceConfig(speculate=False))
-    server = EmbeddedServer(
-        Settings(
-            session=SessionConfig(max_tokens=64, default_max_tokens=32, max_frame_bytes=MAX_FRAME_BYTES),
-            server=ServerConfig(port=0, log_level="warning"),
-        ),
-        runner=live_server.state.runner,
-        voice=voice,
-    )
-    server.start()
-    try:
+    with voice_server(live_server, VoiceConfig(speculate=False)) as server:
         yield server
-    finally:
-        server.stop()
-        voice.close()
 
 
 @contextlib.contextmanager

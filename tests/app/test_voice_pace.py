@@ -14,11 +14,10 @@ import httpx
 import pytest
 
 from bargein.app.embedded import EmbeddedServer
-from bargein.app.settings import ServerConfig, Settings
-from bargein.session.config import SessionConfig, VoiceConfig
-from bargein.session.voice import VoiceRuntime
-from tests.app.conftest import MAX_FRAME_BYTES, LiveServer
+from bargein.session.config import VoiceConfig
+from tests.app.conftest import LiveServer
 from tests.app.resume_helpers import Conn
+from tests.app.voice_helpers import voice_server
 from tests.speech import noise_pcm16
 
 pytestmark = pytest.mark.slow
@@ -32,28 +31,10 @@ FLOOD_FRAMES = 40  # appends of 1 s, back to back: ten times what the pace takes
 def paced_server(live_server: LiveServer) -> Iterator[EmbeddedServer]:
     """live_server's engine and voice models, input audio paced at 4x real
     time with no burst (one 1 s append is due every 250 ms)."""
-    if live_server.state.voice is None:
-        from tests.needs import missing
-
-        missing("the voice stack is not installed (make install)")
-    voice = VoiceRuntime(
-        live_server.state.voice.models,
-        VoiceConfig(speculate=False, max_input_audio_speed=SPEED, input_audio_burst_ms=0),
-    )
-    server = EmbeddedServer(
-        Settings(
-            session=SessionConfig(max_tokens=64, default_max_tokens=32, max_frame_bytes=MAX_FRAME_BYTES),
-            server=ServerConfig(port=0, log_level="warning"),
-        ),
-        runner=live_server.state.runner,
-        voice=voice,
-    )
-    server.start()
-    try:
+    with voice_server(
+        live_server, VoiceConfig(speculate=False, max_input_audio_speed=SPEED, input_audio_burst_ms=0)
+    ) as server:
         yield server
-    finally:
-        server.stop()
-        voice.close()
 
 
 def url(server: EmbeddedServer) -> str:

@@ -5,15 +5,47 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 
-from tests.app.conftest import LiveServer
+from bargein.app.embedded import EmbeddedServer
+from bargein.app.settings import ServerConfig, Settings
+from bargein.session.config import SessionConfig, VoiceConfig
+from bargein.session.voice import VoiceRuntime
+from tests.app.conftest import MAX_FRAME_BYTES, LiveServer
 from tests.app.resume_helpers import Conn
 
 RATE = 16000
 CHUNK_MS = 40
+
+
+@contextlib.contextmanager
+def voice_server(live_server: LiveServer, config: VoiceConfig) -> Iterator[EmbeddedServer]:
+    """A second server on live_server's engine and voice models with voice
+    settings ``config`` (short answers); the test is skipped (failed in CI)
+    without the voice stack."""
+    if live_server.state.voice is None:
+        from tests.needs import missing
+
+        missing("the voice stack is not installed (make install)")
+    voice = VoiceRuntime(live_server.state.voice.models, config)
+    server = EmbeddedServer(
+        Settings(
+            session=SessionConfig(max_tokens=64, default_max_tokens=32, max_frame_bytes=MAX_FRAME_BYTES),
+            server=ServerConfig(port=0, log_level="warning"),
+        ),
+        runner=live_server.state.runner,
+        voice=voice,
+    )
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        voice.close()
 
 
 async def send_audio(conn: Conn, pcm: bytes, *, rate: int = RATE, pace_s: float = 0.0) -> None:
