@@ -60,7 +60,7 @@ owns what the caller creates (streams, sessions, resume tokens). Keys are
 kept only as their SHA-256 digests, and never logged.
 
 The *limit key* (``scope["state"]["limit_key"]``) is who the rate limits and
-caps of :mod:`bargein.session.admission` count against: the principal when API keys
+caps of :mod:`bargein.session.runtime.admission` count against: the principal when API keys
 are configured (every request carries a valid one), else the client's
 address (:func:`address_key`). Without keys any bearer string is accepted,
 so a string is no identity: a client rotating it would get fresh limits with

@@ -1,4 +1,4 @@
-"""The app's :class:`~bargein.session.observer.SessionObserver`: metrics and request log lines.
+"""The app's :class:`~bargein.session.runtime.observer.SessionObserver`: metrics and request log lines.
 
 Each line about a request carries its ``request_id`` (the response id),
 ``session_id`` and ``stream_id`` (bound with :func:`bargein.app.logging.bind`).
@@ -16,7 +16,7 @@ from bargein.app.logging import bind
 from bargein.app.metrics import Metrics
 
 if TYPE_CHECKING:
-    from bargein.session.session import Message
+    from bargein.session.conversation.state import Message
 
 logger = logging.getLogger("bargein.request")
 

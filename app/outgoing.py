@@ -4,7 +4,7 @@
 ``send`` returns once the frame is handed to the transport, so every sender
 (the read loop's answers, one delivery per stream) has at most one frame
 waiting: a lagging client makes deliveries wait, and they coalesce what the
-log gained meanwhile into one bigger delta (:mod:`bargein.session.delivery`), reading
+log gained meanwhile into one bigger delta (:mod:`bargein.session.runtime.delivery`), reading
 the log at their own pace. Below the writer, uvicorn stops taking frames once
 the socket's user-space buffer passes asyncio's high-water mark (64 KiB).
 

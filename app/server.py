@@ -1,7 +1,7 @@
 """The starlette app: ``/v1/realtime``, health, ``/metrics`` and the static client.
 
 Thin by design: the WebSocket handler decodes frames (:mod:`protocol`), hands
-the events to its :class:`~bargein.session.connection.Connection` and lets one writer
+the events to its :class:`~bargein.session.runtime.connection.Connection` and lets one writer
 task per connection put server events on the wire. The model loads in a
 worker thread after startup (``/readyz`` says 503 until it is loaded); the
 engine runs on its own thread, never on the event loop. Exceptions become
@@ -41,12 +41,12 @@ from bargein.app.outgoing import Outgoing
 from bargein.app.settings import ServerConfig, Settings
 from bargein.protocol import CloseCode, Decoder, select_subprotocol
 from bargein.protocol.errors import FrameTooLarge, ProtocolError
-from bargein.session.admission import Admission
-from bargein.session.connection import Connection
 from bargein.session.errors import NodeIdInUse, TokenLogUnavailable
-from bargein.session.log import TokenLog, open_token_log
-from bargein.session.service import Service
-from bargein.session.voice import VOICES, VoiceRuntime
+from bargein.session.runtime.admission import Admission
+from bargein.session.runtime.connection import Connection
+from bargein.session.runtime.service import Service
+from bargein.session.streams.log import TokenLog, open_token_log
+from bargein.session.voice_runtime.audio_input import VOICES, VoiceRuntime
 from bargein.voice.models import VoiceUnavailable, load_voice_models
 
 logger = logging.getLogger("bargein")
@@ -237,12 +237,12 @@ async def load_voice(settings: Settings) -> VoiceRuntime | None:
 
 
 def make_cluster(settings: Settings) -> Any:
-    """With a Redis log, this node's :class:`bargein.session.cluster.Cluster`; else None."""
+    """With a Redis log, this node's :class:`bargein.session.streams.cluster.Cluster`; else None."""
     server = settings.server
     if server.redis_url is None:
         return None
-    from bargein.session.cluster import Cluster  # redis only when used
-    from bargein.session.cluster.lease import LeaseConfig
+    from bargein.session.streams.cluster import Cluster  # redis only when used
+    from bargein.session.streams.cluster.lease import LeaseConfig
 
     lease = LeaseConfig(ttl_s=server.lease_ttl_s, renew_every_s=server.lease_ttl_s / 5)
     return Cluster(server.redis_url, server.node_name, lease=lease)

@@ -20,10 +20,11 @@ from typing import Any, Literal
 from bargein.app.auth import default_allowed_hosts, normalize_host, normalize_origin
 from bargein.app.logging import LogFormat
 from bargein.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from bargein.session.admission import AdmissionConfig
-from bargein.session.config import SessionConfig, VoiceConfig
-from bargein.session.log.durability import parse_durability
-from bargein.session.log.redis_url import is_redis_url, parse_redis_url, redact_url
+from bargein.session.conversation.config import SessionConfig
+from bargein.session.runtime.admission import AdmissionConfig
+from bargein.session.streams.log.durability import parse_durability
+from bargein.session.streams.log.redis_url import is_redis_url, parse_redis_url, redact_url
+from bargein.session.voice_runtime.config import VoiceConfig
 
 ENV_PREFIX = "BARGEIN_"
 
@@ -91,7 +92,7 @@ class ServerConfig:
         lease_ttl_s: with Redis, a stream whose node stops renewing its lease
             this long is continued by the node a client resumes it on.
         log_durability: with Redis, when a log write waits for a replica:
-            ``none``, ``wait-on-end`` or ``wait-every-ms:N`` (bargein.session.log.durability).
+            ``none``, ``wait-on-end`` or ``wait-every-ms:N`` (bargein.session.streams.log.durability).
         ssl_certfile, ssl_keyfile: PEM certificate (chain) and private key:
             serve ``https://`` and ``wss://`` (uvicorn's TLS); both or neither.
         forwarded_allow_ips: addresses or networks (``*``: any) of the reverse
@@ -179,7 +180,7 @@ class ServerConfig:
 
 def _check_redis_url(url: str) -> None:
     """Refuse a malformed ``--redis-url`` before anything starts; the message
-    shows it without its password (session/log/redis_url.py ``redact_url``)."""
+    shows it without its password (session/streams/log/redis_url.py ``redact_url``)."""
     if not is_redis_url(url):
         raise ValueError(
             f"redis_url={redact_url(url)!r} must start with redis://, rediss://, unix://, "

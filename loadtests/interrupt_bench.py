@@ -37,7 +37,7 @@ from bargein.app.client import RealtimeClient  # noqa: E402
 from bargein.app.embedded import EmbeddedServer  # noqa: E402
 from bargein.app.settings import ServerConfig, Settings  # noqa: E402
 from bargein.engine.config import EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
-from bargein.session.config import SessionConfig  # noqa: E402
+from bargein.session.conversation.config import SessionConfig  # noqa: E402
 
 TOPICS = ["dragons", "the sea", "a robot", "winter", "a lost key", "the moon", "trains", "a garden"]
 

@@ -1,7 +1,7 @@
 """Capacity model of bargein on Redis (docs/scaling.md), extrapolated to many nodes.
 
 Pure arithmetic from the per-operation costs of the token log and the cluster
-coordinator (session/log/, session/cluster/), with the measured inputs of
+coordinator (session/streams/log/, session/streams/cluster/), with the measured inputs of
 docs/scaling.md as defaults. For a deployment of ``--nodes`` nodes and
 ``--clients`` connected clients it prints, per Redis shard count, the load of
 each shard (commands/s, bytes/s written, memory, client connections) against

@@ -3,7 +3,7 @@ voice may use protocol.
 
 Inside the session layer the token log is below the cluster: the cluster
 takes leases and takes streams over through the log, and the log knows
-nothing of either (it only checks a :class:`~bargein.session.log.fence.Fence`).
+nothing of either (it only checks a :class:`~bargein.session.streams.log.fence.Fence`).
 
 The rules are checked on the source (every ``import``, at any depth, also the
 lazy ones inside functions), so a violation fails here before anything runs.
@@ -27,18 +27,18 @@ FORBIDDEN: Mapping[str, tuple[str, ...]] = {
     "bargein.session": ("bargein.app",),
     # voice knows audio and text only: the session drives it
     "bargein.voice": ("bargein.engine", "bargein.session", "bargein.app", "bargein.protocol"),
-    "bargein.session.log": (
-        "bargein.session.cluster",
-        "bargein.session.service",
-        "bargein.session.connection",
-        "bargein.session.delivery",
-        "bargein.session.session",
+    "bargein.session.streams.log": (
+        "bargein.session.streams.cluster",
+        "bargein.session.runtime.service",
+        "bargein.session.runtime.connection",
+        "bargein.session.runtime.delivery",
+        "bargein.session.conversation.state",
     ),
 }
 
 
 def module_name(path: Path, root: Path) -> str:
-    """``session/log/memory.py`` -> ``bargein.session.log.memory``."""
+    """``session/streams/log/memory.py`` -> ``bargein.session.streams.log.memory``."""
     parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
@@ -98,19 +98,27 @@ def test_the_tree_keeps_the_arrows() -> None:
 @pytest.mark.parametrize(
     ("module", "source", "expected"),
     [
-        ("bargein.engine.engine", "from bargein.session.service import Service", "bargein.session.service"),
+        (
+            "bargein.engine.engine",
+            "from bargein.session.runtime.service import Service",
+            "bargein.session.runtime.service",
+        ),
         ("bargein.engine.x", "def f():\n    import bargein.app.server\n", "bargein.app.server"),
-        ("bargein.session.service", "from bargein.app import cli", "bargein.app"),
+        ("bargein.session.runtime.service", "from bargein.app import cli", "bargein.app"),
         (
             "bargein.protocol.codec",
             "from bargein.engine.request import FinishReason",
             "bargein.engine.request",
         ),
-        ("bargein.session.log.memory", "from ..cluster import lease", "bargein.session.cluster"),
         (
-            "bargein.session.log.redis_tail",
-            "from bargein.session.cluster.lease import Leases",
-            "bargein.session.cluster.lease",
+            "bargein.session.streams.log.memory",
+            "from ..cluster import lease",
+            "bargein.session.streams.cluster",
+        ),
+        (
+            "bargein.session.streams.log.redis_tail",
+            "from bargein.session.streams.cluster.lease import Leases",
+            "bargein.session.streams.cluster.lease",
         ),
     ],
 )
@@ -121,11 +129,11 @@ def test_an_arrow_pointing_back_fails(module: str, source: str, expected: str) -
 @pytest.mark.parametrize(
     ("module", "source"),
     [
-        ("bargein.app.server", "from bargein.session.service import Service"),
-        ("bargein.session.service", "from bargein.engine.request import SamplingParams"),
+        ("bargein.app.server", "from bargein.session.runtime.service import Service"),
+        ("bargein.session.runtime.service", "from bargein.engine.request import SamplingParams"),
         ("bargein.engine.engine", "import bargein.protocol"),
-        ("bargein.session.cluster.lease", "from bargein.session.log.fence import Fence"),
-        ("bargein.session.log.redis_streams", "from bargein.session.errors import StreamFenced"),
+        ("bargein.session.streams.cluster.lease", "from bargein.session.streams.log.fence import Fence"),
+        ("bargein.session.streams.log.redis_streams", "from bargein.session.errors import StreamFenced"),
         ("bargein.sessionx.y", "from bargein.app import cli"),  # a prefix is a whole name
     ],
 )

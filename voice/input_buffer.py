@@ -8,7 +8,7 @@ only the part not yet committed into a user item, bounded by
 can need any more (:meth:`InputAudioBuffer.trim_before` with the detector's
 ``keep_from_ms``), so a client that streams for ever without a turn end
 holds at most the prefix padding, and a turn that reaches the limit is ended
-there by the session (``session/voice.py``).
+there by the session (``session/voice_runtime/audio_input.py``).
 
 Pure computation on numpy arrays; audio is mono float32 at ``sample_rate``
 (after resampling). Milliseconds map to samples as ``ms * sample_rate // 1000``.

@@ -16,7 +16,7 @@ Routes (:func:`openai_routes`):
   ``"interrupted"``.
 
 Both answers read the stream through the service's feed
-(:meth:`bargein.session.service.Service.feed`), the one delivery path the
+(:meth:`bargein.session.runtime.service.Service.feed`), the one delivery path the
 WebSocket uses too: at most a bounded read-ahead is queued, and what queued
 while the client was busy goes out together. SSE events carry
 ``id: <stream_id>:<end>`` (:mod:`bargein.app.openai.sse`): one chunk per batch
@@ -77,12 +77,12 @@ from bargein.app.openai.schema import (
 from bargein.app.openai.sse import event_id, format_event, parse_event_id, parse_offset
 from bargein.engine.request import FinishReason
 from bargein.protocol import events as pe
-from bargein.session.config import SessionConfig
-from bargein.session.delivery import Batch, relayed_code, truncated_message
+from bargein.session.conversation.config import SessionConfig
+from bargein.session.conversation.state import Message, Submit, SubmitFailed
 from bargein.session.errors import OffsetOutOfRange, StreamNotFound, StreamTruncated, TokenLogUnavailable
-from bargein.session.log import EndError, StreamEnd, StreamInfo
-from bargein.session.service import Owner, Service
-from bargein.session.session import Message, Submit, SubmitFailed
+from bargein.session.runtime.delivery import Batch, relayed_code, truncated_message
+from bargein.session.runtime.service import Owner, Service
+from bargein.session.streams.log import EndError, StreamEnd, StreamInfo
 
 DONE = format_event("[DONE]")
 CANCEL_WAIT_S = 10.0  # a cancel answers once the engine confirmed (one step), or after this

@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from bargein.engine.request import SamplingParams
-from bargein.session.config import SessionConfig
-from bargein.session.log import StreamEnd
-from bargein.session.session import Message
+from bargein.session.conversation.config import SessionConfig
+from bargein.session.conversation.state import Message
+from bargein.session.streams.log import StreamEnd
 
 MAX_STOP_STRINGS = 4  # as OpenAI, and as the WebSocket's response.create
 MAX_SEED = 2**63 - 1  # as the WebSocket: an int64 everywhere (torch, Redis, msgpack)

@@ -40,7 +40,7 @@ from bargein.app.server import AppState
 from bargein.app.settings import ServerConfig, Settings
 from bargein.engine.config import EngineConfig, SchedulerConfig
 from bargein.engine.request import EngineRequest
-from bargein.session.config import SessionConfig
+from bargein.session.conversation.config import SessionConfig
 
 MAX_MODEL_LEN = 512
 MAX_FRAME_BYTES = 64 * 1024

@@ -26,7 +26,7 @@ from bargein.app.outgoing import Outgoing
 from bargein.app.settings import ServerConfig, Settings
 from bargein.protocol import CloseCode
 from bargein.protocol import events as pe
-from bargein.session.config import SessionConfig
+from bargein.session.conversation.config import SessionConfig
 from tests.app.conftest import LiveServer, node_on_engine
 from tests.app.rawws import masked_text, raw_upgrade
 

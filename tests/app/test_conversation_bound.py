@@ -11,7 +11,7 @@ import pytest
 import websockets
 
 from bargein.app.settings import ServerConfig, Settings
-from bargein.session.config import SessionConfig
+from bargein.session.conversation.config import SessionConfig
 from tests.app.conftest import MAX_FRAME_BYTES, LiveServer, node_on_engine
 
 pytestmark = pytest.mark.slow

@@ -19,7 +19,7 @@ from websockets.exceptions import InvalidStatus
 from bargein.app.auth import AuthConfig, host_of
 from bargein.app.embedded import EmbeddedServer
 from bargein.app.settings import ServerConfig, Settings, SettingsError, parse_serve_args
-from bargein.session.config import SessionConfig
+from bargein.session.conversation.config import SessionConfig
 from tests.app.conftest import LiveServer, node_on_engine
 
 EVIL = "http://evil.example"

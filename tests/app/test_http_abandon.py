@@ -21,7 +21,7 @@ import pytest
 
 from bargein.app.embedded import EmbeddedServer
 from bargein.app.settings import ServerConfig, Settings
-from bargein.session.config import SessionConfig
+from bargein.session.conversation.config import SessionConfig
 from tests.app.conftest import LiveServer, node_on_engine
 from tests.app.resume_helpers import Conn, Received
 

@@ -25,7 +25,7 @@ from websockets.exceptions import InvalidStatus
 from bargein.app.auth import principal_for
 from bargein.app.embedded import EmbeddedServer
 from bargein.app.settings import ServerConfig, Settings
-from bargein.session.config import SessionConfig
+from bargein.session.conversation.config import SessionConfig
 from tests.app.conftest import MAX_FRAME_BYTES, LiveServer
 
 pytestmark = pytest.mark.slow

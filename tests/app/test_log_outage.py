@@ -32,8 +32,8 @@ import redis
 
 from bargein.app.embedded import EmbeddedServer
 from bargein.app.settings import ServerConfig, Settings
-from bargein.session.config import SessionConfig
-from bargein.session.log.redis_format import Keys
+from bargein.session.conversation.config import SessionConfig
+from bargein.session.streams.log.redis_format import Keys
 from tests.app.conftest import LiveServer, node_on_engine
 from tests.app.log_capture import Records, server_log
 from tests.app.rawws import ServerFrames, masked_text, raw_upgrade
@@ -154,7 +154,7 @@ def _log_failure_answered(log: Records) -> bool:
     """The server gave up on the log for an event: it answered it (fixed) or
     failed the whole connection (the bug this test guards against)."""
     return any(
-        r.name == "bargein.session.connection"
+        r.name == "bargein.session.runtime.connection"
         and "token log" in r.getMessage()
         or r.getMessage() == "connection failed"
         for r in log.records
@@ -201,7 +201,7 @@ async def test_a_log_outage_fails_the_event_and_keeps_the_connection(
         )
         client.send(type="session.update", session={"instructions": BIG_INSTRUCTIONS})
         await _wait_logged_to_end(outage_node, own_redis.url, num_before)
-        with server_log("bargein", "bargein.session.connection", level=logging.WARNING) as log:
+        with server_log("bargein", "bargein.session.runtime.connection", level=logging.WARNING) as log:
             own_redis.pause()
             try:
                 client.resume(first, 0, event_id="resume-in-outage")

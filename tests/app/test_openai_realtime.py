@@ -16,9 +16,9 @@ import pytest
 import websockets
 
 from bargein.app.settings import ServerConfig, Settings
-from bargein.session.admission import AdmissionConfig
-from bargein.session.config import SessionConfig
-from bargein.session.log import StreamEnd
+from bargein.session.conversation.config import SessionConfig
+from bargein.session.runtime.admission import AdmissionConfig
+from bargein.session.streams.log import StreamEnd
 from tests.app.conftest import LiveServer, node_on_engine
 from tests.speech import espeak_pcm16, silence_pcm16
 

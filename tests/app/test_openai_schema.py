@@ -19,9 +19,9 @@ from bargein.app.openai.schema import (
     usage_chunk,
 )
 from bargein.engine.request import SamplingParams
-from bargein.session.config import SessionConfig
-from bargein.session.log import StreamEnd
-from bargein.session.session import Message
+from bargein.session.conversation.config import SessionConfig
+from bargein.session.conversation.state import Message
+from bargein.session.streams.log import StreamEnd
 
 CONFIG = SessionConfig(max_tokens=64, default_max_tokens=32)
 HELLO = [{"role": "user", "content": "Hello"}]

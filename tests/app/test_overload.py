@@ -23,8 +23,9 @@ from bargein.app.client import RealtimeClient, ServerError
 from bargein.app.embedded import EmbeddedServer
 from bargein.app.settings import ServerConfig, Settings
 from bargein.engine.config import EngineConfig, SchedulerConfig
-from bargein.session.admission import AdmissionConfig
-from bargein.session.config import SessionConfig, VoiceConfig
+from bargein.session.conversation.config import SessionConfig
+from bargein.session.runtime.admission import AdmissionConfig
+from bargein.session.voice_runtime.config import VoiceConfig
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ import pytest
 from bargein.app.client import RealtimeClient
 from bargein.app.embedded import EmbeddedServer
 from bargein.app.settings import ServerConfig, Settings
-from bargein.session.config import SessionConfig
+from bargein.session.conversation.config import SessionConfig
 from tests.app.conftest import LiveServer, node_on_engine
 
 pytestmark = pytest.mark.slow

@@ -18,8 +18,8 @@ from websockets.asyncio.client import connect
 
 from bargein.app.embedded import EmbeddedServer
 from bargein.app.settings import ServerConfig, Settings
-from bargein.session.admission import AdmissionConfig
-from bargein.session.config import SessionConfig
+from bargein.session.conversation.config import SessionConfig
+from bargein.session.runtime.admission import AdmissionConfig
 from tests.app.conftest import LiveServer, node_on_engine
 
 pytestmark = pytest.mark.slow

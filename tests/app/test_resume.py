@@ -20,11 +20,11 @@ import pytest
 
 from bargein.app.embedded import EmbeddedServer
 from bargein.app.settings import ServerConfig, Settings
-from bargein.session.actions import Message
-from bargein.session.chat import render_prompt
-from bargein.session.config import SessionConfig
-from bargein.session.saved import SavedSession
-from bargein.session.tokens import make_session_token
+from bargein.session.conversation.actions import Message
+from bargein.session.conversation.chat import render_prompt
+from bargein.session.conversation.config import SessionConfig
+from bargein.session.runtime.saved import SavedSession
+from bargein.session.runtime.tokens import make_session_token
 from tests.app.conftest import MAX_FRAME_BYTES, LiveServer
 from tests.app.resume_helpers import Conn, Received, assert_tiles
 

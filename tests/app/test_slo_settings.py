@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bargein.app.settings import parse_serve_args
 from bargein.engine.config import SchedulerConfig
-from bargein.session.admission import AdmissionConfig
+from bargein.session.runtime.admission import AdmissionConfig
 
 
 def test_serve_turns_the_targets_on_and_the_library_leaves_them_off() -> None:

@@ -23,7 +23,7 @@ from bargein.app.client import RealtimeClient
 from bargein.app.embedded import EmbeddedServer
 from bargein.app.listen import check_tls
 from bargein.app.settings import ServerConfig, Settings, SettingsError, parse_serve_args
-from bargein.session.config import SessionConfig
+from bargein.session.conversation.config import SessionConfig
 from tests.app.browser import launch
 from tests.app.conftest import LiveServer, node_on_engine
 from tests.app.log_capture import server_log

@@ -19,10 +19,10 @@ import pytest
 from redis.asyncio import Redis
 
 from bargein.app.embedded import EmbeddedServer
-from bargein.session.log import LogEntry, StreamInfo, StreamWrite
-from bargein.session.log.redis_format import Keys
-from bargein.session.log.redis_streams import RedisLogConfig, RedisTokenLog
-from bargein.session.tokens import make_resume_token
+from bargein.session.runtime.tokens import make_resume_token
+from bargein.session.streams.log import LogEntry, StreamInfo, StreamWrite
+from bargein.session.streams.log.redis_format import Keys
+from bargein.session.streams.log.redis_streams import RedisLogConfig, RedisTokenLog
 from tests.app.conftest import LiveServer, redis_node_on_engine
 from tests.app.resume_helpers import Conn, Received
 

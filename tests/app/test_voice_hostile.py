@@ -25,7 +25,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 from bargein.app.embedded import EmbeddedServer
-from bargein.session.config import VoiceConfig
+from bargein.session.voice_runtime.config import VoiceConfig
 from tests.app.conftest import LiveServer
 from tests.app.log_capture import Records, server_log
 from tests.app.resume_helpers import Conn

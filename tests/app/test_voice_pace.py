@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from bargein.app.embedded import EmbeddedServer
-from bargein.session.config import VoiceConfig
+from bargein.session.voice_runtime.config import VoiceConfig
 from tests.app.conftest import LiveServer
 from tests.app.resume_helpers import Conn
 from tests.app.voice_helpers import voice_server

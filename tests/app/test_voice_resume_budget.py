@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from bargein.app.settings import ServerConfig, Settings
-from bargein.session.admission import AdmissionConfig
-from bargein.session.config import SessionConfig
+from bargein.session.conversation.config import SessionConfig
+from bargein.session.runtime.admission import AdmissionConfig
 from tests.app.conftest import MAX_FRAME_BYTES, LiveServer, node_on_engine
 from tests.app.resume_helpers import Conn
 from tests.app.voice_helpers import RATE, until, voice_session

@@ -13,8 +13,9 @@ import httpx
 
 from bargein.app.embedded import EmbeddedServer
 from bargein.app.settings import ServerConfig, Settings
-from bargein.session.config import SessionConfig, VoiceConfig
-from bargein.session.voice import VoiceRuntime
+from bargein.session.conversation.config import SessionConfig
+from bargein.session.voice_runtime.audio_input import VoiceRuntime
+from bargein.session.voice_runtime.config import VoiceConfig
 from tests.app.conftest import MAX_FRAME_BYTES, LiveServer
 from tests.app.resume_helpers import Conn
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 
-from bargein.session.log import LogEntry, StreamEnd, StreamInfo, StreamWrite
+from bargein.session.streams.log import LogEntry, StreamEnd, StreamInfo, StreamWrite
 
 
 class FakeClock:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bargein.protocol import events as pe
-from bargein.session.admission import Admission, AdmissionConfig, TokenBucket
+from bargein.session.runtime.admission import Admission, AdmissionConfig, TokenBucket
 
 
 def test_request_bucket_refuses_past_the_burst_and_says_when_to_retry() -> None:

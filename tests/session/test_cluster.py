@@ -1,6 +1,6 @@
 """Takeover and forwarded cancels between nodes, on a real redis-server, without a model.
 
-Each node is a :class:`bargein.session.cluster.Cluster` with its own RedisTokenLog;
+Each node is a :class:`bargein.session.streams.cluster.Cluster` with its own RedisTokenLog;
 the service around it is a stand-in that records what the cluster asks of
 it (the continuation request it would submit to its engine).
 """
@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 
 from bargein.engine.request import EngineRequest, FinishReason, SamplingParams
-from bargein.session.cluster import Cluster
-from bargein.session.cluster.lease import LeaseConfig
 from bargein.session.errors import TokenLogUnavailable
-from bargein.session.log import LogEntry, StreamEnd, StreamInfo, StreamWrite
-from bargein.session.log.redis_streams import RedisLogConfig, RedisTokenLog
+from bargein.session.streams.cluster import Cluster
+from bargein.session.streams.cluster.lease import LeaseConfig
+from bargein.session.streams.log import LogEntry, StreamEnd, StreamInfo, StreamWrite
+from bargein.session.streams.log.redis_streams import RedisLogConfig, RedisTokenLog
 
 pytestmark = pytest.mark.redis
 

@@ -8,10 +8,10 @@ from typing import Any
 
 from bargein.engine.request import FinishReason, RequestOutput
 from bargein.protocol import events as pe
-from bargein.session.config import SessionConfig
-from bargein.session.connection import Connection
-from bargein.session.service import Service
-from bargein.session.session import Message, State
+from bargein.session.conversation.config import SessionConfig
+from bargein.session.conversation.state import Message, State
+from bargein.session.runtime.connection import Connection
+from bargein.session.runtime.service import Service
 from tests.session.test_service import CountingLog, ThreadedEngine
 
 

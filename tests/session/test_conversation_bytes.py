@@ -10,17 +10,17 @@ import threading
 import pytest
 
 from bargein.protocol import events as pe
-from bargein.session.actions import AddItem, Message, Send, Submit
-from bargein.session.config import SessionConfig
-from bargein.session.log import MemoryTokenLog
-from bargein.session.saved import SavedSession, SessionSaver, max_saved_bytes, snapshot
-from bargein.session.session import Session, text_bytes
+from bargein.session.conversation.actions import AddItem, Message, Send, Submit
+from bargein.session.conversation.config import SessionConfig
+from bargein.session.conversation.state import Conversation, text_bytes
+from bargein.session.runtime.saved import SavedSession, SessionSaver, max_saved_bytes, snapshot
+from bargein.session.streams.log import MemoryTokenLog
 from tests.session.test_session import create, make_session
 
 LIMIT = 1024
 
 
-def add(session: Session, text: str) -> pe.ErrorEvent | None:
+def add(session: Conversation, text: str) -> pe.ErrorEvent | None:
     """Add a user item; the error it got, or None when it was added."""
     (action,) = session.handle(AddItem(item=Message(role="user", content=text), event_id="e"), 0.0)
     assert isinstance(action, Send)
@@ -106,7 +106,7 @@ async def test_saves_still_land_in_order() -> None:
 async def test_a_save_over_its_bound_is_not_written(caplog: pytest.LogCaptureFixture) -> None:
     config = SessionConfig(max_conversation_bytes=LIMIT)
     log = MemoryTokenLog()
-    session = Session(config, session_id="sess")
+    session = Conversation(config, session_id="sess")
     assert add(session, "fits") is None
     saver = SessionSaver(log, lambda: snapshot(session, "alice"), max_bytes=max_saved_bytes(config))
     saver.request()

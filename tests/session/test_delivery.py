@@ -8,10 +8,10 @@ import contextlib
 import pytest
 
 from bargein.protocol import events as pe
-from bargein.session.delivery import Batch, Delivery, feed
 from bargein.session.errors import TokenLogUnavailable
-from bargein.session.log import EndError, LogEntry, MemoryTokenLog, StreamEnd, StreamInfo, StreamWrite
-from bargein.session.observer import NullObserver
+from bargein.session.runtime.delivery import Batch, Delivery, feed
+from bargein.session.runtime.observer import NullObserver
+from bargein.session.streams.log import EndError, LogEntry, MemoryTokenLog, StreamEnd, StreamInfo, StreamWrite
 
 WORDS = ["Paris", " is", " the", " capital", " of", " France", "."]
 

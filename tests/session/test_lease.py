@@ -1,4 +1,4 @@
-"""Leases and forwarded cancels on a real redis-server (session/cluster/lease.py, forward.py)."""
+"""Leases and forwarded cancels on a real redis-server (session/streams/cluster/lease.py, forward.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
 
 from bargein.engine.request import FinishReason
-from bargein.session.cluster.forward import Forwarder
-from bargein.session.cluster.lease import VALID_FRACTION, LeaseConfig, Leases
+from bargein.session.streams.cluster.forward import Forwarder
+from bargein.session.streams.cluster.lease import VALID_FRACTION, LeaseConfig, Leases
 
 pytestmark = pytest.mark.redis
 

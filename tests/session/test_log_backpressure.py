@@ -13,11 +13,11 @@ from prometheus_client import CollectorRegistry
 from bargein.app.metrics import Metrics
 from bargein.app.observer import Observer
 from bargein.engine.request import SamplingParams
-from bargein.session.config import SessionConfig
-from bargein.session.log import LogEntry, MemoryTokenLog, StreamWrite
-from bargein.session.observer import NullObserver
-from bargein.session.service import Owner, Service
-from bargein.session.session import GenerationFinished, Message, Submit, Submitted
+from bargein.session.conversation.config import SessionConfig
+from bargein.session.conversation.state import GenerationFinished, Message, Submit, Submitted
+from bargein.session.runtime.observer import NullObserver
+from bargein.session.runtime.service import Owner, Service
+from bargein.session.streams.log import LogEntry, MemoryTokenLog, StreamWrite
 from tests.session.test_service import ThreadedEngine, out, read_all
 
 BOUND = 4

@@ -1,4 +1,4 @@
-"""Node ids held on a real redis-server (session/cluster/registry.py): a second
+"""Node ids held on a real redis-server (session/streams/cluster/registry.py): a second
 live node with the same id is refused at start; a dead one's id is free again."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from redis.asyncio import Redis
 
 from bargein.app.settings import PROCESS_NODE_ID, ServerConfig
-from bargein.session.cluster.registry import NodeRegistry
 from bargein.session.errors import NodeIdInUse
+from bargein.session.streams.cluster.registry import NodeRegistry
 
 pytestmark = pytest.mark.redis
 _prefixes = itertools.count()

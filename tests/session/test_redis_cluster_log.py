@@ -11,8 +11,8 @@ import pytest
 from redis import Redis
 
 from bargein.session.errors import TokenLogError
-from bargein.session.log import LogEntry, StreamEnd
-from bargein.session.log.redis_streams import RedisLogConfig, RedisTokenLog
+from bargein.session.streams.log import LogEntry, StreamEnd
+from bargein.session.streams.log.redis_streams import RedisLogConfig, RedisTokenLog
 from tests.needs import missing
 from tests.redis_cluster import RedisClusterServers, redis_cli_binary
 from tests.redis_server import RedisServer, redis_server_binary

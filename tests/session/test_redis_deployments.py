@@ -12,12 +12,12 @@ import pytest
 from redis.asyncio import Redis
 
 from bargein.app.settings import ServerConfig
-from bargein.session.cluster.lease import LeaseConfig, Leases
 from bargein.session.errors import StreamFenced
-from bargein.session.log import StreamEnd, open_token_log
-from bargein.session.log.durability import LogDurability, parse_durability
-from bargein.session.log.redis_streams import RedisLogConfig, RedisTokenLog
-from bargein.session.log.redis_url import RedisTarget, parse_redis_url, redact_url
+from bargein.session.streams.cluster.lease import LeaseConfig, Leases
+from bargein.session.streams.log import StreamEnd, open_token_log
+from bargein.session.streams.log.durability import LogDurability, parse_durability
+from bargein.session.streams.log.redis_streams import RedisLogConfig, RedisTokenLog
+from bargein.session.streams.log.redis_url import RedisTarget, parse_redis_url, redact_url
 from tests.needs import missing
 from tests.redis_cluster import SentinelServers
 from tests.redis_server import redis_server_binary

@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from redis.asyncio import Redis
 
-from bargein.session.cluster import Cluster
-from bargein.session.cluster.lease import LeaseConfig
 from bargein.session.errors import TokenLogUnavailable
-from bargein.session.log.redis_streams import RedisLogConfig, RedisTokenLog
+from bargein.session.streams.cluster import Cluster
+from bargein.session.streams.cluster.lease import LeaseConfig
+from bargein.session.streams.log.redis_streams import RedisLogConfig, RedisTokenLog
 from tests.needs import missing
 from tests.redis_server import RedisServer, redis_server_binary
 from tests.session.log_helpers import chunks, collect, entry, finish, live_info, write

@@ -15,8 +15,8 @@ from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from bargein.session.errors import StreamTruncated, TokenLogUnavailable
-from bargein.session.log import LogEntry, StreamEnd
-from bargein.session.log.redis_streams import RedisLogConfig, RedisTokenLog
+from bargein.session.streams.log import LogEntry, StreamEnd
+from bargein.session.streams.log.redis_streams import RedisLogConfig, RedisTokenLog
 from tests.session.log_helpers import chunks, collect, entry, finish, live_info, write
 
 pytestmark = pytest.mark.redis

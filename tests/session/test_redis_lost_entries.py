@@ -2,7 +2,7 @@
 read answers with an explicit error at once, never a gap and never a wait.
 
 The arrangements are what an operator or Redis itself can do to a stream's
-two keys (session/log/redis_format.py): ``XTRIM MAXLEN`` to a few entries or
+two keys (session/streams/log/redis_format.py): ``XTRIM MAXLEN`` to a few entries or
 to none, ``XTRIM MINID``, ``XDEL`` of one entry in the middle, the entries
 key gone (expired, evicted) while the metadata stays, and the reverse. A
 reader on the writing node and one on another node are both checked.
@@ -18,8 +18,8 @@ import pytest
 from redis.asyncio import Redis
 
 from bargein.session.errors import StreamNotFound, StreamTruncated
-from bargein.session.log import TRUNCATED_CODE, EndError, MemoryTokenLog, StreamEnd, TokenLog
-from bargein.session.log.redis_streams import RedisLogConfig, RedisTokenLog
+from bargein.session.streams.log import TRUNCATED_CODE, EndError, MemoryTokenLog, StreamEnd, TokenLog
+from bargein.session.streams.log.redis_streams import RedisLogConfig, RedisTokenLog
 from tests.session.log_helpers import chunks, collect, finish, live_info, write
 
 pytestmark = pytest.mark.redis

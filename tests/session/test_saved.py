@@ -1,4 +1,4 @@
-"""Saved sessions: the format, the saver, and restoring a Session from one."""
+"""Saved sessions: the format, the saver, and restoring a Conversation from one."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import pytest
 
 from bargein.engine.request import FinishReason
 from bargein.protocol import events as pe
-from bargein.session.actions import GenerationFinished, Message
-from bargein.session.config import SessionConfig
-from bargein.session.log import MemoryTokenLog
-from bargein.session.saved import SavedActive, SavedSession, SessionSaver, snapshot
-from bargein.session.session import ConversationSettings, IllegalTransition, Session, State
+from bargein.session.conversation.actions import GenerationFinished, Message
+from bargein.session.conversation.config import SessionConfig
+from bargein.session.conversation.state import Conversation, ConversationSettings, IllegalTransition, State
+from bargein.session.runtime.saved import SavedActive, SavedSession, SessionSaver, snapshot
+from bargein.session.streams.log import MemoryTokenLog
 from tests.session.log_helpers import FakeClock
 
 SETTINGS = ConversationSettings(
@@ -140,7 +140,7 @@ async def test_close_does_not_wait_for_a_pending_save() -> None:
 
 
 def test_restore_waits_for_the_active_response_then_keeps_its_turn() -> None:
-    session = Session(SessionConfig(), session_id="s1")
+    session = Conversation(SessionConfig(), session_id="s1")
     state = saved(turns=3)
     session.restore(settings=state.settings, turns=list(state.turns), active=("r", "st", "half", 1))
     assert session.state is State.GENERATING and session.active_stream_id == "st"
@@ -154,7 +154,7 @@ def test_restore_waits_for_the_active_response_then_keeps_its_turn() -> None:
 
 
 def test_a_restored_response_dropped_at_its_deadline_takes_its_input_away() -> None:
-    session = Session(SessionConfig(), session_id="s1")
+    session = Conversation(SessionConfig(), session_id="s1")
     state = saved(turns=3)  # user, assistant, user: the last is the dropped one's input
     session.restore(settings=state.settings, turns=list(state.turns), active=("r", "st", "", 1))
     session.handle(
@@ -165,7 +165,7 @@ def test_a_restored_response_dropped_at_its_deadline_takes_its_input_away() -> N
 
 
 def test_only_a_fresh_session_is_restored() -> None:
-    session = Session(SessionConfig())
+    session = Conversation(SessionConfig())
     session.handle(pe.ResponseCreate(input=(pe.InputItem(role="user", content="hi"),)), now=0.0)
     with pytest.raises(IllegalTransition):
         session.restore(settings=SETTINGS, turns=[], active=None)

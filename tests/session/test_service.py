@@ -18,12 +18,12 @@ import pytest
 
 from bargein.engine.request import EngineRequest, FinishReason, RequestOutput, SamplingParams
 from bargein.protocol import events as pe
-from bargein.session.admission import Admission, AdmissionConfig
-from bargein.session.config import SessionConfig
+from bargein.session.conversation.config import SessionConfig
+from bargein.session.conversation.state import GenerationFinished, Message, Submit, SubmitFailed, Submitted
 from bargein.session.errors import TokenLogUnavailable
-from bargein.session.log import LogEntry, MemoryTokenLog, StreamEnd, StreamInfo, StreamWrite
-from bargein.session.service import Owner, Service
-from bargein.session.session import GenerationFinished, Message, Submit, SubmitFailed, Submitted
+from bargein.session.runtime.admission import Admission, AdmissionConfig
+from bargein.session.runtime.service import Owner, Service
+from bargein.session.streams.log import LogEntry, MemoryTokenLog, StreamEnd, StreamInfo, StreamWrite
 
 
 class ChatTemplate:

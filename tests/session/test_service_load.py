@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from bargein.engine.request import SamplingParams
 from bargein.engine.step_budget import StepBudget, StepCost
 from bargein.protocol import events as pe
-from bargein.session.admission import Admission, AdmissionConfig
-from bargein.session.config import SessionConfig
-from bargein.session.log import MemoryTokenLog
-from bargein.session.service import Owner, Service
-from bargein.session.session import Message, Submit, SubmitFailed, Submitted
+from bargein.session.conversation.config import SessionConfig
+from bargein.session.conversation.state import Message, Submit, SubmitFailed, Submitted
+from bargein.session.runtime.admission import Admission, AdmissionConfig
+from bargein.session.runtime.service import Owner, Service
+from bargein.session.streams.log import MemoryTokenLog
 from tests.session.test_service import ThreadedEngine, out
 
 COST = StepCost(base_s=0.010, per_decode_s=0.002, per_prefill_token_s=0.0005, per_context_token_s=0.0)

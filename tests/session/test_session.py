@@ -8,9 +8,10 @@ import pytest
 
 from bargein.engine.request import FinishReason
 from bargein.protocol import events as pe
-from bargein.session.config import SessionConfig
-from bargein.session.session import (
+from bargein.session.conversation.config import SessionConfig
+from bargein.session.conversation.state import (
     Abort,
+    Conversation,
     Delivered,
     Disconnected,
     GenerationFinished,
@@ -18,7 +19,6 @@ from bargein.session.session import (
     Message,
     ResumedFrom,
     Send,
-    Session,
     StartDelivery,
     State,
     StopDelivery,
@@ -28,9 +28,9 @@ from bargein.session.session import (
 )
 
 
-def make_session(**config: object) -> Session:
+def make_session(**config: object) -> Conversation:
     ids = (f"s{i}" for i in itertools.count())
-    return Session(SessionConfig(**config), session_id="sess", new_id=lambda: next(ids))  # type: ignore[arg-type]
+    return Conversation(SessionConfig(**config), session_id="sess", new_id=lambda: next(ids))  # type: ignore[arg-type]
 
 
 def user(text: str) -> tuple[pe.InputItem, ...]:
@@ -51,7 +51,7 @@ def errors(actions: list) -> list[pe.ErrorEvent]:
     return [a.event for a in actions if isinstance(a, Send) and isinstance(a.event, pe.ErrorEvent)]
 
 
-def start_response(s: Session, text: str = "hi", now: float = 1.0, **fields: object) -> Submit:
+def start_response(s: Conversation, text: str = "hi", now: float = 1.0, **fields: object) -> Submit:
     """create + Submitted: the response is GENERATING."""
     submit = only(s.handle(create(text, **fields), now), Submit)
     assert isinstance(submit, Submit)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from bargein.engine.request import FinishReason
 from bargein.protocol import events as pe
-from bargein.session.actions import (
+from bargein.session.conversation.actions import (
     Abort,
     AddItem,
     DeleteItem,
@@ -22,13 +22,17 @@ from bargein.session.actions import (
     Submitted,
     TruncateItem,
 )
-from bargein.session.saved import SavedSession, snapshot
-from bargein.session.session import Session, assistant_item_id
+from bargein.session.conversation.state import Conversation, assistant_item_id
+from bargein.session.runtime.saved import SavedSession, snapshot
 from tests.session.test_session import make_session
 
 
 def add(
-    session: Session, text: str, item_id: str | None = None, previous: str | None = None, role: str = "user"
+    session: Conversation,
+    text: str,
+    item_id: str | None = None,
+    previous: str | None = None,
+    role: str = "user",
 ) -> object:
     event = AddItem(
         item=Message(role=role, content=text, item_id=item_id), previous_item_id=previous, event_id="e"
@@ -38,7 +42,7 @@ def add(
     return action.event
 
 
-def answer(session: Session, text: str, **create: object) -> tuple[str, Submit]:
+def answer(session: Conversation, text: str, **create: object) -> tuple[str, Submit]:
     """Create a response and finish it with ``text``; (its stream id, its Submit)."""
     submit = session.handle(pe.ResponseCreate(**create), 0.0)[-1]  # type: ignore[arg-type]
     assert isinstance(submit, Submit)

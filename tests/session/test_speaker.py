@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from bargein.protocol import events as pe
-from bargein.session.delivery import Delivery
-from bargein.session.log import MemoryTokenLog, StreamEnd, StreamWrite
-from bargein.session.speaker import Speaker
+from bargein.session.runtime.delivery import Delivery
+from bargein.session.streams.log import MemoryTokenLog, StreamEnd, StreamWrite
+from bargein.session.voice_runtime.speaker import Speaker
 from tests.session.test_delivery import BrokenReadLog, new_stream, step
 from tests.session.voice_fakes import FakeSynth
 
@@ -223,7 +223,7 @@ async def test_a_synthesis_failure_costs_the_audio_not_the_response(caplog: pyte
     synth = FakeSynth()
     synth.fail = "Seine"
     s = speaker(wire, synth)
-    with caplog.at_level(logging.ERROR, logger="bargein.session.speaker"):
+    with caplog.at_level(logging.ERROR, logger="bargein.session.voice_runtime.speaker"):
         s.feed(TEXT)
         await asyncio.wait_for(s.finish(), HANG_GUARD_S)
     audio = wire.audio()

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from bargein.session.errors import TokenLogUnavailable
-from bargein.session.log import LogEntry, StreamEnd
-from bargein.session.log.redis_streams import RedisLogConfig, RedisTokenLog
+from bargein.session.streams.log import LogEntry, StreamEnd
+from bargein.session.streams.log.redis_streams import RedisLogConfig, RedisTokenLog
 from bargein.session.supervise import TaskHealth, supervised
 from tests.session.log_helpers import entry, finish, live_info, write
 

@@ -1,4 +1,4 @@
-"""Continuing a stream from its logged prefix joins its text exactly (session/cluster/takeover.py).
+"""Continuing a stream from its logged prefix joins its text exactly (session/streams/cluster/takeover.py).
 
 The bundled model's real tokenizer: byte-level BPE, so one emoji spans
 several tokens and the dead node may have logged half of one.
@@ -14,7 +14,12 @@ from bargein.engine.config import ModelConfig
 from bargein.engine.detokenizer import IncrementalDetokenizer
 from bargein.engine.model.loader import load_tokenizer
 from bargein.engine.request import FinishReason, RequestOutput, SamplingParams
-from bargein.session.cluster.takeover import Continuation, GenerationRecord, LoggedPrefix, continuation_params
+from bargein.session.streams.cluster.takeover import (
+    Continuation,
+    GenerationRecord,
+    LoggedPrefix,
+    continuation_params,
+)
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,6 @@ from dataclasses import replace
 import pytest
 from redis import Redis as SyncRedis
 
-from bargein.session.cluster.lease import epoch_key, lease_key
 from bargein.session.errors import (
     OffsetOutOfRange,
     StreamEnded,
@@ -20,7 +19,8 @@ from bargein.session.errors import (
     StreamNotFound,
     StreamTruncated,
 )
-from bargein.session.log import (
+from bargein.session.streams.cluster.lease import epoch_key, lease_key
+from bargein.session.streams.log import (
     EndError,
     LogEntry,
     MemoryTokenLog,
@@ -29,9 +29,9 @@ from bargein.session.log import (
     StreamWrite,
     TokenLog,
 )
-from bargein.session.log.fence import Fence
-from bargein.session.log.redis_client import open_client
-from bargein.session.log.redis_streams import RedisLogConfig, RedisTokenLog
+from bargein.session.streams.log.fence import Fence
+from bargein.session.streams.log.redis_client import open_client
+from bargein.session.streams.log.redis_streams import RedisLogConfig, RedisTokenLog
 from tests.session.log_helpers import (
     FakeClock,
     chunks,

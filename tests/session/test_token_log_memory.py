@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from bargein.session.errors import StreamNotFound, TokenLogUnavailable
-from bargein.session.log import MemoryTokenLog, open_token_log
-from bargein.session.log.redis_streams import RedisTokenLog
+from bargein.session.streams.log import MemoryTokenLog, open_token_log
+from bargein.session.streams.log.redis_streams import RedisTokenLog
 from tests.session.log_helpers import (
     FakeClock,
     collect,

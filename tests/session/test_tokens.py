@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bargein.session.tokens import (
+from bargein.session.runtime.tokens import (
     check_resume_token,
     check_session_token,
     make_resume_token,

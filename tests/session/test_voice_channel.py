@@ -20,8 +20,9 @@ import pytest
 
 from bargein.engine.request import FinishReason
 from bargein.protocol import events as pe
-from bargein.session.config import SessionConfig, VoiceConfig
-from bargein.session.session import Message
+from bargein.session.conversation.config import SessionConfig
+from bargein.session.conversation.state import Message
+from bargein.session.voice_runtime.config import VoiceConfig
 from bargein.voice.audio import pcm16_to_float
 from tests.session.voice_fakes import Client as VoiceClient
 from tests.session.voice_fakes import (

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from bargein.protocol import events as pe
-from bargein.session.config import VoiceConfig
-from bargein.session.voice import InputPace
+from bargein.session.voice_runtime.audio_input import InputPace
+from bargein.session.voice_runtime.config import VoiceConfig
 from tests.session.voice_fakes import (
     Client,
     FakeModels,

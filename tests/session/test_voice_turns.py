@@ -22,9 +22,10 @@ from typing import Any
 import pytest
 
 from bargein.protocol import events as pe
-from bargein.session.admission import Admission, AdmissionConfig
-from bargein.session.config import SessionConfig, VoiceConfig
-from bargein.session.voice_channel import TRANSCRIPTION_FAILED
+from bargein.session.conversation.config import SessionConfig
+from bargein.session.runtime.admission import Admission, AdmissionConfig
+from bargein.session.voice_runtime.channel import TRANSCRIPTION_FAILED
+from bargein.session.voice_runtime.config import VoiceConfig
 from tests.session.test_voice_channel import client, conversation, done
 from tests.session.voice_fakes import Client, silence, speech
 
@@ -166,7 +167,7 @@ async def test_a_failed_transcription_is_reported_and_logged_and_the_session_goe
     try:
         await push_to_talk(c)
         c.models.transcriber.failures = 1
-        with caplog.at_level(logging.ERROR, logger="bargein.session.voice_channel"):
+        with caplog.at_level(logging.ERROR, logger="bargein.session.voice_runtime.channel"):
             await c.audio(speech(500))
             await c.send(type="input_audio.commit")
             (failed,) = await c.wait_for(pe.InputAudioTranscript)

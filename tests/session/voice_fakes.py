@@ -9,9 +9,9 @@
 - :class:`FakeSynth`: ``samples_per_char`` samples per code point of the
   segment it is given, each word ending where its characters end.
 
-With them a real :class:`~bargein.session.voice.VoiceRuntime` (its thread
-pool), a real :class:`~bargein.session.connection.Connection` and a real
-:class:`~bargein.session.service.Service` run the voice loop; the engine is
+With them a real :class:`~bargein.session.voice_runtime.audio_input.VoiceRuntime` (its thread
+pool), a real :class:`~bargein.session.runtime.connection.Connection` and a real
+:class:`~bargein.session.runtime.service.Service` run the voice loop; the engine is
 ``tests/session/test_service.py``'s ``ThreadedEngine``, stepped by the test.
 """
 
@@ -31,10 +31,11 @@ import numpy as np
 from bargein.engine.request import FinishReason, RequestOutput
 from bargein.protocol import Decoder
 from bargein.protocol import events as pe
-from bargein.session.config import SessionConfig, VoiceConfig
-from bargein.session.connection import Connection
-from bargein.session.service import Service
-from bargein.session.voice import VoiceRuntime
+from bargein.session.conversation.config import SessionConfig
+from bargein.session.runtime.connection import Connection
+from bargein.session.runtime.service import Service
+from bargein.session.voice_runtime.audio_input import VoiceRuntime
+from bargein.session.voice_runtime.config import VoiceConfig
 from bargein.voice.tts import Speech, Timing, WordEnd
 from tests.session.test_service import CountingLog, ThreadedEngine
 

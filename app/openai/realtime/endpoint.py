@@ -21,8 +21,8 @@ from typing import Any
 from bargein.app.openai.realtime.inbound import Inbound, OpenAISession, RealtimeError
 from bargein.app.openai.realtime.outbound import Translator
 from bargein.protocol import events as pe
-from bargein.session.admission import RateLimitLevel, rate_limit_levels
-from bargein.session.connection import Connection
+from bargein.session.runtime.admission import RateLimitLevel, rate_limit_levels
+from bargein.session.runtime.connection import Connection
 
 OPENAI_SUBPROTOCOL = "realtime"
 

@@ -1,10 +1,10 @@
 """OpenAI Realtime client events (GA schema) to bargein's session events.
 
 :class:`Inbound` turns one decoded JSON object of an OpenAI client into the
-events bargein's :class:`bargein.session.connection.Connection` applies: the
+events bargein's :class:`bargein.session.runtime.connection.Connection` applies: the
 protocol's own (``session.update``, ``response.create``, ``response.cancel``,
 ``input_audio.*``, ``session.resume``, ``stream.resume``) and the item events
-of :mod:`bargein.session.actions` (``conversation.item.*``). Nothing is
+of :mod:`bargein.session.conversation.actions` (``conversation.item.*``). Nothing is
 implemented twice: the conversation, its limits and its errors are the
 session's. What cannot be mapped is refused with :class:`RealtimeError`,
 naming the event or the field: never dropped in silence.
@@ -28,7 +28,7 @@ from typing import Any, Final
 from bargein.protocol import events as pe
 from bargein.protocol._rules import check_rules
 from bargein.protocol.errors import ProtocolError
-from bargein.session.actions import AddItem, DeleteItem, Message, RetrieveItem, TruncateItem
+from bargein.session.conversation.actions import AddItem, DeleteItem, Message, RetrieveItem, TruncateItem
 
 # OpenAI's voice names: a client that asks for one gets the server's default voice.
 OPENAI_VOICES = frozenset(

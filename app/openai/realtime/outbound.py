@@ -38,9 +38,9 @@ from typing import Any
 from bargein.app.openai.realtime.inbound import OPENAI_AUDIO_RATE, OpenAISession
 from bargein.protocol import events as pe
 from bargein.protocol._wire import to_wire
-from bargein.session.actions import ItemAdded, ItemDeleted, ItemRetrieved, ItemTruncated, Message
-from bargein.session.admission import RateLimitLevel
-from bargein.session.session import assistant_item_id
+from bargein.session.conversation.actions import ItemAdded, ItemDeleted, ItemRetrieved, ItemTruncated, Message
+from bargein.session.conversation.state import assistant_item_id
+from bargein.session.runtime.admission import RateLimitLevel
 
 _CLIENT_ERRORS = {
     pe.ErrorCode.INVALID_MESSAGE,

@@ -1,0 +1,514 @@
+"""Several bargein nodes on one Redis: leases, forwarded interrupts, takeover.
+
+One :class:`Cluster` per node, beside its :class:`~bargein.session.runtime.service.Service`
+and its :class:`~bargein.session.streams.log.redis_streams.RedisTokenLog` (same Redis, same key
+prefix). The service calls it at these points:
+
+- ``claim`` when it creates a stream: the generation record
+  (session/streams/cluster/takeover.py) is stored and the lease taken, in one round trip,
+  before the stream exists;
+- ``fence`` before each step's log write: only streams whose lease is
+  locally valid are written (session/streams/cluster/lease.py); the write itself is fenced
+  in Redis by the lease's epoch (the log's ``fence_with``), so a node that
+  stalled between this check and its write still cannot write a stream
+  another node took over;
+- ``ended`` when a stream's generation ended: its lease is released at the
+  next tick;
+- ``abort_elsewhere`` for a cancel of a stream this node does not generate
+  (session/streams/cluster/forward.py);
+- ``follow`` when a client resumes a stream here: the stream is watched, and
+  if it is unfinished with no lease (its node died), taken over.
+
+One task ticks every ``renew_every_s``: it renews every lease in one
+pipeline (reading the cancel flags on the way), releases ended streams'
+leases, checks the leases of the streams watched here, and exchanges
+readers: a node delivering a stream generated elsewhere refreshes the
+stream's ``readers`` key, so the generating node's abandon grace
+(``--abandon-grace``) does not cut a stream whose client moved to another node.
+The tick and the abort listener run supervised (session/supervise.py): a bug
+that crashes one is logged, marks ``health`` failing (``/readyz`` 503) until
+its next good run, and the task restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from bargein.engine.errors import EngineError
+from bargein.engine.request import EngineRequest, FinishReason, SamplingParams
+from bargein.session.errors import StreamTruncated, TokenLogError, TokenLogUnavailable
+from bargein.session.streams.cluster.forward import Forwarder
+from bargein.session.streams.cluster.lease import LeaseConfig, Leases
+from bargein.session.streams.cluster.registry import NodeRegistry
+from bargein.session.streams.cluster.takeover import (
+    Continuation,
+    GenerationRecord,
+    LoggedPrefix,
+    continuation_params,
+    gen_key,
+    read_prefix,
+)
+from bargein.session.streams.log import TRUNCATED_CODE, EndError, StreamEnd, StreamInfo, StreamWrite
+from bargein.session.streams.log.redis_client import retrying_client
+from bargein.session.streams.log.redis_format import Keys
+from bargein.session.streams.log.redis_tail import LOGGED
+from bargein.session.supervise import TaskHealth, supervised
+
+log = logging.getLogger(__name__)
+
+STOP_TIMEOUT_S = 5.0  # most seconds stop() waits for its tasks to end
+
+_REDIS_ERRORS = (RedisError, OSError)
+ORPHAN_GRACE_S = 30.0  # a claim not followed by generation this long was abandoned
+TICK = "cluster-tick"  # the tick's task name (the log, /readyz)
+
+
+def readers_key(prefix: str, stream_id: str) -> str:
+    """Set while a node other than the generating one delivers the stream."""
+    return f"{prefix}{{{stream_id}}}:readers"
+
+
+class Cluster:
+    """This node's part of a multi-node deployment (see the module doc).
+
+    Args:
+        url: the Redis URL (the token log's).
+        node_id: unique name of this node (written into its leases).
+        key_prefix: the token log's key prefix.
+        lease: lease timing.
+        record_ttl_s: how long a generation record outlives a dead node
+            (the token log's live TTL).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        node_id: str,
+        *,
+        key_prefix: str = "bargein:",
+        lease: LeaseConfig = LeaseConfig(),
+        record_ttl_s: float = 3600.0,
+    ) -> None:
+        self.node_id = node_id
+        # Every command of this client is safe to send twice (session/streams/log/redis_client.py).
+        self.redis = retrying_client(url)
+        self.health = TaskHealth()  # the tick's and the abort listener's crashes
+        self.forwarder = Forwarder(
+            self.redis, node_id, self._on_forwarded_abort, key_prefix=key_prefix, health=self.health
+        )
+        # The epoch outlives every key of the stream (the record lives as long as they do).
+        self.leases = Leases(
+            self.redis,
+            node_id,
+            key_prefix=key_prefix,
+            config=lease,
+            flag_key=self.forwarder.flag_key,
+            epoch_ttl_s=2 * record_ttl_s,
+        )
+        self.registry = NodeRegistry(self.redis, node_id, ttl_s=lease.ttl_s, key_prefix=key_prefix)
+        self._prefix = key_prefix
+        self._keys = Keys(key_prefix)
+        self._record_ttl_ms = int(record_ttl_s * 1000)
+        self._service: Any = None
+        self._ended: list[str] = []
+        self._claimed_at: dict[str, float] = {}  # claimed here, not yet ended
+        self._reading: dict[str, int] = {}  # stream id -> deliveries of it here
+        self._read_elsewhere: set[str] = set()  # streams of ours other nodes read
+        self._watched: set[str] = set()
+        self._taking: dict[str, asyncio.Task[str]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._ticker: asyncio.Task[None] | None = None
+        self._handing_over = False
+        self.num_takeovers = 0  # streams this node continued after their node died
+
+    # ---- life cycle ------------------------------------------------------------
+
+    async def start(self, service: Any) -> None:
+        """Attach to the service (its runner, log, tokenizer) and start ticking.
+
+        Raises:
+            NodeIdInUse: another live node holds this node's id
+                (session/streams/cluster/registry.py).
+        """
+        await self.registry.register()
+        self._service = service
+        service.log.fence_with(self.leases.fence)  # every write checks the lease's epoch
+        await self.forwarder.start()
+        self._ticker = supervised(self._tick_loop, name=TICK, health=self.health)
+
+    async def hand_over(self) -> None:
+        """Before a graceful shutdown: stop writing every stream generated here
+        and release their leases at once (their generation records stay), so
+        the nodes their clients resume on continue them, instead of the engine
+        shutdown ending them as cancelled. Local readers get a retryable error."""
+        self._handing_over = True
+        held = self.leases.held
+        for sid in held:
+            self._service.log.abandon_stream(sid)
+        try:
+            await self.leases.release(held)
+        except _REDIS_ERRORS as exc:
+            log.warning("releasing leases at shutdown failed (they expire): %r", exc)
+
+    async def stop(self) -> None:
+        """Stop ticking and listening (leases are left to expire: another node
+        takes the streams over if this one does not come back)."""
+        tasks = [t for t in (self._ticker, *self._tasks, *self._taking.values()) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await self.forwarder.stop()
+        # A task inside a redis-py call can miss its cancellation (CPython
+        # gh-86296 on 3.11): bound the wait, so shutdown never hangs on one.
+        if tasks:
+            await asyncio.wait(tasks, timeout=STOP_TIMEOUT_S)
+        try:
+            await self.registry.release()  # a restart under the same id need not wait
+        except _REDIS_ERRORS as exc:
+            log.warning("releasing the node id at shutdown failed (it expires): %r", exc)
+        await self.redis.aclose()
+
+    # ---- hooks of the service --------------------------------------------------
+
+    async def claim(self, stream_id: str, prompt_token_ids: tuple[int, ...], params: SamplingParams) -> None:
+        """Store the generation record and take the lease of a new stream.
+
+        Raises TokenLogUnavailable when Redis refuses or fails (the stream
+        must not be created: nobody could continue it).
+        """
+        record = GenerationRecord(prompt_token_ids=prompt_token_ids, params=params)
+        try:
+            taken = await self.leases.acquire(
+                stream_id, set_also=(gen_key(self._prefix, stream_id), record.encode(), self._record_ttl_ms)
+            )
+        except _REDIS_ERRORS as exc:
+            raise TokenLogUnavailable(f"cannot claim stream {stream_id}: {exc!r}", (stream_id,)) from exc
+        if not taken:
+            raise TokenLogUnavailable(f"stream {stream_id} already has a lease", (stream_id,))
+        self._claimed_at[stream_id] = self._service.clock()
+
+    async def fence(self, writes: list[StreamWrite]) -> list[StreamWrite]:
+        """The writes this node may still make: streams whose lease it holds.
+
+        A lease whose local validity ran out (a stalled loop) is renewed
+        first; one another node holds now is abandoned.
+        """
+        if self._handing_over:
+            return []
+        lapsed = {
+            w.stream_id
+            for w in writes
+            if self.leases.holds(w.stream_id) and not self.leases.valid(w.stream_id)
+        }
+        if lapsed:
+            try:
+                renewal = await self.leases.renew(lapsed)
+                lost: tuple[str, ...] = renewal.lost
+            except _REDIS_ERRORS as exc:
+                log.error("lease renewal failed (%r): abandoning %d streams", exc, len(lapsed))
+                lost = tuple(lapsed)
+            for sid in lost:
+                self._abandon(sid)
+        return [w for w in writes if self.leases.holds(w.stream_id)]
+
+    def lost(self, stream_id: str) -> None:
+        """A write of ``stream_id`` was fenced off: another node took it over."""
+        log.warning("stream %s was taken over by another node: stopped generating it", stream_id)
+        self._abandon(stream_id)
+
+    def ended(self, stream_id: str) -> None:
+        """Generation of a stream this node wrote ended (its finish is logged)."""
+        if self._handing_over:
+            return  # ended by the shutdown, not logged: its record must stay
+        self._ended.append(stream_id)
+        self._claimed_at.pop(stream_id, None)
+
+    def abort_elsewhere(self, stream_id: str, reason: FinishReason) -> None:
+        """A cancel for a stream this node does not generate: forward it."""
+        self._spawn(self._forward(stream_id, reason), f"forward-{stream_id}")
+
+    def reader_started(self, stream_id: str) -> None:
+        """A connection here delivers ``stream_id`` (maybe generated elsewhere)."""
+        self._reading[stream_id] = self._reading.get(stream_id, 0) + 1
+
+    def reader_ended(self, stream_id: str) -> None:
+        left = self._reading.pop(stream_id, 1) - 1
+        if left > 0:
+            self._reading[stream_id] = left
+
+    def read_elsewhere(self, stream_id: str) -> bool:
+        """At the last tick, a client on another node was reading this stream
+        generated here (its abandon grace must not cut it)."""
+        return stream_id in self._read_elsewhere
+
+    async def follow(self, stream_id: str) -> None:
+        """A client here reads ``stream_id``: watch it, take it over if its node died."""
+        self._watched.add(stream_id)
+        await self._take_over_once(stream_id)
+
+    # ---- forwarding ------------------------------------------------------------
+
+    async def _forward(self, stream_id: str, reason: FinishReason) -> None:
+        try:
+            owner = await self.leases.owner(stream_id)
+            target = owner if owner != self.node_id else None  # never to ourselves
+            received = await self.forwarder.forward(stream_id, reason, target)
+        except _REDIS_ERRORS as exc:
+            log.error("forwarding the cancel of %s failed: %r", stream_id, exc)
+            return
+        if owner is None or received == 0:
+            # Nobody generates it: the node taking it over ends it as cancelled.
+            self._watched.add(stream_id)
+            await self._take_over_once(stream_id)
+
+    def _on_forwarded_abort(self, stream_id: str, reason: FinishReason) -> None:
+        service = self._service
+        if service is not None and self.leases.holds(stream_id):
+            service.abort(stream_id, reason, service.clock())
+
+    # ---- the tick --------------------------------------------------------------
+
+    async def _tick_loop(self) -> None:
+        """Tick forever (supervised: a bug's crash restarts it, see the module doc)."""
+        every = self.leases.config.renew_every_s
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await self._tick()
+            except _REDIS_ERRORS as exc:  # Redis is down: /readyz says so by its ping
+                log.warning("cluster tick failed: %r", exc)
+            else:
+                self.health.working(TICK)
+
+    async def _tick(self) -> None:
+        """Renew, apply cancel flags, release ended leases, check watched streams."""
+        service = self._service
+        await self.registry.renew()
+        renewal = await self.leases.renew()
+        for sid in renewal.lost:
+            log.error("lease of %s is held by another node: abandoning it", sid)
+            self._abandon(sid)
+        for sid in renewal.flagged:  # a forwarded cancel whose message was lost
+            if service.is_generating(sid):
+                service.abort(sid, FinishReason.INTERRUPTED, service.clock())
+        ended, self._ended = self._ended, []
+        ended += self._orphans(service)
+        if ended:  # a record goes with its lease: never one another node took meanwhile
+            await self.leases.release(ended, with_lease=lambda s: [gen_key(self._prefix, s)])
+        await self._check_watched()
+        await self._exchange_readers(service)
+
+    async def _exchange_readers(self, service: Any) -> None:
+        """One pipeline: say which streams generated elsewhere are read here
+        (a key that lives three ticks), and learn which of ours are read elsewhere."""
+        remote = [s for s in self._reading if not service.is_generating(s)]
+        held = self.leases.held
+        if not remote and not held:
+            self._read_elsewhere = set()
+            return
+        px = int(3000 * self.leases.config.renew_every_s)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for sid in remote:
+                pipe.set(readers_key(self._prefix, sid), self.node_id, px=px)
+            for sid in held:
+                pipe.exists(readers_key(self._prefix, sid))
+            results = await pipe.execute()
+        self._read_elsewhere = {sid for sid, n in zip(held, results[len(remote) :]) if n}
+
+    def _orphans(self, service: Any) -> list[str]:
+        """Held leases of streams that never started generating here (their
+        creation failed after the claim), past a grace period."""
+        now = service.clock()
+        orphans = [
+            sid
+            for sid, at in self._claimed_at.items()
+            if now - at > ORPHAN_GRACE_S and not service.is_generating(sid)
+        ]
+        for sid in orphans:
+            del self._claimed_at[sid]
+        return [sid for sid in orphans if self.leases.holds(sid)]
+
+    async def _check_watched(self) -> None:
+        sids = [s for s in self._watched if not self.leases.holds(s) and s not in self._taking]
+        if not sids:
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for sid in sids:  # one EXISTS each: a cluster may hold them in different slots
+                pipe.exists(self.leases.key(sid))
+            leased = await pipe.execute()
+        for sid, has_owner in zip(sids, leased):
+            if not has_owner:
+                self._spawn(self._take_over_once(sid), f"takeover-{sid}")
+
+    # ---- takeover --------------------------------------------------------------
+
+    async def _take_over_once(self, stream_id: str) -> str:
+        """Run at most one takeover attempt per stream at a time; its outcome."""
+        task = self._taking.get(stream_id)
+        if task is None:
+            task = self._taking[stream_id] = asyncio.create_task(
+                self._take_over(stream_id), name=f"takeover-{stream_id}"
+            )
+            task.add_done_callback(lambda _: self._taking.pop(stream_id, None))
+        try:
+            outcome = await asyncio.shield(task)
+        except (TokenLogError, *_REDIS_ERRORS) as exc:
+            log.warning("takeover of %s failed: %r", stream_id, exc)
+            return "failed"
+        except Exception as exc:  # a bug: the resuming client still gets its delivery
+            log.error("takeover of %s failed (a bug in bargein): %r", stream_id, exc, exc_info=exc)
+            return "failed"
+        if outcome != "owned":
+            self._watched.discard(stream_id)
+        return outcome
+
+    async def _take_over(self, stream_id: str) -> str:
+        """Continue ``stream_id`` here if it is unfinished and nobody holds its lease.
+
+        Returns ``"done"`` (complete or unknown), ``"owned"`` (another node
+        holds the lease), ``"ended"`` (ended here without generating:
+        cancelled, length, or nothing to continue from) or ``"continued"``.
+        """
+        log_ = self._service.log
+        info = await log_.info(stream_id)
+        if info is None or info.status == "complete":
+            return "done"
+        if not await self.leases.acquire(stream_id):
+            return "owned"
+        try:
+            return await self._continue(stream_id)
+        except BaseException:
+            await self._release_now(stream_id)
+            raise
+
+    async def _continue(self, stream_id: str) -> str:
+        """With the lease held: end or continue the stream from its logged prefix."""
+        service = self._service
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.get(gen_key(self._prefix, stream_id))
+            pipe.get(self.forwarder.flag_key(stream_id))
+            raw_record, flag = await pipe.execute()
+        info = await service.log.info(stream_id)  # the final end: the old owner is gone
+        if info is None or info.status == "complete":
+            await self._release_now(stream_id)
+            return "done"
+        await self.redis.hset(self._keys.meta(stream_id), "owner_node", self.node_id)
+        try:
+            prefix = await self._logged_prefix(stream_id, info)
+        except StreamTruncated as exc:
+            # Without its whole prefix the stream cannot be continued: end it so, or its
+            # readers (past the loss) would wait for tokens nobody writes.
+            log.warning("cannot continue %s: %s; ending it as truncated", stream_id, exc)
+            service.log.adopt_stream(info)
+            await self._finish(
+                stream_id, info, raw_record, LoggedPrefix(token_ids=(), text=""), FinishReason.ERROR, exc
+            )
+            return "ended"
+        if isinstance(prefix, StreamEnd):
+            await self._release_now(stream_id)
+            return "done"
+        service.log.adopt_stream(info)
+        reason = self._end_reason(raw_record, flag, prefix, info)
+        if reason is not None:
+            await self._finish(stream_id, info, raw_record, prefix, reason)
+            return "ended"
+        record = GenerationRecord.decode(raw_record)
+        continuation = Continuation(service.runner.tokenizer, record, prefix, service.runner.abort)
+        request = EngineRequest(
+            request_id=stream_id,
+            prompt_token_ids=record.prompt_token_ids + prefix.token_ids,
+            params=continuation_params(record.params, prefix.end),
+            arrival_time=service.clock(),
+            cache_salt=service.cache_salt(info.principal),
+        )
+        try:
+            service.continue_stream(request, response_id=info.response_id, continuation=continuation)
+        except EngineError as exc:
+            log.error("continuing %s failed: %r", stream_id, exc)
+            await self._finish(stream_id, info, raw_record, prefix, FinishReason.ERROR)
+            return "ended"
+        self.num_takeovers += 1
+        log.info("took over %s at offset %d", stream_id, prefix.end)
+        return "continued"
+
+    async def _logged_prefix(self, stream_id: str, info: StreamInfo) -> LoggedPrefix | StreamEnd:
+        """What the log holds of a live stream, ``[0, info.end)``, or its end.
+
+        Raises StreamTruncated when entries are missing, also when the log
+        lost all of them (an end of 0 then only means nothing is left, which
+        the metadata's ``logged`` mark tells); StreamNotFound, TokenLogUnavailable.
+        """
+        if info.end == 0 and await self.redis.hexists(self._keys.meta(stream_id), LOGGED):
+            raise StreamTruncated(stream_id, 0)
+        return await read_prefix(self._service.log, stream_id, info.end)
+
+    def _end_reason(
+        self, raw_record: bytes | None, flag: bytes | None, prefix: LoggedPrefix, info: StreamInfo
+    ) -> FinishReason | None:
+        """Why the stream ends here without generating, or None to continue it."""
+        if flag is not None:
+            return FinishReason(flag.decode())
+        if raw_record is None:
+            return FinishReason.ERROR  # created by a node outside the cluster, or expired
+        record = GenerationRecord.decode(raw_record)
+        room = self._service.max_model_len - len(record.prompt_token_ids)
+        if prefix.end >= min(record.params.max_tokens, room):
+            return FinishReason.LENGTH
+        return None
+
+    async def _finish(
+        self,
+        stream_id: str,
+        info: StreamInfo,
+        raw_record: bytes | None,
+        prefix: LoggedPrefix,
+        reason: FinishReason,
+        lost: StreamTruncated | None = None,
+    ) -> None:
+        """End an adopted stream at its logged end, then release its lease.
+
+        ``lost``: the log lost entries, so the end is ``info.end`` and carries
+        the error that makes every reader raise StreamTruncated.
+        """
+        num_prompt = 0 if raw_record is None else len(GenerationRecord.decode(raw_record).prompt_token_ids)
+        end_at = prefix.end if lost is None else info.end
+        end = StreamEnd(
+            end=end_at,
+            finish_reason=reason.value,
+            prompt_tokens=num_prompt,
+            completion_tokens=end_at,
+            cached_tokens=0,
+            error=None
+            if lost is None
+            else EndError(code=TRUNCATED_CODE, message=str(lost), retry_after_ms=0),
+        )
+        await self._service.log.write_step([StreamWrite(stream_id=stream_id, entry=None, finish=end)])
+        await self._release_now(stream_id)
+
+    async def _release_now(self, stream_id: str) -> None:
+        try:
+            await self.leases.release([stream_id])
+        except _REDIS_ERRORS as exc:
+            log.warning("releasing the lease of %s failed: %r", stream_id, exc)
+
+    def _abandon(self, stream_id: str) -> None:
+        """Another node may continue this stream: stop generating and writing it."""
+        self.leases.forget(stream_id)
+        service = self._service
+        service.runner.abort(stream_id, FinishReason.CANCELLED)
+        service.log.abandon_stream(stream_id)
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._spawned_done)
+
+    def _spawned_done(self, task: asyncio.Task[Any]) -> None:
+        """A short task (a forwarded cancel, a takeover) ended: a crash is logged
+        at once, not as "exception never retrieved" when it is collected."""
+        self._tasks.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("task %s failed (a bug in bargein): %r", task.get_name(), exc, exc_info=exc)
