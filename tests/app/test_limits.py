@@ -30,13 +30,13 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from bargein.app import outgoing
-from bargein.app.client import RealtimeClient, ServerError
 from bargein.app.embedded import EmbeddedServer
 from bargein.app.settings import ServerConfig, Settings
+from bargein.client.realtime_client import RealtimeClient, ServerError
 from bargein.engine.config import EngineConfig, SchedulerConfig
-from bargein.session.runtime import service as service_module
 from bargein.session.conversation.chat import prompt_ids
 from bargein.session.conversation.config import SessionConfig
+from bargein.session.runtime import service as service_module
 from bargein.session.runtime.admission import AdmissionConfig
 from tests.app.log_capture import server_log
 from tests.app.rawws import masked_text, raw_upgrade
