@@ -369,7 +369,7 @@ async def test_full_queue_answers_overloaded_and_1013_at_connect(
 ) -> None:
     """Real requests fill the queue, and it empties again when they run.
 
-    A server of its own with a queue of two, on this module's engine runner
+    A server of its own with a queue of two, on this module's engine loop
     (no second model load). The engine is held in the hand-off of its first
     step, the first token of a first answer, so the two requests that follow
     stay queued (admitted, no first token) by construction, not by the
