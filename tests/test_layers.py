@@ -1,19 +1,19 @@
 """Who may import whom: the layers of docs/design.md, checked on the source.
 
-The picture, top to bottom; each folder may import the ones below it that
-its line names, and nothing above it::
+The picture (docs/design.md, "Layers", draws the same), top layer first; each
+line says all that the folder may import of bargein outside itself::
 
-    app                    everything below, and client (``bargein chat``)
-    session.voice_runtime  session's other folders, voice, engine, protocol
-    session.runtime        conversation, streams, engine, protocol; not voice_runtime
-    session.streams        engine, protocol; not runtime or voice_runtime (log below cluster)
-    session.conversation   engine, protocol; no asyncio, no redis (pure)
-    session.errors, .supervise, .cancel   none of the four folders above
-    engine                 itself (kernels below the model; engine.host below both)
-    voice                  itself
-    protocol               itself
-    client                 itself (no server code: the wire contract is docs/protocol.md)
-    loadtests              anything of bargein, never tests
+    app                    all of the below
+    client                 nothing
+    session.voice_runtime  the session's other modules, voice, engine, protocol
+    session.runtime        conversation, streams, shared modules, engine, protocol
+    session.streams        shared modules, engine, protocol (and log never cluster)
+    session.conversation   shared modules, engine, protocol; and no asyncio, no redis (pure)
+    session.errors, .supervise, .cancel (the shared modules)   engine, protocol
+    voice                  nothing
+    engine                 nothing (inside: kernels only engine.host, below the model)
+    protocol               nothing
+    loadtests              anything but tests
 
 Each :class:`Rule` in :data:`RULES` says what one folder must not import and
 why. Every ``import`` counts: at module level, inside functions and under
@@ -120,9 +120,14 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "bargein.session.streams",
-        forbidden=("bargein.session.runtime", "bargein.session.voice_runtime"),
+        forbidden=(
+            "bargein.session.conversation",
+            "bargein.session.runtime",
+            "bargein.session.voice_runtime",
+            "bargein.voice",
+        ),
         why="a stream outlives the connection that started it: the token log and the cluster "
-        "know no connection, service or voice",
+        "carry tokens and know no conversation, connection, service or voice",
     ),
     Rule(
         "bargein.session.streams.log",
@@ -132,7 +137,7 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "bargein.session.runtime",
-        forbidden=("bargein.session.voice_runtime",),
+        forbidden=("bargein.session.voice_runtime", "bargein.voice"),
         why="voice is a feature plugged into a connection by its owner; the node's runtime works "
         "the same without it",
     ),
@@ -144,8 +149,9 @@ RULES: tuple[Rule, ...] = (
                 "bargein.session.streams",
                 "bargein.session.runtime",
                 "bargein.session.voice_runtime",
+                "bargein.voice",
             ),
-            why="shared by the session's four folders, so it imports none of them",
+            why="shared by the session's four folders, so it imports none of them (nor voice)",
         )
         for shared in ("bargein.session.errors", "bargein.session.supervise", "bargein.session.cancel")
     ),
