@@ -77,7 +77,7 @@ lint: install-dev
 	$(BIN)/ruff format --check .
 	rm -rf $(LINT_TREE) && mkdir -p $(LINT_TREE)/bargein
 	ln -s $(CURDIR)/bargein/__init__.py $(CURDIR)/bargein/__main__.py $(LINT_TREE)/bargein/
-	for d in app engine session protocol static voice; do ln -s $(CURDIR)/$$d $(LINT_TREE)/bargein/$$d; done
+	for d in app client engine session protocol static voice; do ln -s $(CURDIR)/$$d $(LINT_TREE)/bargein/$$d; done
 	MYPYPATH=$(LINT_TREE) $(BIN)/mypy -p bargein
 
 bench: install-dev

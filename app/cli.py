@@ -3,10 +3,10 @@
 ``serve`` checks its flags and the model path before anything heavy, so a bad
 flag or a missing model ends with one clear line and exit status 2; then it
 loads the model (with a progress bar) while uvicorn already answers
-``/healthz``. ``chat`` is a command-line chat on :mod:`bargein.app.client` (no torch);
+``/healthz``. ``chat`` is a command-line chat on :mod:`bargein.client.realtime_client` (no torch);
 Ctrl-C while an answer streams barges in (the conversation keeps what was
 printed), Ctrl-C at the prompt quits. ``chat --voice FILE.wav`` speaks the
-file as one voice turn instead (:mod:`bargein.app.voice_client`): it prints
+file as one voice turn instead (:mod:`bargein.client.voice_client`): it prints
 what the server heard and the answer as it streams, writes the answer's
 audio to a WAV file, and exits when the answer is done.
 """
@@ -237,8 +237,8 @@ def serve(settings: Settings) -> int:
 async def _chat(args: argparse.Namespace) -> int:
     from websockets.exceptions import InvalidStatus
 
-    from bargein.app.client import RealtimeClient
-    from bargein.app.console import ConsoleLines
+    from bargein.client.console import ConsoleLines
+    from bargein.client.realtime_client import RealtimeClient
 
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     try:
@@ -282,9 +282,9 @@ async def _voice_chat(args: argparse.Namespace, headers: dict[str, str]) -> int:
     Raises:
         OSError, InvalidStatus: the server cannot be reached (reported by :func:`_chat`).
     """
-    from bargein.app.client import INPUT_RATE, ServerError
-    from bargein.app.pcm import WavSink, read_wav
-    from bargein.app.voice_client import VoiceClient, voice_settings
+    from bargein.client.pcm import WavSink, read_wav
+    from bargein.client.realtime_client import INPUT_RATE, ServerError
+    from bargein.client.voice_client import VoiceClient, voice_settings
 
     try:
         pcm = read_wav(args.voice, sample_rate=INPUT_RATE)
@@ -350,7 +350,7 @@ async def _answer(client: Any, line: str, args: argparse.Namespace) -> None:
     conversation keeps exactly what the user saw. A second Ctrl-C, while the
     server confirms, quits as at the prompt.
     """
-    from bargein.app.client import ServerError
+    from bargein.client.realtime_client import ServerError
 
     interrupted = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -1,7 +1,7 @@
 """A bargein server on a thread of the current process (tests and benchmarks).
 
 uvicorn serves on a free loopback port from its own thread and event loop;
-the caller keeps in-process access to the app's state (engine runner, service)
+the caller keeps in-process access to the app's state (engine loop, service)
 to read the engine's stats and the requests it received.
 """
 
@@ -27,7 +27,7 @@ class EmbeddedServer:
         settings: the server's settings (``server.host``/``port`` are ignored).
         sndbuf: ``SO_SNDBUF`` of the listening socket, inherited by every
             connection (tests of slow clients: a small kernel buffer fills fast).
-        runner: a started engine runner to serve (e.g. another server's, to
+        runner: a started engine loop to serve (e.g. another server's, to
             skip loading the model again); it keeps running after :meth:`stop`.
         voice: loaded voice models (a :class:`bargein.session.voice_runtime.audio_input.VoiceRuntime`)
             to use instead of loading them; they stay usable after :meth:`stop`.

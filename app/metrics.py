@@ -1,7 +1,7 @@
 """Prometheus metrics: every ``bargein_*`` series, fed by the engine and the sessions.
 
 One :class:`Metrics` per app holds the metric objects. Engine numbers come
-from the runner's listeners (:meth:`Metrics.attach_runner`, on the engine
+from the engine loop's listeners (:meth:`Metrics.attach_runner`, on the engine
 thread, one call per step): step times, queue time, TTFT, inter-token and
 end-to-end latency, preemptions, tokens, gauges of the scheduler and the KV
 pool. Session numbers come through :class:`bargein.app.observer.Observer`. Names and
@@ -318,7 +318,7 @@ class Metrics:
     # ---- feeding ---------------------------------------------------------------
 
     def attach_runner(self, runner: Any) -> None:
-        """Feed the engine metrics from ``runner`` (an ``EngineRunner``)."""
+        """Feed the engine metrics from ``runner`` (an ``EngineLoop``)."""
         self._set_engine_gauges(runner.stats())  # the pool's size before any step
         runner.add_step_stats_listener(self.on_step)
         runner.add_step_listener(self.on_outputs)

@@ -73,7 +73,7 @@ class AppState:
     Attributes:
         settings: what it was started with.
         service: set once the model is loaded (``None`` before: not ready).
-        runner: the engine runner, once loaded.
+        runner: the engine loop, once loaded.
         log: the token log.
         load_error: why loading failed, if it did.
         loaded: set when loading ended (with or without success).
@@ -108,15 +108,15 @@ def load_runner(settings: Settings, progress: Progress) -> Any:
     Raises whatever loading raises (missing file, bad weights).
     """
     from bargein.engine.engine import LLMEngine
-    from bargein.engine.runner import EngineRunner
+    from bargein.engine.loop import EngineLoop
 
     def build() -> LLMEngine:
         engine = LLMEngine.from_config(settings.engine)
         progress("weights and KV cache")
         return engine
 
-    # loaded on the thread that will step it (EngineRunner.build_and_start says why)
-    runner = EngineRunner.build_and_start(build)
+    # loaded on the thread that will step it (EngineLoop.build_and_start says why)
+    runner = EngineLoop.build_and_start(build)
     progress("engine thread")
     return runner
 
@@ -258,7 +258,7 @@ def create_app(
     """The ASGI app for ``settings``; ``progress(stage)`` reports each loading
     stage when it is done (see ``bargein.app.cli.LOAD_STAGES``), or ``LOAD_FAILED``
     (the reason is in ``/readyz`` and the log); ``runner``: serve
-    this started engine runner instead of loading the model (never shut down
+    this started engine loop instead of loading the model (never shut down
     here); ``voice``: use these loaded voice models (never closed here)."""
     metrics = create_metrics(settings.server.metrics_multiproc_dir)
     quiet_client_faults()  # a hostile client cannot flood the log with tracebacks

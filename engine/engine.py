@@ -27,8 +27,8 @@ from bargein.engine.request import EngineRequest, FinishReason, RequestOutput
 from bargein.engine.sampler import Sampler
 from bargein.engine.scheduler import Scheduler, SchedulerOutput
 from bargein.engine.sequence import Sequence
-from bargein.engine.step_budget import StepBudget, StepCost
-from bargein.engine.step_cost import StepCostConfig, StepCostModel
+from bargein.engine.step_budget import StepBudget, StepCostCoefficients
+from bargein.engine.step_cost_fit import StepCostFit, StepCostFitConfig
 
 
 class ModelRunnerLike(Protocol):
@@ -70,7 +70,7 @@ class EngineStats:
             their decodes attend to).
         running_remaining_tokens: per running sequence, the most tokens it
             may still generate (``max_tokens``, the context), ascending.
-        step_cost: the step-time model's fit now (engine/step_cost.py).
+        step_cost: the step-time model's fit now (engine/step_cost_fit.py).
         step_cost_samples: the fit's forgotten sample weight (0: the prior).
         step_budget: the next step's time budget; None without
             ``target_itl_s`` (admission then does not use the model).
@@ -92,7 +92,7 @@ class EngineStats:
     num_decoding: int = 0
     num_decoding_tokens: int = 0
     running_remaining_tokens: tuple[int, ...] = ()
-    step_cost: StepCost | None = None
+    step_cost: StepCostCoefficients | None = None
     step_cost_samples: float = 0.0
     step_budget: StepBudget | None = None
 
@@ -178,7 +178,7 @@ class LLMEngine:
     """
 
     def __init__(
-        self, runner: ModelRunnerLike, config: SchedulerConfig, step_cost: StepCostConfig | None = None
+        self, runner: ModelRunnerLike, config: SchedulerConfig, step_cost: StepCostFitConfig | None = None
     ) -> None:
         capacity = runner.num_blocks * runner.block_size
         if capacity < config.max_model_len:
@@ -186,7 +186,7 @@ class LLMEngine:
         self.runner = runner
         self.config = config
         self.pool = BlockPool(runner.num_blocks, runner.block_size, model_id=_model_identity(runner))
-        self.step_cost = StepCostModel(step_cost)
+        self.step_cost = StepCostFit(step_cost)
         self.scheduler = Scheduler(
             config, self.pool, runner.eos_token_ids, step_cost=lambda: self.step_cost.current
         )

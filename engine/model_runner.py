@@ -20,6 +20,7 @@ import torch
 
 from bargein.engine.attention import AttentionMetadata
 from bargein.engine.config import CacheConfig, ModelConfig
+from bargein.engine.host import cache_root
 from bargein.engine.kernels import cpu_qblock, get_ops
 from bargein.engine.model import smooth, weight_only
 from bargein.engine.model.linear import choose_linear_format, cpu_has_bf16
@@ -30,7 +31,7 @@ from bargein.engine.model.llama import (
     head_weight,
     model_shape,
 )
-from bargein.engine.model.loader import cache_root, load_model, load_tokenizer
+from bargein.engine.model.loader import load_model, load_tokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -49,7 +49,7 @@ from bargein.engine.config import SchedulerConfig
 from bargein.engine.kv_cache import BlockPool, extend_block_hashes
 from bargein.engine.request import EngineRequest, FinishReason
 from bargein.engine.sequence import Sequence, SequenceStatus
-from bargein.engine.step_budget import StepBudget, StepCost
+from bargein.engine.step_budget import StepBudget, StepCostCoefficients
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -165,7 +165,7 @@ class Scheduler:
         config: SchedulerConfig,
         pool: BlockPool,
         eos_token_ids: Iterable[int] = (),
-        step_cost: Callable[[], StepCost] | None = None,
+        step_cost: Callable[[], StepCostCoefficients] | None = None,
     ) -> None:
         self.config = config
         self.step_cost = step_cost

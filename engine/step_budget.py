@@ -15,8 +15,8 @@ GEMMs, and attention's reads of the KV cache (the cost models of
 Sarathi-Serve, Agrawal et al. 2024, and DistServe, Zhong et al. 2024, have
 the same terms).
 
-:class:`StepCost` holds the coefficients (fitted online by
-:class:`bargein.engine.step_cost.StepCostModel`); :class:`StepBudget`
+:class:`StepCostCoefficients` holds the coefficients (fitted online by
+:class:`bargein.engine.step_cost_fit.StepCostFit`); :class:`StepBudget`
 answers the scheduler's and admission's questions with them: how many
 prefill tokens fit a step after its decodes, whether one more decoding
 sequence still fits the inter-token latency target. Pure Python (the
@@ -32,7 +32,7 @@ TERMS = ("base", "per_decode_seq", "per_prefill_token", "per_context_token")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class StepCost:
+class StepCostCoefficients:
     """Coefficients of the step-time model, seconds (all >= 0).
 
     Attributes:
@@ -75,12 +75,14 @@ class StepCost:
 # the default's, so admission predicted a burst's prefill 1.5-2.5x too slow
 # and refused what it could serve (docs/perf/bursts.md). A slower machine is
 # followed by the fit within tens of steps; pessimistic for a GPU.
-CPU_PRIOR = StepCost(base_s=0.008, per_decode_s=0.0017, per_prefill_token_s=0.0012, per_context_token_s=1e-6)
+CPU_PRIOR = StepCostCoefficients(
+    base_s=0.008, per_decode_s=0.0017, per_prefill_token_s=0.0012, per_context_token_s=1e-6
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepBudget:
-    """One step's time budget against a :class:`StepCost`.
+    """One step's time budget against a :class:`StepCostCoefficients`.
 
     Attributes:
         target_s: the inter-token latency target: what a step may take, seconds.
@@ -99,7 +101,7 @@ class StepBudget:
     """
 
     target_s: float
-    cost: StepCost
+    cost: StepCostCoefficients
     max_tokens: int
     min_prefill_tokens: int = 16
     slow_headroom: float = 1.5

@@ -33,9 +33,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bargein.app.client import RealtimeClient  # noqa: E402
 from bargein.app.embedded import EmbeddedServer  # noqa: E402
 from bargein.app.settings import ServerConfig, Settings  # noqa: E402
+from bargein.client.realtime_client import RealtimeClient  # noqa: E402
 from bargein.engine.config import EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
 from bargein.session.conversation.config import SessionConfig  # noqa: E402
 

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from server_proc import served  # noqa: E402
 
-from bargein.app.client import RealtimeClient  # noqa: E402
+from bargein.client.realtime_client import RealtimeClient  # noqa: E402
 
 SYSTEM = (
     "You are Juniper, a friendly voice assistant in a kitchen. You help with recipes, "

@@ -13,6 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = {
     "app": "bargein.app",
+    "client": "bargein.client",
     "engine": "bargein.engine",
     "session": "bargein.session",
     "protocol": "bargein.protocol",
@@ -61,8 +62,9 @@ def test_the_wheel_holds_only_bargein(tmp_path: Path) -> None:
     for must in (
         "bargein/__main__.py",
         "bargein/engine/engine.py",
-        "bargein/session/log/redis_streams.py",
+        "bargein/session/streams/log/redis_streams.py",
         "bargein/app/openai/routes.py",
+        "bargein/client/realtime_client.py",
         "bargein/static/index.html",
         "bargein/static/bargein.js",
     ):

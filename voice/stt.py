@@ -40,7 +40,7 @@ T = TypeVar("T")
 # that ran a parallel region, for as long as that thread lives, and once its
 # teams hold more threads than there are CPUs it cuts the spin of every team,
 # the engine's included, which makes each decode step pay futex wake-ups
-# (EngineRunner.build_and_start). Whisper must add no lasting team to
+# (EngineLoop.build_and_start). Whisper must add no lasting team to
 # torch's libgomp.
 
 

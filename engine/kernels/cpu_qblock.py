@@ -58,8 +58,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bargein.engine.model.linear import cpu_flags
-from bargein.engine.model.loader import cache_root
+from bargein.engine.host import cache_root, cpu_flags
 
 logger = logging.getLogger(__name__)
 

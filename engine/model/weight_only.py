@@ -36,7 +36,7 @@ from collections.abc import Callable
 import torch
 
 from bargein.engine.kernels.activation import silu_and_mul_ref
-from bargein.engine.model.linear import weight_scale_per_channel
+from bargein.engine.model.quantize import weight_scale_per_channel
 
 GROUP_SIZE = 32  # weights per scale and zero, along the input (Q4_1's block)
 MAX_ROWS = 4  # rows up to which int4 beats int8 here (the table above)
@@ -217,7 +217,7 @@ class Int8WeightLinear:
 
     ``q`` is ``weight`` quantized symmetrically per output channel on the
     bf16-rounded scale the kernel reads (the int8 format's absmax / 127,
-    ``linear.weight_scale_per_channel``), so each weight is within half a
+    ``quantize.weight_scale_per_channel``), so each weight is within half a
     step of its code (rounding on the fp32 scale and multiplying by its bf16
     copy would be up to 127 * 2**-8 steps off at the largest); the GEMM runs
     ``torch._weight_int8pack_mm`` on bf16 activations with fp32 accumulation

@@ -68,7 +68,7 @@ past it. Such drops are not departures.
    (:class:`LoadVerdict`); the service reports it against the measured one
    (``bargein_admission_ttft_error_ratio``), so the model is checked
    against what then happens. The step-time model itself learns from the
-   low quantile of recent steps of each shape (engine/step_cost.py): a
+   low quantile of recent steps of each shape (engine/step_cost_fit.py): a
    noisy neighbour slowing some steps does not make it refuse.
 
    Priority: interactive sessions (a WebSocket session's turns, voice or

@@ -169,7 +169,7 @@ class Service:
     """Runs the realtime sessions of one process on one engine runner.
 
     Args:
-        runner: a started :class:`bargein.engine.runner.EngineRunner` (or anything
+        runner: a started :class:`bargein.engine.loop.EngineLoop` (or anything
             with its ``submit``/``abort``/``add_step_listener``/``tokenizer``/
             ``max_model_len``/``model_name``/``stats``).
         log: the token log streams are written to and delivered from.

@@ -20,10 +20,10 @@ import psutil
 import pytest
 
 from bargein.app import outgoing
-from bargein.app.client import RealtimeClient
 from bargein.app.embedded import EmbeddedServer
 from bargein.app.outgoing import Outgoing
 from bargein.app.settings import ServerConfig, Settings
+from bargein.client.realtime_client import RealtimeClient
 from bargein.protocol import CloseCode
 from bargein.protocol import events as pe
 from bargein.session.conversation.config import SessionConfig

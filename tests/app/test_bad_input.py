@@ -10,7 +10,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from bargein.app.client import RealtimeClient
+from bargein.client.realtime_client import RealtimeClient
 from tests.app.conftest import MAX_FRAME_BYTES, MAX_MODEL_LEN, LiveServer
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from bargein.app.client import RealtimeClient
+from bargein.client.realtime_client import RealtimeClient
 from tests.app.conftest import LiveServer
 
 pytestmark = pytest.mark.slow

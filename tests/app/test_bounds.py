@@ -4,7 +4,7 @@ Huge numbers are refused where they come in, with the protocol's error
 (``invalid_parameter`` on the WebSocket, an OpenAI-style 400 over HTTP):
 never a 500 (Python's int-parsing limit), never a value that reaches Redis
 and comes back as "token log unavailable". The server runs on the Redis
-backend and on live_server's engine runner (no second model load); the
+backend and on live_server's engine loop (no second model load); the
 stream read is live, so no "past the end" check answers first.
 """
 

@@ -144,7 +144,7 @@ def test_chat_says_when_the_server_is_not_there() -> None:
 
 def test_clients_import_without_torch_or_the_engine() -> None:
     code = (
-        "import sys, bargein.app.client, bargein.app.voice_client; "
+        "import sys, bargein.client; "
         "bad = [m for m in ('torch', 'engine', 'transformers') if m in sys.modules]; "
         "print(bad)"
     )

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from bargein.app.client import RealtimeClient
+from bargein.client.realtime_client import RealtimeClient
 from bargein.engine.model.linear import choose_linear_format
 from tests.app.conftest import LiveServer
 

@@ -2,7 +2,7 @@
 released like a WebSocket's response, and an SSE reader of
 ``/v1/streams/{id}/events`` counts as a reader.
 
-The server here runs on live_server's engine runner (no second model load),
+The server here runs on live_server's engine loop (no second model load),
 with ``on_disconnect: continue`` and a short abandon grace; answers are long
 (up to 448 tokens) so that generating them outlasts the grace, which each test
 checks (the stream still generating) before it relies on it.

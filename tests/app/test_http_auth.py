@@ -7,7 +7,7 @@ string. Open without a key: ``/healthz``, ``/readyz`` and the static page;
 ``/metrics`` only with ``--public-metrics``. A refused request reaches
 nothing: no session, no admission state, no engine request.
 
-The servers here run on the session's engine runner (no second model load).
+The servers here run on the session's engine loop (no second model load).
 """
 
 from __future__ import annotations

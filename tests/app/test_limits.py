@@ -30,13 +30,13 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from bargein.app import outgoing
-from bargein.app.client import RealtimeClient, ServerError
 from bargein.app.embedded import EmbeddedServer
 from bargein.app.settings import ServerConfig, Settings
+from bargein.client.realtime_client import RealtimeClient, ServerError
 from bargein.engine.config import EngineConfig, SchedulerConfig
-from bargein.session.runtime import service as service_module
 from bargein.session.conversation.chat import prompt_ids
 from bargein.session.conversation.config import SessionConfig
+from bargein.session.runtime import service as service_module
 from bargein.session.runtime.admission import AdmissionConfig
 from tests.app.log_capture import server_log
 from tests.app.rawws import masked_text, raw_upgrade
@@ -369,7 +369,7 @@ async def test_full_queue_answers_overloaded_and_1013_at_connect(
 ) -> None:
     """Real requests fill the queue, and it empties again when they run.
 
-    A server of its own with a queue of two, on this module's engine runner
+    A server of its own with a queue of two, on this module's engine loop
     (no second model load). The engine is held in the hand-off of its first
     step, the first token of a first answer, so the two requests that follow
     stay queued (admitted, no first token) by construction, not by the

@@ -2,7 +2,7 @@
 
 A node on its own redis-server (this test stops that server with SIGSTOP: a
 hung Redis, connections open, nothing answers), sharing ``live_server``'s
-engine runner. While Redis hangs, a ``stream.resume`` and a
+engine loop. While Redis hangs, a ``stream.resume`` and a
 ``response.cancel`` of a finished response both need the log: each is
 answered with a retryable ``internal_error`` that echoes its ``event_id``
 (and ``response_id``), while another stream of the same connection goes on

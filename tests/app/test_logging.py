@@ -17,8 +17,8 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from bargein.app.client import RealtimeClient
 from bargein.app.logging import REDACTED, StructuredFormatter, bind, configure_logging, set_ids
+from bargein.client.realtime_client import RealtimeClient
 from tests.app.conftest import LiveServer
 from tests.app.log_capture import server_log
 

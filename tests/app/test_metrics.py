@@ -23,8 +23,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from bargein.app.client import RealtimeClient
 from bargein.app.metrics import Metrics
+from bargein.client.realtime_client import RealtimeClient
 from bargein.engine.engine import EngineStats, StepStats
 from bargein.engine.request import FinishReason, RequestOutput
 from tests.app.conftest import LiveServer

@@ -19,9 +19,9 @@ from typing import Any
 import httpx
 import pytest
 
-from bargein.app.client import RealtimeClient, ServerError
 from bargein.app.embedded import EmbeddedServer
 from bargein.app.settings import ServerConfig, Settings
+from bargein.client.realtime_client import RealtimeClient, ServerError
 from bargein.engine.config import EngineConfig, SchedulerConfig
 from bargein.session.conversation.config import SessionConfig
 from bargein.session.runtime.admission import AdmissionConfig

@@ -16,9 +16,9 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from bargein.app.client import RealtimeClient
 from bargein.app.embedded import EmbeddedServer
 from bargein.app.settings import ServerConfig, Settings
+from bargein.client.realtime_client import RealtimeClient
 from bargein.session.conversation.config import SessionConfig
 from tests.app.conftest import LiveServer, node_on_engine
 

@@ -7,7 +7,7 @@ import asyncio
 import httpx
 import pytest
 
-from bargein.app.client import RealtimeClient
+from bargein.client.realtime_client import RealtimeClient
 from tests.app.conftest import LiveServer
 
 pytestmark = pytest.mark.slow

@@ -4,7 +4,7 @@ The torture test cuts one greedy answer at 50 points: a few while the answer
 is still being generated (each its own stream, since a cut of a live stream
 can happen once), the rest against the completed stream, replayed from the
 log. Resume on the Redis backend runs on two more servers in this process
-that share ``live_server``'s engine runner (no second model load): two nodes
+that share ``live_server``'s engine loop (no second model load): two nodes
 on one redis-server.
 """
 
@@ -164,7 +164,7 @@ TURNS = ("My name is Alice. Say hello to me.", "Now count from one to twenty in 
 def _twin(
     live_server: LiveServer, *, node_id: str, redis_url: str | None = None, abandon_grace_s: float = 30.0
 ) -> EmbeddedServer:
-    """Another server in this process on ``live_server``'s engine runner."""
+    """Another server in this process on ``live_server``'s engine loop."""
     server = EmbeddedServer(
         Settings(
             session=SessionConfig(
@@ -376,7 +376,7 @@ async def test_a_burst_of_session_updates_is_saved_once_per_interval(
 def redis_nodes(
     live_server: LiveServer, redis_server: str
 ) -> Iterator[tuple[EmbeddedServer, EmbeddedServer]]:
-    """Two nodes on one redis-server, both on live_server's engine runner."""
+    """Two nodes on one redis-server, both on live_server's engine loop."""
     first = _twin(live_server, node_id="resume-a", redis_url=redis_server)
     try:
         second = _twin(live_server, node_id="resume-b", redis_url=redis_server)

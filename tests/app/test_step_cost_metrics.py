@@ -6,10 +6,12 @@ from prometheus_client import CollectorRegistry
 
 from bargein.app.metrics import Metrics
 from bargein.engine.engine import EngineStats, StepStats
-from bargein.engine.step_budget import StepBudget, StepCost
+from bargein.engine.step_budget import StepBudget, StepCostCoefficients
 from tests.app.test_metrics import Samples
 
-COST = StepCost(base_s=0.05, per_decode_s=0.004, per_prefill_token_s=0.003, per_context_token_s=1e-6)
+COST = StepCostCoefficients(
+    base_s=0.05, per_decode_s=0.004, per_prefill_token_s=0.003, per_context_token_s=1e-6
+)
 
 
 def engine_stats(budget: StepBudget | None) -> EngineStats:

@@ -19,10 +19,10 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidMessage
 
-from bargein.app.client import RealtimeClient
 from bargein.app.embedded import EmbeddedServer
 from bargein.app.listen import check_tls
 from bargein.app.settings import ServerConfig, Settings, SettingsError, parse_serve_args
+from bargein.client.realtime_client import RealtimeClient
 from bargein.session.conversation.config import SessionConfig
 from tests.app.browser import launch
 from tests.app.conftest import LiveServer, node_on_engine

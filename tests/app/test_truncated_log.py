@@ -1,6 +1,6 @@
 """Resuming a stream whose Redis log lost entries: an explicit refusal, never a gap.
 
-A server on the Redis backend (sharing ``live_server``'s engine runner: no
+A server on the Redis backend (sharing ``live_server``'s engine loop: no
 second model load) answers a stream; then its log is trimmed the way an
 operator's ``XTRIM`` (or an eviction) would, keeping the stream's metadata.
 A ``stream.resume`` gets ``error`` ``stream_truncated``; an SSE resume gets

@@ -1,4 +1,4 @@
-"""The Python voice client (app/voice_client.py) and ``bargein chat --voice`` against the real server.
+"""The Python voice client (client/voice_client.py) and ``bargein chat --voice`` against the real server.
 
 The question is a WAV file spoken by Debian's espeak-ng (22,050 Hz, resampled
 to 16 kHz by the client); the live server hears it with its VAD, transcribes
@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bargein.app.client import drop_connection
-from bargein.app.pcm import WavSink, read_wav, silence
-from bargein.app.voice_client import VoiceClient, voice_settings
+from bargein.client.pcm import WavSink, read_wav, silence
+from bargein.client.realtime_client import drop_connection
+from bargein.client.voice_client import VoiceClient, voice_settings
 from tests.app.conftest import LiveServer
 from tests.needs import missing
 

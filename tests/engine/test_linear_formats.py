@@ -34,11 +34,10 @@ from bargein.engine.model.linear import (
     Int8Linear,
     Linear,
     choose_linear_format,
-    cpu_flags,
     int8_kernel_available,
     make_linear,
-    quantize_weight_per_channel,
 )
+from bargein.engine.model.quantize import quantize_weight_per_channel
 
 SHAPES = [(64, 96), (576, 576), (960, 576), (576, 1536), (3072, 576), (1000, 200)]
 ROWS = [1, 2, 3, 8, 17, 32, 64]
@@ -294,10 +293,3 @@ def test_the_reason_names_the_feature() -> None:
         blocks_available=False,
     )
     assert fmt == "bfloat16" and "bf16" in why
-
-
-def test_cpu_flags_reads_cpuinfo(tmp_path) -> None:
-    f = tmp_path / "cpuinfo"
-    f.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512_vnni\n\nprocessor\t: 1\nflags\t\t: fpu\n")
-    assert cpu_flags(str(f)) == frozenset({"fpu", "avx2", "avx512_vnni"})
-    assert cpu_flags(str(tmp_path / "missing")) == frozenset()

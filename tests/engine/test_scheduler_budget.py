@@ -1,7 +1,7 @@
 """The scheduler's time budget on a fake step-time model (no model, no clock).
 
 Each test plays the model by passing sampled tokens to ``update``; the cost
-model is a fixed :class:`StepCost`, so every plan's budget is computable by hand.
+model is a fixed :class:`StepCostCoefficients`, so every plan's budget is computable by hand.
 """
 
 from __future__ import annotations
@@ -10,15 +10,19 @@ from bargein.engine.config import SchedulerConfig
 from bargein.engine.kv_cache import BlockPool
 from bargein.engine.request import EngineRequest, SamplingParams
 from bargein.engine.scheduler import Scheduler, SchedulerOutput
-from bargein.engine.step_budget import StepCost
+from bargein.engine.step_budget import StepCostCoefficients
 
 # 10 ms a step, 2 ms a decode, 0.5 ms a prefill token, context free:
 # a 50 ms target leaves (40 - 2 n) ms for prefill after n decodes.
-COST = StepCost(base_s=0.010, per_decode_s=0.002, per_prefill_token_s=0.0005, per_context_token_s=0.0)
+COST = StepCostCoefficients(
+    base_s=0.010, per_decode_s=0.002, per_prefill_token_s=0.0005, per_context_token_s=0.0
+)
 TARGET_S = 0.050
 
 
-def make(*, target_s: float = TARGET_S, max_num_seqs: int = 64, cost: StepCost = COST) -> Scheduler:
+def make(
+    *, target_s: float = TARGET_S, max_num_seqs: int = 64, cost: StepCostCoefficients = COST
+) -> Scheduler:
     config = SchedulerConfig(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=512,
@@ -100,7 +104,9 @@ def test_without_a_target_a_burst_takes_whole_chunks() -> None:
 
 def test_the_running_batch_follows_the_budget_not_max_num_seqs() -> None:
     # one decode costs 5 ms: 10 + 8 * 0.5 + 5 n <= 50 -> at most 7 decoding
-    cost = StepCost(base_s=0.010, per_decode_s=0.005, per_prefill_token_s=0.0005, per_context_token_s=0.0)
+    cost = StepCostCoefficients(
+        base_s=0.010, per_decode_s=0.005, per_prefill_token_s=0.0005, per_context_token_s=0.0
+    )
     sched = make(cost=cost)
     for i in range(12):
         sched.add(request(f"r{i}", 4, max_tokens=3))
@@ -116,7 +122,9 @@ def test_the_running_batch_follows_the_budget_not_max_num_seqs() -> None:
 
 def test_context_counts_against_the_batch() -> None:
     """Long conversations decode slower: fewer of them fit one step."""
-    cost = StepCost(base_s=0.010, per_decode_s=0.001, per_prefill_token_s=0.0001, per_context_token_s=1e-5)
+    cost = StepCostCoefficients(
+        base_s=0.010, per_decode_s=0.001, per_prefill_token_s=0.0001, per_context_token_s=1e-5
+    )
     short, long_ = make(cost=cost), make(cost=cost)
     for i in range(10):
         short.add(request(f"s{i}", 20, max_tokens=50))
@@ -139,7 +147,7 @@ def test_a_prompt_in_prefill_progresses_when_the_decodes_alone_fill_the_budget()
     step(sched)  # 4 decodes, and the first 64 tokens of the long prompt
     assert sched.get("long") is not None and sched.get("long").num_computed_tokens == 64  # type: ignore[union-attr]
     sched.add(request("new", 4))
-    sched.step_cost = lambda: StepCost(
+    sched.step_cost = lambda: StepCostCoefficients(
         base_s=0.050, per_decode_s=0.002, per_prefill_token_s=0.0005, per_context_token_s=0.0
     )
     out = step(sched)

@@ -24,7 +24,7 @@ from bargein.engine.kv_cache import BlockPool
 from bargein.engine.request import EngineRequest, SamplingParams
 from bargein.engine.scheduler import Scheduler
 from bargein.engine.sequence import SequenceStatus
-from bargein.engine.step_budget import StepCost
+from bargein.engine.step_budget import StepCostCoefficients
 
 EOS = 0
 NUM_BLOCKS = 10
@@ -124,7 +124,9 @@ SchedulerMachineWithoutPrefixCaching.TestCase.settings = settings(
 class SchedulerMachineWithTimeBudget(SchedulerMachine):
     # 40 ms a step: 10 ms, 10 ms a decode, 5 ms a prefill token; two prefill tokens at least
     config = replace(CONFIG, target_itl_s=0.04, min_prefill_tokens=2)
-    cost = StepCost(base_s=0.01, per_decode_s=0.01, per_prefill_token_s=0.005, per_context_token_s=0.0)
+    cost = StepCostCoefficients(
+        base_s=0.01, per_decode_s=0.01, per_prefill_token_s=0.005, per_context_token_s=0.0
+    )
 
     def __init__(self) -> None:
         super().__init__()

@@ -19,7 +19,7 @@ from bargein.engine.config import SchedulerConfig
 from bargein.engine.engine import LLMEngine, StepStats
 from bargein.engine.model_runner import ModelRunner
 from bargein.engine.request import EngineRequest, SamplingParams
-from bargein.engine.step_cost import StepCostConfig
+from bargein.engine.step_cost_fit import StepCostFitConfig
 from tests.engine.conftest import RunnerFactory
 
 pytestmark = pytest.mark.slow
@@ -63,14 +63,14 @@ def test_a_burst_of_long_prompts_keeps_the_running_stream_within_the_target(runn
     calibration = LLMEngine(
         runner,
         SchedulerConfig(**LIMITS),  # type: ignore[arg-type]
-        StepCostConfig(warmup_steps=1, refit_every=1),
+        StepCostFitConfig(warmup_steps=1, refit_every=1),
     )
     run_burst(calibration, decodes_first=12)  # decodes alone, then with chunks: the fit sees both
     measured = calibration.step_cost.refit()
     assert measured.per_prefill_token_s > 0 and measured.predict(1, 0, 32) > 0
     target_s = measured.predict(1, 48, 32)
     config = SchedulerConfig(**LIMITS, target_itl_s=target_s, min_prefill_tokens=16)  # type: ignore[arg-type]
-    engine = LLMEngine(runner, config, StepCostConfig(prior=measured))
+    engine = LLMEngine(runner, config, StepCostFitConfig(prior=measured))
 
     steps = run_burst(engine)
 

@@ -12,11 +12,13 @@ from dataclasses import dataclass
 
 import pytest
 
-from bargein.engine.step_budget import StepBudget, StepCost
+from bargein.engine.step_budget import StepBudget, StepCostCoefficients
 from bargein.protocol import events as pe
 from bargein.session.runtime.admission import Admission, AdmissionConfig
 
-COST = StepCost(base_s=0.010, per_decode_s=0.002, per_prefill_token_s=0.0005, per_context_token_s=0.0)
+COST = StepCostCoefficients(
+    base_s=0.010, per_decode_s=0.002, per_prefill_token_s=0.0005, per_context_token_s=0.0
+)
 BUDGET = StepBudget(target_s=0.050, cost=COST, max_tokens=512, min_prefill_tokens=8)
 
 

@@ -1,7 +1,7 @@
 """The service's step hand-off: one loop hand-off and one log write per engine step.
 
 The engine side is a stand-in that calls the step listener from its own
-thread, as ``EngineRunner`` does (the real runner and model are exercised end
+thread, as ``EngineLoop`` does (the real runner and model are exercised end
 to end in tests/app); what is checked here is the glue's contract.
 """
 

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 
 from bargein.engine.request import SamplingParams
-from bargein.engine.step_budget import StepBudget, StepCost
+from bargein.engine.step_budget import StepBudget, StepCostCoefficients
 from bargein.protocol import events as pe
 from bargein.session.conversation.config import SessionConfig
 from bargein.session.conversation.state import Message, Submit, SubmitFailed, Submitted
@@ -22,7 +22,9 @@ from bargein.session.runtime.service import Owner, Service
 from bargein.session.streams.log import MemoryTokenLog
 from tests.session.test_service import ThreadedEngine, out
 
-COST = StepCost(base_s=0.010, per_decode_s=0.002, per_prefill_token_s=0.0005, per_context_token_s=0.0)
+COST = StepCostCoefficients(
+    base_s=0.010, per_decode_s=0.002, per_prefill_token_s=0.0005, per_context_token_s=0.0
+)
 
 
 @dataclass

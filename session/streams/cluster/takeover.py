@@ -117,7 +117,7 @@ class Continuation:
         tokenizer: the model's tokenizer.
         record: the stream's generation record.
         prefix: what the log holds (its ids are the continuation's extra prompt).
-        abort: ``abort(stream_id, reason)`` on the engine runner, to stop the
+        abort: ``abort(stream_id, reason)`` on the engine loop, to stop the
             request when a stop string straddling the takeover point matched.
     """
 

@@ -14,7 +14,7 @@ import asyncio
 from contextlib import aclosing
 
 from bargein.session.errors import TokenLogError
-from bargein.session.streams.log import TokenLog
+from bargein.session.streams.log.contract import TokenLog
 
 
 async def read_error_soon(

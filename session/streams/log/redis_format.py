@@ -41,7 +41,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from bargein.session.streams.log import EndError, LogEntry, StreamEnd, StreamInfo, StreamWrite
+from bargein.session.streams.log.contract import EndError, LogEntry, StreamEnd, StreamInfo, StreamWrite
 from bargein.session.streams.log.fence import Fence
 from bargein.session.streams.log.redis_tail import LOGGED, StreamId, parse_id
 

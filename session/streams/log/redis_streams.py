@@ -50,7 +50,7 @@ from bargein.session.errors import (
     StreamTruncated,
     TokenLogUnavailable,
 )
-from bargein.session.streams.log import (
+from bargein.session.streams.log.contract import (
     DEFAULT_LIVE_TTL_S,
     DEFAULT_RETENTION_S,
     LogEntry,

@@ -1,4 +1,4 @@
-"""The Python client's audio helpers (app/pcm.py): WAV files in and out, resampling, chunks.
+"""The Python client's audio helpers (client/pcm.py): WAV files in and out, resampling, chunks.
 
 Test files are written by Debian's sox where a format matters (an independent
 writer of 24-bit, 8-bit, stereo and 44.1 kHz WAV), and tones are checked by
@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bargein.app.pcm import Rechunker, WavSink, chunks, duration_ms, read_wav, silence
+from bargein.client.pcm import Rechunker, WavSink, chunks, duration_ms, read_wav, silence
 from tests.needs import missing
 
 

@@ -134,7 +134,7 @@ def chunks(pcm: bytes | Iterable[bytes], *, sample_rate: int, chunk_ms: int) -> 
 
 class WavSink:
     """Writes pcm16 mono to a WAV file as it comes: a callable ``sink(pcm)``
-    (e.g. the ``on_audio`` of :meth:`bargein.app.client.RealtimeClient.talk`).
+    (e.g. the ``on_audio`` of :meth:`bargein.client.realtime_client.RealtimeClient.talk`).
 
     Use it as a context manager, or :meth:`close` it: the WAV header gets its
     final length then.

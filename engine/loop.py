@@ -42,13 +42,13 @@ class _State(enum.Enum):
 
 @dataclass(slots=True)
 class _Live:
-    """What the runner knows of a live request, enough to end it on a crash."""
+    """What the loop knows of a live request, enough to end it on a crash."""
 
     request: EngineRequest
     num_output_tokens: int = 0
 
 
-class EngineRunner:
+class EngineLoop:
     """Drives an :class:`LLMEngine` on a dedicated thread.
 
     Args:
@@ -88,7 +88,7 @@ class EngineRunner:
     # ---- lifecycle ----------------------------------------------------------
 
     @classmethod
-    def build_and_start(cls, build: Callable[[], LLMEngine]) -> EngineRunner:
+    def build_and_start(cls, build: Callable[[], LLMEngine]) -> EngineLoop:
         """Build the engine on a new engine thread, start the loop there, return once it runs.
 
         The thread that steps the engine must be the one that loaded it.
@@ -105,19 +105,19 @@ class EngineRunner:
             whatever ``build`` raises (missing weights, a bad config),
             re-raised on the calling thread; no thread is left behind.
         """
-        built: Future[EngineRunner] = Future()
+        built: Future[EngineLoop] = Future()
 
         def main() -> None:
             try:
-                runner = cls(build())
+                engine_loop = cls(build())
             except BaseException as exc:
                 built.set_exception(exc)
                 return
-            with runner._cond:
-                runner._state = _State.RUNNING
-                runner._thread = threading.current_thread()
-            built.set_result(runner)
-            runner._run()
+            with engine_loop._cond:
+                engine_loop._state = _State.RUNNING
+                engine_loop._thread = threading.current_thread()
+            built.set_result(engine_loop)
+            engine_loop._run()
 
         threading.Thread(target=main, name="bargein-engine", daemon=True).start()
         return built.result()

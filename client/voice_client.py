@@ -1,6 +1,6 @@
 """The user's side of a voice conversation with bargein: audio in, turns found by the server.
 
-:class:`VoiceClient` is a :class:`bargein.app.client.RealtimeClient` that
+:class:`VoiceClient` is a :class:`bargein.client.realtime_client.RealtimeClient` that
 also sends ``input_audio.append`` (pcm16 mono at the session's input rate,
 16 kHz by default) and follows the turns the server's VAD finds in it
 (docs/protocol.md, "Audio")::
@@ -30,8 +30,15 @@ from typing import Any
 
 from websockets.exceptions import ConnectionClosed
 
-from bargein.app.client import INPUT_RATE, OUTPUT_RATE, AudioSink, RealtimeClient, Response, ServerError
-from bargein.app.pcm import Rechunker, read_wav, silence
+from bargein.client.pcm import Rechunker, read_wav, silence
+from bargein.client.realtime_client import (
+    INPUT_RATE,
+    OUTPUT_RATE,
+    AudioSink,
+    RealtimeClient,
+    Response,
+    ServerError,
+)
 
 TranscriptSink = Callable[[str, bool], None]  # (the transcript so far, whether it is final)
 TextSink = Callable[[str], None]

@@ -6,14 +6,16 @@ import random
 
 import pytest
 
-from bargein.engine.step_budget import CPU_PRIOR, StepBudget, StepCost
-from bargein.engine.step_cost import StepCostConfig, StepCostModel
+from bargein.engine.step_budget import CPU_PRIOR, StepBudget, StepCostCoefficients
+from bargein.engine.step_cost_fit import StepCostFit, StepCostFitConfig
 
-TRUE = StepCost(base_s=0.02, per_decode_s=0.001, per_prefill_token_s=0.0005, per_context_token_s=2e-7)
+TRUE = StepCostCoefficients(
+    base_s=0.02, per_decode_s=0.001, per_prefill_token_s=0.0005, per_context_token_s=2e-7
+)
 
 
 def feed(
-    model: StepCostModel, truth: StepCost, num_steps: int, *, seed: int = 0, noise: float = 0.02
+    model: StepCostFit, truth: StepCostCoefficients, num_steps: int, *, seed: int = 0, noise: float = 0.02
 ) -> None:
     """Steps of a mixed load (decodes, some prefill, growing contexts), each
     timed by ``truth`` with ``noise`` relative jitter."""
@@ -27,7 +29,7 @@ def feed(
 
 
 def test_fit_recovers_the_coefficients_of_synthetic_steps() -> None:
-    model = StepCostModel()
+    model = StepCostFit()
     feed(model, TRUE, 600)
     fit = model.refit()
     for got, want in zip(fit.as_tuple(), TRUE.as_tuple(), strict=True):
@@ -36,7 +38,7 @@ def test_fit_recovers_the_coefficients_of_synthetic_steps() -> None:
 
 
 def test_before_samples_the_prior_answers() -> None:
-    model = StepCostModel()
+    model = StepCostFit()
     assert model.current == CPU_PRIOR
     model.observe(1, 0, 10, 5.0)  # warm-up steps (compilation) are not learned from
     model.observe(1, 0, 10, 5.0)
@@ -45,7 +47,7 @@ def test_before_samples_the_prior_answers() -> None:
 
 def test_a_term_the_data_never_saw_keeps_its_prior() -> None:
     """Decode-only steps say nothing of prefill: its coefficient stays the prior's."""
-    model = StepCostModel()
+    model = StepCostFit()
     rng = random.Random(1)
     for _ in range(400):
         decodes = rng.randint(1, 32)
@@ -58,7 +60,7 @@ def test_a_term_the_data_never_saw_keeps_its_prior() -> None:
 def test_coefficients_are_never_negative() -> None:
     """Steps that get faster with more decodes (noise, another process
     leaving) would give a negative slope to plain least squares."""
-    model = StepCostModel(StepCostConfig(prior_weight=0.01))
+    model = StepCostFit(StepCostFitConfig(prior_weight=0.01))
     for i in range(300):
         decodes = i % 40
         model.observe(decodes, 0, 0, 0.1 - 0.002 * decodes)
@@ -69,9 +71,9 @@ def test_coefficients_are_never_negative() -> None:
 
 
 def test_forgetting_follows_a_machine_that_slowed_down() -> None:
-    model = StepCostModel(StepCostConfig(half_life_steps=50))
+    model = StepCostFit(StepCostFitConfig(half_life_steps=50))
     feed(model, TRUE, 400)
-    slower = StepCost(**{name: 3 * getattr(TRUE, name) for name in TRUE.__slots__})
+    slower = StepCostCoefficients(**{name: 3 * getattr(TRUE, name) for name in TRUE.__slots__})
     feed(model, slower, 400, seed=2)
     fit = model.refit()
     assert fit.predict(16, 0, 4000) == pytest.approx(slower.predict(16, 0, 4000), rel=0.05)
@@ -79,7 +81,7 @@ def test_forgetting_follows_a_machine_that_slowed_down() -> None:
 
 
 def test_one_outlier_moves_the_fit_little() -> None:
-    model = StepCostModel()
+    model = StepCostFit()
     feed(model, TRUE, 400)
     before = model.refit().predict(8, 0, 800)
     model.observe(8, 0, 800, 30.0)  # a 30 s stall (swap, a debugger)
@@ -122,12 +124,12 @@ def test_a_machine_too_slow_for_the_target_batches_within_the_headroom_of_one_st
 
 def test_invalid_coefficients_and_configs_are_refused() -> None:
     with pytest.raises(ValueError, match="per_decode_s"):
-        StepCost(base_s=0.0, per_decode_s=-1.0, per_prefill_token_s=0.0, per_context_token_s=0.0)
+        StepCostCoefficients(base_s=0.0, per_decode_s=-1.0, per_prefill_token_s=0.0, per_context_token_s=0.0)
     with pytest.raises(ValueError, match="half_life_steps"):
-        StepCostConfig(half_life_steps=0)
+        StepCostFitConfig(half_life_steps=0)
 
 
-def neighboured(model: StepCostModel, num_steps: int, *, share: float, factor: float, seed: int = 3) -> None:
+def neighboured(model: StepCostFit, num_steps: int, *, share: float, factor: float, seed: int = 3) -> None:
     """Steps of a steady batch (8 to 11 decodes, a 64-token prefill every tenth
     step, the context growing) timed by ``TRUE``, ``share`` of them slowed
     ``factor`` times by another process on the machine (a noisy neighbour)."""
@@ -144,7 +146,7 @@ def neighboured(model: StepCostModel, num_steps: int, *, share: float, factor: f
 def test_a_noisy_neighbour_slowing_most_steps_moves_the_fit_little() -> None:
     """60% of steps 3x slower: a mean would predict 2.2x; the low quantile of
     each shape's recent ratios keeps the engine's own cost."""
-    robust, mean = StepCostModel(), StepCostModel(StepCostConfig(robust_quantile=1.0))
+    robust, mean = StepCostFit(), StepCostFit(StepCostFitConfig(robust_quantile=1.0))
     for model in (robust, mean):
         neighboured(model, 600, share=0.6, factor=3.0)
     want = TRUE.predict(8, 0, 2000)
@@ -154,6 +156,6 @@ def test_a_noisy_neighbour_slowing_most_steps_moves_the_fit_little() -> None:
 
 def test_a_neighbour_on_every_step_is_followed() -> None:
     """When every step is slower the machine is slower: the fit follows."""
-    model = StepCostModel(StepCostConfig(half_life_steps=50))
+    model = StepCostFit(StepCostFitConfig(half_life_steps=50))
     neighboured(model, 600, share=1.0, factor=3.0)
     assert model.refit().predict(8, 0, 2000) == pytest.approx(3 * TRUE.predict(8, 0, 2000), rel=0.1)

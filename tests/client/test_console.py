@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from bargein.app.console import ConsoleLines
+from bargein.client.console import ConsoleLines
 
 
 async def test_lines_come_whole_across_reads_and_eof_ends_them() -> None:

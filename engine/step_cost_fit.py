@@ -1,7 +1,7 @@
 """The step-time model of an engine, learned online from its measured steps.
 
-:class:`StepCostModel` fits the four coefficients of
-:class:`bargein.engine.step_budget.StepCost` (the model's terms are
+:class:`StepCostFit` fits the four coefficients of
+:class:`bargein.engine.step_budget.StepCostCoefficients` (the model's terms are
 described there) to each step's measured wall time by exponentially
 forgotten least squares: a sample's weight halves every ``half_life_steps``
 steps, so the fit follows the machine as its load changes. Coefficients are
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bargein.engine.step_budget import CPU_PRIOR, StepCost
+from bargein.engine.step_budget import CPU_PRIOR, StepCostCoefficients
 
 NUM_TERMS = 4
 # Feature scales (one step's typical decodes, prefill tokens, context
@@ -33,8 +33,8 @@ _SCALES = np.array([1.0, 16.0, 256.0, 16384.0])
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class StepCostConfig:
-    """How :class:`StepCostModel` learns.
+class StepCostFitConfig:
+    """How :class:`StepCostFit` learns.
 
     Attributes:
         prior: the coefficients before any sample.
@@ -66,7 +66,7 @@ class StepCostConfig:
             it and are not clipped. 1: off (the maximum).
     """
 
-    prior: StepCost = CPU_PRIOR
+    prior: StepCostCoefficients = CPU_PRIOR
     prior_weight: float = 2.0
     prior_floor: float = 1e-3
     half_life_steps: float = 200.0
@@ -96,11 +96,11 @@ class StepCostConfig:
             raise ValueError(f"warmup_steps={self.warmup_steps} >= 0, refit_every={self.refit_every} >= 1")
 
 
-class StepCostModel:
+class StepCostFit:
     """The step-time model of one engine, fitted online.
 
     Call :meth:`observe` after every step that ran the model; read
-    :attr:`current` (a frozen :class:`StepCost`, replaced whole on refit, so
+    :attr:`current` (a frozen :class:`StepCostCoefficients`, replaced whole on refit, so
     another thread may read it without a lock).
 
     Attributes:
@@ -110,8 +110,8 @@ class StepCostModel:
             ``1.44 * half_life_steps``).
     """
 
-    def __init__(self, config: StepCostConfig | None = None) -> None:
-        self.config = config or StepCostConfig()
+    def __init__(self, config: StepCostFitConfig | None = None) -> None:
+        self.config = config or StepCostFitConfig()
         self.current = self.config.prior
         self.num_samples = 0
         self.effective_samples = 0.0
@@ -161,14 +161,14 @@ class StepCostModel:
         ratios = sorted(t / max(predict(d, p, c), 1e-9) for _, t, d, p, c in recent)
         return ratios[math.ceil(self.config.robust_quantile * len(ratios)) - 1] * predicted_s
 
-    def refit(self) -> StepCost:
+    def refit(self) -> StepCostCoefficients:
         """Solve for the coefficients now (``observe`` does every ``refit_every``)."""
         cfg = self.config
         w = cfg.prior_weight / (1 + self.num_samples) + cfg.prior_floor
         a = self._xtx + w * np.eye(NUM_TERMS)
         b = self._xty + w * self._prior_scaled
         theta = _nonnegative_quadratic_min(a, b) / _SCALES
-        self.current = StepCost(
+        self.current = StepCostCoefficients(
             base_s=float(theta[0]),
             per_decode_s=float(theta[1]),
             per_prefill_token_s=float(theta[2]),

@@ -16,8 +16,8 @@ Voice (a server with audio: ``session.created`` announces
 (``response.audio.delta``, pcm16 mono bytes, 24 kHz by default) is collected
 in :attr:`Response.audio` and handed to its ``on_audio`` as it comes, and
 resumes with the text after a drop (``audio_from_ms``);
-:class:`bargein.app.voice_client.VoiceClient` adds the user's side (audio in,
-turns found by the server). Both need ``bargein/app/pcm.py`` beside this file.
+:class:`bargein.client.voice_client.VoiceClient` adds the user's side (audio in,
+turns found by the server). Both need ``pcm.py`` beside this file.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Any, Self
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from bargein.app.pcm import ms_to_bytes
+from bargein.client.pcm import ms_to_bytes
 
 SUBPROTOCOL = "bargein.v1.json"
 INPUT_RATE = 16000  # the server's default input_audio sample rate, Hz

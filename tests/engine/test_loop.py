@@ -1,4 +1,4 @@
-"""EngineRunner on the real model: thread-safe submit/abort, listeners, shutdown, crash.
+"""EngineLoop on the real model: thread-safe submit/abort, listeners, shutdown, crash.
 
 Aborts are triggered from inside a step (a hook around the real model
 runner's ``execute``, on the engine thread) so each lands in a known state:
@@ -19,9 +19,9 @@ from transformers import PreTrainedTokenizerBase
 from bargein.engine.config import SchedulerConfig
 from bargein.engine.engine import LLMEngine
 from bargein.engine.errors import DuplicateRequestError, EngineStoppedError, PromptTooLongError
+from bargein.engine.loop import EngineLoop
 from bargein.engine.model_runner import ModelRunner
 from bargein.engine.request import EngineRequest, FinishReason, RequestOutput, SamplingParams
-from bargein.engine.runner import EngineRunner
 from tests.engine.conftest import RunnerFactory
 
 pytestmark = pytest.mark.slow
@@ -77,14 +77,14 @@ def shared_runner(model_runner_factory: RunnerFactory) -> ModelRunner:
 
 
 @pytest.fixture
-def setup(shared_runner: ModelRunner) -> Iterator[tuple[EngineRunner, HookedRunner, Collector]]:
+def setup(shared_runner: ModelRunner) -> Iterator[tuple[EngineLoop, HookedRunner, Collector]]:
     hooked = HookedRunner(shared_runner)
-    runner = EngineRunner(LLMEngine(hooked, CONFIG))  # type: ignore[arg-type]
+    engine_loop = EngineLoop(LLMEngine(hooked, CONFIG))  # type: ignore[arg-type]
     collector = Collector()
-    runner.add_step_listener(collector)
-    runner.start()
-    yield runner, hooked, collector
-    runner.shutdown()
+    engine_loop.add_step_listener(collector)
+    engine_loop.start()
+    yield engine_loop, hooked, collector
+    engine_loop.shutdown()
 
 
 def request(
@@ -124,9 +124,9 @@ def when(
 
 
 def test_requests_finish_once_and_listener_gets_whole_steps(setup, hf_tokenizer) -> None:
-    runner, _, collector = setup
+    engine_loop, _, collector = setup
     for i in range(4):
-        runner.submit(request(hf_tokenizer, f"r{i}", max_tokens=5 + i))
+        engine_loop.submit(request(hf_tokenizer, f"r{i}", max_tokens=5 + i))
     collector.wait_finished(*(f"r{i}" for i in range(4)))
     for i in range(4):
         outs = assert_ended_once(collector, f"r{i}", FinishReason.LENGTH)
@@ -134,22 +134,22 @@ def test_requests_finish_once_and_listener_gets_whole_steps(setup, hf_tokenizer)
     # One hand-off per step: requests decoding together arrive in one call.
     assert max(len(call) for call in collector.calls) >= 2
     assert all(len({o.request_id for o in call}) == len(call) for call in collector.calls)
-    stats = runner.stats()
+    stats = engine_loop.stats()
     assert stats.num_free_blocks == NUM_BLOCKS and stats.num_running == stats.num_waiting == 0
     assert stats.num_generated_tokens == 5 + 6 + 7 + 8
     assert stats.num_finished_by_reason == {"length": 4}
 
 
 def test_abort_before_scheduled(setup, hf_tokenizer) -> None:
-    runner, hooked, collector = setup
+    engine_loop, hooked, collector = setup
     victim = request(hf_tokenizer, "victim")
 
     def submit_and_abort() -> None:  # both land in the queues mid-step
-        runner.submit(victim)
-        runner.abort("victim", FinishReason.CANCELLED)
+        engine_loop.submit(victim)
+        engine_loop.abort("victim", FinishReason.CANCELLED)
 
-    hooked.hook = when(runner.engine, "other", lambda seq: True, submit_and_abort)
-    runner.submit(request(hf_tokenizer, "other", max_tokens=4))
+    hooked.hook = when(engine_loop.engine, "other", lambda seq: True, submit_and_abort)
+    engine_loop.submit(request(hf_tokenizer, "other", max_tokens=4))
     collector.wait_finished("victim", "other")
     outs = assert_ended_once(collector, "victim", FinishReason.CANCELLED)
     assert outs == [outs[-1]] and outs[-1].num_output_tokens == 0 and outs[-1].new_token_ids == ()
@@ -164,63 +164,63 @@ def test_abort_before_scheduled(setup, hf_tokenizer) -> None:
     ],
 )
 def test_abort_mid_prefill_and_decoding(setup, hf_tokenizer, state: str, pred: Callable[[Any], bool]) -> None:
-    runner, hooked, collector = setup
+    engine_loop, hooked, collector = setup
     req = request(hf_tokenizer, "victim", max_tokens=100)
     assert len(req.prompt_token_ids) > CONFIG.prefill_chunk_size
     seen: list[int] = []
 
     def abort() -> None:
-        seq = runner.engine.scheduler.get("victim")
+        seq = engine_loop.engine.scheduler.get("victim")
         seen.append(seq.num_output_tokens)
-        runner.abort("victim")
+        engine_loop.abort("victim")
 
-    hooked.hook = when(runner.engine, "victim", pred, abort)
-    runner.submit(req)
+    hooked.hook = when(engine_loop.engine, "victim", pred, abort)
+    engine_loop.submit(req)
     collector.wait_finished("victim")
     outs = assert_ended_once(collector, "victim", FinishReason.INTERRUPTED)
     assert outs[-1].new_token_ids == ()
     # Drained at the start of the next step: the step under way still completes.
     expected_tokens = 0 if state == "mid_prefill" else seen[0] + 1
     assert outs[-1].num_output_tokens == expected_tokens
-    assert runner.stats().num_free_blocks == NUM_BLOCKS
+    assert engine_loop.stats().num_free_blocks == NUM_BLOCKS
 
 
 def test_abort_keep_tokens_reaches_the_engine(setup, hf_tokenizer) -> None:
-    runner, hooked, collector = setup
+    engine_loop, hooked, collector = setup
     req = request(hf_tokenizer, "victim", max_tokens=100)
     keep = len(req.prompt_token_ids) + 2  # the user heard two tokens
-    abort = lambda: runner.abort("victim", keep_tokens=keep)  # noqa: E731
-    hooked.hook = when(runner.engine, "victim", lambda seq: seq.num_output_tokens == 20, abort)
+    abort = lambda: engine_loop.abort("victim", keep_tokens=keep)  # noqa: E731
+    hooked.hook = when(engine_loop.engine, "victim", lambda seq: seq.num_output_tokens == 20, abort)
     with pytest.raises(ValueError, match="keep_tokens"):
-        runner.abort("victim", keep_tokens=-1)
-    runner.submit(req)
+        engine_loop.abort("victim", keep_tokens=-1)
+    engine_loop.submit(req)
     collector.wait_finished("victim")
     assert_ended_once(collector, "victim", FinishReason.INTERRUPTED)
-    stats = runner.stats()
+    stats = engine_loop.stats()
     assert stats.num_free_blocks == NUM_BLOCKS
-    assert stats.num_cached_free_blocks == keep // runner.engine.pool.block_size
+    assert stats.num_cached_free_blocks == keep // engine_loop.engine.pool.block_size
 
 
 def test_abort_after_finish_is_a_no_op(setup, hf_tokenizer) -> None:
-    runner, _, collector = setup
-    runner.submit(request(hf_tokenizer, "done", max_tokens=2))
+    engine_loop, _, collector = setup
+    engine_loop.submit(request(hf_tokenizer, "done", max_tokens=2))
     collector.wait_finished("done")
-    runner.abort("done")
-    runner.abort("never-existed")
-    runner.submit(request(hf_tokenizer, "next", max_tokens=2))
+    engine_loop.abort("done")
+    engine_loop.abort("never-existed")
+    engine_loop.submit(request(hf_tokenizer, "next", max_tokens=2))
     collector.wait_finished("next")
     assert_ended_once(collector, "done", FinishReason.LENGTH)
-    assert runner.stats().num_finished_by_reason == {"length": 2}
+    assert engine_loop.stats().num_finished_by_reason == {"length": 2}
 
 
 def test_submit_validates_synchronously(setup, hf_tokenizer) -> None:
-    runner, _, collector = setup
+    engine_loop, _, collector = setup
     with pytest.raises(PromptTooLongError) as info:
-        runner.submit(EngineRequest(request_id="long", prompt_token_ids=(1,) * CONFIG.max_model_len))
+        engine_loop.submit(EngineRequest(request_id="long", prompt_token_ids=(1,) * CONFIG.max_model_len))
     assert info.value.num_prompt_tokens == CONFIG.max_model_len
-    runner.submit(request(hf_tokenizer, "dup", max_tokens=3))
+    engine_loop.submit(request(hf_tokenizer, "dup", max_tokens=3))
     with pytest.raises(DuplicateRequestError):
-        runner.submit(request(hf_tokenizer, "dup"))
+        engine_loop.submit(request(hf_tokenizer, "dup"))
     collector.wait_finished("dup")
     assert_ended_once(collector, "dup", FinishReason.LENGTH)
 
@@ -233,12 +233,12 @@ def test_idle_loop_sleeps(setup, hf_tokenizer, monkeypatch: pytest.MonkeyPatch) 
     checks for work. Counted, not timed: a loop polling every 5 ms would call
     ``step`` (or check ``has_unfinished_requests``) ~200 times in the window,
     however little CPU each poll costs."""
-    runner, _, collector = setup
-    runner.submit(request(hf_tokenizer, "r", max_tokens=2))
+    engine_loop, _, collector = setup
+    engine_loop.submit(request(hf_tokenizer, "r", max_tokens=2))
     collector.wait_finished("r")
-    steps = runner.stats().num_steps
+    steps = engine_loop.stats().num_steps
     calls: Counter[str] = Counter()
-    engine = runner.engine
+    engine = engine_loop.engine
     for name in ("step", "has_unfinished_requests"):
         real = getattr(engine, name)
 
@@ -252,44 +252,44 @@ def test_idle_loop_sleeps(setup, hf_tokenizer, monkeypatch: pytest.MonkeyPatch) 
     # after the last step's hand-off (the collector saw the end before it).
     assert calls["step"] == 0, calls
     assert calls["has_unfinished_requests"] <= 1, calls
-    assert runner.stats().num_steps == steps
+    assert engine_loop.stats().num_steps == steps
 
 
 def test_shutdown_cancels_live_requests_and_refuses_new_ones(setup, hf_tokenizer) -> None:
-    runner, hooked, collector = setup
+    engine_loop, hooked, collector = setup
     started = threading.Event()
-    hooked.hook = when(runner.engine, "a", lambda seq: seq.num_output_tokens >= 2, started.set)
+    hooked.hook = when(engine_loop.engine, "a", lambda seq: seq.num_output_tokens >= 2, started.set)
     for name in ("a", "b"):
-        runner.submit(request(hf_tokenizer, name, max_tokens=400))
+        engine_loop.submit(request(hf_tokenizer, name, max_tokens=400))
     assert started.wait(60)
-    runner.shutdown()
+    engine_loop.shutdown()
     for name in ("a", "b"):
         assert_ended_once(collector, name, FinishReason.CANCELLED)
-    assert runner.stats().num_free_blocks == NUM_BLOCKS
+    assert engine_loop.stats().num_free_blocks == NUM_BLOCKS
     with pytest.raises(EngineStoppedError):
-        runner.submit(request(hf_tokenizer, "late"))
+        engine_loop.submit(request(hf_tokenizer, "late"))
 
 
 def test_crash_ends_live_requests_with_error(setup, hf_tokenizer) -> None:
-    runner, hooked, collector = setup
+    engine_loop, hooked, collector = setup
 
     def boom() -> None:
         raise RuntimeError("injected failure")
 
-    hooked.hook = when(runner.engine, "a", lambda seq: seq.num_output_tokens >= 1, boom)
-    runner.submit(request(hf_tokenizer, "a", max_tokens=50))
-    runner.submit(request(hf_tokenizer, "b", max_tokens=50))
+    hooked.hook = when(engine_loop.engine, "a", lambda seq: seq.num_output_tokens >= 1, boom)
+    engine_loop.submit(request(hf_tokenizer, "a", max_tokens=50))
+    engine_loop.submit(request(hf_tokenizer, "b", max_tokens=50))
     collector.wait_finished("a", "b")
     assert_ended_once(collector, "a", FinishReason.ERROR)
     assert_ended_once(collector, "b", FinishReason.ERROR)
     with pytest.raises(EngineStoppedError):
-        runner.submit(request(hf_tokenizer, "c"))
-    assert isinstance(runner.error, RuntimeError)
+        engine_loop.submit(request(hf_tokenizer, "c"))
+    assert isinstance(engine_loop.error, RuntimeError)
 
 
 async def test_generate_yields_until_finished(setup, hf_tokenizer) -> None:
-    runner, _, _ = setup
-    outs = [o async for o in runner.generate(request(hf_tokenizer, "g", max_tokens=6))]
+    engine_loop, _, _ = setup
+    outs = [o async for o in engine_loop.generate(request(hf_tokenizer, "g", max_tokens=6))]
     assert [o.finished for o in outs] == [False] * 5 + [True]
     assert [o.num_output_tokens for o in outs] == [1, 2, 3, 4, 5, 6]
     text = "".join(o.text for o in outs)
@@ -298,8 +298,8 @@ async def test_generate_yields_until_finished(setup, hf_tokenizer) -> None:
 
 
 async def test_leaving_generate_early_cancels_the_request(setup, hf_tokenizer) -> None:
-    runner, _, collector = setup
-    agen = runner.generate(request(hf_tokenizer, "g", max_tokens=200))
+    engine_loop, _, collector = setup
+    agen = engine_loop.generate(request(hf_tokenizer, "g", max_tokens=200))
     async for out in agen:
         if out.num_output_tokens == 2:
             break
@@ -311,37 +311,37 @@ async def test_leaving_generate_early_cancels_the_request(setup, hf_tokenizer) -
 
 
 def test_shutdown_before_start_cancels_queued_requests(shared_runner: ModelRunner, hf_tokenizer) -> None:
-    runner = EngineRunner(LLMEngine(shared_runner, CONFIG))
+    engine_loop = EngineLoop(LLMEngine(shared_runner, CONFIG))
     collector = Collector()
-    runner.add_step_listener(collector)
-    runner.submit(request(hf_tokenizer, "queued"))
-    runner.shutdown()
+    engine_loop.add_step_listener(collector)
+    engine_loop.submit(request(hf_tokenizer, "queued"))
+    engine_loop.shutdown()
     assert_ended_once(collector, "queued", FinishReason.CANCELLED)
     with pytest.raises(EngineStoppedError):
-        runner.submit(request(hf_tokenizer, "late"))
+        engine_loop.submit(request(hf_tokenizer, "late"))
 
 
 def test_build_and_start_steps_the_engine_on_the_thread_that_built_it(
     shared_runner: ModelRunner, hf_tokenizer
 ) -> None:
     # libgomp throttles every team's spin once its teams outnumber the CPUs:
-    # the loading thread must be the stepping thread (EngineRunner.build_and_start)
+    # the loading thread must be the stepping thread (EngineLoop.build_and_start)
     threads: dict[str, threading.Thread] = {}
 
     def build() -> LLMEngine:
         threads["build"] = threading.current_thread()
         return LLMEngine(shared_runner, CONFIG)
 
-    runner = EngineRunner.build_and_start(build)
+    engine_loop = EngineLoop.build_and_start(build)
     collector = Collector()
-    runner.add_step_listener(lambda outputs: threads.setdefault("step", threading.current_thread()))
-    runner.add_step_listener(collector)
+    engine_loop.add_step_listener(lambda outputs: threads.setdefault("step", threading.current_thread()))
+    engine_loop.add_step_listener(collector)
     try:
-        runner.submit(request(hf_tokenizer, "b", max_tokens=4))
+        engine_loop.submit(request(hf_tokenizer, "b", max_tokens=4))
         collector.wait_finished("b")
         assert_ended_once(collector, "b", FinishReason.LENGTH)
     finally:
-        runner.shutdown()
+        engine_loop.shutdown()
     assert threads["step"] is threads["build"] is not threading.current_thread()
     assert threads["build"].name == "bargein-engine"
 
@@ -353,6 +353,6 @@ def test_build_and_start_raises_what_building_raised_on_the_caller() -> None:
         raise FileNotFoundError("no such model")
 
     with pytest.raises(FileNotFoundError, match="no such model"):
-        EngineRunner.build_and_start(build)
+        EngineLoop.build_and_start(build)
     time.sleep(0.1)  # the builder thread ends right after it hands the error over
     assert not [t for t in set(threading.enumerate()) - before if t.name == "bargein-engine"]
