@@ -116,16 +116,20 @@ class FakeSynth:
         self.gate.set()
         self.fail: str | None = None  # a text containing it raises
         self.timed: list[str] = []  # texts whose timing alone was asked
+        self.finished: list[str] = []  # texts whose synthesis returned or raised
 
     def synthesize(self, text: str) -> Speech:
         self.texts.append(text)
-        assert self.gate.wait(GATE_TIMEOUT_S), "the test never opened the synthesizer's gate"
-        if self.fail is not None and self.fail in text:
-            raise RuntimeError("injected synthesis failure")
-        words = _words_only(text, self.samples_per_char)
-        if not words:
-            return Speech(audio=np.zeros(0, dtype=np.int16), words=())
-        return Speech(audio=np.full(len(text) * self.samples_per_char, 3000, dtype=np.int16), words=words)
+        try:
+            assert self.gate.wait(GATE_TIMEOUT_S), "the test never opened the synthesizer's gate"
+            if self.fail is not None and self.fail in text:
+                raise RuntimeError("injected synthesis failure")
+            words = _words_only(text, self.samples_per_char)
+            if not words:
+                return Speech(audio=np.zeros(0, dtype=np.int16), words=())
+            return Speech(audio=np.full(len(text) * self.samples_per_char, 3000, dtype=np.int16), words=words)
+        finally:
+            self.finished.append(text)
 
     def timing(self, text: str) -> Timing:
         """:meth:`synthesize`'s length and words without its audio (noted in ``timed``)."""
