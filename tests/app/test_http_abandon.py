@@ -22,8 +22,8 @@ import pytest
 from bargein.app.embedded import EmbeddedServer
 from bargein.app.settings import ServerConfig, Settings
 from bargein.session.conversation.config import SessionConfig
+from loadtests.bare_client import Conn, Received
 from tests.app.conftest import LiveServer, node_on_engine
-from tests.app.resume_helpers import Conn, Received
 
 pytestmark = pytest.mark.slow
 

@@ -34,10 +34,10 @@ from bargein.app.embedded import EmbeddedServer
 from bargein.app.settings import ServerConfig, Settings
 from bargein.session.conversation.config import SessionConfig
 from bargein.session.streams.log.redis_format import Keys
+from loadtests.redis_server import RedisServer, redis_server_binary
 from tests.app.conftest import LiveServer, node_on_engine
 from tests.app.log_capture import Records, server_log
 from tests.app.rawws import ServerFrames, masked_text, raw_upgrade
-from tests.redis_server import RedisServer, redis_server_binary
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 

@@ -27,7 +27,7 @@ from redis import Redis
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from tests.redis_server import free_port
+from loadtests.redis_server import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 

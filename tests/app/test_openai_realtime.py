@@ -19,8 +19,9 @@ from bargein.app.settings import ServerConfig, Settings
 from bargein.session.conversation.config import SessionConfig
 from bargein.session.runtime.admission import AdmissionConfig
 from bargein.session.streams.log import StreamEnd
+from loadtests.speech import silence_pcm16
 from tests.app.conftest import LiveServer, node_on_engine
-from tests.speech import espeak_pcm16, silence_pcm16
+from tests.speech import espeak_pcm16
 
 pytestmark = pytest.mark.slow
 

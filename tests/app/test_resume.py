@@ -25,8 +25,8 @@ from bargein.session.conversation.chat import render_prompt
 from bargein.session.conversation.config import SessionConfig
 from bargein.session.runtime.saved import SavedSession
 from bargein.session.runtime.tokens import make_session_token
+from loadtests.bare_client import Conn, Received, assert_tiles
 from tests.app.conftest import MAX_FRAME_BYTES, LiveServer
-from tests.app.resume_helpers import Conn, Received, assert_tiles
 
 pytestmark = pytest.mark.slow
 

@@ -2,7 +2,7 @@
 
 Each test runs twice: on a real local Redis Cluster of three primaries with
 one replica each (``redis+cluster://``), and on one primary with one replica
-behind a Sentinel (``redis+sentinel://``): tests/redis_cluster.py. Node A
+behind a Sentinel (``redis+sentinel://``): loadtests/redis_cluster.py. Node A
 generates; nodes B and C serve resumes and cancels of A's streams. A primary that
 fails mid-stream (killed on the Cluster: its replica is promoted;
 ``SENTINEL FAILOVER`` on Sentinel) loses nothing silently: every reader
@@ -26,6 +26,8 @@ from redis import Redis
 from redis.cluster import ClusterNode, RedisCluster
 from websockets.exceptions import ConnectionClosed
 
+from loadtests.redis_cluster import RedisClusterServers, SentinelServers, redis_cli_binary
+from loadtests.redis_server import redis_server_binary
 from tests.app.test_multinode import (
     MAX_TOKENS,
     Node,
@@ -39,8 +41,6 @@ from tests.app.test_multinode import (
     wait_ready,
 )
 from tests.needs import missing
-from tests.redis_cluster import RedisClusterServers, SentinelServers, redis_cli_binary
-from tests.redis_server import redis_server_binary
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 

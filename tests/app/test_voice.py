@@ -16,10 +16,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from loadtests.bare_client import Conn
+from loadtests.speech import noise_pcm16, silence_pcm16
 from tests.app.conftest import LiveServer
-from tests.app.resume_helpers import Conn
 from tests.app.voice_helpers import CHUNK_MS, RATE, metrics_text, send_audio, until, voice_session
-from tests.speech import espeak_pcm16, noise_pcm16, silence_pcm16
+from tests.speech import espeak_pcm16
 
 pytestmark = pytest.mark.slow
 

@@ -26,11 +26,12 @@ from websockets.exceptions import ConnectionClosed
 
 from bargein.app.embedded import EmbeddedServer
 from bargein.session.voice_runtime.config import VoiceConfig
+from loadtests.bare_client import Conn
+from loadtests.speech import noise_pcm16, silence_pcm16
 from tests.app.conftest import LiveServer
 from tests.app.log_capture import Records, server_log
-from tests.app.resume_helpers import Conn
 from tests.app.voice_helpers import CHUNK_MS, RATE, send_audio, until, voice_server, voice_session
-from tests.speech import espeak_pcm16, noise_pcm16, silence_pcm16
+from tests.speech import espeak_pcm16
 
 pytestmark = pytest.mark.slow
 

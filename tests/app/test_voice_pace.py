@@ -15,10 +15,10 @@ import pytest
 
 from bargein.app.embedded import EmbeddedServer
 from bargein.session.voice_runtime.config import VoiceConfig
+from loadtests.bare_client import Conn
+from loadtests.speech import noise_pcm16
 from tests.app.conftest import LiveServer
-from tests.app.resume_helpers import Conn
 from tests.app.voice_helpers import voice_server
-from tests.speech import noise_pcm16
 
 pytestmark = pytest.mark.slow
 

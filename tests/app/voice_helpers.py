@@ -16,8 +16,8 @@ from bargein.app.settings import ServerConfig, Settings
 from bargein.session.conversation.config import SessionConfig
 from bargein.session.voice_runtime.audio_input import VoiceRuntime
 from bargein.session.voice_runtime.config import VoiceConfig
+from loadtests.bare_client import Conn
 from tests.app.conftest import MAX_FRAME_BYTES, LiveServer
-from tests.app.resume_helpers import Conn
 
 RATE = 16000
 CHUNK_MS = 40

@@ -13,9 +13,9 @@ from redis import Redis
 from bargein.session.errors import TokenLogError
 from bargein.session.streams.log import LogEntry, StreamEnd
 from bargein.session.streams.log.redis_streams import RedisLogConfig, RedisTokenLog
+from loadtests.redis_cluster import RedisClusterServers, redis_cli_binary
+from loadtests.redis_server import RedisServer, redis_server_binary
 from tests.needs import missing
-from tests.redis_cluster import RedisClusterServers, redis_cli_binary
-from tests.redis_server import RedisServer, redis_server_binary
 from tests.session.log_helpers import chunks, collect, finish, live_info, write
 from tests.waiting import HANG_GUARD_S, wait_until, wait_until_async
 

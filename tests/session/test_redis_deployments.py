@@ -18,9 +18,9 @@ from bargein.session.streams.log import StreamEnd, open_token_log
 from bargein.session.streams.log.durability import LogDurability, parse_durability
 from bargein.session.streams.log.redis_streams import RedisLogConfig, RedisTokenLog
 from bargein.session.streams.log.redis_url import RedisTarget, parse_redis_url, redact_url
+from loadtests.redis_cluster import SentinelServers
+from loadtests.redis_server import redis_server_binary
 from tests.needs import missing
-from tests.redis_cluster import SentinelServers
-from tests.redis_server import redis_server_binary
 from tests.session.log_helpers import Follower, chunks, finish, live_info, write
 from tests.waiting import HANG_GUARD_S, wait_until
 

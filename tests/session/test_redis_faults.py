@@ -13,8 +13,8 @@ from bargein.session.errors import TokenLogUnavailable
 from bargein.session.streams.cluster import Cluster
 from bargein.session.streams.cluster.lease import LeaseConfig
 from bargein.session.streams.log.redis_streams import RedisLogConfig, RedisTokenLog
+from loadtests.redis_server import RedisServer, redis_server_binary
 from tests.needs import missing
-from tests.redis_server import RedisServer, redis_server_binary
 from tests.session.log_helpers import Follower, chunks, collect, entry, finish, live_info, write
 from tests.waiting import HANG_GUARD_S, wait_until, wait_until_async
 

@@ -28,7 +28,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.app.resume_helpers import Conn, Received, assert_tiles
+from loadtests.bare_client import Conn, Received, assert_tiles
 
 PROMPTS = [
     "Tell me a story about a cat.",
