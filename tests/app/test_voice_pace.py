@@ -65,7 +65,7 @@ async def pings(conn: Conn, stop: asyncio.Event) -> int:
         await conn.send(type="ping")
         await conn.expect("pong")
         answered += 1
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.02)  # the client's own pace of pings: not a wait for a state
     return answered
 
 
