@@ -42,7 +42,7 @@ voice-deps:
 		|| echo "voice-deps: could not install $(ESPEAK): the server will run text only" >&2
 
 # Debian packages the tests drive for real, checked as the tests find them:
-# `redis-server` on PATH (tests/redis_server.py), the executable
+# `redis-server` on PATH (loadtests/redis_server.py), the executable
 # /usr/bin/chromium (tests/app/test_browser.py), `espeak-ng` (the voice tests)
 # and `sox` (tests/voice/speech.py) on PATH. Still missing after the install is
 # an error here, not a run that skips their tests (in CI, with CI=true, the

@@ -49,7 +49,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.redis_server import RedisServer, free_port  # noqa: E402
+from loadtests.redis_server import RedisServer, free_port  # noqa: E402
 
 PROMPTS = (
     "Write a short story about a lighthouse keeper.",

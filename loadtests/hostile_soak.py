@@ -59,7 +59,7 @@ from voice_bench import QUESTIONS, RATE, Mic, pct, voiced_bounds  # noqa: E402
 from websockets.asyncio.client import connect  # noqa: E402
 from websockets.exceptions import ConnectionClosed  # noqa: E402
 
-from tests.speech import espeak_pcm16, silence_pcm16  # noqa: E402
+from loadtests.speech import espeak_pcm16, silence_pcm16  # noqa: E402
 
 SUBPROTOCOL = "bargein.v1.json"
 ERROR_LINE = re.compile(r"\b(ERROR|CRITICAL)\b")

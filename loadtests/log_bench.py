@@ -46,8 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bargein.session.streams.log import LogEntry, MemoryTokenLog, StreamEnd, StreamInfo, StreamWrite, TokenLog  # noqa: E402
 from bargein.session.streams.log.durability import parse_durability  # noqa: E402
 from bargein.session.streams.log.redis_streams import RedisLogConfig, RedisTokenLog  # noqa: E402
-from tests.redis_cluster import RedisClusterServers  # noqa: E402
-from tests.redis_server import RedisServer  # noqa: E402
+from loadtests.redis_cluster import RedisClusterServers  # noqa: E402
+from loadtests.redis_server import RedisServer  # noqa: E402
 
 TEXT = " token"  # a typical one-token text delta
 

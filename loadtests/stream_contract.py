@@ -1,6 +1,6 @@
 """Thousands of random rounds of the stream contract against a real server.
 
-Each round (tests/app/contract_rounds.py) starts a response and, at a random
+Each round (loadtests/contract_rounds.py) starts a response and, at a random
 moment, cancels it, interrupts it with the next response, or drops the socket
 and resumes from an offset the client held; then replays the stream. Every
 round checks that the delivered deltas, ``response.done`` and the replays
@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from loadtests.contract_rounds import Tally, run_round  # noqa: E402
 from loadtests.server_proc import load_average, served  # noqa: E402
-from tests.app.contract_rounds import Tally, run_round  # noqa: E402
 
 
 async def run(ws_url: str, rounds: int, clients: int, seed: int) -> tuple[Tally, list[str]]:

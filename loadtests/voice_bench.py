@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from server_proc import served  # noqa: E402
 from websockets.asyncio.client import connect  # noqa: E402
 
-from tests.speech import espeak_pcm16, silence_pcm16  # noqa: E402
+from loadtests.speech import espeak_pcm16, silence_pcm16  # noqa: E402
 
 RATE = 16000
 CHUNK_MS = 40

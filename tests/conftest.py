@@ -8,9 +8,9 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from loadtests.redis_cluster import RedisClusterServers, redis_cli_binary
+from loadtests.redis_server import RedisServer, redis_server_binary
 from tests.needs import missing
-from tests.redis_cluster import RedisClusterServers, redis_cli_binary
-from tests.redis_server import RedisServer, redis_server_binary
 
 
 @pytest.fixture(scope="session")

@@ -1,46 +1,18 @@
-"""Test audio: speech from Debian's espeak-ng, silence, and white noise, as PCM16 bytes."""
+"""Test speech: :func:`loadtests.speech.espeak_pcm16`, skipped (failed in CI) without espeak-ng."""
 
 from __future__ import annotations
 
-import io
 import shutil
-import subprocess
-import wave
 
-import numpy as np
-
+from loadtests import speech
 from tests.needs import missing
 
 
 def espeak_pcm16(text: str, rate: int, *, voice: str = "en-us", words_per_minute: int = 160) -> bytes:
-    """``text`` spoken by espeak-ng, as mono PCM16 at ``rate`` Hz.
+    """``text`` spoken by espeak-ng, as mono PCM16 at ``rate`` Hz (:func:`loadtests.speech.espeak_pcm16`).
 
     Skips (fails in CI) when espeak-ng is not installed (``make install-dev``).
     """
-    binary = shutil.which("espeak-ng")
-    if binary is None:
-        missing("espeak-ng is not installed (make install-dev installs it)")
-    wav = subprocess.run(
-        [binary, "-v", voice, "-s", str(words_per_minute), "--stdout", text],
-        check=True,
-        capture_output=True,
-    ).stdout
-    with wave.open(io.BytesIO(wav)) as w:
-        source_rate = w.getframerate()
-        x = np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16).astype(np.float32) / 32768
-    import soxr
-
-    y = soxr.resample(x, source_rate, rate)
-    return (np.clip(y, -1, 1) * 32767).astype("<i2").tobytes()
-
-
-def silence_pcm16(ms: int, rate: int) -> bytes:
-    """``ms`` of digital silence."""
-    return bytes(2 * (rate * ms // 1000))
-
-
-def noise_pcm16(ms: int, rate: int, *, dbfs: float, seed: int = 0) -> bytes:
-    """``ms`` of white noise with an RMS level of ``dbfs`` dB below full scale."""
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal(rate * ms // 1000) * 10 ** (dbfs / 20)
-    return (np.clip(x, -1, 1) * 32767).astype("<i2").tobytes()
+    if shutil.which("espeak-ng") is None:
+        missing(speech.ESPEAK_MISSING)
+    return speech.espeak_pcm16(text, rate, voice=voice, words_per_minute=words_per_minute)

@@ -69,6 +69,7 @@ _SOURCE = Path(__file__).with_name("cpu_qblock.c")
 Q4_1_BLOCK = np.dtype([("d", "<f2"), ("m", "<f2"), ("qs", "u1", BLOCK // 2)])
 Q8_0_BLOCK = np.dtype([("d", "<f2"), ("qs", "i1", BLOCK)])
 _FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
+NO_COMPILER = "no C compiler (set CC or install gcc)"
 
 
 # The first library loaded, whatever its folder: every build of one source with
@@ -107,14 +108,37 @@ def _kernel_folder(cache_dir: str | None) -> Path:
     return private
 
 
+def _missing_flags() -> str | None:
+    """Why this CPU cannot run the kernels (it lacks AVX2, FMA or F16C), or None."""
+    flags = cpu_flags()
+    missing = [f for f in REQUIRED_FLAGS if f not in flags]
+    return f"the CPU lacks {', '.join(missing)}" if missing else None
+
+
+def _compiler() -> list[str] | None:
+    """The C compiler to build with (a program and its arguments), or None without one."""
+    # CC may carry a launcher or flags ("ccache gcc"), as make reads it
+    command = shlex.split(os.environ.get("CC", "cc"))
+    compiler = shutil.which(command[0]) if command else None
+    return None if compiler is None else [compiler, *command[1:]]
+
+
+def why_not_buildable() -> str | None:
+    """Why the kernels cannot be built here, or None where they should be: an
+    x86 CPU with AVX2, FMA and F16C, and a C compiler (``$CC``, else ``cc``),
+    the conditions :func:`available` checks before it compiles. Where this is
+    None and :func:`available` is False, the build itself failed: a broken
+    source or toolchain, not a missing feature."""
+    return _missing_flags() or (None if _compiler() is not None else NO_COMPILER)
+
+
 @functools.cache
 def _library(cache_dir: str | None = None) -> tuple[ctypes.CDLL | None, str]:
     """The compiled kernels, built or found under ``cache_root(cache_dir)``
     (see the module doc), or None and why not."""
-    flags = cpu_flags()
-    missing = [f for f in REQUIRED_FLAGS if f not in flags]
-    if missing:
-        return None, f"the CPU lacks {', '.join(missing)}"
+    missing = _missing_flags()
+    if missing is not None:
+        return None, missing
     key = hashlib.sha256(_SOURCE.read_bytes() + " ".join(_FLAGS).encode()).hexdigest()[:16]
     target = _kernel_folder(cache_dir) / f"cpu_qblock-{key}.so"
     if target.exists():
@@ -122,13 +146,11 @@ def _library(cache_dir: str | None = None) -> tuple[ctypes.CDLL | None, str]:
         if why is None:
             return _load(target)
         logger.warning("block kernels: %s; building it again", why)
-    # CC may carry a launcher or flags ("ccache gcc"), as make reads it
-    command = shlex.split(os.environ.get("CC", "cc"))
-    compiler = shutil.which(command[0]) if command else None
+    compiler = _compiler()
     if compiler is None:
-        return None, "no C compiler (set CC or install gcc)"
+        return None, NO_COMPILER
     try:
-        _compile([compiler, *command[1:]], target)
+        _compile(compiler, target)
     except (OSError, subprocess.SubprocessError) as exc:
         return None, f"could not build {target}: {exc}"
     return _load(target)

@@ -26,9 +26,7 @@ at most 64 per response, frames up to 64 KiB.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +39,7 @@ from bargein.app.settings import ServerConfig, Settings
 from bargein.engine.config import EngineConfig, SchedulerConfig
 from bargein.engine.request import EngineRequest
 from bargein.session.conversation.config import SessionConfig
+from tests.waiting import wait_until
 
 MAX_MODEL_LEN = 512
 MAX_FRAME_BYTES = 64 * 1024
@@ -81,13 +80,12 @@ class LiveServer:
         ``timeout_s`` is a hang guard, not a bound: other tests' answers
         still generating on a loaded machine can take long to end.
         """
-        deadline = time.monotonic() + timeout_s
-        while True:
+
+        def idle() -> Any:
             stats = self.stats()
-            if stats.num_running == 0 and stats.num_waiting == 0:
-                return stats
-            assert time.monotonic() < deadline, f"engine still busy: {stats}"
-            await asyncio.sleep(0.02)
+            return stats if stats.num_running == 0 and stats.num_waiting == 0 else None
+
+        return await wait_until(idle, "the engine to run nothing", guard_s=timeout_s, poll_s=0.02)
 
 
 @pytest.fixture(scope="session")

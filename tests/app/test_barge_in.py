@@ -159,7 +159,7 @@ async def test_fuzz_submit_then_cancel_leaks_nothing(live_server: LiveServer) ->
                     }
                 )
                 delay = rng.choice([0.0, rng.uniform(0, 0.05)])
-                if delay:
+                if delay:  # a random moment of the answer to cancel at: what is tested
                     await asyncio.sleep(delay)
                 await client.send({"type": "response.cancel", "response_id": rid})
                 events = await events_until_done(client, rid)

@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from bargein.app.embedded import EmbeddedServer
+from loadtests.bare_client import Conn, Received
 from tests.app.conftest import LiveServer, redis_node_on_engine
-from tests.app.resume_helpers import Conn, Received
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 

@@ -8,7 +8,6 @@ to a path to save a screenshot of the page mid-answer (docs/img/chat.png).
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -66,11 +65,18 @@ def test_stop_ends_answer_with_nothing_more(open_page: Any) -> None:
         " document.getElementById('stop').click(); return t; }"
     )
     assert page.wait_for_end() == "stopped"
-    time.sleep(1.0)
-    assert page.answer_text() == shown
+    stopped = page.page.locator(ANSWER).get_attribute("data-response-id")
+    # The moment has passed once a next answer ended: the server writes a
+    # connection's events in order, so anything of the stopped one came before.
+    page.ask("Say hi.")
+    page.page.wait_for_function(
+        "(id) => document.querySelector('.msg.assistant:last-of-type').dataset.responseId !== id", arg=stopped
+    )
+    page.wait_for_end()
+    assert page.page.inner_text(f'.msg.assistant[data-response-id="{stopped}"] .text') == shown
     (cancel,) = page.of_type(page.sent, "response.cancel")
     assert cancel["heard_chars"] == len(shown)
-    (done,) = page.of_type(page.received, "response.done")
+    (done,) = [d for d in page.of_type(page.received, "response.done") if d["response_id"] == stopped]
     assert done["finish_reason"] == "interrupted"
     assert done["usage"]["completion_tokens"] < 64
 

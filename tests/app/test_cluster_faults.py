@@ -13,8 +13,7 @@ import json
 import signal
 import struct
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -32,10 +31,9 @@ from tests.app.test_multinode import (
     stop_nodes,
     wait_ready,
 )
+from tests.waiting import HANG_GUARD_S, wait_until, wait_until_async
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
-
-HANG_GUARD_S = 60.0  # generous: only a hang fails on it, never a slow machine
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +64,8 @@ async def session_resume(url: str, created: dict[str, Any]) -> dict[str, Any]:
     """``session.resume`` of ``created``'s session on a new connection: the answer
     (asked again while it is ``not_found``: the session is saved as its
     connection closes, maybe after the ask)."""
-    deadline = time.monotonic() + HANG_GUARD_S
-    while True:
+
+    async def answered() -> dict[str, Any] | None:
         reader, _ = await open_session(url)
         await reader.ws.send(
             json.dumps(
@@ -78,19 +76,11 @@ async def session_resume(url: str, created: dict[str, Any]) -> dict[str, Any]:
                 }
             )
         )
-        answer: dict[str, Any] = json.loads(await asyncio.wait_for(reader.ws.recv(), 60))
+        answer: dict[str, Any] = json.loads(await asyncio.wait_for(reader.ws.recv(), HANG_GUARD_S))
         await reader.ws.close()
-        if answer.get("code") != "not_found" or time.monotonic() > deadline:
-            return answer
-        await asyncio.sleep(0.2)
+        return None if answer.get("code") == "not_found" else answer
 
-
-async def wait_for(condition: Callable[[], bool], what: str) -> None:
-    """Poll ``condition`` until it holds (a hang guard, not a timing assertion)."""
-    deadline = time.monotonic() + HANG_GUARD_S
-    while not condition():
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        await asyncio.sleep(0.1)
+    return await wait_until_async(answered, "the saved session", poll_s=0.2)
 
 
 async def test_nodes_without_a_secret_accept_each_others_tokens(nodes: dict[str, Node]) -> None:
@@ -149,17 +139,19 @@ async def test_a_node_paused_past_its_lease_never_writes_the_stream_taken_over(
     await on_x.until_end(20)
     x.proc.send_signal(signal.SIGSTOP)  # a long GC pause, a partition: x does not know
     try:
-        await wait_for(lambda: lease_holder(redis_server, sid) is None, "x's lease expired")
+        await wait_until(lambda: lease_holder(redis_server, sid) is None, "x's lease expired", poll_s=0.1)
         on_y = await resume(y.ws_url, created, on_x.end)
-        await wait_for(lambda: y.debug()["cluster"]["takeovers"] == takeovers + 1, "y took the stream over")
+        await wait_until(
+            lambda: y.debug()["cluster"]["takeovers"] == takeovers + 1, "y took the stream over", poll_s=0.1
+        )
         await on_y.ws.send(json.dumps({"type": "response.cancel", "response_id": created["response_id"]}))
         done = await on_y.until_done()
         assert done["finish_reason"] == "interrupted" and contiguous(on_y.deltas, on_x.end)
         # y released the lease of the ended stream: nobody holds it when x wakes.
-        await wait_for(lambda: lease_holder(redis_server, sid) is None, "y released its lease")
+        await wait_until(lambda: lease_holder(redis_server, sid) is None, "y released its lease", poll_s=0.1)
     finally:
         x.proc.send_signal(signal.SIGCONT)
-    await wait_for(lambda: x.engine()["num_running"] == 0, "x stopped generating")
+    await wait_until(lambda: x.engine()["num_running"] == 0, "x stopped generating", poll_s=0.1)
     seen_on_x = await events_until_quiet(on_x)
 
     entries, finishes, meta = raw_log(redis_server, sid)

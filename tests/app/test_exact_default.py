@@ -30,6 +30,7 @@ import pytest
 from bargein.client.realtime_client import RealtimeClient
 from bargein.engine.model.linear import choose_linear_format
 from tests.app.conftest import LiveServer
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -73,8 +74,7 @@ async def under_load(live_server: LiveServer, request: Awaitable[T]) -> T:
     so that it joins running steps of other rows and other prefill chunks."""
     start = live_server.stats().num_generated_tokens
     others = asyncio.ensure_future(load(live_server.ws_url))
-    while live_server.stats().num_generated_tokens - start < 4:  # the others are decoding
-        await asyncio.sleep(0.01)
+    await wait_until(lambda: live_server.stats().num_generated_tokens - start >= 4, "the others to decode")
     result = await request
     await others
     return result

@@ -19,7 +19,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -40,6 +39,7 @@ from bargein.session.runtime import service as service_module
 from bargein.session.runtime.admission import AdmissionConfig
 from tests.app.log_capture import server_log
 from tests.app.rawws import masked_text, raw_upgrade
+from tests.waiting import HANG_GUARD_S, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -101,15 +101,6 @@ def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-async def until(predicate: Any, what: str, guard_s: float = 30.0) -> None:
-    """Poll ``predicate`` until it holds; fail with ``what`` after ``guard_s``
-    seconds (a hang guard, not a bound)."""
-    deadline = time.monotonic() + guard_s
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.01)
-
-
 async def engine_idle(server: EmbeddedServer) -> None:
     """Wait until nothing runs or waits in ``server``'s engine.
 
@@ -118,9 +109,9 @@ async def engine_idle(server: EmbeddedServer) -> None:
     hence the wide hang guard.
     """
     stats = server.stats
-    await until(
+    await wait_until(
         lambda: stats().num_running == stats().num_waiting == 0,
-        "the engine is busy with another test's answers",
+        "the engine to end another test's answers",
         guard_s=180.0,
     )
 
@@ -345,7 +336,7 @@ async def test_cap_on_responses_generating_per_key(guarded: EmbeddedServer) -> N
             created = await client._expect("response.created")
             response_ids.append((client, created["response_id"]))
         # The engine stepped (the first answer is generating) and is held there.
-        assert await asyncio.to_thread(held.wait, 60)  # a hang guard, not a bound
+        assert await asyncio.to_thread(held.wait, HANG_GUARD_S)
         # The request bucket (1/s, bursts of 2) refills: only the cap is left.
         # A lower bound only: a longer sleep changes nothing while the engine is held.
         await asyncio.sleep(1.2)
@@ -411,7 +402,7 @@ async def test_full_queue_answers_overloaded_and_1013_at_connect(
             )
             await clients[0]._expect("response.created")
             assert await asyncio.to_thread(held.wait, 60)  # its first token: engine held
-            await until(lambda: admission.num_waiting == 0, "the first answer never started")
+            await wait_until(lambda: admission.num_waiting == 0, "the first answer to start")
             for client in clients[1:3]:  # two more fill the queue: never scheduled while held
                 await client.send(
                     {
@@ -453,7 +444,7 @@ async def test_full_queue_answers_overloaded_and_1013_at_connect(
         assert int(answer.headers["Retry-After"]) >= 1
         assert _overloaded_count(queued) == rejected_before + 3  # counted in /metrics
         for client in clients[:3]:  # the engine goes on: the queued answers run to their end
-            await asyncio.wait_for(client._expect("response.done"), 60)  # a hang guard
+            await asyncio.wait_for(client._expect("response.done"), HANG_GUARD_S)
         assert admission.num_waiting == 0 and not admission.saturated()
         async with RealtimeClient(queued.ws_url, headers=bearer("k-busy")) as again:
             await again.chat("Hi", max_tokens=1, **GREEDY)  # connects and is served
@@ -513,9 +504,9 @@ async def test_request_still_queued_at_its_deadline_is_dropped_with_overloaded(
                 streaming = asyncio.create_task(
                     http.post("/v1/chat/completions", json={**body, "stream": True})
                 )
-                await until(
+                await wait_until(
                     lambda: sum(live.expired is not None for live in service._live.values()) == 3,
-                    "three requests never passed their deadline in the queue",
+                    "three requests to pass their deadline in the queue",
                 )
                 runner.remove_step_listener(hold)
                 release.set()
@@ -647,18 +638,16 @@ async def test_silently_vanished_client_is_closed_by_its_first_unanswered_ping(
 async def _wait_connected(server: EmbeddedServer, count: float) -> None:
     """The closed connection's handler ended: ``sessions_connected`` is back to
     ``count`` (a hang guard only)."""
-    deadline = time.monotonic() + 30
-    while _connected(server) != count:
-        assert time.monotonic() < deadline, "the vanished client's session never ended"
-        await asyncio.sleep(0.05)
+    await wait_until(lambda: _connected(server) == count, "the vanished client's session to end", poll_s=0.05)
 
 
 async def _wait_cancelled(server: EmbeddedServer, before: int) -> Any:
     """The disconnect policy (cancel) ended the silent client's response."""
-    deadline = time.monotonic() + 60  # a hang guard only
-    while server.stats().num_finished_by_reason.get("cancelled", 0) <= before:
-        assert time.monotonic() < deadline, server.stats()
-        await asyncio.sleep(0.05)
+    await wait_until(
+        lambda: server.stats().num_finished_by_reason.get("cancelled", 0) > before,
+        "the silent client's response cancelled",
+        poll_s=0.05,
+    )
     return server.stats()
 
 

@@ -17,11 +17,9 @@ log fails; the client reads only once the server has answered the resume.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import socket
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,14 +32,14 @@ from bargein.app.embedded import EmbeddedServer
 from bargein.app.settings import ServerConfig, Settings
 from bargein.session.conversation.config import SessionConfig
 from bargein.session.streams.log.redis_format import Keys
+from loadtests.redis_server import RedisServer, redis_server_binary
 from tests.app.conftest import LiveServer, node_on_engine
 from tests.app.log_capture import Records, server_log
 from tests.app.rawws import ServerFrames, masked_text, raw_upgrade
-from tests.redis_server import RedisServer, redis_server_binary
+from tests.waiting import HANG_GUARD_S, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
-HANG_GUARD_S = 60.0  # a hang guard, never a bound on how fast
 BIG_INSTRUCTIONS = "x" * (256 * 1024)  # its session.updated alone passes every buffer
 
 
@@ -166,18 +164,13 @@ async def _wait_logged_to_end(node: EmbeddedServer, redis_url: str, num_before: 
     Redis (so resuming it later never waits for a write lost in the outage)."""
     service = node.state.service
     assert service is not None
-    await _until(lambda: len(service.recent_requests) > num_before, "never submitted")
+    await wait_until(lambda: len(service.recent_requests) > num_before, "the answer submitted", poll_s=0.05)
     stream_id = service.recent_requests[num_before].request_id  # the stream's id
     meta = Keys("bargein:").meta(stream_id)  # the server's default key prefix
     with redis.Redis.from_url(redis_url) as raw:
-        await _until(lambda: raw.hget(meta, "status") == b"complete", "never logged to its end")
-
-
-async def _until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + HANG_GUARD_S
-    while not condition():
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.05)
+        await wait_until(
+            lambda: raw.hget(meta, "status") == b"complete", "the stream logged to its end", poll_s=0.05
+        )
 
 
 async def test_a_log_outage_fails_the_event_and_keeps_the_connection(
@@ -205,7 +198,7 @@ async def test_a_log_outage_fails_the_event_and_keeps_the_connection(
             own_redis.pause()
             try:
                 client.resume(first, 0, event_id="resume-in-outage")
-                await _until(lambda: _log_failure_answered(log), "the resume never failed")
+                await wait_until(lambda: _log_failure_answered(log), "the resume to fail", poll_s=0.05)
                 # Now the client reads: the update's answer, the second stream, the error.
                 others = client.read_until(lambda: "resume-in-outage" in client.errors)
                 client.send(

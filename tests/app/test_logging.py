@@ -11,7 +11,7 @@ import logging
 import re
 import socket
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 from websockets.asyncio.client import connect
@@ -21,6 +21,7 @@ from bargein.app.logging import REDACTED, StructuredFormatter, bind, configure_l
 from bargein.client.realtime_client import RealtimeClient
 from tests.app.conftest import LiveServer
 from tests.app.log_capture import server_log
+from tests.waiting import wait_until
 
 
 def record(msg: str, *args: object, **extra: object) -> logging.LogRecord:
@@ -171,7 +172,9 @@ async def test_a_request_logs_its_ids_and_no_text(live_server: LiveServer, reque
             f["msg"] == "response finished" and f.get("stream_id") == response.stream_id for f in lines()
         )
 
-    await _until(lambda: disconnected() and finished())
+    await wait_until(
+        lambda: disconnected() and finished(), "the disconnect and the finish logged", poll_s=0.05
+    )
     text = request_log.getvalue()
     mine = [f for f in lines() if f.get("stream_id") == response.stream_id]
     assert [f["msg"] for f in mine] == ["response submitted", "response finished"]
@@ -233,7 +236,9 @@ async def test_invalid_utf8_frames_log_one_info_line_per_connection_no_traceback
                     await ws.recv()
                 assert closed.value.rcvd is not None and closed.value.rcvd.code == 1007
         await live_server.wait_idle()
-        await _until(lambda: len(_utf8_lines(request_log)) >= num_connections)
+        await wait_until(
+            lambda: len(_utf8_lines(request_log)) >= num_connections, "a line per connection", poll_s=0.05
+        )
     assert not log.with_traceback() and not log.at_least(logging.WARNING), log.messages()
     lines = _utf8_lines(request_log)
     assert len(lines) == num_connections
@@ -250,8 +255,10 @@ async def test_a_client_that_leaves_mid_body_leaves_no_traceback(live_server: Li
                 b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
                 b'{"messages"'
             )
-        await _until(
-            lambda: any("whole request body" in m for m in log.messages()) or bool(log.with_traceback())
+        await wait_until(
+            lambda: any("whole request body" in m for m in log.messages()) or bool(log.with_traceback()),
+            "the half-sent body's line",
+            poll_s=0.05,
         )
     assert not log.with_traceback() and not log.at_least(logging.WARNING), log.messages()
 
@@ -259,10 +266,3 @@ async def test_a_client_that_leaves_mid_body_leaves_no_traceback(live_server: Li
 def _utf8_lines(out: io.StringIO) -> list[dict[str, str]]:
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
     return [f for f in lines if "invalid UTF-8" in f["msg"]]
-
-
-async def _until(done: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    """Poll ``done`` until it holds (a generous bound: what matters is the state)."""
-    async with asyncio.timeout(timeout_s):
-        while not done():
-            await asyncio.sleep(0.05)

@@ -27,7 +27,8 @@ from redis import Redis
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from tests.redis_server import free_port
+from loadtests.redis_server import free_port
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
@@ -314,19 +315,18 @@ async def test_a_node_shutting_down_hands_its_streams_to_the_node_they_resume_on
     await on_c.ws.close()
 
 
-async def engine_idle(node: Node, timeout_s: float = 60.0) -> bool:
-    """Whether ``node``'s engine runs and queues nothing within ``timeout_s``.
+async def engine_idle(node: Node) -> None:
+    """Until ``node``'s engine runs and queues nothing (the hang guard fails the test).
 
     Its generated-token counter is node-wide: a stream an earlier test left
     to it (a takeover during a primary failover finishes on its own time)
     would count into the next test's tokens."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+
+    def idle() -> bool:
         stats = node.engine()
-        if stats["num_running"] == 0 and stats["num_waiting"] == 0:
-            return True
-        await asyncio.sleep(0.2)
-    return False
+        return stats["num_running"] == 0 and stats["num_waiting"] == 0
+
+    await wait_until(idle, f"{node.name}'s engine to run nothing (an earlier test's stream)", poll_s=0.2)
 
 
 async def check_killed_owner_is_continued(
@@ -336,7 +336,7 @@ async def check_killed_owner_is_continued(
     resume on B continues the stream from its log: the text is the
     reference's, B generates exactly the tokens past the last logged offset
     (``last_logged_offset(stream_id)``) and counts one takeover."""
-    assert await engine_idle(b), "B still generates an earlier test's stream"
+    await engine_idle(b)
     takeovers = b.debug()["cluster"]["takeovers"]
     on_a, created = await create(a.ws_url)
     on_b: Reader | None = None

@@ -14,6 +14,7 @@ import openai
 import pytest
 
 from tests.app.conftest import LiveServer
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -498,9 +499,12 @@ async def test_a_non_streamed_request_whose_client_leaves_is_cancelled_by_policy
         "bargein_on_disconnect": "cancel",
     }
     waiting = asyncio.create_task(http.post("/v1/chat/completions", json=body))
-    while live_server.stats().num_generated_tokens - start.num_generated_tokens < 3:
+
+    def mid_answer() -> bool:
         assert not waiting.done(), waiting
-        await asyncio.sleep(0.01)
+        return live_server.stats().num_generated_tokens - start.num_generated_tokens >= 3
+
+    await wait_until(mid_answer, "three tokens of the answer")
     waiting.cancel()  # the client gives up: its connection closes mid-answer
     with pytest.raises(asyncio.CancelledError):
         await waiting

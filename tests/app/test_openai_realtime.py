@@ -19,8 +19,10 @@ from bargein.app.settings import ServerConfig, Settings
 from bargein.session.conversation.config import SessionConfig
 from bargein.session.runtime.admission import AdmissionConfig
 from bargein.session.streams.log import StreamEnd
+from loadtests.speech import silence_pcm16
 from tests.app.conftest import LiveServer, node_on_engine
-from tests.speech import espeak_pcm16, silence_pcm16
+from tests.speech import espeak_pcm16
+from tests.waiting import HANG_GUARD_S
 
 pytestmark = pytest.mark.slow
 
@@ -333,7 +335,9 @@ async def test_the_sdks_reconnecting_connection_resumes_without_regenerating(liv
         assert done.response.id == created.response.id
         assert done.response.usage.output_tokens == 48 or done.response.status == "completed"
         # the log holds the whole answer, once, and the client has all of it
-        text = await asyncio.wait_for(_stream_text(live_server.state.service, stream["stream_id"]), 10)
+        text = await asyncio.wait_for(
+            _stream_text(live_server.state.service, stream["stream_id"]), HANG_GUARD_S
+        )
         assert before + after == text
         assert len(live_server.recent_requests()) == requests  # nothing generated twice
 

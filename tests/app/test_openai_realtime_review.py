@@ -18,8 +18,9 @@ import pydantic
 import pytest
 from openai.types.realtime import RealtimeServerEvent
 
+from loadtests.speech import silence_pcm16
 from tests.app.conftest import LiveServer
-from tests.speech import espeak_pcm16, silence_pcm16
+from tests.speech import espeak_pcm16
 
 pytestmark = pytest.mark.slow
 

@@ -25,8 +25,9 @@ from bargein.session.conversation.chat import render_prompt
 from bargein.session.conversation.config import SessionConfig
 from bargein.session.runtime.saved import SavedSession
 from bargein.session.runtime.tokens import make_session_token
+from loadtests.bare_client import Conn, Received, assert_tiles
 from tests.app.conftest import MAX_FRAME_BYTES, LiveServer
-from tests.app.resume_helpers import Conn, Received, assert_tiles
+from tests.waiting import wait_until_async
 
 pytestmark = pytest.mark.slow
 
@@ -272,10 +273,11 @@ async def test_barge_in_after_a_resume_from_before_the_delivered_end(live_server
     dropped.drop()
     # once the server noticed the drop, the saved session counts those deltas
     service = live_server.state.service  # type: ignore[union-attr]
-    deadline = time.monotonic() + 10
-    while (await _saved_delivered(service, dropped.created["session_id"])) != before.text:
-        assert time.monotonic() < deadline, "the dropped connection's state was not saved"
-        await asyncio.sleep(0.02)
+
+    async def saved() -> bool:
+        return await _saved_delivered(service, dropped.created["session_id"]) == before.text
+
+    await wait_until_async(saved, "the dropped connection's state to be saved")
     conn = await Conn.open(live_server.ws_url)
     await conn.send(
         type="session.resume",
@@ -360,16 +362,15 @@ async def test_a_burst_of_session_updates_is_saved_once_per_interval(
     assert num_saves <= elapsed / service.config.save_interval_s + 2, (num_saves, elapsed)
     assert log.num_expiry_entries - heap_before <= num_saves + 64  # type: ignore[attr-defined]
     await conn.close()
-    deadline = time.monotonic() + 30  # a hang guard: the save at close lands soon
-    while True:
+
+    async def last_saved() -> bool:
         data = await log.load_session(session_id)
-        if (
+        return (
             data is not None
             and SavedSession.from_bytes(data).settings.instructions == f"Be brief, {NUM_UPDATES - 1}."
-        ):
-            break
-        assert time.monotonic() < deadline, "the last state was never saved"
-        await asyncio.sleep(0.02)
+        )
+
+    await wait_until_async(last_saved, "the last state to be saved (at close)")
 
 
 @pytest.fixture(scope="module")
@@ -413,13 +414,7 @@ async def test_slow_reader_holds_no_kv_blocks(live_server: LiveServer) -> None:
     await conn.create(PROMPT, temperature=0.0, max_tokens=16)
     received = Received()
     await conn.read(received, max_deltas=1)
-    deadline = time.monotonic() + 60  # a hang guard, not a bound on when
-    while True:
-        stats = live_server.stats()
-        if stats.num_running == 0 and stats.num_waiting == 0:
-            break
-        assert time.monotonic() < deadline, stats
-        await asyncio.sleep(0.05)
+    stats = await live_server.wait_idle()
     assert stats.num_free_blocks == stats.num_total_blocks
     assert received.done is None, "still reading"
     await conn.read(received)

@@ -2,7 +2,7 @@
 
 Each test runs twice: on a real local Redis Cluster of three primaries with
 one replica each (``redis+cluster://``), and on one primary with one replica
-behind a Sentinel (``redis+sentinel://``): tests/redis_cluster.py. Node A
+behind a Sentinel (``redis+sentinel://``): loadtests/redis_cluster.py. Node A
 generates; nodes B and C serve resumes and cancels of A's streams. A primary that
 fails mid-stream (killed on the Cluster: its replica is promoted;
 ``SENTINEL FAILOVER`` on Sentinel) loses nothing silently: every reader
@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import tempfile
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,6 +25,8 @@ from redis import Redis
 from redis.cluster import ClusterNode, RedisCluster
 from websockets.exceptions import ConnectionClosed
 
+from loadtests.redis_cluster import RedisClusterServers, SentinelServers, redis_cli_binary
+from loadtests.redis_server import redis_server_binary
 from tests.app.test_multinode import (
     MAX_TOKENS,
     Node,
@@ -39,8 +40,7 @@ from tests.app.test_multinode import (
     wait_ready,
 )
 from tests.needs import missing
-from tests.redis_cluster import RedisClusterServers, SentinelServers, redis_cli_binary
-from tests.redis_server import redis_server_binary
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
@@ -197,7 +197,7 @@ async def read_through(
             return text, done, errors
         assert len(errors) < 6, errors
         await reader.ws.close()
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # a client's backoff before it resumes: not a wait for a state
         reader = await resume(node_urls[len(errors) % len(node_urls)], created, offset)
 
 
@@ -220,18 +220,17 @@ async def test_a_primary_failing_mid_stream_loses_nothing_silently(
         assert done["end"] == reference.end and done["finish_reason"] == reference.done["finish_reason"]
     if isinstance(deployment.servers, RedisClusterServers):  # both listen for cancels again
         for name in ("a", "b"):
-            assert await subscribed_again(deployment.servers, f"bargein:node:{{{name}}}:abort"), name
+            await subscribed_again(deployment.servers, f"bargein:node:{{{name}}}:abort")
 
 
-async def subscribed_again(cluster: RedisClusterServers, channel: str, timeout_s: float = 10.0) -> bool:
-    """Whether the shard serving ``channel`` has its one sharded subscriber within ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+async def subscribed_again(cluster: RedisClusterServers, channel: str) -> None:
+    """Until the shard serving ``channel`` has its one sharded subscriber (the hang guard fails the test)."""
+
+    def subscribed() -> bool:
         with Redis(port=cluster.primary_of(channel).port) as shard:
-            if shard.execute_command("PUBSUB", "SHARDNUMSUB", channel)[1] == 1:
-                return True
-        await asyncio.sleep(0.2)
-    return False
+            return bool(shard.execute_command("PUBSUB", "SHARDNUMSUB", channel)[1] == 1)
+
+    await wait_until(subscribed, f"one sharded subscriber of {channel} again", poll_s=0.2)
 
 
 async def test_when_the_owner_is_killed_the_resuming_node_continues_the_stream_exactly(

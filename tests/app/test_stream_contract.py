@@ -9,9 +9,9 @@ import random
 
 import pytest
 
+from loadtests.bare_client import Conn, Received, assert_tiles
+from loadtests.contract_rounds import SCENARIOS, Tally, run_round
 from tests.app.conftest import LiveServer
-from tests.app.contract_rounds import SCENARIOS, Tally, run_round
-from tests.app.resume_helpers import Conn, Received, assert_tiles
 
 pytestmark = pytest.mark.slow
 

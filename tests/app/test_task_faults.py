@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -23,10 +22,10 @@ import pytest
 
 from bargein.client.realtime_client import RealtimeClient
 from tests.app.conftest import LiveServer
+from tests.waiting import HANG_GUARD_S, wait_until, wait_until_async
 
 pytestmark = pytest.mark.slow
 
-HANG_GUARD_S = 60.0  # generous: only a hang fails on it, never a slow machine
 _ids = itertools.count()
 
 
@@ -60,17 +59,10 @@ async def readyz(live_server: LiveServer) -> httpx.Response:
 
 
 async def wait_for_ready(live_server: LiveServer) -> None:
-    deadline = time.monotonic() + HANG_GUARD_S
-    while (response := await readyz(live_server)).status_code != 200:
-        assert time.monotonic() < deadline, f"never ready again: {response.json()}"
-        await asyncio.sleep(0.1)
+    async def ready() -> bool:
+        return (await readyz(live_server)).status_code == 200
 
-
-async def wait_until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + HANG_GUARD_S
-    while not condition():
-        assert time.monotonic() < deadline, f"still waiting for {what}"
-        await asyncio.sleep(0.02)
+    await wait_until_async(ready, "the node to be ready again", poll_s=0.1)
 
 
 def raise_once(real: Callable[..., Any]) -> Callable[..., Any]:

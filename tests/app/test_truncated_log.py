@@ -23,8 +23,8 @@ from bargein.session.runtime.tokens import make_resume_token
 from bargein.session.streams.log import LogEntry, StreamInfo, StreamWrite
 from bargein.session.streams.log.redis_format import Keys
 from bargein.session.streams.log.redis_streams import RedisLogConfig, RedisTokenLog
+from loadtests.bare_client import Conn, Received
 from tests.app.conftest import LiveServer, redis_node_on_engine
-from tests.app.resume_helpers import Conn, Received
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 

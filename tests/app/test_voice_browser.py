@@ -19,7 +19,6 @@ import base64
 import shutil
 import struct
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ import pytest
 
 from tests.app.browser import launch, pages_on
 from tests.needs import missing, playwright_sync_api
+from tests.waiting import wait_until_sync
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -329,11 +329,14 @@ def story(page: Any) -> str:
 
 def next_prompt(live_server: Any, user_text: str, timeout_s: float = 60.0) -> str:
     """The prompt of the first engine request that holds ``user_text`` (waits for it)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+
+    def holding() -> str | None:
         for request in reversed(live_server.recent_requests()):
             prompt = str(live_server.tokenizer.decode(request.prompt_token_ids))
             if user_text in prompt:
                 return prompt
-        time.sleep(0.1)
-    raise AssertionError(f"no request with {user_text!r} in its prompt")
+        return None
+
+    return wait_until_sync(
+        holding, f"a request with {user_text!r} in its prompt", guard_s=timeout_s, poll_s=0.1
+    )

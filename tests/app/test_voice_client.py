@@ -10,6 +10,7 @@ it (fail in CI).
 
 from __future__ import annotations
 
+import asyncio
 import re
 import shutil
 import subprocess
@@ -17,10 +18,12 @@ import sys
 import time
 import wave
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
+from bargein.client import voice_client as voice_client_module
 from bargein.client.pcm import WavSink, read_wav, silence
 from bargein.client.realtime_client import drop_connection
 from bargein.client.voice_client import VoiceClient, voice_settings
@@ -105,21 +108,41 @@ async def test_talk_sends_a_wav_file_and_gets_the_transcript_and_the_spoken_answ
     assert len(said & heard) >= len(said) // 2, (response.text, heard)
 
 
-async def test_send_audio_is_paced_in_real_time_unless_told_otherwise(voice_server: LiveServer) -> None:
+class PacingSleeps:
+    """``asyncio`` as app/voice_client.py sees it, noting each sleep it asks for."""
+
+    def __init__(self) -> None:
+        self.slept: list[float] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(asyncio, name)
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        await asyncio.sleep(seconds)
+
+
+async def test_send_audio_is_paced_in_real_time_unless_told_otherwise(
+    voice_server: LiveServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     client = await voice_client(voice_server)
+    pacing = PacingSleeps()
+    monkeypatch.setattr(voice_client_module, "asyncio", pacing)
     try:
         started = time.monotonic()
         sent_ms = await client.send_audio(silence(1000, client.input_rate), chunk_ms=20)
         paced_s = time.monotonic() - started
-        started = time.monotonic()
+        paced = list(pacing.slept)
+        pacing.slept.clear()
         assert await client.send_audio(silence(1000, client.input_rate), realtime=False) == 1000
-        fast_s = time.monotonic() - started
         await client.update(defaults=GREEDY)  # raises if the server refused an append
     finally:
         await client.close()
     assert sent_ms == 1000
-    assert 0.98 <= paced_s < 1.5, paced_s  # the last chunk goes once its last sample "was recorded"
-    assert fast_s < 0.5, fast_s
+    # Paced: each of the 50 chunks waits for the moment its last sample "was recorded"
+    # (a lower bound: load only makes it later), the deadlines counted from the start.
+    assert len(paced) == 50 and paced_s >= 0.98, (len(paced), paced_s)
+    assert not pacing.slept  # realtime=False: as fast as the socket takes them, no pacing at all
     with pytest.raises(ValueError, match="chunk_ms"):
         await client.send_audio(b"", chunk_ms=200)
 

@@ -26,11 +26,21 @@ from websockets.exceptions import ConnectionClosed
 
 from bargein.app.embedded import EmbeddedServer
 from bargein.session.voice_runtime.config import VoiceConfig
+from loadtests.bare_client import Conn
+from loadtests.speech import noise_pcm16, silence_pcm16
 from tests.app.conftest import LiveServer
 from tests.app.log_capture import Records, server_log
-from tests.app.resume_helpers import Conn
-from tests.app.voice_helpers import CHUNK_MS, RATE, send_audio, until, voice_server, voice_session
-from tests.speech import espeak_pcm16, noise_pcm16, silence_pcm16
+from tests.app.voice_helpers import (
+    CHUNK_MS,
+    RATE,
+    send_audio,
+    until,
+    voice_server,
+    voice_session,
+    voice_threads_idle,
+)
+from tests.speech import espeak_pcm16
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -394,7 +404,8 @@ async def test_a_socket_lost_in_the_middle_of_a_turn_leaves_nothing_behind(voice
             await until(conn, lost_at, [])
             conn.drop()
         await settled(voice_server, free)
-        await asyncio.sleep(0.5)  # a transcription still running ends with nothing to send to
+        # a transcription still running ends with nothing to send to (and nothing logged)
+        await voice_threads_idle(voice_server.state.voice)  # type: ignore[arg-type]
 
 
 async def test_a_socket_lost_while_an_answer_is_spoken_leaves_nothing_behind(
@@ -413,11 +424,9 @@ async def test_a_socket_lost_while_an_answer_is_spoken_leaves_nothing_behind(
         await until(conn, "response.audio.delta", [])
         conn.drop()
         await settled(voice_server, free)
-        for _ in range(200):
-            if len(voice_server.state.writers) == writers:
-                break
-            await asyncio.sleep(0.05)
-        assert len(voice_server.state.writers) == writers
+        await wait_until(
+            lambda: len(voice_server.state.writers) == writers, "the lost connection's end", poll_s=0.05
+        )
 
 
 async def test_a_socket_lost_during_a_pause_cancels_the_answer_started_there(
@@ -437,17 +446,18 @@ async def test_a_socket_lost_during_a_pause_cancels_the_answer_started_there(
             return [r.request_id for r in voice_server.recent_requests() if r.request_id not in before]
 
         await send_audio(conn, silence_pcm16(300, RATE) + espeak_pcm16("Tell me a long story about", RATE))
-        for _ in range(250):  # a pause, in real time, until the answer at the pause is submitted
-            if new():
-                break
-            await send_audio(conn, silence_pcm16(CHUNK_MS, RATE), pace_s=CHUNK_MS / 1000)
-        assert len(new()) == 1, "no answer was started at the pause"
+        # A pause: well past pause_ms (200 ms) of silence, far short of the 6 s window;
+        # counted in audio, so with no more sent it stays a pause until the answer is submitted.
+        await send_audio(conn, silence_pcm16(1000, RATE), pace_s=CHUNK_MS / 1000)
+        await wait_until(new, "an answer started at the pause")
+        assert len(new()) == 1
         conn.drop()
-        for _ in range(600):  # until it ended (a submit reaches the engine's counts at its next step)
-            now = voice_server.stats().num_finished_by_reason
-            if sum(now.values()) > sum(finished.values()):
-                break
-            await asyncio.sleep(0.05)
+
+        def ended() -> dict[str, int] | None:  # a submit reaches the engine's counts at its next step
+            now = dict(voice_server.stats().num_finished_by_reason)
+            return now if sum(now.values()) > sum(finished.values()) else None
+
+        now = await wait_until(ended, "the answer at the pause to end", poll_s=0.05)
         # the client never saw it: cancelled at once, not generated for nobody
         assert {k: v - finished.get(k, 0) for k, v in now.items() if v != finished.get(k, 0)} == {
             "cancelled": 1

@@ -15,10 +15,10 @@ import pytest
 
 from bargein.app.embedded import EmbeddedServer
 from bargein.session.voice_runtime.config import VoiceConfig
+from loadtests.bare_client import Conn
+from loadtests.speech import noise_pcm16
 from tests.app.conftest import LiveServer
-from tests.app.resume_helpers import Conn
 from tests.app.voice_helpers import voice_server
-from tests.speech import noise_pcm16
 
 pytestmark = pytest.mark.slow
 
@@ -65,7 +65,7 @@ async def pings(conn: Conn, stop: asyncio.Event) -> int:
         await conn.send(type="ping")
         await conn.expect("pong")
         answered += 1
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.02)  # the client's own pace of pings: not a wait for a state
     return answered
 
 

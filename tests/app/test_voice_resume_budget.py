@@ -12,10 +12,10 @@ import pytest
 from bargein.app.settings import ServerConfig, Settings
 from bargein.session.conversation.config import SessionConfig
 from bargein.session.runtime.admission import AdmissionConfig
+from loadtests.bare_client import Conn
+from loadtests.speech import noise_pcm16
 from tests.app.conftest import MAX_FRAME_BYTES, LiveServer, node_on_engine
-from tests.app.resume_helpers import Conn
 from tests.app.voice_helpers import RATE, until, voice_session
-from tests.speech import noise_pcm16
 
 pytestmark = pytest.mark.slow
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,8 +17,9 @@ from bargein.app.settings import ServerConfig, Settings
 from bargein.session.conversation.config import SessionConfig
 from bargein.session.voice_runtime.audio_input import VoiceRuntime
 from bargein.session.voice_runtime.config import VoiceConfig
+from loadtests.bare_client import Conn
 from tests.app.conftest import MAX_FRAME_BYTES, LiveServer
-from tests.app.resume_helpers import Conn
+from tests.waiting import HANG_GUARD_S
 
 RATE = 16000
 CHUNK_MS = 40
@@ -47,6 +49,17 @@ def voice_server(live_server: LiveServer, config: VoiceConfig) -> Iterator[Embed
     finally:
         server.stop()
         voice.close()
+
+
+async def voice_threads_idle(runtime: VoiceRuntime) -> None:
+    """Until every voice thread finished what it was running (a transcription
+    whose connection is gone, say): each thread takes one of as many jobs as
+    there are threads, and the jobs wait for one another, so they all run only
+    once every thread is free; what those threads finished reached the loop first."""
+    barrier = threading.Barrier(runtime.config.workers)
+    await asyncio.gather(
+        *(runtime.run(lambda: barrier.wait(HANG_GUARD_S)) for _ in range(runtime.config.workers))
+    )
 
 
 async def send_audio(conn: Conn, pcm: bytes, *, rate: int = RATE, pace_s: float = 0.0) -> None:

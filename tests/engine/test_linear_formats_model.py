@@ -87,6 +87,8 @@ def test_int4_generates_and_agrees_with_fp32(
     FP32_MAX_ROWS and its int8 weight-only head up to HEAD_MAX_ROWS, fp32
     above; decoding one row runs the 4-bit kernels."""
     blocks = cpu_qblock.available()
+    # where they should build, a failed build is a failure, not the fallback's test
+    assert blocks or cpu_qblock.why_not_buildable() is not None, cpu_qblock.unavailable_reason()
     if not blocks and not (int4_kernel_available() and int8_weight_kernel_available()):
         pytest.skip("no block kernels and torch without the CPU int4 or int8 weight-only kernel")
     runner = _runner(replace(model_config, quantization="int4"))

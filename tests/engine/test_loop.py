@@ -23,6 +23,7 @@ from bargein.engine.loop import EngineLoop
 from bargein.engine.model_runner import ModelRunner
 from bargein.engine.request import EngineRequest, FinishReason, RequestOutput, SamplingParams
 from tests.engine.conftest import RunnerFactory
+from tests.waiting import wait_until_sync
 
 pytestmark = pytest.mark.slow
 
@@ -247,7 +248,9 @@ def test_idle_loop_sleeps(setup, hf_tokenizer, monkeypatch: pytest.MonkeyPatch) 
             return _real(*args, **kwargs)
 
         monkeypatch.setattr(engine, name, counted)  # the engine thread looks it up per call
-    time.sleep(IDLE_WINDOW_S)  # the idle window: a poll of any period under it is counted
+    # The idle window itself is what is tested (not a wait for something): a poll
+    # of any period under it is counted; a loaded box only makes it longer.
+    time.sleep(IDLE_WINDOW_S)
     # At most the one check the thread may make on its way back to the wait
     # after the last step's hand-off (the collector saw the end before it).
     assert calls["step"] == 0, calls
@@ -354,5 +357,8 @@ def test_build_and_start_raises_what_building_raised_on_the_caller() -> None:
 
     with pytest.raises(FileNotFoundError, match="no such model"):
         EngineLoop.build_and_start(build)
-    time.sleep(0.1)  # the builder thread ends right after it hands the error over
-    assert not [t for t in set(threading.enumerate()) - before if t.name == "bargein-engine"]
+    # the builder thread ends right after it hands the error over
+    wait_until_sync(
+        lambda: not [t for t in set(threading.enumerate()) - before if t.name == "bargein-engine"],
+        "the builder thread to end",
+    )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -61,7 +60,7 @@ def test_gguf_converts_once_and_the_cache_loads_the_same_weights(
 ) -> None:
     cfg = ModelConfig(cache_dir=str(tmp_path))
     # "Once" is counted, not timed: a cached load that is 3x faster on a quiet
-    # box need not be on a loaded one. The times are printed for a reader.
+    # box need not be on a loaded one.
     conversions: list[Path] = []
     convert = loader._convert_gguf
 
@@ -70,13 +69,9 @@ def test_gguf_converts_once_and_the_cache_loads_the_same_weights(
         convert(path, out)
 
     monkeypatch.setattr(loader, "_convert_gguf", counting_convert)
-    t0 = time.perf_counter()
     first = load_model(cfg)
-    t1 = time.perf_counter()
     assert len(conversions) == 1
     second = load_model(cfg)
-    t2 = time.perf_counter()
-    print(f"GGUF load: first (convert) {t1 - t0:.1f} s, cached {t2 - t1:.1f} s")
     assert len(conversions) == 1  # the second load read the cache
     assert [p.name for p in tmp_path.iterdir()] == [Path(first.folder).name]  # no temp dir left
     assert first.folder == second.folder and first.config.model_type == "llama"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 
 from bargein.session.streams.log import LogEntry, StreamEnd, StreamInfo, StreamWrite
@@ -62,3 +63,17 @@ def chunks(bounds: Sequence[int]) -> list[LogEntry]:
 async def collect(events: AsyncIterator[LogEntry | StreamEnd]) -> list[LogEntry | StreamEnd]:
     """Read a stream to its end."""
     return [event async for event in events]
+
+
+class Follower:
+    """Reads a stream to its end in a task of its own; :attr:`received` holds
+    what came so far, so a test can wait until a reader got to a point."""
+
+    def __init__(self, events: AsyncIterator[LogEntry | StreamEnd]) -> None:
+        self.received: list[LogEntry | StreamEnd] = []
+        self.task = asyncio.create_task(self._read(events))
+
+    async def _read(self, events: AsyncIterator[LogEntry | StreamEnd]) -> list[LogEntry | StreamEnd]:
+        async for event in events:
+            self.received.append(event)
+        return self.received

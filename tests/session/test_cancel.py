@@ -9,6 +9,7 @@ import logging
 import pytest
 
 from bargein.session.cancel import cancel_and_wait
+from tests.waiting import wait_until
 
 
 async def _forever() -> None:
@@ -95,7 +96,8 @@ async def test_a_child_that_failed_is_logged_not_raised(caplog: pytest.LogCaptur
     child = asyncio.create_task(broken(), name="broken")
     earlier = asyncio.create_task(failed_before(), name="earlier")
     done = asyncio.create_task(asyncio.sleep(0))
-    await asyncio.sleep(0.01)
+    # all three ran: the child waits on its event, the others are over
+    await wait_until(lambda: earlier.done() and done.done(), "the other children to end")
     with caplog.at_level(logging.ERROR, logger="bargein.session.cancel"):
         await cancel_and_wait([child, earlier, done])
     assert done.done() and not done.cancelled()

@@ -23,6 +23,7 @@ from bargein.session.streams.cluster import Cluster
 from bargein.session.streams.cluster.lease import LeaseConfig
 from bargein.session.streams.log import LogEntry, StreamEnd, StreamInfo, StreamWrite
 from bargein.session.streams.log.redis_streams import RedisLogConfig, RedisTokenLog
+from tests.waiting import HANG_GUARD_S, wait_until, wait_until_async
 
 pytestmark = pytest.mark.redis
 
@@ -31,7 +32,6 @@ _prefixes = itertools.count()
 # lease that outlives any stall of a loaded box: no test waits for one to run
 # out on its own. A test that needs a lease gone expires it in Redis itself.
 LEASE = LeaseConfig(ttl_s=30.0, renew_every_s=0.1)
-HANG_GUARD_S = 30.0  # bounds on waits for a state, never timing assertions
 PROMPT = (7, 8, 9)
 
 
@@ -129,9 +129,11 @@ async def expire_lease(cluster: Cluster, sid: str) -> None:
     ``ttl_s`` after its last renewal; back once Redis dropped it."""
     key = cluster.leases.key(sid)
     assert await cluster.redis.pexpire(key, 1)
-    async with asyncio.timeout(HANG_GUARD_S):
-        while await cluster.redis.exists(key):
-            await asyncio.sleep(0.01)
+
+    async def gone() -> bool:
+        return not await cluster.redis.exists(key)
+
+    await wait_until_async(gone, f"Redis to drop {key}")
 
 
 async def test_of_two_nodes_racing_to_continue_a_dead_stream_exactly_one_does(
@@ -155,14 +157,17 @@ async def test_a_cancel_for_a_stream_whose_node_died_ends_it_as_interrupted(
     await dead_stream(deployment, "s2", SamplingParams(max_tokens=10))
     b, on_b = await deployment("b")
     b.abort_elsewhere("s2", FinishReason.INTERRUPTED)
-    end = await asyncio.wait_for(last_event(on_b.log, "s2"), 10)
+    end = await asyncio.wait_for(last_event(on_b.log, "s2"), HANG_GUARD_S)
     assert isinstance(end, StreamEnd)
     assert (end.end, end.finish_reason, end.prompt_tokens) == (3, "interrupted", len(PROMPT))
     assert on_b.runner.submitted == []
-    deadline = time.monotonic() + HANG_GUARD_S  # released at the tick after the end
-    while await b.leases.owner("s2") is not None:
-        assert time.monotonic() < deadline, "the lease of the ended stream was never released"
-        await asyncio.sleep(0.05)
+
+    async def released() -> bool:
+        return await b.leases.owner("s2") is None
+
+    await wait_until_async(
+        released, "the lease of the ended stream to be released (at the tick after the end)"
+    )
 
 
 async def test_a_watched_stream_is_taken_over_when_its_lease_expires(
@@ -192,12 +197,13 @@ async def test_a_watched_stream_is_taken_over_when_its_lease_expires(
     for _ in range(3):
         seen = checks[0]
         assert await dead.redis.pexpire(key, ttl_ms // 3)
-        await wait_until_async(lambda: _renewed(dead, key, ttl_ms // 3))
-        await wait_until(lambda seen=seen: checks[0] >= seen + 2)  # one wholly after PEXPIRE
+        await wait_until_async(lambda: _renewed(dead, key, ttl_ms // 3), "the owner to renew its lease")
+        # one wholly after PEXPIRE
+        await wait_until(lambda seen=seen: checks[0] >= seen + 2, "two more checks of the watched lease")
     assert on_b.runner.submitted == []
     dead.leases.forget("s3")  # the owner dies ...
     await expire_lease(dead, "s3")  # ... and its lease runs out
-    await wait_until(lambda: bool(on_b.runner.submitted))
+    await wait_until(lambda: on_b.runner.submitted, "b to take the stream over")
     assert [r.prompt_token_ids for r in on_b.runner.submitted] == [PROMPT]
 
 
@@ -219,13 +225,6 @@ async def _renewed(cluster: Cluster, key: str, below_ms: int) -> bool:
     return await cluster.redis.pttl(key) > below_ms
 
 
-async def wait_until_async(condition: Callable[[], Any], timeout_s: float = HANG_GUARD_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
-
-
 async def last_event(log: RedisTokenLog, sid: str) -> LogEntry | StreamEnd | None:
     item = None
     with contextlib.suppress(StopAsyncIteration):
@@ -242,16 +241,10 @@ async def test_the_generating_node_knows_while_another_node_delivers_its_stream(
     reader, _ = await deployment("reader")
     await owner.claim("s4", PROMPT, SamplingParams(max_tokens=5))
     reader.reader_started("s4")
-    await wait_until(lambda: owner.read_elsewhere("s4"))
+    await wait_until(lambda: owner.read_elsewhere("s4"), "the owner to learn of the reader")
     reader.reader_ended("s4")
-    await wait_until(lambda: not owner.read_elsewhere("s4"))  # its key lives three ticks
-
-
-async def wait_until(condition: Callable[[], bool], timeout_s: float = HANG_GUARD_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
+    # its key lives three ticks
+    await wait_until(lambda: not owner.read_elsewhere("s4"), "the owner to learn the reader left")
 
 
 async def raw_stream(cluster: Cluster, sid: str) -> tuple[list[Any], dict[bytes, bytes]]:
@@ -363,11 +356,11 @@ async def test_a_tick_that_crashes_restarts_and_renews_the_leases(
     a, _ = await deployment("a")
     await a.claim("s6", PROMPT, SamplingParams(max_tokens=5))
     crashed = crash_once(monkeypatch, a.leases, "renew")
-    await wait_until(lambda: bool(crashed))
+    await wait_until(lambda: crashed, "the renewal to crash")
     key, ttl_ms = a.leases.key("s6"), int(LEASE.ttl_s * 1000)
     assert await a.redis.pexpire(key, ttl_ms // 3)  # only a later tick renews it again
-    await wait_until_async(lambda: _renewed(a, key, ttl_ms // 3))
-    await wait_until(lambda: not a.health.not_ready())
+    await wait_until_async(lambda: _renewed(a, key, ttl_ms // 3), "a later tick to renew the lease")
+    await wait_until(lambda: not a.health.not_ready(), "the ticks to report healthy")
 
 
 async def test_a_tick_that_crashes_in_the_readers_exchange_keeps_exchanging(
@@ -377,9 +370,9 @@ async def test_a_tick_that_crashes_in_the_readers_exchange_keeps_exchanging(
     reader, _ = await deployment("reader")
     await owner.claim("s7", PROMPT, SamplingParams(max_tokens=5))
     crashed = crash_once(monkeypatch, reader, "_exchange_readers")
-    await wait_until(lambda: bool(crashed))
+    await wait_until(lambda: crashed, "the readers' exchange to crash")
     reader.reader_started("s7")
-    await wait_until(lambda: owner.read_elsewhere("s7"))
+    await wait_until(lambda: owner.read_elsewhere("s7"), "the owner to learn of the reader")
 
 
 async def test_a_tick_that_crashes_in_the_watched_check_still_takes_over(
@@ -389,8 +382,8 @@ async def test_a_tick_that_crashes_in_the_watched_check_still_takes_over(
     b, on_b = await deployment("b")
     b._watched.add("s8")  # followed here (follow() would take it over at once)
     crashed = crash_once(monkeypatch, b, "_check_watched")
-    await wait_until(lambda: bool(crashed))
-    await wait_until(lambda: bool(on_b.runner.submitted))  # a later tick's check continues it
+    await wait_until(lambda: crashed, "the watched check to crash")
+    await wait_until(lambda: on_b.runner.submitted, "a later tick's check to continue the stream")
 
 
 async def test_an_abort_listener_that_crashes_resubscribes(
@@ -409,9 +402,11 @@ async def test_an_abort_listener_that_crashes_resubscribes(
 
     monkeypatch.setattr(owner.forwarder, "_on_abort", on_abort)
     assert await asker.forwarder.forward("s9", FinishReason.INTERRUPTED, "owner") == 1
-    deadline = time.monotonic() + HANG_GUARD_S  # resent until someone listens again
-    while await asker.forwarder.forward("s10", FinishReason.INTERRUPTED, "owner") == 0:
-        assert time.monotonic() < deadline, "the abort listener never came back"
-        await asyncio.sleep(0.05)
-    await wait_until(lambda: aborted == ["s10"])
-    await wait_until(lambda: not owner.health.not_ready())
+    # resent until someone listens again
+    await wait_until_async(
+        lambda: asker.forwarder.forward("s10", FinishReason.INTERRUPTED, "owner"),
+        "the abort listener to come back",
+        poll_s=0.05,
+    )
+    await wait_until(lambda: aborted == ["s10"], "the resent abort to reach the owner")
+    await wait_until(lambda: not owner.health.not_ready(), "the listener to report healthy")

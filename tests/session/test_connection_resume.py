@@ -3,7 +3,6 @@ stand-in engine (the real model is exercised in tests/app/test_resume.py)."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from bargein.engine.request import FinishReason, RequestOutput
@@ -13,6 +12,7 @@ from bargein.session.conversation.state import Message, State
 from bargein.session.runtime.connection import Connection
 from bargein.session.runtime.service import Service
 from tests.session.test_service import CountingLog, ThreadedEngine
+from tests.waiting import wait_until, wait_until_async
 
 
 def output(stream_id: str, start: int, text: str, *, finished: bool = False) -> RequestOutput:
@@ -39,12 +39,11 @@ class Client:
         self.events.append(event)
 
     async def wait_for(self, kind: type, count: int = 1) -> list[Any]:
-        for _ in range(500):
-            found = [e for e in self.events if isinstance(e, kind)]
-            if len(found) >= count:
-                return found
-            await asyncio.sleep(0.01)
-        raise AssertionError(f"no {kind.__name__} in {self.events}")
+        def found() -> list[Any] | None:
+            events = [e for e in self.events if isinstance(e, kind)]
+            return events if len(events) >= count else None
+
+        return await wait_until(found, f"{count} {kind.__name__} (sent: {self.events})")
 
 
 def create(text: str) -> pe.ResponseCreate:
@@ -74,8 +73,12 @@ async def test_a_resumed_session_gets_the_turn_that_finished_after_the_drop() ->
     assert resumed.turns == 1 and resumed.active.stream_id == stream_id
     assert resumed.active.end == 1 and second.conn.session.state is State.GENERATING
     engine.run_steps([[output(stream_id, 1, "lo", finished=True)]])
-    while (await service.log.info(stream_id)).status == "live":  # type: ignore[union-attr]
-        await asyncio.sleep(0.01)  # as a client learns it: the end is in the log
+
+    async def ended() -> bool:
+        info = await service.log.info(stream_id)
+        return info is not None and info.status != "live"
+
+    await wait_until_async(ended, "the end in the log")  # as a client learns it
     await second.conn.handle(create("again"))  # waits for the turn of the ended stream
     assert second.conn.session.turns[:3] == [
         Message(role="user", content="hi"),
@@ -117,9 +120,7 @@ async def test_an_abandoned_stream_is_cancelled_unless_someone_reads_it() -> Non
     # released first with the same grace, so had its timer not been cancelled
     # by the resume it would have fired first: one abort, the left stream's,
     # is the whole answer.
-    async with asyncio.timeout(30):
-        while not engine.aborted:
-            await asyncio.sleep(0.01)
+    await wait_until(lambda: engine.aborted, "an abandoned stream's abort")
     assert engine.aborted == [(left_id, FinishReason.CANCELLED)]
     await follower.conn.close()
     await service.stop()

@@ -12,6 +12,7 @@ from bargein.session.errors import TokenLogUnavailable
 from bargein.session.runtime.delivery import Batch, Delivery, feed
 from bargein.session.runtime.observer import NullObserver
 from bargein.session.streams.log import EndError, LogEntry, MemoryTokenLog, StreamEnd, StreamInfo, StreamWrite
+from tests.waiting import HANG_GUARD_S, wait_until
 
 WORDS = ["Paris", " is", " the", " capital", " of", " France", "."]
 
@@ -69,13 +70,12 @@ async def test_tokens_written_while_the_socket_is_busy_go_out_as_one_delta() -> 
     )
     task = asyncio.create_task(delivery.run())
     await log.write_step(step(0))
-    while not socket.events:  # the first delta is on the (blocked) wire
-        await asyncio.sleep(0)
+    await wait_until(lambda: socket.events, "the first delta on the (blocked) wire")
     for i in range(1, len(WORDS)):  # the engine goes on meanwhile
         await log.write_step(step(i))
     await log.write_step(finish(len(WORDS)))
     socket.gate.set()
-    await asyncio.wait_for(task, 5)
+    await asyncio.wait_for(task, HANG_GUARD_S)
     first, second, done = socket.events
     assert first == pe.ResponseDelta(
         response_id="r1", stream_id="s1", start=0, end=1, text="Paris", token_ids=(100,)
@@ -141,8 +141,6 @@ async def test_unknown_stream_is_answered_with_not_found() -> None:
 
 
 # ---- fault injection: the delivery's reader (issue 24) ----------------------------
-
-HANG_GUARD_S = 30.0  # bounds a wait that used to hang; never a timing assertion
 
 
 class BrokenReadLog(MemoryTokenLog):
@@ -216,10 +214,26 @@ class CountingObserver(NullObserver):
         self.batch_sizes.append(num_tokens)
 
 
+class HandingLog(MemoryTokenLog):
+    """Counts the items its reads have handed out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.handed = 0
+
+    async def _counted(self, stream_id: str, from_offset: int):  # type: ignore[no-untyped-def]
+        async for item in super().read(stream_id, from_offset):
+            self.handed += 1
+            yield item
+
+    def read(self, stream_id: str, from_offset: int):  # type: ignore[no-untyped-def]
+        return self._counted(stream_id, from_offset)
+
+
 async def test_a_feed_coalesces_within_its_read_ahead_and_counts_what_it_hands_over() -> None:
     """The one delivery path of every transport: what queued comes as one
     batch, but never more than the read-ahead is queued for a slow consumer."""
-    log = MemoryTokenLog()
+    log = HandingLog()
     await new_stream(log)
     for i in range(len(WORDS)):
         await log.write_step(step(i))
@@ -227,10 +241,15 @@ async def test_a_feed_coalesces_within_its_read_ahead_and_counts_what_it_hands_o
     observer = CountingObserver()
     items = feed(log, "s1", 0, observer=observer, read_ahead=3)
     got = []
+    num_items, seen = len(WORDS) + 1, 0  # the entries and the end
     async with contextlib.aclosing(items):
         async for item in items:
             got.append(item)
-            await asyncio.sleep(0.01)  # a slow consumer: the reader fills the read-ahead
+            seen += len(item.entries) if isinstance(item, Batch) else 1
+            # A slow consumer: it takes the next item once the reader filled the
+            # read-ahead (3 queued, and a 4th read, waiting for room) or read all.
+            full = min(seen + 3 + 1, num_items)
+            await wait_until(lambda full=full: log.handed >= full, "the reader to fill the read-ahead")
     batches = [b for b in got if isinstance(b, Batch)]
     assert isinstance(got[-1], StreamEnd) and got[-1].end == len(WORDS)
     assert "".join(b.text for b in batches) == "".join(WORDS)

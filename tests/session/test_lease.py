@@ -14,6 +14,7 @@ from redis.asyncio.connection import AbstractConnection
 from bargein.engine.request import FinishReason
 from bargein.session.streams.cluster.forward import Forwarder
 from bargein.session.streams.cluster.lease import VALID_FRACTION, LeaseConfig, Leases
+from tests.waiting import HANG_GUARD_S, wait_until_async
 
 pytestmark = pytest.mark.redis
 
@@ -98,10 +99,12 @@ async def test_a_lease_not_renewed_expires_and_the_next_node_takes_it(redis: Red
 
 
 async def _until_gone(redis: Redis, key: str) -> None:
-    """Until Redis expired ``key`` (a hang guard only: it was given 1 ms)."""
-    async with asyncio.timeout(30):
-        while await redis.exists(key):
-            await asyncio.sleep(0.01)
+    """Until Redis expired ``key`` (it was given 1 ms)."""
+
+    async def gone() -> bool:
+        return not await redis.exists(key)
+
+    await wait_until_async(gone, f"Redis to expire {key}")
 
 
 async def test_a_vanished_lease_is_taken_back_by_its_holder_on_renewal(redis: Redis, prefix: str) -> None:
@@ -158,9 +161,9 @@ async def test_a_cancel_reaches_the_owner_node_through_its_channel(redis_server:
     asker = Forwarder(asker_client, "asker", lambda s, r: None, key_prefix=prefix)
     await owner.start()
     try:
-        await asyncio.wait_for(owner.subscribed.wait(), 5)
+        await asyncio.wait_for(owner.subscribed.wait(), HANG_GUARD_S)
         assert await asker.forward("s1", FinishReason.INTERRUPTED, "owner") == 1
-        assert await asyncio.wait_for(received.get(), 5) == ("s1", FinishReason.INTERRUPTED)
+        assert await asyncio.wait_for(received.get(), HANG_GUARD_S) == ("s1", FinishReason.INTERRUPTED)
         assert await asker.forward("s2", FinishReason.INTERRUPTED, "nobody") == 0
     finally:
         await owner.stop()

@@ -19,6 +19,7 @@ from bargein.session.runtime.observer import NullObserver
 from bargein.session.runtime.service import Owner, Service
 from bargein.session.streams.log import LogEntry, MemoryTokenLog, StreamWrite
 from tests.session.test_service import ThreadedEngine, out, read_all
+from tests.waiting import HANG_GUARD_S, wait_until
 
 BOUND = 4
 NUM_STEPS = 120
@@ -73,8 +74,8 @@ async def test_a_slow_log_makes_the_engine_wait_and_loses_no_token() -> None:
 
     thread = threading.Thread(target=run_engine)
     thread.start()
-    while thread.is_alive():  # the writer runs on this loop meanwhile
-        await asyncio.sleep(0.01)
+    # the writer runs on this loop meanwhile
+    await wait_until(lambda: not thread.is_alive(), "the engine thread's last step")
     items = await read_all(log, "a")
     await service.stop()
     assert max(pending) <= BOUND, max(pending)
@@ -107,7 +108,7 @@ async def test_a_stopping_service_lets_a_waiting_engine_go() -> None:
         done.set()
 
     threading.Thread(target=run_engine, daemon=True).start()
-    assert await asyncio.to_thread(done.wait, 5.0)
+    assert await asyncio.to_thread(done.wait, HANG_GUARD_S)
 
 
 def test_the_metrics_say_the_engine_waited() -> None:

@@ -3,7 +3,6 @@ live node with the same id is refused at start; a dead one's id is free again.""
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 from collections.abc import AsyncIterator
 
@@ -13,6 +12,7 @@ from redis.asyncio import Redis
 from bargein.app.settings import PROCESS_NODE_ID, ServerConfig
 from bargein.session.errors import NodeIdInUse
 from bargein.session.streams.cluster.registry import NodeRegistry
+from tests.waiting import wait_until_async
 
 pytestmark = pytest.mark.redis
 _prefixes = itertools.count()
@@ -60,9 +60,13 @@ async def test_a_dead_nodes_id_is_taken_once_it_expires_and_a_released_one_at_on
     await redis.pexpire(dead.key, 50)  # the dead node's key runs out (Redis's own clock)
     clock = FakeClock()
 
-    async def sleep(seconds: float) -> None:  # a real wait too, so that the key expires
+    async def sleep(seconds: float) -> None:  # and the key runs out on Redis's clock
         clock.now += seconds
-        await asyncio.sleep(0.1)
+
+        async def expired() -> bool:
+            return not await redis.exists(dead.key)
+
+        await wait_until_async(expired, "Redis to expire the dead node's key")
 
     restarted = NodeRegistry(redis, dead.node_id, ttl_s=60.0, key_prefix=prefix, clock=clock, sleep=sleep)
     await restarted.register()

@@ -13,10 +13,11 @@ from redis import Redis
 from bargein.session.errors import TokenLogError
 from bargein.session.streams.log import LogEntry, StreamEnd
 from bargein.session.streams.log.redis_streams import RedisLogConfig, RedisTokenLog
+from loadtests.redis_cluster import RedisClusterServers, redis_cli_binary
+from loadtests.redis_server import RedisServer, redis_server_binary
 from tests.needs import missing
-from tests.redis_cluster import RedisClusterServers, redis_cli_binary
-from tests.redis_server import RedisServer, redis_server_binary
 from tests.session.log_helpers import chunks, collect, finish, live_info, write
+from tests.waiting import HANG_GUARD_S, wait_until, wait_until_async
 
 pytestmark = pytest.mark.redis
 
@@ -51,7 +52,8 @@ async def test_a_primary_killed_mid_stream_every_reader_completes_exactly_or_hea
         for sid in sids:
             await writer.create_stream(live_info(sid))
         readers = {sid: asyncio.create_task(collect(reader.read(sid, 0))) for sid in sids}
-        await asyncio.sleep(0.3)  # every reader follows (through its shard's doorbell)
+        # every reader follows (through its shard's doorbell)
+        await wait_until(lambda: len(reader._tailer._subs) == STREAMS, "every reader to follow")
         broken: set[str] = set()
         for i, part in enumerate(parts):
             if i == TOKENS // 3:
@@ -63,7 +65,9 @@ async def test_a_primary_killed_mid_stream_every_reader_completes_exactly_or_hea
                 broken.update(exc.stream_ids)
         live = [s for s in sids if s not in broken]
         await writer.write_step([write(s, None, finish(TOKENS)) for s in live])
-        results = await asyncio.wait_for(asyncio.gather(*readers.values(), return_exceptions=True), 60)
+        results = await asyncio.wait_for(
+            asyncio.gather(*readers.values(), return_exceptions=True), HANG_GUARD_S
+        )
     finally:
         await writer.close()
         await reader.close()
@@ -91,12 +95,8 @@ async def test_readiness_needs_every_primary_not_every_replica(cluster: RedisClu
         assert await log.ping(), "a dead replica must not make the node unready"
         primary.kill()
         assert not await log.ping(), "a shard without a primary cannot take its streams"
-        for _ in range(100):  # its replica is promoted within about two seconds
-            if await log.ping():
-                break
-            await asyncio.sleep(0.1)
-        else:
-            raise AssertionError("still unready after the failover")
+        # its replica is promoted within about two seconds
+        await wait_until_async(log.ping, "the node to be ready after the failover", poll_s=0.1)
     finally:
         await log.close()
 

@@ -18,10 +18,11 @@ from bargein.session.streams.log import StreamEnd, open_token_log
 from bargein.session.streams.log.durability import LogDurability, parse_durability
 from bargein.session.streams.log.redis_streams import RedisLogConfig, RedisTokenLog
 from bargein.session.streams.log.redis_url import RedisTarget, parse_redis_url, redact_url
+from loadtests.redis_cluster import SentinelServers
+from loadtests.redis_server import redis_server_binary
 from tests.needs import missing
-from tests.redis_cluster import SentinelServers
-from tests.redis_server import redis_server_binary
-from tests.session.log_helpers import chunks, collect, finish, live_info, write
+from tests.session.log_helpers import Follower, chunks, finish, live_info, write
+from tests.waiting import HANG_GUARD_S, wait_until
 
 _prefixes = itertools.count()
 
@@ -139,17 +140,17 @@ async def test_on_sentinel_a_failover_mid_stream_loses_nothing_and_waits_see_the
         parts = chunks(list(range(0, 81, 2)))
         for part in parts[:10]:
             await writer.write_step([write("s", part)])
-        reading = asyncio.create_task(collect(reader.read("s", 0)))
-        await asyncio.sleep(0.2)
+        reading = Follower(reader.read("s", 0))
+        await wait_until(lambda: len(reading.received) == 10, "the reader to replay the first ten steps")
         # The replica becomes primary, the old primary its replica, while the stream is
         # written and read: writes are retried until the pools reach the new primary.
         failing_over = asyncio.create_task(asyncio.to_thread(sentinel.failover))
         for part in parts[10:]:
             await writer.write_step([write("s", part)])
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # the steps' pace spreads them over the failover: what is tested
         await failing_over
         await writer.write_step([write("s", None, finish(80))])
-        events = await asyncio.wait_for(reading, 30)
+        events = await asyncio.wait_for(reading.task, HANG_GUARD_S)
         assert events[:-1] == parts and isinstance(events[-1], StreamEnd) and events[-1].end == 80
         # With the replica stopped, WAIT times out: counted, and the write still stands.
         unreplicated = writer.num_unreplicated

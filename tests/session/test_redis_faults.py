@@ -13,14 +13,14 @@ from bargein.session.errors import TokenLogUnavailable
 from bargein.session.streams.cluster import Cluster
 from bargein.session.streams.cluster.lease import LeaseConfig
 from bargein.session.streams.log.redis_streams import RedisLogConfig, RedisTokenLog
+from loadtests.redis_server import RedisServer, redis_server_binary
 from tests.needs import missing
-from tests.redis_server import RedisServer, redis_server_binary
-from tests.session.log_helpers import chunks, collect, entry, finish, live_info, write
+from tests.session.log_helpers import Follower, chunks, collect, entry, finish, live_info, write
+from tests.waiting import HANG_GUARD_S, wait_until, wait_until_async
 
 pytestmark = pytest.mark.redis
 
 BOUND_S = 1.0  # retry_for_s of the logs under test
-HANG_S = 30.0  # "it did not hang", never a bound on how fast: a loaded box may be slow
 
 
 @pytest.fixture
@@ -44,10 +44,7 @@ async def logs(server: RedisServer) -> AsyncIterator[list[RedisTokenLog]]:
 
 
 async def wait_ready(log: RedisTokenLog) -> None:
-    deadline = time.monotonic() + 30  # a hang guard, not a bound on recovery time
-    while not await log.ping():
-        assert time.monotonic() < deadline, "the log did not recover after redis came back"
-        await asyncio.sleep(0.1)
+    await wait_until_async(log.ping, "the log to recover after redis came back", poll_s=0.1)
 
 
 async def test_writes_fail_after_the_bound_then_service_recovers(
@@ -56,17 +53,17 @@ async def test_writes_fail_after_the_bound_then_service_recovers(
     log = logs[0]
     await log.create_stream(live_info("a"))
     await log.write_step([write("a", entry(0, 1))])
-    follower = asyncio.create_task(collect(log.read("a", 0)))
-    await asyncio.sleep(0.05)
+    follower = Follower(log.read("a", 0))
+    await wait_until(lambda: follower.received, "the reader to follow the stream")
     server.kill()
     started = time.monotonic()
     with pytest.raises(TokenLogUnavailable) as raised:
-        await asyncio.wait_for(log.write_step([write("a", entry(1, 2))]), HANG_S)
+        await asyncio.wait_for(log.write_step([write("a", entry(1, 2))]), HANG_GUARD_S)
     # Retried for the whole bound (a lower bound: load can only lengthen it) ...
     assert time.monotonic() - started >= BOUND_S
     assert raised.value.stream_ids == ("a",)
     with pytest.raises(TokenLogUnavailable) as told:
-        await asyncio.wait_for(follower, HANG_S)  # its live reader is told, not left waiting
+        await asyncio.wait_for(follower.task, HANG_GUARD_S)  # its live reader is told, not left waiting
     # ... then given up on a connection failure (not refused by Redis, not closed)
     assert "write_step: redis unreachable" in str(told.value)
     assert not await log.ping()
@@ -75,7 +72,7 @@ async def test_writes_fail_after_the_bound_then_service_recovers(
     await wait_ready(log)
     xadds = await _xadd_calls(server)
     with pytest.raises(TokenLogUnavailable) as again:  # the broken stream stays broken
-        await asyncio.wait_for(log.write_step([write("a", entry(1, 2))]), HANG_S)
+        await asyncio.wait_for(log.write_step([write("a", entry(1, 2))]), HANG_GUARD_S)
     # ... at once: refused from the node's own record of broken streams, without
     # a write to Redis (that could be retried, or append after the gap)
     assert again.value.stream_ids == ("a",) and again.value.__cause__ is None
@@ -107,7 +104,7 @@ async def test_a_hang_shorter_than_the_bound_is_absorbed(
         asyncio.get_running_loop().call_later(0.5, server.resume)
         started = time.monotonic()
         # retried until redis answers again (raising would mean the bound passed)
-        await asyncio.wait_for(log.write_step([write("a", entry(1, 2))]), HANG_S)
+        await asyncio.wait_for(log.write_step([write("a", entry(1, 2))]), HANG_GUARD_S)
         assert time.monotonic() - started >= 0.4  # it did wait out the hang
         await log.write_step([write("a", entry(2, 3), finish(3))])
         assert await collect(logs[1].read("a", 0)) == [*chunks([0, 1, 2, 3]), finish(3)]
@@ -142,12 +139,15 @@ async def test_remote_reader_is_told_when_redis_stays_down(
     writer, reader = logs
     await writer.create_stream(live_info("a"))
     await writer.write_step([write("a", entry(0, 1))])
-    follower = asyncio.create_task(collect(reader.read("a", 0)))
-    await asyncio.sleep(0.2)  # replayed, now in the tailer's XREAD
+    follower = Follower(reader.read("a", 0))
+    await wait_until(
+        lambda: follower.received and reader._tailer._subs,
+        "the reader to replay, then follow in the tailer's XREAD",
+    )
     server.kill()
     started = time.monotonic()
     with pytest.raises(TokenLogUnavailable) as told:
-        await asyncio.wait_for(follower, HANG_S)
+        await asyncio.wait_for(follower.task, HANG_GUARD_S)
     # by the tailer, once Redis stayed unreachable for the bound (a lower bound)
     assert "redis unreachable" in str(told.value)
     assert time.monotonic() - started >= BOUND_S
@@ -155,9 +155,11 @@ async def test_remote_reader_is_told_when_redis_stays_down(
     await wait_ready(writer)
     await writer.create_stream(live_info("b"))
     tail = asyncio.create_task(collect(reader.read("b", 0)))
-    await asyncio.sleep(0.1)
+    await wait_until(
+        lambda: reader._keys.log("b") in reader._tailer._subs, "the new reader to follow in the tailer"
+    )
     await writer.write_step([write("b", entry(0, 1), finish(1))])
-    assert await asyncio.wait_for(tail, 5) == [entry(0, 1), finish(1)]
+    assert await asyncio.wait_for(tail, HANG_GUARD_S) == [entry(0, 1), finish(1)]
 
 
 async def kill_client_connections(server: RedisServer) -> None:

@@ -17,7 +17,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from bargein.session.errors import StreamTruncated, TokenLogUnavailable
 from bargein.session.streams.log import LogEntry, StreamEnd
 from bargein.session.streams.log.redis_streams import RedisLogConfig, RedisTokenLog
-from tests.session.log_helpers import chunks, collect, entry, finish, live_info, write
+from tests.session.log_helpers import Follower, chunks, collect, entry, finish, live_info, write
+from tests.waiting import HANG_GUARD_S, wait_until, wait_until_async
 
 pytestmark = pytest.mark.redis
 
@@ -46,6 +47,14 @@ async def make_log(redis_server: str) -> AsyncIterator[MakeLog]:
     yield make
     for log in opened:
         await log.close()
+
+
+async def blocked_on(reader: RedisTokenLog, raw: Redis, sids: list[str]) -> bool:
+    """The reader's tailer follows exactly ``sids`` and its XREAD is blocked in Redis."""
+    if set(reader._tailer._subs) != {reader._keys.log(sid) for sid in sids}:
+        return False
+    clients = await raw.client_list()
+    return any(c["cmd"] == "xread" and "b" in c.get("flags", "") for c in clients)
 
 
 async def command_calls(raw: Redis, command: str) -> int:
@@ -97,13 +106,13 @@ async def test_local_readers_are_fed_without_redis_reads(make_log: MakeLog, raw:
     log = make_log()
     await log.create_stream(live_info("fan"))
     await log.write_step([write("fan", entry(0, 1))])
-    readers = [asyncio.create_task(collect(log.read("fan", 1))) for _ in range(10)]
-    await asyncio.sleep(0.05)
+    # counted before the readers start: none of their reads, from the first, goes to Redis
     before = [await command_calls(raw, c) for c in ("xrange", "xread", "hgetall")]
+    readers = [asyncio.create_task(collect(log.read("fan", 1))) for _ in range(10)]
     for e in chunks(list(range(1, 21))):
         await log.write_step([write("fan", e)])
     await log.write_step([write("fan", f=finish(20))])
-    results = await asyncio.wait_for(asyncio.gather(*readers), 10)
+    results = await asyncio.wait_for(asyncio.gather(*readers), HANG_GUARD_S)
     assert all(r == [*chunks(list(range(1, 21))), finish(20)] for r in results)
     assert [await command_calls(raw, c) for c in ("xrange", "xread", "hgetall")] == before
 
@@ -114,30 +123,35 @@ async def test_remote_readers_share_one_blocking_read(make_log: MakeLog, raw: Re
     for sid in sids:
         await writer.create_stream(live_info(sid))
     tasks = [asyncio.create_task(collect(reader.read(sid, 0))) for sid in sids]
-    for _ in range(100):  # until every reader has replayed and waits on the tailer
-        await asyncio.sleep(0.05)
-        if (
+
+    async def all_wait_on_the_tailer() -> bool:
+        return (
             sum(map(len, reader._tailer._subs.values())) == len(sids)
-            and (await raw.info("clients"))["blocked_clients"]
-        ):
-            break
+            and (await raw.info("clients"))["blocked_clients"] > 0
+        )
+
+    await wait_until_async(all_wait_on_the_tailer, "every reader to replay and wait on the tailer's XREAD")
     clients = await raw.client_list()
     assert sum(1 for c in clients if c["cmd"] == "xread") == 1  # not one per reader
     await writer.write_step([write(sid, entry(0, 3), finish(3)) for sid in sids])
-    results = await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    results = await asyncio.wait_for(asyncio.gather(*tasks), HANG_GUARD_S)
     assert all(r == [entry(0, 3), finish(3)] for r in results)
 
 
-async def test_remote_reader_joins_a_blocked_read_at_once(make_log: MakeLog) -> None:
-    writer, reader = make_log("node-a"), make_log("node-b", block_ms=30_000)
+async def test_remote_reader_joins_a_blocked_read_at_once(make_log: MakeLog, raw: Redis) -> None:
+    # XREAD BLOCK past the hang guard: a reader left to wait out the read in
+    # progress fails the test, one that joins it gets its entries at once
+    writer, reader = make_log("node-a"), make_log("node-b", block_ms=int(2 * HANG_GUARD_S * 1000))
     for sid in ("first", "second"):
         await writer.create_stream(live_info(sid))
     first = asyncio.create_task(collect(reader.read("first", 0)))
-    await asyncio.sleep(0.1)  # the tailer is now blocked on "first" only
+    await wait_until_async(lambda: blocked_on(reader, raw, ["first"]), 'the tailer to block on "first" only')
     second = asyncio.create_task(collect(reader.read("second", 0)))
-    await asyncio.sleep(0.1)
+    await wait_until_async(
+        lambda: blocked_on(reader, raw, ["first", "second"]), "the tailer to block on both"
+    )
     await writer.write_step([write("second", entry(0, 1), finish(1))])
-    assert await asyncio.wait_for(second, 5) == [entry(0, 1), finish(1)]  # well under block_ms
+    assert await asyncio.wait_for(second, HANG_GUARD_S) == [entry(0, 1), finish(1)]
     first.cancel()
     await asyncio.gather(first, return_exceptions=True)
 
@@ -152,9 +166,9 @@ async def test_cancelled_readers_leave_the_pool_healthy(make_log: MakeLog) -> No
     rng = random.Random(5)
     for _ in range(40):  # cancel replays and live follows at random points
         task = asyncio.create_task(collect(reader.read("long", rng.randrange(0, 2000))))
-        await asyncio.sleep(rng.uniform(0, 0.01))
+        await asyncio.sleep(rng.uniform(0, 0.01))  # a random moment of the read: what is tested
         if task.cancel():
-            await asyncio.wait([task], timeout=5)
+            await asyncio.wait([task], timeout=HANG_GUARD_S)
             assert task.cancelled()  # a cancellation is never swallowed
     infos = await asyncio.gather(*(reader.info(f"p{i % 3}") for i in range(60)))
     assert [i.principal for i in infos if i] == [f"principal-p{i % 3}" for i in range(60)]
@@ -169,14 +183,14 @@ async def test_lost_stream_is_reported_and_cleaned(make_log: MakeLog, raw: Redis
     for sid in ("kept", "lost"):
         await log.create_stream(live_info(sid))
     await log.write_step([write("kept", entry(0, 1)), write("lost", entry(0, 1))])
-    follower = asyncio.create_task(collect(log.read("lost", 0)))
-    await asyncio.sleep(0.05)
+    follower = Follower(log.read("lost", 0))
+    await wait_until(lambda: follower.received, "the reader to follow the stream")
     await raw.delete(*await raw.keys("*{lost}*"))  # what a restart without persistence does
     with pytest.raises(TokenLogUnavailable) as raised:
         await log.write_step([write("kept", entry(1, 2)), write("lost", entry(1, 2))])
     assert raised.value.stream_ids == ("lost",)
     with pytest.raises(TokenLogUnavailable):
-        await asyncio.wait_for(follower, 5)  # its reader is told, not left waiting
+        await asyncio.wait_for(follower.task, HANG_GUARD_S)  # its reader is told, not left waiting
     assert await raw.keys("*{lost}*") == []  # no partial keys left behind
     with pytest.raises(TokenLogUnavailable) as raised:  # the broken stream is refused ...
         await log.write_step([write("lost", entry(2, 3)), write("kept", entry(2, 3), finish(3))])
@@ -193,7 +207,7 @@ async def test_a_resumed_reader_on_another_node_sees_every_token_once(make_log: 
     async def produce() -> None:
         for e in chunks(bounds):
             await writer.write_step([write("resume", e)])
-            await asyncio.sleep(0.001)
+            await asyncio.sleep(0.001)  # a step's pace: the reader drops and resumes while it writes
         await writer.write_step([write("resume", f=finish(300))])
 
     producer = asyncio.create_task(produce())
@@ -242,17 +256,14 @@ async def test_an_error_reply_reaches_readers_as_unavailable(make_log: MakeLog, 
     for sid in ("clash", "other"):
         await writer.create_stream(live_info(sid))
     follower = asyncio.create_task(collect(reader.read("clash", 0)))
-    for _ in range(100):  # until it waits on the tailer's XREAD
-        await asyncio.sleep(0.05)
-        if reader._tailer._subs:
-            break
+    await wait_until(lambda: reader._tailer._subs, "the reader to wait on the tailer's XREAD")
     log_key = next(k for k in await raw.keys("*{clash}*") if k.endswith(b":meta")).replace(b":meta", b":log")
     await raw.set(log_key, "not a stream")  # another program clobbered the key
     other = asyncio.create_task(collect(reader.read("other", 0)))  # wakes the tailer: its XREAD fails
     with pytest.raises(TokenLogUnavailable):  # the followers are told (all of the node's: which
-        await asyncio.wait_for(follower, 10)  # key failed is not in the error), none left waiting
+        await asyncio.wait_for(follower, HANG_GUARD_S)  # key failed is not in the error), none left waiting
     with pytest.raises(TokenLogUnavailable):
-        await asyncio.wait_for(other, 10)
+        await asyncio.wait_for(other, HANG_GUARD_S)
     with pytest.raises(TokenLogUnavailable):
         await collect(reader.read("clash", 0))
 
@@ -265,16 +276,13 @@ async def test_a_follower_is_told_when_the_log_vanishes_under_it(make_log: MakeL
     await writer.create_stream(live_info("gone"))
     await writer.write_step([write("gone", entry(0, 3))])
     follower = asyncio.create_task(collect(reader.read("gone", 3)))
-    for _ in range(100):  # until it waits on the tailer's XREAD
-        await asyncio.sleep(0.05)
-        if reader._tailer._subs:
-            break
+    await wait_until(lambda: reader._tailer._subs, "the reader to wait on the tailer's XREAD")
     assert not follower.done()
     await raw.delete(reader._keys.log("gone"))
     with pytest.raises(StreamTruncated):
-        await asyncio.wait_for(follower, 10)  # a hang guard, not a latency bound
+        await asyncio.wait_for(follower, HANG_GUARD_S)  # a hang guard, not a latency bound
     with pytest.raises(StreamTruncated):  # and a new reader is refused at once
-        await asyncio.wait_for(collect(reader.read("gone", 3)), 10)
+        await asyncio.wait_for(collect(reader.read("gone", 3)), HANG_GUARD_S)
 
 
 async def test_an_ended_stream_whose_log_stops_short_of_its_end_is_truncated(
@@ -287,7 +295,7 @@ async def test_an_ended_stream_whose_log_stops_short_of_its_end_is_truncated(
     await writer.write_step([write("short", f=finish(6))])
     await raw.xdel(reader._keys.log("short"), "6-0", "6-1")  # the meta still says end 6
     with pytest.raises(StreamTruncated) as raised:
-        await asyncio.wait_for(collect(reader.read("short", 0)), 10)
+        await asyncio.wait_for(collect(reader.read("short", 0)), HANG_GUARD_S)
     assert raised.value.missing_from == 4
     # With nothing missing for it, a reader is served the end the metadata holds.
     assert await collect(reader.read("short", 6)) == [finish(6)]

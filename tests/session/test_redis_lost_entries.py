@@ -21,10 +21,10 @@ from bargein.session.errors import StreamNotFound, StreamTruncated
 from bargein.session.streams.log import TRUNCATED_CODE, EndError, MemoryTokenLog, StreamEnd, TokenLog
 from bargein.session.streams.log.redis_streams import RedisLogConfig, RedisTokenLog
 from tests.session.log_helpers import chunks, collect, finish, live_info, write
+from tests.waiting import HANG_GUARD_S
 
 pytestmark = pytest.mark.redis
 
-HANG_GUARD_S = 10.0  # a lost log is reported at once: this only stops a hang
 BOUNDS = [0, 2, 4, 6, 8, 10]
 _prefixes = itertools.count()
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,8 +23,10 @@ from bargein.session.conversation.config import SessionConfig
 from bargein.session.conversation.state import GenerationFinished, Message, Submit, SubmitFailed, Submitted
 from bargein.session.errors import TokenLogUnavailable
 from bargein.session.runtime.admission import Admission, AdmissionConfig
+from bargein.session.runtime.one_at_a_time import OneAtATime
 from bargein.session.runtime.service import Owner, Service
 from bargein.session.streams.log import LogEntry, MemoryTokenLog, StreamEnd, StreamInfo, StreamWrite
+from tests.waiting import HANG_GUARD_S, wait_until, wait_until_async
 
 
 class ChatTemplate:
@@ -90,6 +93,16 @@ class CountingLog(MemoryTokenLog):
         await super().write_step(writes)
 
 
+def logged_to(log: MemoryTokenLog, stream_id: str, end: int) -> Callable[[], Awaitable[bool]]:
+    """A condition for :func:`wait_until_async`: the log holds ``stream_id``'s tokens up to ``end``."""
+
+    async def logged() -> bool:
+        info = await log.info(stream_id)
+        return info is not None and info.end >= end
+
+    return logged
+
+
 def out(request_id: str, n: int, text: str, finished: bool = False) -> RequestOutput:
     return RequestOutput(
         request_id=request_id,
@@ -124,8 +137,7 @@ async def test_each_engine_step_is_one_log_write_and_finishes_reach_the_owner() 
             [out("b", 2, "", finished=True)],
         ]
     )
-    while len(finished) < 2:
-        await asyncio.sleep(0.01)
+    await wait_until(lambda: len(finished) == 2, "both finishes to reach the owner")
     await service.stop()
     assert [[w.stream_id for w in step] for step in log.writes] == [["a", "b"], ["a", "b"], ["b"]]
     assert log.writes[1][0] == StreamWrite(
@@ -159,8 +171,7 @@ async def test_abort_reaches_the_engine_and_its_latency_is_recorded() -> None:
         finish_reason=FinishReason.INTERRUPTED,
     )
     engine.run_steps([[final]])
-    while service.num_interrupts == 0:
-        await asyncio.sleep(0.01)
+    await wait_until(lambda: service.num_interrupts, "the interrupt to be recorded")
     await service.stop()
     assert len(service.interrupt_latencies_s) == 1
     assert (await log.info("s")).finish.finish_reason == "interrupted"  # type: ignore[union-attr]
@@ -183,8 +194,7 @@ async def test_a_barge_in_keeps_the_kv_of_the_prompt_and_the_heard_tokens() -> N
     (request,) = engine.requests
     assert request.cache_salt == "key:a"
     engine.run_steps([[out("s", 0, "Once")], [out("s", 1, " upon")], [out("s", 2, " a")]])
-    while (await log.info("s")).end < 3:  # type: ignore[union-attr]
-        await asyncio.sleep(0.01)
+    await wait_until_async(logged_to(log, "s", 3), "the three tokens in the log")
     service.abort("s", FinishReason.INTERRUPTED, requested_at=service.clock(), kept_chars=7)  # "Once up"
     service.abort("s", FinishReason.INTERRUPTED, requested_at=service.clock())
     prompt = len(request.prompt_token_ids)
@@ -237,8 +247,7 @@ async def test_nothing_is_logged_once_a_cancel_is_accepted() -> None:
     )
     await service.submit(submit, Owner(principal="p", session_id="sess", on_finish=finished.append), 0.0)
     engine.run_steps([[out("s", 0, "Hel")], [out("s", 1, "lo")]])
-    while len(log.writes) < 2:
-        await asyncio.sleep(0.01)
+    await wait_until(lambda: len(log.writes) == 2, "both steps in the log")
     service.abort("s", FinishReason.INTERRUPTED, requested_at=service.clock())
     in_flight = RequestOutput(
         request_id="s",
@@ -250,8 +259,7 @@ async def test_nothing_is_logged_once_a_cancel_is_accepted() -> None:
         finish_reason=FinishReason.LENGTH,
     )
     engine.run_steps([[in_flight]])
-    while not finished:
-        await asyncio.sleep(0.01)
+    await wait_until(lambda: finished, "the finish to reach the owner")
     await service.stop()
     items = [item async for item in log.read("s", 0)]
     assert [i.end for i in items if isinstance(i, LogEntry)] == [1, 2]
@@ -282,10 +290,28 @@ class BlockingTemplate:
         return [1, 2, 3]
 
 
+class WatchedTurns(OneAtATime):
+    """The service's one-tokenization-per-connection gate, counting per key the
+    submits that asked for their turn and those that got it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: Counter[str] = Counter()
+        self.got: Counter[str] = Counter()
+
+    @asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        self.asked[key] += 1
+        async with super().hold(key):
+            self.got[key] += 1
+            yield
+
+
 async def test_one_connection_tokenizes_one_prompt_at_a_time() -> None:
     engine, log = ThreadedEngine(), CountingLog()
     engine.tokenizer = BlockingTemplate()  # type: ignore[assignment]
     service = Service(engine, log, SessionConfig(), secret=b"k")
+    turns = service._tokenizing = WatchedTurns()
     await service.start()
 
     def submit(n: int, connection: str) -> Any:
@@ -298,27 +324,22 @@ async def test_one_connection_tokenizes_one_prompt_at_a_time() -> None:
         return service.submit(action, Owner(principal="p", session_id=connection), 0.0)
 
     pending = [asyncio.ensure_future(submit(n, conn)) for n, conn in enumerate(["a", "a", "a", "b", "b"])]
-    while sum(engine.tokenizer.running.values()) < 2:  # "a" and "b" both started
-        await asyncio.sleep(0.01)
-    await asyncio.sleep(0.1)  # a second render of "a" or "b" would have started by now
+    # The moment has passed once all five asked for their turn (from then on each
+    # either renders or waits) and one render of each connection runs.
+    await wait_until(
+        lambda: turns.asked == {"a": 3, "b": 2} and engine.tokenizer.running.keys() == {"a", "b"},
+        "all five submits at the gate, a render of each connection running",
+    )
+    assert turns.got == {"a": 1, "b": 1}  # the others wait their turn: none of them went on to render
     engine.tokenizer.release.set()
     results = await asyncio.gather(*pending)
     await service.stop()
     assert all(isinstance(r, Submitted) for r in results)
+    assert turns.got == {"a": 3, "b": 2}
     assert engine.tokenizer.most == {"a": 1, "b": 1}
 
 
 # ---- fault injection: the step writer (issue 24) ------------------------------------
-
-HANG_GUARD_S = 30.0  # bounds waits for a state; never a timing assertion
-
-
-async def wait_for(condition: Any, what: str) -> None:
-    """Poll ``condition()`` until true; fail (not hang) after HANG_GUARD_S."""
-    deadline = time.monotonic() + HANG_GUARD_S
-    while not condition():
-        assert time.monotonic() < deadline, f"still waiting for {what}"
-        await asyncio.sleep(0.01)
 
 
 async def read_all(log: MemoryTokenLog, stream_id: str) -> list[LogEntry | StreamEnd]:
@@ -380,7 +401,7 @@ async def test_a_crashed_writer_fails_the_steps_streams_and_restarts(monkeypatch
     assert isinstance(await submit_one(service, "b", finished), Submitted)
     engine.run_steps([[out("b", 0, "Yo", finished=True)]])
     assert [i.text for i in await read_all(log, "b") if isinstance(i, LogEntry)] == ["Yo"]
-    await wait_for(lambda: not service.health.not_ready(), "the writer to report healthy")
+    await wait_until(lambda: not service.health.not_ready(), "the writer to report healthy")
     await service.stop()
 
 
@@ -435,5 +456,5 @@ async def test_a_log_that_refuses_every_write_reports_the_writer_and_ends_its_re
     await submit_one(service, "b")
     engine.run_steps([[out("b", 0, "Yo", finished=True)]])
     assert isinstance((await read_all(log, "b"))[-1], StreamEnd)
-    await wait_for(lambda: not service.health.not_ready(), "the writer to report healthy")
+    await wait_until(lambda: not service.health.not_ready(), "the writer to report healthy")
     await service.stop()

@@ -22,11 +22,11 @@ from bargein.session.streams.log import MemoryTokenLog, StreamEnd, StreamWrite
 from bargein.session.voice_runtime.speaker import Speaker
 from tests.session.test_delivery import BrokenReadLog, new_stream, step
 from tests.session.voice_fakes import FakeSynth
+from tests.waiting import HANG_GUARD_S, wait_until
 
 RATE = 24000
 MS_PER_CHAR = 20  # FakeSynth's 480 samples a character at 24 kHz
 TEXT = "Paris is the capital of France. It sits on the Seine, a long river; boats go by."
-HANG_GUARD_S = 30.0
 
 
 class Wire:
@@ -117,12 +117,11 @@ async def test_no_audio_goes_out_after_stop_and_audio_done_ends_at_the_last_delt
     s = speaker(wire, FakeSynth())
     wire.fed = len(TEXT)
     s.feed(TEXT)
-    while len(wire.audio()) < 2:
-        await asyncio.sleep(0.001)
+    await wait_until(lambda: len(wire.audio()) == 2, "the second delta on the slow wire")
     s.stop()  # a barge-in while the second delta is being written
     sent = len(wire.audio())
     wire.gate.set()
-    await asyncio.sleep(0.05)
+    # finish() returns once the worker has ended: whatever it would still send is sent by then
     await asyncio.wait_for(s.finish(), HANG_GUARD_S)
     assert len(wire.audio()) == sent
     done = wire.events[-1]
@@ -138,12 +137,11 @@ async def test_a_stop_during_synthesis_sends_no_audio_of_it() -> None:
     synth.gate.clear()
     s = speaker(wire, synth)
     s.feed(TEXT)
-    while not synth.texts:
-        await asyncio.sleep(0.001)
+    await wait_until(lambda: synth.texts, "the synthesis to start")
     s.stop()
     synth.gate.set()
     await asyncio.wait_for(s.finish(), HANG_GUARD_S)
-    await asyncio.sleep(0.05)  # the synthesis thread ends; nothing of it goes out
+    await wait_until(lambda: synth.finished, "the synthesis thread to end")  # nothing of it goes out
     assert wire.events == [pe.ResponseAudioDone(response_id="r1", stream_id="s1", end_ms=0)]
     assert s.cut_chars(None) == 0
 
@@ -287,10 +285,21 @@ async def test_an_interrupted_response_sends_its_audio_done_then_its_done() -> N
     await new_stream(log)
     wire = Wire()
     s = speaker(wire, FakeSynth())
-    task = asyncio.create_task(delivery(log, wire, s).run())
+    fed: list[str] = []  # the delivery feeds the speaker what it hands on_delivered, at once
+    task = asyncio.create_task(
+        Delivery(
+            log,
+            response_id="r1",
+            stream_id="s1",
+            from_offset=0,
+            send=wire.send,
+            speaker=s,
+            on_delivered=fed.append,
+        ).run()
+    )
     for i in range(3):
         await log.write_step(step(i))
-    await asyncio.sleep(0.05)
+    await wait_until(lambda: "".join(fed) == "".join(WORDS[:3]), "three words fed to the speaker")
     s.stop()  # a barge-in, before the sentence ends: nothing of it spoken
     for i in range(3, len(WORDS)):
         await log.write_step(step(i))
@@ -320,10 +329,19 @@ async def test_a_delivery_cancelled_while_its_audio_is_synthesized_is_cancelled(
     wire = Wire()
     synth = FakeSynth()
     synth.gate.clear()
-    task = asyncio.create_task(delivery(log, wire, speaker(wire, synth)).run())
-    while not synth.texts:  # the delivery waits in Speaker.finish for the synthesis
-        await asyncio.sleep(0.001)
-    await asyncio.sleep(0.01)
+    s = speaker(wire, synth)
+    finishing = asyncio.Event()
+    finish = s.finish
+
+    async def noted_finish() -> None:
+        finishing.set()
+        await finish()
+
+    s.finish = noted_finish  # type: ignore[method-assign]
+    task = asyncio.create_task(delivery(log, wire, s).run())
+    await wait_until(lambda: synth.texts, "the synthesis to start")
+    # the delivery waits in Speaker.finish for the synthesis
+    await asyncio.wait_for(finishing.wait(), HANG_GUARD_S)
     task.cancel()  # the connection closed
     try:
         await asyncio.wait_for(asyncio.shield(task), HANG_GUARD_S)

@@ -6,8 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -17,15 +16,7 @@ from bargein.session.streams.log import LogEntry, StreamEnd
 from bargein.session.streams.log.redis_streams import RedisLogConfig, RedisTokenLog
 from bargein.session.supervise import TaskHealth, supervised
 from tests.session.log_helpers import entry, finish, live_info, write
-
-HANG_GUARD_S = 30.0  # bounds waits for a state; never a timing assertion
-
-
-async def wait_until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + HANG_GUARD_S
-    while not condition():
-        assert time.monotonic() < deadline, f"still waiting for {what}"
-        await asyncio.sleep(0.01)
+from tests.waiting import HANG_GUARD_S, wait_until
 
 
 async def test_a_crash_is_logged_cleaned_up_reported_and_restarted(caplog: pytest.LogCaptureFixture) -> None:

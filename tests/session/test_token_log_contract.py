@@ -34,6 +34,7 @@ from bargein.session.streams.log.redis_client import open_client
 from bargein.session.streams.log.redis_streams import RedisLogConfig, RedisTokenLog
 from tests.session.log_helpers import (
     FakeClock,
+    Follower,
     chunks,
     collect,
     entry,
@@ -41,6 +42,7 @@ from tests.session.log_helpers import (
     live_info,
     write,
 )
+from tests.waiting import HANG_GUARD_S, wait_until
 
 
 class Backend:
@@ -296,10 +298,10 @@ async def test_live_follow_gets_each_step_as_written(log: TokenLog) -> None:
     for e in chunks([0, 2, 3, 6]):
         arrived.clear()
         await log.write_step([write("s1", e)])
-        await asyncio.wait_for(arrived.wait(), 5)
+        await asyncio.wait_for(arrived.wait(), HANG_GUARD_S)
         assert received[-1] == e  # delivered before the next step is written
     await log.write_step([write("s1", f=finish(6))])
-    await asyncio.wait_for(reader, 5)
+    await asyncio.wait_for(reader, HANG_GUARD_S)
     assert received == [*chunks([0, 2, 3, 6]), finish(6)]
 
 
@@ -307,12 +309,16 @@ async def test_concurrent_readers_at_different_offsets(log: TokenLog) -> None:
     await log.create_stream(live_info("s1"))
     await log.write_step([write("s1", entry(0, 3))])
     offsets = [0, 2, 3, 5, 3, 0]
-    readers = [asyncio.create_task(collect(log.read("s1", o))) for o in offsets]
-    await asyncio.sleep(0.05)
+    readers = [Follower(log.read("s1", o)) for o in offsets]
+    # the readers behind the end replayed it; those at or past it (no replay) started before them
+    await wait_until(
+        lambda: all(r.received for r, o in zip(readers, offsets) if o < 3),
+        "the readers behind the end to replay",
+    )
     for e in chunks([3, 5, 8]):
         await log.write_step([write("s1", e)])
     await log.write_step([write("s1", f=finish(8))])
-    results = await asyncio.wait_for(asyncio.gather(*readers), 10)
+    results = await asyncio.wait_for(asyncio.gather(*(r.task for r in readers)), HANG_GUARD_S)
     everything = [*chunks([0, 3, 5, 8]), finish(8)]
     for offset, events in zip(offsets, results):
         assert events == [e for e in everything if isinstance(e, StreamEnd) or e.end > offset]
@@ -370,21 +376,25 @@ async def test_write_after_finish_raises(log: TokenLog) -> None:
 async def test_from_past_live_end_waits_then_reads(log: TokenLog) -> None:
     await log.create_stream(live_info("s1"))
     reader = asyncio.create_task(collect(log.read("s1", 3)))
+    probe = Follower(log.read("s1", 0))  # started after the reader, woken by the same writes
     await log.write_step([write("s1", entry(0, 2))])
-    await asyncio.sleep(0.05)
+    await wait_until(lambda: probe.received == [entry(0, 2)], "a reader from 0 to get the write")
     assert not reader.done()
     await log.write_step([write("s1", entry(2, 5))])
     await log.write_step([write("s1", f=finish(5))])
-    assert await asyncio.wait_for(reader, 5) == [entry(2, 5), finish(5)]
+    assert await asyncio.wait_for(reader, HANG_GUARD_S) == [entry(2, 5), finish(5)]
 
 
 async def test_live_stream_ending_before_from_is_out_of_range(log: TokenLog) -> None:
     await log.create_stream(live_info("s1"))
     reader = asyncio.create_task(collect(log.read("s1", 9)))
-    await asyncio.sleep(0.05)
-    await log.write_step([write("s1", entry(0, 2), finish(2))])
+    probe = Follower(log.read("s1", 0))  # started after the reader, woken by the same writes
+    await log.write_step([write("s1", entry(0, 1))])
+    await wait_until(lambda: probe.received, "a reader from 0 to get the first write")
+    assert not reader.done()  # it waits: the stream is live
+    await log.write_step([write("s1", entry(1, 2), finish(2))])
     with pytest.raises(OffsetOutOfRange):
-        await asyncio.wait_for(reader, 5)
+        await asyncio.wait_for(reader, HANG_GUARD_S)
 
 
 async def test_text_and_ids_round_trip(log: TokenLog) -> None:
@@ -397,11 +407,11 @@ async def test_text_and_ids_round_trip(log: TokenLog) -> None:
 async def test_cancelled_reader_leaves_log_usable(log: TokenLog) -> None:
     await log.create_stream(live_info("s1"))
     await log.write_step([write("s1", entry(0, 1))])
-    readers = [asyncio.create_task(collect(log.read("s1", 0))) for _ in range(5)]
-    await asyncio.sleep(0.1)
-    for reader in readers:
-        reader.cancel()
-    await asyncio.gather(*readers, return_exceptions=True)
+    followers = [Follower(log.read("s1", 0)) for _ in range(5)]
+    await wait_until(lambda: all(f.received for f in followers), "the readers to read and wait for more")
+    for follower in followers:
+        follower.task.cancel()
+    await asyncio.gather(*(f.task for f in followers), return_exceptions=True)
     await log.write_step([write("s1", entry(1, 2), finish(2))])
     assert await collect(log.read("s1", 0)) == [*chunks([0, 1, 2]), finish(2)]
     assert await log.ping()
@@ -452,8 +462,6 @@ async def test_sessions_saved_loaded_and_expire(backend: Backend) -> None:
 
 
 # ---- a log that lost entries (trimmed, evicted, expired) --------------------------
-
-HANG_GUARD_S = 10  # a lost log must be reported, never waited on: this only stops a hang
 
 
 async def read_error(log: TokenLog, sid: str, from_offset: int) -> BaseException:

@@ -17,6 +17,7 @@ from tests.session.log_helpers import (
     live_info,
     write,
 )
+from tests.waiting import HANG_GUARD_S
 
 
 async def test_a_stream_that_never_ends_is_dropped_after_its_live_ttl() -> None:
@@ -30,7 +31,7 @@ async def test_a_stream_that_never_ends_is_dropped_after_its_live_ttl() -> None:
     clock.advance(2)
     assert await log.info("orphan") is None
     with pytest.raises(StreamNotFound):
-        await asyncio.wait_for(follower, 1)  # its reader is told, not left waiting
+        await asyncio.wait_for(follower, HANG_GUARD_S)  # its reader is told, not left waiting
 
 
 async def test_saving_one_session_again_and_again_keeps_one_expiry_for_it() -> None:
@@ -76,7 +77,7 @@ async def test_close_wakes_readers_and_refuses_calls() -> None:
     await asyncio.sleep(0)
     await log.close()
     with pytest.raises(TokenLogUnavailable):
-        await asyncio.wait_for(follower, 1)
+        await asyncio.wait_for(follower, HANG_GUARD_S)
     assert not await log.ping()
     with pytest.raises(TokenLogUnavailable):
         await log.write_step([write("s", entry(0, 1))])

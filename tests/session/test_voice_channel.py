@@ -21,7 +21,7 @@ import pytest
 from bargein.engine.request import FinishReason
 from bargein.protocol import events as pe
 from bargein.session.conversation.config import SessionConfig
-from bargein.session.conversation.state import Message
+from bargein.session.conversation.state import Message, State
 from bargein.session.voice_runtime.config import VoiceConfig
 from bargein.voice.audio import pcm16_to_float
 from tests.session.voice_fakes import Client as VoiceClient
@@ -35,6 +35,7 @@ from tests.session.voice_fakes import (
     stop,
     voice_service,
 )
+from tests.waiting import HANG_GUARD_S, wait_until_async
 
 NO_SPECULATION = VoiceConfig(speculate=False)
 STORY = ["Once", " upon", " a", " time,", " a", " dragon", " slept.", " It", " dreamt", " of", " gold."]
@@ -423,7 +424,8 @@ async def test_interrupting_a_spoken_answer_with_a_response_create_keeps_what_wa
         )
         await c.wait_until(lambda: c.engine.aborted, "interrupted")
         c.generate(created.stream_id, finish=FinishReason.INTERRUPTED)  # the engine's next step
-        await asyncio.wait_for(shorter, 5)  # not held up by the synthesis of the rest
+        # not held up by the synthesis of the rest (whose gate outlasts this guard)
+        await asyncio.wait_for(shorter, HANG_GUARD_S)
         c.models.synthesizer.gate.set()
         await c.wait_for(pe.ResponseCreated, 2)
         assistant = conversation(c)[-2]
@@ -454,13 +456,21 @@ def shows(events: list[Any], stream_id: str) -> list[Any]:
     return [e for e in events if getattr(e, "stream_id", None) == stream_id]
 
 
+async def after_the_lock(c: VoiceClient) -> None:
+    """A ping, answered: its pong comes after all the connection did under its
+    lock before it (where a speculative answer is held or shown)."""
+    pongs = len(c.of(pe.Pong))
+    await c.send(type="ping")
+    await c.wait_for(pe.Pong, pongs + 1)
+
+
 async def test_an_answer_started_at_a_pause_is_shown_when_the_turn_ends_there() -> None:
     c = await client(SPECULATE, texts=["Tell me a joke."])
     try:
         await c.voice_session()
         stream_id = await paused(c)
         c.generate(stream_id, "Why", " not?")
-        await asyncio.sleep(0.05)
+        await after_the_lock(c)
         assert not shows(c.events, stream_id)  # held: the turn may go on
         assert not c.of(pe.InputAudioCommitted)
         await c.audio(silence(320))  # the turn ends where the pause began
@@ -513,7 +523,16 @@ async def test_an_answer_started_at_a_pause_leaves_no_trace_when_the_user_goes_o
         await c.voice_session()
         speculative = await paused(c)
         c.generate(speculative, "Sure", finish=FinishReason.STOP if finished else None)
-        await asyncio.sleep(0.05)
+
+        async def generated() -> bool:
+            info = await c.service.log.info(speculative)
+            return info is not None and info.end == 1 and (info.finish is not None) == finished
+
+        await wait_until_async(generated, "the answer's token (and end) in the log")
+        if finished:
+            await c.wait_until(
+                lambda: c.conn.session.state is not State.GENERATING, "its end to reach the session"
+            )
         await c.audio(speech(320))  # the user goes on
         if not finished:
             assert c.engine.aborted == [(speculative, FinishReason.CANCELLED)]
@@ -524,7 +543,7 @@ async def test_an_answer_started_at_a_pause_leaves_no_trace_when_the_user_goes_o
         (created,) = await c.wait_for(pe.ResponseCreated)
         assert created.stream_id != speculative
         assert conversation(c) == [{"role": "user", "content": "Tell me a joke."}]
-        await asyncio.sleep(0.05)
+        await after_the_lock(c)
         assert not shows(c.events, speculative)  # no event of it ever reached the client
         assert len(c.of(pe.InputAudioCommitted)) == 1
     finally:
@@ -582,9 +601,11 @@ async def test_a_disconnect_while_the_answer_at_a_pause_is_submitted_closes_clea
         template.gate.clear()  # type: ignore[attr-defined]
         await c.audio(silence(320) + speech(640) + silence(256))
         await c.wait_until(lambda: template.conversations, "submitting")  # type: ignore[attr-defined]
-        await asyncio.wait_for(c.close(), 5)
+        await asyncio.wait_for(c.close(), HANG_GUARD_S)
+        # close() waited for the connection's voice tasks: none is left to go on submitting
+        assert not [t for t in asyncio.all_tasks() if t.get_name().startswith(("speculate-", "turn-"))]
         template.gate.set()  # type: ignore[attr-defined]
-        await asyncio.sleep(0.05)
+        await c.wait_until(lambda: template.rendered, "the render to return")  # type: ignore[attr-defined]
         assert not c.engine.requests and not c.engine.aborted  # nothing reached the engine
     finally:
         template.gate.set()  # type: ignore[attr-defined]
@@ -607,15 +628,22 @@ async def test_a_client_response_create_does_not_take_a_voice_turns_item_id() ->
                     pe.ResponseCreate(response_id="typed", input=(pe.InputItem(role="user", content="Hi."),))
                 )
             )
-            await asyncio.sleep(0.01)
+            await c.wait_until(
+                lambda: waiting_for(c.conn._lock) == 1, "the typed create to wait for the lock"
+            )
             c.models.transcriber.gate.set()
             await c.wait_for(pe.InputAudioTranscript)
-            await asyncio.sleep(0.01)
+            await c.wait_until(lambda: waiting_for(c.conn._lock) == 2, "the voice turn to wait behind it")
         await typed
         created = {e.response_id: e for e in await c.wait_for(pe.ResponseCreated)}
         assert created["typed"].input_item_id is None
     finally:
         await done(c)
+
+
+def waiting_for(lock: asyncio.Lock) -> int:
+    """How many tasks wait to take ``lock`` (asyncio keeps them in ``_waiters``)."""
+    return len(lock._waiters or ())  # type: ignore[attr-defined]
 
 
 # ---- resume and disconnects ------------------------------------------------------------
@@ -691,12 +719,13 @@ async def test_a_disconnect_while_a_turn_is_transcribed_submits_nothing() -> Non
         c.models.transcriber.gate.clear()
         await c.audio(TURN)
         await c.wait_for(pe.InputAudioCommitted)
-        await asyncio.wait_for(c.conn.close(), 5)
+        await asyncio.wait_for(c.conn.close(), HANG_GUARD_S)
+        # close() waited for the connection's voice tasks: none is left to submit or send
+        assert not [t for t in asyncio.all_tasks() if t.get_name().startswith(("turn-", "speak-"))]
         sent = len(c.events)
         c.models.transcriber.gate.set()
-        await asyncio.sleep(0.1)
+        await c.wait_until(lambda: c.models.transcriber.finished, "the transcription to return")
         assert not c.engine.requests and len(c.events) == sent
-        assert not [t for t in asyncio.all_tasks() if t.get_name().startswith(("turn-", "speak-"))]
     finally:
         await stop(c.service)
 
@@ -709,12 +738,14 @@ async def test_a_disconnect_while_an_answer_is_spoken_stops_its_delivery() -> No
         c.models.synthesizer.gate.clear()
         c.generate(created.stream_id, *STORY[7:], finish=FinishReason.STOP)
         await c.wait_until(lambda: text_of(c) == "".join(STORY), "delivered")
-        await asyncio.wait_for(c.conn.close(), 5)  # used to wait for the synthesis
+        # used to wait for the synthesis (whose gate outlasts this guard)
+        await asyncio.wait_for(c.conn.close(), HANG_GUARD_S)
+        # close() waited for the connection's tasks: none is left to send
+        assert not [t for t in asyncio.all_tasks() if t.get_name().startswith(("deliver-", "speak-"))]
         sent = len(c.events)
         c.models.synthesizer.gate.set()
-        await asyncio.sleep(0.1)
+        await c.wait_until(lambda: c.models.synthesizer.finished, "the synthesis to return")
         assert len(c.events) == sent
-        assert not [t for t in asyncio.all_tasks() if t.get_name().startswith(("deliver-", "speak-"))]
     finally:
         await stop(c.service)
 

@@ -38,10 +38,13 @@ from bargein.session.voice_runtime.audio_input import VoiceRuntime
 from bargein.session.voice_runtime.config import VoiceConfig
 from bargein.voice.tts import Speech, Timing, WordEnd
 from tests.session.test_service import CountingLog, ThreadedEngine
+from tests.waiting import HANG_GUARD_S, wait_until
 
 RATE = 16000  # the tests' input rate: no resampling
 FRAME_MS = 32
-GATE_TIMEOUT_S = 30.0  # a hang guard, never a timing assumption
+# A hang guard, never a timing assumption; past HANG_GUARD_S, so that a test
+# that waits for a gate's thread to go on fails at its own guard first.
+GATE_TIMEOUT_S = 2 * HANG_GUARD_S
 
 
 def speech(ms: int) -> bytes:
@@ -94,15 +97,19 @@ class FakeTranscriber:
         self.heard: list[int] = []  # samples of each call, in order
         self.started = threading.Event()  # set at each call, before the gate
         self.failures = 0  # the next calls that raise, as a failing Whisper does
+        self.finished = 0  # calls that returned or raised
 
     def transcribe(self, audio: np.ndarray) -> str:
         self.heard.append(len(audio))
         self.started.set()
-        assert self.gate.wait(GATE_TIMEOUT_S), "the test never opened the transcriber's gate"
-        if self.failures:
-            self.failures -= 1
-            raise RuntimeError("can't start new thread")  # voice/stt.py at a pids limit
-        return self.texts.popleft() if self.texts else self.default
+        try:
+            assert self.gate.wait(GATE_TIMEOUT_S), "the test never opened the transcriber's gate"
+            if self.failures:
+                self.failures -= 1
+                raise RuntimeError("can't start new thread")  # voice/stt.py at a pids limit
+            return self.texts.popleft() if self.texts else self.default
+        finally:
+            self.finished += 1
 
 
 class FakeSynth:
@@ -116,16 +123,20 @@ class FakeSynth:
         self.gate.set()
         self.fail: str | None = None  # a text containing it raises
         self.timed: list[str] = []  # texts whose timing alone was asked
+        self.finished: list[str] = []  # texts whose synthesis returned or raised
 
     def synthesize(self, text: str) -> Speech:
         self.texts.append(text)
-        assert self.gate.wait(GATE_TIMEOUT_S), "the test never opened the synthesizer's gate"
-        if self.fail is not None and self.fail in text:
-            raise RuntimeError("injected synthesis failure")
-        words = _words_only(text, self.samples_per_char)
-        if not words:
-            return Speech(audio=np.zeros(0, dtype=np.int16), words=())
-        return Speech(audio=np.full(len(text) * self.samples_per_char, 3000, dtype=np.int16), words=words)
+        try:
+            assert self.gate.wait(GATE_TIMEOUT_S), "the test never opened the synthesizer's gate"
+            if self.fail is not None and self.fail in text:
+                raise RuntimeError("injected synthesis failure")
+            words = _words_only(text, self.samples_per_char)
+            if not words:
+                return Speech(audio=np.zeros(0, dtype=np.int16), words=())
+            return Speech(audio=np.full(len(text) * self.samples_per_char, 3000, dtype=np.int16), words=words)
+        finally:
+            self.finished.append(text)
 
     def timing(self, text: str) -> Timing:
         """:meth:`synthesize`'s length and words without its audio (noted in ``timed``)."""
@@ -155,11 +166,15 @@ class RecordingTemplate:
         self.conversations: list[list[dict[str, str]]] = []
         self.gate = threading.Event()  # tokenizing (in a thread) waits for it
         self.gate.set()
+        self.rendered = 0  # calls that returned or raised
 
     def apply_chat_template(self, conversation: list[dict[str, str]], **kwargs: object) -> list[int]:
         self.conversations.append([dict(m) for m in conversation])
-        assert self.gate.wait(GATE_TIMEOUT_S), "the test never opened the tokenizer's gate"
-        return [1, 2, 3]
+        try:
+            assert self.gate.wait(GATE_TIMEOUT_S), "the test never opened the tokenizer's gate"
+            return [1, 2, 3]
+        finally:
+            self.rendered += 1
 
 
 class Client:
@@ -183,19 +198,20 @@ class Client:
     async def wait_for(
         self, kind: type, count: int = 1, where: Callable[[Any], bool] = lambda e: True
     ) -> list[Any]:
-        for _ in range(3000):
-            found = [e for e in self.of(kind) if where(e)]
-            if len(found) >= count:
-                return found
-            await asyncio.sleep(0.01)
-        raise AssertionError(f"no {count} {kind.__name__} in {[type(e).__name__ for e in self.events]}")
+        """The events of ``kind`` sent so far (those ``where`` accepts), once there are ``count``."""
 
-    async def wait_until(self, predicate: Callable[[], bool], what: str) -> None:
-        for _ in range(3000):
-            if predicate():
-                return
-            await asyncio.sleep(0.01)
-        raise AssertionError(f"never {what}")
+        def found() -> list[Any] | None:
+            events = [e for e in self.of(kind) if where(e)]
+            return events if len(events) >= count else None
+
+        return await wait_until(found, f"{count} {kind.__name__} (sent: {self.kinds()})")
+
+    async def wait_until(self, predicate: Callable[[], object], what: str) -> None:
+        await wait_until(predicate, what)
+
+    def kinds(self) -> list[str]:
+        """The names of the events sent so far, in order."""
+        return [type(e).__name__ for e in self.events]
 
     async def audio(self, pcm: bytes, chunk_ms: int = 32) -> None:
         """``pcm`` as input_audio.append events of ``chunk_ms`` each."""

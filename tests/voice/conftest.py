@@ -6,8 +6,6 @@ machine and fail in CI (tests/needs.py).
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from bargein.voice.models import VoiceModels, load_voice_models
@@ -16,9 +14,7 @@ from tests.needs import voice_stack
 
 @pytest.fixture(scope="session")
 def voice_models() -> VoiceModels:
-    """The VAD, transcriber and synthesizer; prints how long they took to load."""
+    """The VAD, transcriber and synthesizer (how long they take to load:
+    loadtests/voice_models_bench.py)."""
     voice_stack()
-    start = time.perf_counter()
-    models = load_voice_models()
-    print(f"\nvoice models loaded in {time.perf_counter() - start:.2f} s")
-    return models
+    return load_voice_models()

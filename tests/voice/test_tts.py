@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+from typing import NoReturn
 
 import numpy as np
 import pytest
@@ -56,20 +56,23 @@ def test_the_same_text_gives_the_same_speech(synthesizer: Synthesizer, two_sente
     np.testing.assert_array_equal(again.audio, two_sentences.audio)
 
 
+class NoAudio:
+    """Stands in for the model that makes the audio: running it fails the test."""
+
+    def run(self, *args: object, **kwargs: object) -> NoReturn:
+        raise AssertionError("the audio model ran: timing() is to run the durations model alone")
+
+
 @pytest.mark.parametrize("text", [TWO_SENTENCES, "Wait ... what?", "In 1215, King John met them.", "..."])
-def test_timing_gives_synthesis_length_and_word_ends_for_a_fraction_of_its_cpu(
-    synthesizer: Synthesizer, text: str
+def test_timing_gives_synthesis_length_and_word_ends_without_making_the_audio(
+    synthesizer: Synthesizer, text: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     speech = synthesizer.synthesize(text)
+    # The durations alone, far cheaper than the audio: how much is measured by
+    # loadtests/voice_models_bench.py; here, that the audio model never runs.
+    monkeypatch.setattr(synthesizer, "_session", NoAudio())
     timing = synthesizer.timing(text)
     assert (timing.num_samples, timing.words) == (len(speech.audio), speech.words)
-    if speech.words:  # the durations alone: far cheaper than the audio (a tenth or less here)
-        cpu = time.process_time()
-        synthesizer.timing(text)
-        timed = time.process_time() - cpu
-        cpu = time.process_time()
-        synthesizer.synthesize(text)
-        assert timed < (time.process_time() - cpu) / 2
 
 
 @pytest.mark.parametrize("text", ["", "   ", "...", "— …"])
@@ -82,19 +85,6 @@ def test_marks_alone_join_the_word_before(synthesizer: Synthesizer) -> None:
     text = "Wait ... what?"
     speech = synthesizer.synthesize(text)
     assert [w.char_end for w in speech.words] == [len("Wait ..."), len(text)]
-
-
-def test_synthesis_is_much_faster_than_real_time(synthesizer: Synthesizer) -> None:
-    text = "The quick brown fox jumps over the lazy dog near the river."  # 11 words
-    synthesizer.synthesize("Warm up.")
-    start = time.perf_counter()
-    speech = synthesizer.synthesize(text)
-    seconds = time.perf_counter() - start
-    audio_s = len(speech.audio) / synthesizer.sample_rate
-    print(
-        f"\nTTS: {seconds * 1000:.0f} ms for {audio_s:.2f} s of audio (first audio after the same), RTF {seconds / audio_s:.3f}"
-    )
-    assert seconds / audio_s < 0.5
 
 
 REPORT = "Please send the weekly report to my manager before Friday, and call me tomorrow."

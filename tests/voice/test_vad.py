@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -25,11 +24,7 @@ def probabilities(stream: VadStream, audio: np.ndarray) -> np.ndarray:
 def test_speech_between_silences_is_found(voice_models: VoiceModels) -> None:
     speech = espeak_speech("The quick brown fox jumps over the lazy dog near the river bank.")
     audio = np.concatenate([silence(1.0), speech, silence(1.0)])
-    stream = voice_models.vad.stream()
-    start = time.perf_counter()
-    probs = probabilities(stream, audio)
-    per_frame_ms = (time.perf_counter() - start) / len(probs) * 1000
-    print(f"\nVAD: {per_frame_ms:.3f} ms per {FRAME_SAMPLES}-sample frame ({len(probs)} frames)")
+    probs = probabilities(voice_models.vad.stream(), audio)  # how fast: loadtests/voice_models_bench.py
 
     lead = SAMPLE_RATE // FRAME_SAMPLES  # frames in the first second
     voiced = probs[lead + 2 : lead + len(speech) // FRAME_SAMPLES - 2]
@@ -37,7 +32,6 @@ def test_speech_between_silences_is_found(voice_models: VoiceModels) -> None:
     assert np.mean(voiced > 0.5) > 0.8
     assert probs[: lead - 1].max() < 0.5  # the silence before
     assert probs[-lead + 12 :].max() < 0.5  # the silence after, once the speech's tail has passed
-    assert per_frame_ms < 5
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
-"""A bare JSON realtime client for the resume tests: it can drop its socket
-without a close frame (what a lost network looks like to the server)."""
+"""A bare JSON realtime client for the resume tests and the stream contract
+rounds: it can drop its socket without a close frame (what a lost network
+looks like to the server)."""
 
 from __future__ import annotations
 

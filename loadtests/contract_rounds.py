@@ -28,7 +28,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.app.resume_helpers import Conn, Received, assert_tiles
+from loadtests.bare_client import Conn, Received, assert_tiles
 
 PROMPTS = [
     "Tell me a story about a cat.",
@@ -99,7 +99,7 @@ async def run_round(url: str, rng: random.Random, tally: Tally) -> None:
         created = await conn.create(rng.choice(PROMPTS), **params)
         rid = created["response_id"]
         await _read_live(conn, rid, live, max_deltas=rng.randint(0, 4))
-        await asyncio.sleep(rng.uniform(0, 0.08))
+        await asyncio.sleep(rng.uniform(0, 0.08))  # a random pause before acting: what is tested
         if scenario in ("cancel", "cancel_heard") and live.done is None:
             heard = {"heard_chars": rng.randint(0, len(live.text))} if scenario == "cancel_heard" else {}
             await conn.send(type="response.cancel", response_id=rid, **heard)

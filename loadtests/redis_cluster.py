@@ -1,6 +1,7 @@
-"""A real local Redis Cluster (primaries with one replica each) and a Sentinel setup, for tests.
+"""A real local Redis Cluster (primaries with one replica each) and a Sentinel setup,
+for tests and benchmarks.
 
-Every server is a :class:`tests.redis_server.RedisServer` on a free loopback
+Every server is a :class:`loadtests.redis_server.RedisServer` on a free loopback
 port, with no persistence, so every start is empty. The cluster is made by
 ``redis-cli --cluster create ... --cluster-replicas 1``; a short
 ``cluster-node-timeout`` makes a killed primary's replica take over within
@@ -18,7 +19,7 @@ import time
 from redis import Redis
 from redis.crc import key_slot
 
-from tests.redis_server import RedisServer
+from loadtests.redis_server import RedisServer
 
 NODE_TIMEOUT_MS = 1000
 
