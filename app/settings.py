@@ -58,8 +58,8 @@ class ServerConfig:
     Attributes:
         host: interface to bind.
         port: TCP port (0 picks a free one).
-        log_backend: where token streams live: ``memory`` (embedded) or ``redis``.
-        redis_url: Redis URL, required when ``log_backend == "redis"``.
+        token_log_backend: where token streams live: ``memory`` (embedded) or ``redis``.
+        redis_url: Redis URL, required when ``token_log_backend == "redis"``.
         secret: key of resume and session tokens; ``None``: with a Redis log,
             the key every node on that Redis shares (created there once), with
             the memory log a random one per process (see ``bargein.app.server.token_secret``).
@@ -91,7 +91,7 @@ class ServerConfig:
             node, checked at start; ``None``: :data:`PROCESS_NODE_ID`).
         lease_ttl_s: with Redis, a stream whose node stops renewing its lease
             this long is continued by the node a client resumes it on.
-        log_durability: with Redis, when a log write waits for a replica:
+        token_log_durability: with Redis, when a log write waits for a replica:
             ``none``, ``wait-on-end`` or ``wait-every-ms:N`` (bargein.session.streams.log.durability).
         ssl_certfile, ssl_keyfile: PEM certificate (chain) and private key:
             serve ``https://`` and ``wss://`` (uvicorn's TLS); both or neither.
@@ -105,7 +105,7 @@ class ServerConfig:
 
     host: str = "127.0.0.1"
     port: int = 8000
-    log_backend: LogBackend = "memory"
+    token_log_backend: LogBackend = "memory"
     redis_url: str | None = None
     secret: str | None = None
     debug_endpoints: bool = False
@@ -123,7 +123,7 @@ class ServerConfig:
     max_outgoing_bytes: int = 1 << 20
     node_id: str | None = None
     lease_ttl_s: float = 5.0
-    log_durability: str = "none"
+    token_log_durability: str = "none"
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
     forwarded_allow_ips: tuple[str, ...] = ("127.0.0.1", "::1")
@@ -151,18 +151,19 @@ class ServerConfig:
         for name in ("ws_ping_interval_s", "ws_ping_timeout_s", "slow_client_timeout_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
-        parse_durability(self.log_durability)  # raises ValueError for a bad one
+        parse_durability(self.token_log_durability)  # raises ValueError for a bad one
         if self.lease_ttl_s < 0.2:
             raise ValueError(f"lease_ttl_s={self.lease_ttl_s} must be >= 0.2")
         if self.max_outgoing_bytes < 1024:
             raise ValueError(f"max_outgoing_bytes={self.max_outgoing_bytes} must be >= 1024")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port={self.port} must be in [0, 65535]")
-        if self.log_backend not in ("memory", "redis"):
-            raise ValueError(f"log_backend={self.log_backend!r} must be 'memory' or 'redis'")
+        # These two messages name the field as its flag does (--log-backend).
+        if self.token_log_backend not in ("memory", "redis"):
+            raise ValueError(f"log_backend={self.token_log_backend!r} must be 'memory' or 'redis'")
         if self.log_format not in ("logfmt", "json"):
             raise ValueError(f"log_format={self.log_format!r} must be 'logfmt' or 'json'")
-        if self.log_backend == "redis" and not self.redis_url:
+        if self.token_log_backend == "redis" and not self.redis_url:
             raise ValueError("log_backend='redis' needs a redis_url")
         if self.redis_url:
             _check_redis_url(self.redis_url)
@@ -267,7 +268,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] 
     _add(parser, env, "--host", s.host, str, "interface to bind")
     _add(parser, env, "--port", s.port, int, "TCP port")
     _add_engine_arguments(parser, env)
-    _add(parser, env, "--log-backend", s.log_backend, str, "token log: memory or redis")
+    _add(parser, env, "--log-backend", s.token_log_backend, str, "token log: memory or redis")
     _add(parser, env, "--redis-url", s.redis_url, str, "Redis URL (implies --log-backend redis)")
     _add(
         parser,
@@ -303,7 +304,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] 
         parser,
         env,
         "--log-durability",
-        s.log_durability,
+        s.token_log_durability,
         str,
         "with Redis replicas: none, wait-on-end (WAIT 1 when a stream ends) or wait-every-ms:N",
     )
@@ -730,7 +731,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                 host=args.host,
                 port=args.port,
                 secret=args.secret,
-                log_backend="redis" if args.redis_url else args.log_backend,
+                token_log_backend="redis" if args.redis_url else args.log_backend,
                 redis_url=args.redis_url,
                 debug_endpoints=args.debug_endpoints,
                 log_level=args.log_level,
@@ -739,7 +740,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                 metrics_multiproc_dir=args.metrics_multiproc_dir,
                 node_id=args.node_id,
                 lease_ttl_s=args.lease_ttl,
-                log_durability=args.log_durability,
+                token_log_durability=args.log_durability,
                 **_limits_from_args(args),
             ),
             admission=AdmissionConfig(
