@@ -5,6 +5,8 @@ field (``app/flags.py``): ``--some-name`` has ``BARGEIN_SOME_NAME`` as its
 default, and an explicit flag wins. :data:`SERVE_FLAG_RULES` holds what a
 flag changes of its field. The result is one frozen :class:`Settings` built
 from per-component configs (engine, session, server, admission, voice).
+docs/operating.md ("Environment variables") lists the few variables read
+elsewhere.
 """
 
 from __future__ import annotations
@@ -52,6 +54,19 @@ def default_chat_url(env: Mapping[str, str] | None = None) -> str:
     """The endpoint ``bargein chat`` talks to: ``BARGEIN_URL``, else the local server."""
     env = os.environ if env is None else env
     return env.get(ENV_PREFIX + "URL", "ws://127.0.0.1:8000/v1/realtime")
+
+
+def default_chat_api_key(env: Mapping[str, str] | None = None) -> str | None:
+    """The key ``bargein chat`` sends: ``BARGEIN_API_KEY``, else none."""
+    env = os.environ if env is None else env
+    return env.get(ENV_PREFIX + "API_KEY")
+
+
+def triton_interpreted(env: Mapping[str, str] | None = None) -> bool:
+    """Whether Triton runs in its interpreter: ``TRITON_INTERPRET=1``, Triton's
+    own variable (tests set it to run ``--backend triton`` without CUDA)."""
+    env = os.environ if env is None else env
+    return env.get("TRITON_INTERPRET") == "1"
 
 
 # A node's default id: readable (the host name, the process) and unique even where

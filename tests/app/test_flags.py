@@ -17,8 +17,10 @@ from bargein.app.flags import FlagRule, derive_flags
 from bargein.app.settings import (
     Settings,
     add_serve_arguments,
+    default_chat_api_key,
     parse_serve_args,
     serve_flags,
+    triton_interpreted,
 )
 from bargein.engine.config import EngineConfig, SchedulerConfig
 from bargein.session.runtime.admission import AdmissionConfig
@@ -150,6 +152,11 @@ def test_the_readme_table_is_the_generated_one() -> None:
     assert with_table(readme, markdown_table(serve_flags())) == readme, (
         "README.md's flags table is stale: python -m bargein.app.flag_table --write README.md"
     )
+
+
+def test_the_chat_and_triton_variables_are_read_through_the_settings() -> None:
+    assert default_chat_api_key({"BARGEIN_API_KEY": "k"}) == "k" and default_chat_api_key({}) is None
+    assert triton_interpreted({"TRITON_INTERPRET": "1"}) and not triton_interpreted({})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
