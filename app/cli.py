@@ -27,8 +27,10 @@ from bargein.app.settings import (
     Settings,
     SettingsError,
     add_serve_arguments,
+    default_chat_api_key,
     default_chat_url,
     settings_from_args,
+    triton_interpreted,
 )
 from bargein.session.cancel import cancel_and_wait
 
@@ -52,7 +54,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     chat.add_argument(
         "--api-key",
-        default=os.environ.get("BARGEIN_API_KEY"),
+        default=default_chat_api_key(),
         help="key for a server run with --api-keys (env BARGEIN_API_KEY)",
     )
     chat.add_argument("--instructions", default=None, help="system prompt")
@@ -178,7 +180,7 @@ def _check_device(device: str, backend: str) -> None:
     if device == "cuda" and not has_cuda:
         raise SettingsError("--device cuda: no CUDA device is available here (use cpu or auto)")
     # Triton kernels run on the CPU only under the interpreter (tests).
-    if backend == "triton" and not (has_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+    if backend == "triton" and not (has_cuda or triton_interpreted()):
         raise SettingsError("--backend triton needs a CUDA device (use torch or auto)")
 
 

@@ -275,7 +275,7 @@ def create_app(
         state.log = open_token_log(
             settings.server.redis_url,
             node_id=settings.server.node_name,
-            durability=settings.server.log_durability,
+            durability=settings.server.token_log_durability,
         )
         loader = asyncio.create_task(_load(state, progress), name="load-model")
         try:

@@ -1,32 +1,44 @@
-"""Server settings: command-line flags with ``BARGEIN_*`` environment defaults.
+"""Server settings: the configs of ``bargein serve``, and its flags derived from them.
 
-This module is the only place in bargein that reads the environment. Every
-flag ``--some-name`` has the environment variable ``BARGEIN_SOME_NAME`` as its
-default; an explicit flag wins. The result is one frozen :class:`Settings`
-built from per-component configs (engine, session, server).
+Every flag and its ``BARGEIN_*`` environment variable come from a config
+field (``app/flags.py``): ``--some-name`` has ``BARGEIN_SOME_NAME`` as its
+default, and an explicit flag wins. :data:`SERVE_FLAG_RULES` holds what a
+flag changes of its field. The result is one frozen :class:`Settings` built
+from per-component configs (engine, session, server, admission, voice).
+docs/operating.md ("Environment variables") lists the few variables read
+elsewhere.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import ipaddress
 import os
 import secrets
 import socket
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from bargein.app.auth import default_allowed_hosts, normalize_host, normalize_origin
+from bargein.app.flags import (
+    ENV_PREFIX,
+    Flag,
+    FlagRule,
+    HelpFormatter,
+    add_flags,
+    build,
+    derive_flags,
+    field_values,
+)
 from bargein.app.logging import LogFormat
-from bargein.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from bargein.engine.config import EngineConfig
 from bargein.session.conversation.config import SessionConfig
 from bargein.session.runtime.admission import AdmissionConfig
 from bargein.session.streams.log.durability import parse_durability
 from bargein.session.streams.log.redis_url import is_redis_url, parse_redis_url, redact_url
 from bargein.session.voice_runtime.config import VoiceConfig
-
-ENV_PREFIX = "BARGEIN_"
 
 # The SLO-aware scheduling and admission of ``bargein serve`` (issue 21,
 # docs/operating.md "Overload"). The engine and admission configs default to
@@ -44,6 +56,19 @@ def default_chat_url(env: Mapping[str, str] | None = None) -> str:
     return env.get(ENV_PREFIX + "URL", "ws://127.0.0.1:8000/v1/realtime")
 
 
+def default_chat_api_key(env: Mapping[str, str] | None = None) -> str | None:
+    """The key ``bargein chat`` sends: ``BARGEIN_API_KEY``, else none."""
+    env = os.environ if env is None else env
+    return env.get(ENV_PREFIX + "API_KEY")
+
+
+def triton_interpreted(env: Mapping[str, str] | None = None) -> bool:
+    """Whether Triton runs in its interpreter: ``TRITON_INTERPRET=1``, Triton's
+    own variable (tests set it to run ``--backend triton`` without CUDA)."""
+    env = os.environ if env is None else env
+    return env.get("TRITON_INTERPRET") == "1"
+
+
 # A node's default id: readable (the host name, the process) and unique even where
 # every container has one host name and port (0.0.0.0:8000), thanks to the suffix.
 PROCESS_NODE_ID = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
@@ -58,54 +83,69 @@ class ServerConfig:
     Attributes:
         host: interface to bind.
         port: TCP port (0 picks a free one).
-        log_backend: where token streams live: ``memory`` (embedded) or ``redis``.
-        redis_url: Redis URL, required when ``log_backend == "redis"``.
+        token_log_backend: where token streams live: ``memory`` (in this
+            process) or ``redis`` (implied by ``redis_url``).
+        redis_url: the token log's Redis (``redis://``, ``rediss://`` or
+            ``unix://``; ``redis+cluster://h1,h2`` or
+            ``redis+sentinel://s1/master``: docs/scaling.md), required when
+            ``token_log_backend`` is ``redis``.
         secret: key of resume and session tokens; ``None``: with a Redis log,
-            the key every node on that Redis shares (created there once), with
-            the memory log a random one per process (see ``bargein.app.server.token_secret``).
+            the key every node on that Redis shares (stored there once, as
+            ``bargein:token-secret``), with the memory log a random one per process.
         debug_endpoints: serve ``GET /debug/engine`` (engine stats and recent
             prompts) for tests and operators; never enable on a public port.
-        log_level: uvicorn and bargein log level.
-        log_format: ``logfmt`` or ``json`` (one object a line); see ``app/logging.py``.
+        log_level: level of the server's logs (bargein's and uvicorn's):
+            ``debug``, ``info``, ``warning`` or ``error``.
+        log_format: the server's log lines: ``logfmt``, or ``json`` (one object
+            a line); see ``app/logging.py``.
         log_prompts: put prompts and generated text in the logs (debugging
             only; off, they are never logged).
         metrics_multiproc_dir: prometheus-client's ``PROMETHEUS_MULTIPROC_DIR``
             when several worker processes serve; ``/metrics`` then sums them.
         api_keys: API keys: a file (one a line) or a comma list; ``None``: no
-            key needed (see ``app/auth.py``). Never printed.
-        allowed_hosts: ``Host`` names served (names, addresses, ``*.domain``,
-            ``*``; no ports); empty: the default of :attr:`trusted_hosts`.
-        allowed_origins: browser ``Origin`` values allowed (``scheme://host[:port]``,
-            or ``self``: the origin the request was addressed to, see
+            key needed. With keys, everything under ``/v1``, ``/debug`` and
+            ``/metrics`` needs one (never from a query string); ``/``,
+            ``/healthz`` and ``/readyz`` stay open (``app/auth.py``). Never printed.
+        allowed_hosts: ``Host`` names served (comma list of names, addresses,
+            ``*.domain`` or ``*``; ports not compared); another ``Host`` gets
+            400 ``host_not_allowed``. Empty: bound to loopback, the loopback
+            names and addresses, else any (with a warning at start-up).
+        allowed_origins: browser ``Origin`` values allowed (comma list of
+            ``scheme://host[:port]``, or ``self``: the origin the request was
+            addressed to, with the scheme a trusted proxy forwards; see
             ``app/auth.py``); empty: those on an allowed host.
         public_metrics: with ``api_keys``, serve ``/metrics`` without a key
             (a scraper on a private network); off, it needs one like ``/v1``.
         ws_ping_interval_s: seconds between WebSocket pings (uvicorn's
-            keepalive); ``ws_ping_timeout_s``: a pong later than this closes
-            the connection (a vanished client), and the disconnect policy applies.
-        slow_client_timeout_s: a client over its outgoing bound this long is
-            closed with 4008 (0: never); see ``app/outgoing.py``.
+            keepalive; 0: none).
+        ws_ping_timeout_s: seconds to wait for a pong: a later one closes the
+            connection (a vanished client), and the disconnect policy applies.
+        slow_client_timeout_s: a client over its outgoing bound this long, in
+            seconds, is closed with 4008 (0: never); see ``app/outgoing.py``.
         max_outgoing_bytes: bytes of frames one connection may have waiting
             for its socket.
-        node_id: this node's name among several sharing one Redis (unique per
-            node, checked at start; ``None``: :data:`PROCESS_NODE_ID`).
+        node_id: this node's name among several sharing one Redis (unique: a
+            start under an id a live node holds is refused); ``None``: this
+            process's own, ``<hostname>-<pid>-<random>`` (:data:`PROCESS_NODE_ID`).
         lease_ttl_s: with Redis, a stream whose node stops renewing its lease
-            this long is continued by the node a client resumes it on.
-        log_durability: with Redis, when a log write waits for a replica:
-            ``none``, ``wait-on-end`` or ``wait-every-ms:N`` (bargein.session.streams.log.durability).
-        ssl_certfile, ssl_keyfile: PEM certificate (chain) and private key:
-            serve ``https://`` and ``wss://`` (uvicorn's TLS); both or neither.
-        forwarded_allow_ips: addresses or networks (``*``: any) of the reverse
-            proxies whose ``X-Forwarded-For`` and ``X-Forwarded-Proto`` are
-            trusted (uvicorn's ``forwarded_allow_ips``, same default): from
-            them the client address (logs, limits) and the scheme (the
-            ``self`` origin) are the forwarded ones; from anyone else the
-            headers are ignored.
+            this many seconds is continued by the node a client resumes it on.
+        token_log_durability: with Redis replicas, when a log write waits for
+            one: ``none``, ``wait-on-end`` (``WAIT 1`` when a stream ends) or
+            ``wait-every-ms:N`` (session/streams/log/durability.py, docs/scaling.md).
+        ssl_certfile: PEM certificate (chain): serve ``https://`` and
+            ``wss://`` (uvicorn's TLS) with ``ssl_keyfile``; both or neither.
+        ssl_keyfile: PEM private key of ``ssl_certfile``.
+        forwarded_allow_ips: addresses or networks (comma list; ``*``: any) of
+            the reverse proxies whose ``X-Forwarded-For`` and
+            ``X-Forwarded-Proto`` are trusted (uvicorn's ``forwarded_allow_ips``,
+            same default): from them the client address (logs, limits) and
+            the scheme (the ``self`` origin) are the forwarded ones; from
+            anyone else the headers are ignored.
     """
 
     host: str = "127.0.0.1"
     port: int = 8000
-    log_backend: LogBackend = "memory"
+    token_log_backend: LogBackend = "memory"
     redis_url: str | None = None
     secret: str | None = None
     debug_endpoints: bool = False
@@ -123,7 +163,7 @@ class ServerConfig:
     max_outgoing_bytes: int = 1 << 20
     node_id: str | None = None
     lease_ttl_s: float = 5.0
-    log_durability: str = "none"
+    token_log_durability: str = "none"
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
     forwarded_allow_ips: tuple[str, ...] = ("127.0.0.1", "::1")
@@ -151,18 +191,19 @@ class ServerConfig:
         for name in ("ws_ping_interval_s", "ws_ping_timeout_s", "slow_client_timeout_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
-        parse_durability(self.log_durability)  # raises ValueError for a bad one
+        parse_durability(self.token_log_durability)  # raises ValueError for a bad one
         if self.lease_ttl_s < 0.2:
             raise ValueError(f"lease_ttl_s={self.lease_ttl_s} must be >= 0.2")
         if self.max_outgoing_bytes < 1024:
             raise ValueError(f"max_outgoing_bytes={self.max_outgoing_bytes} must be >= 1024")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port={self.port} must be in [0, 65535]")
-        if self.log_backend not in ("memory", "redis"):
-            raise ValueError(f"log_backend={self.log_backend!r} must be 'memory' or 'redis'")
+        # These two messages name the field as its flag does (--log-backend).
+        if self.token_log_backend not in ("memory", "redis"):
+            raise ValueError(f"log_backend={self.token_log_backend!r} must be 'memory' or 'redis'")
         if self.log_format not in ("logfmt", "json"):
             raise ValueError(f"log_format={self.log_format!r} must be 'logfmt' or 'json'")
-        if self.log_backend == "redis" and not self.redis_url:
+        if self.token_log_backend == "redis" and not self.redis_url:
             raise ValueError("log_backend='redis' needs a redis_url")
         if self.redis_url:
             _check_redis_url(self.redis_url)
@@ -220,466 +261,77 @@ class SettingsError(ValueError):
     """A flag or environment variable has a bad value (message names it)."""
 
 
-def _env_default(env: Mapping[str, str], flag: str, default: Any) -> Any:
-    """The ``BARGEIN_*`` value for ``--flag``, else ``default`` (strings only)."""
-    return env.get(ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper(), default)
+def _ms_to_s(value: float) -> float:
+    return value / 1000
 
 
-def _add(
-    parser: argparse.ArgumentParser,
-    env: Mapping[str, str],
-    flag: str,
-    default: Any,
-    kind: Callable[[str], Any],
-    help_text: str,
-) -> None:
-    """Add one flag whose default comes from the environment.
-
-    A boolean flag works as a switch (``--log-prompts``) and also takes a
-    value (``--log-prompts false``), like its environment variable.
-    """
-    switch: dict[str, Any] = {"nargs": "?", "const": True} if kind is _bool else {}
-    parser.add_argument(
-        flag,
-        type=kind,
-        default=_env_default(env, flag, default),
-        help=f"{help_text} (env {ENV_PREFIX}{flag.lstrip('-').replace('-', '_').upper()})",
-        **switch,
-    )
+def _none_if_empty(value: str | None) -> str | None:
+    return value or None
 
 
-def _bool(text: str | bool) -> bool:
-    """Parse a boolean flag or environment value."""
-    if isinstance(text, bool):
-        return text
-    value = text.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off", ""):
-        return False
-    raise argparse.ArgumentTypeError(f"{text!r} is not a boolean")
+# Where a flag of `bargein serve` departs from its field (app/flags.py derives
+# the rest). The names are older than the fields' and stay as users know them.
+SERVE_FLAG_RULES: Mapping[str, FlagRule] = {
+    "engine.model.path": FlagRule(name="--model"),
+    "engine.cache.memory_bytes": FlagRule(name="--kv-cache-bytes"),
+    "engine.cache.dtype": FlagRule(name="--kv-cache-dtype"),
+    "engine.scheduler.enable_prefix_caching": FlagRule(
+        name="--prefix-caching", negation="--no-prefix-caching"
+    ),
+    "engine.scheduler.target_itl_s": FlagRule(
+        name="--target-itl-ms", default=SERVE_TARGET_ITL_MS, to_field=_ms_to_s
+    ),
+    "session.abandon_grace_s": FlagRule(name="--abandon-grace"),
+    "server.token_log_backend": FlagRule(name="--log-backend"),
+    "server.token_log_durability": FlagRule(name="--log-durability"),
+    "server.lease_ttl_s": FlagRule(name="--lease-ttl"),
+    "server.ws_ping_interval_s": FlagRule(name="--ws-ping-interval"),
+    "server.ws_ping_timeout_s": FlagRule(name="--ws-ping-timeout"),
+    "server.slow_client_timeout_s": FlagRule(name="--slow-client-timeout"),
+    "server.ssl_certfile": FlagRule(to_field=_none_if_empty),
+    "server.ssl_keyfile": FlagRule(to_field=_none_if_empty),
+    "admission.max_queue_time_s": FlagRule(name="--max-queue-time"),
+    "admission.max_active_per_principal": FlagRule(name="--max-responses-per-key"),
+    "admission.rate_limit_audio_s": FlagRule(name="--rate-limit-audio"),
+    "admission.target_ttft_s": FlagRule(default=SERVE_TARGET_TTFT_S),
+    "voice.mode": FlagRule(name="--voice"),
+    "voice.max_turns": FlagRule(name="--max-voice-turns"),
+    "voice.speculate": FlagRule(name="--voice-speculation"),
+}
+
+# Fields that are no flag: constants tuned with the code they pace (measured
+# in docs/perf/), not an operator's choice; and prometheus-client's own
+# variable, read under its name (add_serve_arguments).
+NOT_SERVE_FLAGS = frozenset(
+    {
+        "engine.scheduler.min_prefill_tokens",
+        "engine.scheduler.slow_headroom",
+        "session.max_input_items",
+        "session.max_conversation_items",
+        "session.drain_timeout_s",
+        "session.save_interval_s",
+        "session.max_pending_log_steps",
+        "server.metrics_multiproc_dir",
+        "admission.burst_s",
+        "admission.window_s",
+        "voice.workers",
+    }
+)
+
+
+@functools.cache
+def serve_flags() -> tuple[Flag, ...]:
+    """Every flag of ``bargein serve``, derived from :class:`Settings`' configs."""
+    return derive_flags(Settings, SERVE_FLAG_RULES, NOT_SERVE_FLAGS)
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None = None) -> None:
-    """Declare the flags of ``bargein serve`` on ``parser``."""
+    """Declare the flags of ``bargein serve`` on ``parser``, their defaults
+    from ``env`` (``os.environ`` when ``None``)."""
     env = os.environ if env is None else env
-    s, e = ServerConfig(), SessionConfig()
-    _add(parser, env, "--host", s.host, str, "interface to bind")
-    _add(parser, env, "--port", s.port, int, "TCP port")
-    _add_engine_arguments(parser, env)
-    _add(parser, env, "--log-backend", s.log_backend, str, "token log: memory or redis")
-    _add(parser, env, "--redis-url", s.redis_url, str, "Redis URL (implies --log-backend redis)")
-    _add(
-        parser,
-        env,
-        "--secret",
-        s.secret,
-        str,
-        "resume and session token key (default: with --redis-url, one shared by the "
-        "nodes through Redis; without, random per process)",
-    )
-    _add(parser, env, "--max-tokens", e.max_tokens, int, "most tokens of one response")
-    _add_session_and_log_arguments(parser, env)
-    _add_limit_arguments(parser, env)
-    _add_transport_arguments(parser, env)
-    _add(
-        parser,
-        env,
-        "--node-id",
-        None,
-        str,
-        "this node's unique name among nodes sharing one Redis; a start whose id a live node "
-        "holds is refused (default: hostname-pid-random, unique)",
-    )
-    _add(
-        parser,
-        env,
-        "--lease-ttl",
-        s.lease_ttl_s,
-        float,
-        "seconds before a dead node's streams may be taken over by another node",
-    )
-    _add(
-        parser,
-        env,
-        "--log-durability",
-        s.log_durability,
-        str,
-        "with Redis replicas: none, wait-on-end (WAIT 1 when a stream ends) or wait-every-ms:N",
-    )
-    # prometheus-client reads this variable itself, under its own name.
+    parser.formatter_class = HelpFormatter
+    add_flags(parser, serve_flags(), env)
     parser.set_defaults(metrics_multiproc_dir=env.get("PROMETHEUS_MULTIPROC_DIR") or None)
-
-
-def _add_engine_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
-    """Flags of the model, the scheduler and the KV cache."""
-    c, m = SchedulerConfig(), ModelConfig()
-    _add(
-        parser,
-        env,
-        "--model",
-        m.path,
-        str,
-        "model path: HF folder or .gguf (default: the bundled SmolLM2-135M-Instruct)",
-    )
-    _add(parser, env, "--device", m.device, str, "auto, cpu or cuda")
-    _add(parser, env, "--dtype", m.dtype, str, "float32, bfloat16 or float16")
-    _add(
-        parser,
-        env,
-        "--quantization",
-        m.quantization,
-        str,
-        "linears on the CPU: auto (int8 with avx512_vnni, else bf16 if the CPU has it, else int4), "
-        "none, int8 or int4",
-    )
-    _add(
-        parser,
-        env,
-        "--linear-dtype",
-        m.linear_dtype,
-        str,
-        "non-int8 linears: auto (bf16 if the CPU has it), float32 or bfloat16",
-    )
-    _add(parser, env, "--backend", m.backend, str, "kernels: auto, torch or triton")
-    _add(parser, env, "--cache-dir", m.cache_dir, str, "converted-weights cache")
-    _add(parser, env, "--max-num-seqs", c.max_num_seqs, int, "most sequences per step (a cap)")
-    _add(
-        parser,
-        env,
-        "--target-itl-ms",
-        SERVE_TARGET_ITL_MS,
-        float,
-        "inter-token latency target: each step is filled (decodes first, then prefill) only up "
-        "to what the learned step-time model says fits it, and the running batch and admission "
-        "follow it (0: off, the token limits alone)",
-    )
-    _add(parser, env, "--max-num-batched-tokens", c.max_num_batched_tokens, int, "tokens per step")
-    _add(parser, env, "--max-model-len", c.max_model_len, int, "prompt + output tokens of one sequence")
-    _add(
-        parser,
-        env,
-        "--prefill-chunk-size",
-        c.prefill_chunk_size,
-        int,
-        "most prompt tokens of one sequence per step",
-    )
-    _add(parser, env, "--block-size", CacheConfig().block_size, int, "tokens per KV block")
-    _add(parser, env, "--num-blocks", None, int, "KV blocks (default: from --kv-cache-bytes)")
-    _add(parser, env, "--kv-cache-bytes", CacheConfig().memory_bytes, int, "KV cache budget")
-    _add(
-        parser,
-        env,
-        "--kv-cache-dtype",
-        CacheConfig().dtype,
-        str,
-        "K/V dtype: auto (bfloat16 on the CPU under int8, int4 or bf16 linears, else the model dtype), "
-        "float32, bfloat16 or float16",
-    )
-    _add(
-        parser,
-        env,
-        "--prefix-caching",
-        c.enable_prefix_caching,
-        _bool,
-        "reuse the KV of cached prompt prefixes across requests and turns",
-    )
-    parser.add_argument(
-        "--no-prefix-caching",
-        dest="prefix_caching",
-        action="store_false",
-        help="turn prefix caching off (as --prefix-caching false)",
-    )
-
-
-def _add_session_and_log_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
-    """Flags of the session defaults, debugging and logging."""
-    s, e = ServerConfig(), SessionConfig()
-    _add(
-        parser,
-        env,
-        "--default-max-tokens",
-        e.default_max_tokens,
-        int,
-        "max_tokens when a response.create names none",
-    )
-    _add(parser, env, "--max-frame-bytes", e.max_frame_bytes, int, "largest client frame")
-    _add(
-        parser,
-        env,
-        "--max-conversation-bytes",
-        e.max_conversation_bytes,
-        int,
-        "most UTF-8 bytes of text (instructions and items) one conversation holds",
-    )
-    _add(parser, env, "--instructions", e.instructions, str, "default system prompt")
-    _add(
-        parser,
-        env,
-        "--on-disconnect",
-        e.on_disconnect,
-        str,
-        "a generating response whose client disconnects: continue or cancel",
-    )
-    _add(
-        parser,
-        env,
-        "--abandon-grace",
-        e.abandon_grace_s,
-        float,
-        "seconds a generating response nobody reads may run on before it is cancelled (0: never)",
-    )
-    _add(
-        parser,
-        env,
-        "--shared-prefix-cache",
-        e.shared_prefix_cache,
-        _bool,
-        "share cached prefixes between API keys (default: each key reuses only its own)",
-    )
-    v = VoiceConfig()
-    _add(
-        parser,
-        env,
-        "--voice",
-        v.mode,
-        str,
-        "server voice (VAD, speech-to-text, text-to-speech): auto (when installed), on, off",
-    )
-    _add(
-        parser,
-        env,
-        "--max-input-audio-ms",
-        v.max_input_audio_ms,
-        int,
-        "most uncommitted input audio one session may hold (ms)",
-    )
-    _add(
-        parser,
-        env,
-        "--max-voice-turns",
-        v.max_turns,
-        int,
-        "voice turns one connection may have transcribed at once (its share of the voice threads); "
-        "a turn past it is refused with rate_limited",
-    )
-    _add(
-        parser,
-        env,
-        "--max-input-audio-speed",
-        v.max_input_audio_speed,
-        float,
-        "input audio one connection may send, as a multiple of real time (beyond its burst); "
-        "faster appends are refused with rate_limited (0: no bound)",
-    )
-    _add(
-        parser,
-        env,
-        "--input-audio-burst-ms",
-        v.input_audio_burst_ms,
-        int,
-        "input audio one connection may send ahead of --max-input-audio-speed at once (ms)",
-    )
-    _add(
-        parser,
-        env,
-        "--voice-speculation",
-        v.speculate,
-        _bool,
-        "answer a voice turn at its first short pause, dropping the answer if the user goes on",
-    )
-    _add(parser, env, "--debug-endpoints", s.debug_endpoints, _bool, "serve GET /debug/engine (tests only)")
-    _add(parser, env, "--log-level", s.log_level, str, "debug, info, warning, error")
-    _add(parser, env, "--log-format", s.log_format, str, "logfmt or json (one object a line)")
-    _add(
-        parser, env, "--log-prompts", s.log_prompts, _bool, "log prompts and generated text (debugging only)"
-    )
-
-
-def _add_limit_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
-    """Flags of keys, liveness, backpressure and admission (issue 7)."""
-    s, a = ServerConfig(), AdmissionConfig()
-    _add(
-        parser,
-        env,
-        "--api-keys",
-        None,
-        str,
-        "API keys: a file (one key a line) or a comma list; unset: no key needed",
-    )
-    _add(
-        parser,
-        env,
-        "--allowed-hosts",
-        "",
-        str,
-        "Host header names served (comma list of names, addresses, *.domain or *; ports not "
-        "compared); default: bound to loopback, localhost, 127.0.0.1 and [::1]; else any, with a warning",
-    )
-    _add(
-        parser,
-        env,
-        "--allowed-origins",
-        "",
-        str,
-        "browser Origins allowed (comma list of scheme://host[:port]; self: the origin the "
-        "request was addressed to, with the scheme a trusted proxy forwards); default: "
-        "those whose host is an allowed host",
-    )
-    _add(
-        parser,
-        env,
-        "--public-metrics",
-        s.public_metrics,
-        _bool,
-        "with --api-keys, serve /metrics without a key (default: it needs one)",
-    )
-    _add(
-        parser,
-        env,
-        "--ws-ping-interval",
-        s.ws_ping_interval_s,
-        float,
-        "seconds between WebSocket pings (0: none)",
-    )
-    _add(
-        parser,
-        env,
-        "--ws-ping-timeout",
-        s.ws_ping_timeout_s,
-        float,
-        "seconds to wait for a pong before dropping the client",
-    )
-    _add(
-        parser,
-        env,
-        "--slow-client-timeout",
-        s.slow_client_timeout_s,
-        float,
-        "seconds a client may stay over its outgoing bound before close 4008 (0: never)",
-    )
-    _add(
-        parser,
-        env,
-        "--max-outgoing-bytes",
-        s.max_outgoing_bytes,
-        int,
-        "bytes of frames one connection may have waiting",
-    )
-    _add(
-        parser,
-        env,
-        "--max-waiting",
-        a.max_waiting,
-        int,
-        "requests admitted without a first token yet; past it: overloaded (0: no bound)",
-    )
-    _add(
-        parser,
-        env,
-        "--max-queue-time",
-        a.max_queue_time_s,
-        float,
-        "seconds a request may wait in the queue for the engine to schedule it: refused "
-        "up front when the expected wait is longer, dropped from the queue (overloaded, "
-        "nothing generated) when it passes; a prefill under way is never dropped (0: no "
-        "bound)",
-    )
-    _add(
-        parser,
-        env,
-        "--max-responses-per-key",
-        a.max_active_per_principal,
-        int,
-        "responses one API key (without keys: one client address) has generating at once (0: no cap)",
-    )
-    _add(
-        parser,
-        env,
-        "--rate-limit-requests",
-        a.rate_limit_requests,
-        float,
-        "requests per second per API key, or per client address without keys (0: off)",
-    )
-    _add(
-        parser,
-        env,
-        "--rate-limit-tokens",
-        a.rate_limit_tokens,
-        float,
-        "prompt + max_tokens per second per API key, or per client address without keys (0: off)",
-    )
-    _add(
-        parser,
-        env,
-        "--rate-limit-audio",
-        a.rate_limit_audio_s,
-        float,
-        "seconds of audio per second per API key, or per client address without keys: input audio "
-        "transcribed, and speech a resume with audio_from_ms synthesizes again (0: off)",
-    )
-    _add(
-        parser,
-        env,
-        "--target-ttft-s",
-        SERVE_TARGET_TTFT_S,
-        float,
-        "time-to-first-token target: with --target-itl-ms, a request whose predicted TTFT (the "
-        "prompt tokens queued ahead and its own, at the step budget) is over it is refused "
-        "(overloaded) at once (0: off)",
-    )
-    _add(
-        parser,
-        env,
-        "--bulk-share",
-        a.bulk_share,
-        float,
-        "share of the inter-token budget HTTP API requests may fill; WebSocket sessions may fill all of it",
-    )
-
-
-def _add_transport_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
-    """Flags of TLS and of the reverse proxies in front."""
-    _add(
-        parser,
-        env,
-        "--ssl-certfile",
-        None,
-        str,
-        "PEM certificate (chain): serve https:// and wss:// (with --ssl-keyfile)",
-    )
-    _add(parser, env, "--ssl-keyfile", None, str, "PEM private key of --ssl-certfile")
-    _add(
-        parser,
-        env,
-        "--forwarded-allow-ips",
-        ",".join(ServerConfig().forwarded_allow_ips),
-        str,
-        "reverse proxies (comma list of addresses or networks, * for any) whose "
-        "X-Forwarded-For/-Proto are trusted",
-    )
-
-
-def _comma_list(text: str | None) -> tuple[str, ...]:
-    return tuple(item.strip() for item in (text or "").split(",") if item.strip())
-
-
-def _limits_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """The ``ServerConfig`` fields of the flags of :func:`_add_limit_arguments`
-    and :func:`_add_transport_arguments`."""
-    return {
-        "api_keys": args.api_keys,
-        "allowed_hosts": _comma_list(args.allowed_hosts),
-        "allowed_origins": _comma_list(args.allowed_origins),
-        "public_metrics": args.public_metrics,
-        "ws_ping_interval_s": args.ws_ping_interval,
-        "ws_ping_timeout_s": args.ws_ping_timeout,
-        "slow_client_timeout_s": args.slow_client_timeout,
-        "max_outgoing_bytes": args.max_outgoing_bytes,
-        "ssl_certfile": args.ssl_certfile or None,
-        "ssl_keyfile": args.ssl_keyfile or None,
-        "forwarded_allow_ips": _comma_list(args.forwarded_allow_ips),
-    }
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -689,78 +341,12 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         SettingsError: a value is out of range or inconsistent (the config
             classes' own messages, which name the field).
     """
+    values = field_values(serve_flags(), args)
+    values["server.metrics_multiproc_dir"] = args.metrics_multiproc_dir
+    if values["server.redis_url"]:  # a Redis URL means the Redis log
+        values["server.token_log_backend"] = "redis"
     try:
-        return Settings(
-            engine=EngineConfig(
-                model=ModelConfig(
-                    path=args.model,
-                    dtype=args.dtype,
-                    device=args.device,
-                    backend=args.backend,
-                    cache_dir=args.cache_dir,
-                    quantization=args.quantization,
-                    linear_dtype=args.linear_dtype,
-                ),
-                cache=CacheConfig(
-                    block_size=args.block_size,
-                    num_blocks=args.num_blocks,
-                    memory_bytes=args.kv_cache_bytes,
-                    dtype=args.kv_cache_dtype,
-                ),
-                scheduler=SchedulerConfig(
-                    max_num_seqs=args.max_num_seqs,
-                    max_num_batched_tokens=args.max_num_batched_tokens,
-                    max_model_len=args.max_model_len,
-                    prefill_chunk_size=args.prefill_chunk_size,
-                    enable_prefix_caching=args.prefix_caching,
-                    target_itl_s=args.target_itl_ms / 1000,
-                ),
-            ),
-            session=SessionConfig(
-                max_tokens=args.max_tokens,
-                default_max_tokens=args.default_max_tokens,
-                max_frame_bytes=args.max_frame_bytes,
-                max_conversation_bytes=args.max_conversation_bytes,
-                instructions=args.instructions,
-                on_disconnect=args.on_disconnect,
-                abandon_grace_s=args.abandon_grace,
-                shared_prefix_cache=args.shared_prefix_cache,
-            ),
-            server=ServerConfig(
-                host=args.host,
-                port=args.port,
-                secret=args.secret,
-                log_backend="redis" if args.redis_url else args.log_backend,
-                redis_url=args.redis_url,
-                debug_endpoints=args.debug_endpoints,
-                log_level=args.log_level,
-                log_format=args.log_format,
-                log_prompts=args.log_prompts,
-                metrics_multiproc_dir=args.metrics_multiproc_dir,
-                node_id=args.node_id,
-                lease_ttl_s=args.lease_ttl,
-                log_durability=args.log_durability,
-                **_limits_from_args(args),
-            ),
-            admission=AdmissionConfig(
-                max_waiting=args.max_waiting,
-                max_queue_time_s=args.max_queue_time,
-                max_active_per_principal=args.max_responses_per_key,
-                rate_limit_requests=args.rate_limit_requests,
-                rate_limit_tokens=args.rate_limit_tokens,
-                rate_limit_audio_s=args.rate_limit_audio,
-                target_ttft_s=args.target_ttft_s,
-                bulk_share=args.bulk_share,
-            ),
-            voice=VoiceConfig(
-                mode=args.voice,
-                max_input_audio_ms=args.max_input_audio_ms,
-                max_turns=args.max_voice_turns,
-                speculate=args.voice_speculation,
-                max_input_audio_speed=args.max_input_audio_speed,
-                input_audio_burst_ms=args.input_audio_burst_ms,
-            ),
-        )
+        return build(Settings, values)
     except ValueError as exc:
         raise SettingsError(str(exc)) from exc
 

@@ -31,30 +31,38 @@ class ModelConfig:
     Attributes:
         path: a Hugging Face folder (config.json + safetensors), or a ``.gguf``
             file; ``None`` means the bundled SmolLM2-135M-Instruct GGUF.
-        dtype: compute and weight dtype (activations, norms, KV cache,
-            embedding; the linears' weights unless the two below say otherwise).
+        dtype: compute and weight dtype, ``float32``, ``bfloat16`` or
+            ``float16`` (activations, norms, KV cache, embedding; the linears'
+            weights unless ``quantization`` or ``linear_dtype`` say otherwise).
         device: ``"cpu"`` or ``"cuda"`` (``"auto"`` picks CUDA when present).
         backend: kernel backend; ``"auto"`` is ``triton`` on CUDA, ``torch``
             on the CPU.
         cache_dir: where converted GGUF weights are cached as safetensors;
             ``None`` means ``~/.cache/bargein``.
         quantization: the linear layers (and the output head) on a CPU with
-            ``dtype="float32"``: ``"int8"`` is W8A8 (int8 per-channel weights,
-            per-token dynamic int8 activations, SmoothQuant-smoothed; steps
-            of a few rows run a 4-bit checkpoint's own weights); ``"int4"``
-            runs steps on a 4-bit checkpoint's own weights and an 8-bit
-            head (Q4_1 and Q8_0 on int8 activations up to 512 / 256 rows
-            where ``kernels/cpu_qblock`` runs, else torch's kernels at a
-            few rows), fp32 above; ``"auto"`` is the fastest format
-            whose quality holds (``linear.choose_linear_format``): int8 on a
-            CPU with avx512_vnni, else bf16 where it has bf16 dot products,
-            else int4 on x86, else as ``linear_dtype``; ``"none"`` never
-            quantizes. On CUDA ``auto`` keeps the model dtype.
+            ``dtype`` ``float32``. ``"int4"`` runs the checkpoint's own 4-bit
+            weights (GGUF Q4_1, the head's Q8_0) on int8 activations per row
+            and block of 32, llama.cpp's arithmetic in an AVX2 kernel
+            (``kernels/cpu_qblock``, compiled with the system's C compiler
+            at the first start) at every step size, so a row's output is the
+            same bits whatever shares its step (docs/design.md "Exact by
+            default"); where that kernel cannot run, torch's W4A16 at a few
+            rows and fp32 above. ``"int8"`` is W8A8 (int8 per-channel
+            weights, per-token dynamic int8 activations on fbgemm,
+            SmoothQuant-smoothed; steps of a few rows run the 4-bit weights;
+            not row-invariant). ``"auto"`` is the fastest format whose
+            quality holds (``linear.choose_linear_format``): int4 on every
+            x86 CPU with AVX2, FMA, F16C and a C compiler; without them int8
+            where the CPU has avx512_vnni, else bf16 where it has bf16 dot
+            products, else int4 on torch's kernels on x86, else as
+            ``linear_dtype``. ``"none"`` never quantizes. On CUDA ``auto``
+            keeps the model dtype. Quality and speed of each:
+            docs/perf/quality.md, docs/perf/formats.md.
         linear_dtype: the weight/GEMM dtype of linears that are not int8:
             ``"auto"`` is bfloat16 where the CPU has bf16 dot products
             (avx512_bf16, amx_bf16), else float32. Exact fp32 (token for
-            token as transformers) is ``quantization="none",
-            linear_dtype="float32"``.
+            token as transformers) is ``quantization`` ``"none"`` with
+            ``linear_dtype`` ``"float32"``.
     """
 
     path: str | None = None
@@ -116,14 +124,16 @@ class SchedulerConfig:
     """Continuous-batching limits, as in vLLM.
 
     Attributes:
-        max_num_seqs: sequences running in one step.
+        max_num_seqs: most sequences running in one step (a cap: with
+            ``target_itl_s`` the step budget decides the batch).
         max_num_batched_tokens: tokens (decode + prefill chunks) in one step.
         max_model_len: prompt plus output tokens of one sequence.
         prefill_chunk_size: most prompt tokens of one sequence in one step.
         enable_prefix_caching: reuse the K/V of full blocks whose token
             prefix (and ``cache_salt``) another sequence already computed;
             ``False`` allocates and computes every block as before.
-        target_itl_s: the inter-token latency target, seconds: each step
+        target_itl_s: the inter-token latency target in seconds (in
+            milliseconds as ``bargein serve``'s flag): each step
             is filled only up to what the engine's step-time model predicts
             fits it (decodes first, then prefill chunks sized to what is
             left), and a waiting sequence joins the running batch only while

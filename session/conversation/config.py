@@ -10,9 +10,11 @@ class SessionConfig:
     """What a session allows and what it assumes when the client says nothing.
 
     Attributes:
-        max_tokens: most tokens of one response (announced in ``session.created``).
-        default_max_tokens: ``max_tokens`` of a ``response.create`` naming none
-            (capped at ``max_tokens``).
+        max_tokens: most tokens of one response (announced in
+            ``session.created``); a request asking for more is refused
+            (``invalid_parameter``; 400 over HTTP).
+        default_max_tokens: the token limit of a response whose
+            ``response.create`` names none (capped at ``max_tokens``).
         max_frame_bytes: largest client frame; bigger ones close with 1009.
         instructions: default system prompt of a new session (``None``: none).
         max_input_items: most conversation items one ``response.create`` adds.

@@ -109,22 +109,33 @@ class AdmissionConfig:
     """Limits of admission (0 turns a limit off).
 
     Attributes:
-        max_waiting: requests admitted but without a first token yet.
-        max_queue_time_s: longest expected wait in the queue, seconds (off by
-            default: the estimate needs a load it can learn from; set it for
-            production, e.g. to the TTFT target).
-        max_active_per_principal: responses one principal has generating.
-        rate_limit_requests: requests per second per principal.
-        rate_limit_tokens: prompt + max_tokens per second per principal.
-        rate_limit_audio_s: seconds of input audio transcribed per second per
-            principal (a voice turn's audio is charged when the turn ends).
+        max_waiting: requests admitted but without a first token yet; past
+            it, ``overloaded`` (0: no bound).
+        max_queue_time_s: seconds a request may wait in the queue for the
+            engine to schedule it: refused up front when the expected wait is
+            longer, dropped from the queue (``overloaded``, nothing
+            generated) when it passes; a prefill under way is never dropped.
+            0: no bound, the default (the estimate needs a load it can learn
+            from; set it for production, e.g. to the TTFT target).
+        max_active_per_principal: responses one principal (an API key;
+            without API keys, a client address: IPv4, or IPv6 /64) has
+            generating at once (0: no cap).
+        rate_limit_requests: requests per second per principal (0: off).
+        rate_limit_tokens: prompt + max_tokens per second per principal (0: off).
+        rate_limit_audio_s: seconds of audio per second per principal (0:
+            off): input audio transcribed (a voice turn's audio is charged
+            when the turn ends), and speech a resume with ``audio_from_ms``
+            synthesizes again (charged per segment).
         burst_s: seconds of its rate a bucket holds (its size).
         window_s: seconds of recent queue departures the wait estimate uses.
-        target_ttft_s: the time-to-first-token target of the model-based
-            check (5. above), seconds; 0: off (the library default; ``bargein
-            serve`` turns it on). The ITL part needs only the engine's target.
-        bulk_share: the share of the ITL budget bulk (HTTP) requests may
-            fill; interactive sessions may fill all of it.
+        target_ttft_s: the time-to-first-token target, seconds: with the
+            engine's inter-token target, a request whose predicted TTFT (the
+            prompt tokens queued ahead and its own, at the step budget) is
+            over it is refused (``overloaded``) at once; 0: off (the library
+            default; ``bargein serve`` turns it on). The inter-token part of
+            the check needs only the engine's target.
+        bulk_share: the share of the inter-token budget bulk (HTTP API)
+            requests may fill; interactive (WebSocket) sessions may fill all of it.
     """
 
     max_waiting: int = 64

@@ -146,7 +146,7 @@ def redis_node_on_engine(live_server: LiveServer, redis_url: str, node_id: str) 
         Settings(
             session=SessionConfig(max_tokens=64, default_max_tokens=32, max_frame_bytes=MAX_FRAME_BYTES),
             server=ServerConfig(
-                port=0, log_level="warning", redis_url=redis_url, log_backend="redis", node_id=node_id
+                port=0, log_level="warning", redis_url=redis_url, token_log_backend="redis", node_id=node_id
             ),
         ),
     ) as server:

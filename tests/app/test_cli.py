@@ -18,7 +18,7 @@ def test_defaults_serve_the_bundled_model_on_loopback() -> None:
     settings = parse_serve_args([], env={})
     assert (settings.server.host, settings.server.port) == ("127.0.0.1", 8000)
     assert settings.engine.model.path is None
-    assert settings.server.log_backend == "memory"
+    assert settings.server.token_log_backend == "memory"
 
 
 def test_flags_reach_every_component() -> None:
@@ -54,7 +54,7 @@ def test_flags_reach_every_component() -> None:
     assert settings.engine.cache.num_blocks == 300
     assert settings.engine.cache.dtype == "float32"
     assert (settings.session.max_tokens, settings.session.default_max_tokens) == (128, 64)
-    assert settings.server.log_backend == "redis"  # a Redis URL implies the backend
+    assert settings.server.token_log_backend == "redis"  # a Redis URL implies the backend
     assert settings.server.debug_endpoints is True
 
 

@@ -68,7 +68,7 @@ def outage_node(live_server: LiveServer, own_redis: RedisServer) -> Iterator[Emb
                 port=0,
                 log_level="warning",
                 redis_url=own_redis.url,
-                log_backend="redis",
+                token_log_backend="redis",
                 node_id="outage-a",
                 ws_ping_interval_s=0,
                 slow_client_timeout_s=0,

@@ -179,7 +179,7 @@ def _twin(
                 debug_endpoints=True,
                 log_level="warning",
                 redis_url=redis_url,
-                log_backend="redis" if redis_url else "memory",
+                token_log_backend="redis" if redis_url else "memory",
                 node_id=node_id,
                 secret="test-resume-secret",
             ),

@@ -170,6 +170,6 @@ async def test_on_sentinel_a_failover_mid_stream_loses_nothing_and_waits_see_the
 
 
 def test_a_bad_durability_is_refused_at_startup() -> None:
-    assert ServerConfig(log_durability="wait-every-ms:20").log_durability == "wait-every-ms:20"
+    assert ServerConfig(token_log_durability="wait-every-ms:20").token_log_durability == "wait-every-ms:20"
     with pytest.raises(ValueError):
-        ServerConfig(log_durability="wait-sometimes")
+        ServerConfig(token_log_durability="wait-sometimes")
