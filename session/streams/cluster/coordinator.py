@@ -40,6 +40,7 @@ from redis.exceptions import RedisError
 
 from bargein.engine.errors import EngineError
 from bargein.engine.request import EngineRequest, FinishReason, SamplingParams
+from bargein.session.cancel import cancel_and_wait
 from bargein.session.errors import StreamTruncated, TokenLogError, TokenLogUnavailable
 from bargein.session.streams.cluster.forward import Forwarder
 from bargein.session.streams.cluster.lease import LeaseConfig, Leases
@@ -158,13 +159,10 @@ class Cluster:
         """Stop ticking and listening (leases are left to expire: another node
         takes the streams over if this one does not come back)."""
         tasks = [t for t in (self._ticker, *self._tasks, *self._taking.values()) if t is not None]
-        for task in tasks:
-            task.cancel()
-        await self.forwarder.stop()
         # A task inside a redis-py call can miss its cancellation (CPython
         # gh-86296 on 3.11): bound the wait, so shutdown never hangs on one.
-        if tasks:
-            await asyncio.wait(tasks, timeout=STOP_TIMEOUT_S)
+        await cancel_and_wait(tasks, timeout_s=STOP_TIMEOUT_S)
+        await self.forwarder.stop()
         try:
             await self.registry.release()  # a restart under the same id need not wait
         except _REDIS_ERRORS as exc:
