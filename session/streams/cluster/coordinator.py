@@ -39,30 +39,21 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Coroutine
-from typing import Any
+from typing import Any, Literal
 
 from redis.exceptions import RedisError
 
-from bargein.engine.errors import EngineError
-from bargein.engine.request import EngineRequest, FinishReason, SamplingParams
+from bargein.engine.request import FinishReason, SamplingParams
 from bargein.session.cancel import cancel_and_wait
-from bargein.session.errors import StreamTruncated, TokenLogError, TokenLogUnavailable
+from bargein.session.errors import TokenLogError, TokenLogUnavailable
+from bargein.session.streams.cluster.adopt import Adopter, Outcome
 from bargein.session.streams.cluster.forward import Forwarder
 from bargein.session.streams.cluster.lease import LeaseConfig, Leases
 from bargein.session.streams.cluster.registry import NodeRegistry
-from bargein.session.streams.cluster.takeover import (
-    Continuation,
-    GenerationRecord,
-    LoggedPrefix,
-    continuation_params,
-    gen_key,
-    read_prefix,
-)
-from bargein.session.streams.log import TRUNCATED_CODE, EndError, StreamEnd, StreamInfo, StreamWrite
+from bargein.session.streams.cluster.takeover import GenerationRecord, gen_key
+from bargein.session.streams.log import StreamWrite
 from bargein.session.streams.log.redis_client import retrying_client
-from bargein.session.streams.log.redis_format import Keys
 from bargein.session.streams.log.redis_streams import RedisTokenLog
-from bargein.session.streams.log.redis_tail import LOGGED
 from bargein.session.streams.peers import LocalNode
 from bargein.session.supervise import TaskHealth, supervised
 
@@ -123,7 +114,6 @@ class Cluster:
         )
         self.registry = NodeRegistry(self.redis, node_id, ttl_s=lease.ttl_s, key_prefix=key_prefix)
         self._prefix = key_prefix
-        self._keys = Keys(key_prefix)
         self._record_ttl_ms = int(record_ttl_s * 1000)
         self._node: LocalNode | None = None  # set by start
         self._ended: list[str] = []
@@ -131,11 +121,18 @@ class Cluster:
         self._reading: dict[str, int] = {}  # stream id -> deliveries of it here
         self._read_elsewhere: set[str] = set()  # streams of ours other nodes read
         self._watched: set[str] = set()
-        self._taking: dict[str, asyncio.Task[str]] = {}
+        self._taking: dict[str, asyncio.Task[Outcome]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ticker: asyncio.Task[None] | None = None
         self._handing_over = False
-        self.num_takeovers = 0  # streams this node continued after their node died
+        self._adopter = Adopter(
+            self.redis, self.leases, log, self.forwarder.flag_key, node_id, key_prefix=key_prefix
+        )
+
+    @property
+    def num_takeovers(self) -> int:
+        """Streams this node continued after their node died."""
+        return self._adopter.num_takeovers
 
     # ---- life cycle ------------------------------------------------------------
 
@@ -355,12 +352,13 @@ class Cluster:
 
     # ---- takeover --------------------------------------------------------------
 
-    async def _take_over_once(self, stream_id: str) -> str:
-        """Run at most one takeover attempt per stream at a time; its outcome."""
+    async def _take_over_once(self, stream_id: str) -> Outcome | Literal["failed"]:
+        """Run at most one takeover attempt per stream at a time
+        (session/streams/cluster/adopt.py); its outcome."""
         task = self._taking.get(stream_id)
         if task is None:
             task = self._taking[stream_id] = asyncio.create_task(
-                self._take_over(stream_id), name=f"takeover-{stream_id}"
+                self._adopter.take_over(stream_id, self._local), name=f"takeover-{stream_id}"
             )
             task.add_done_callback(lambda _: self._taking.pop(stream_id, None))
         try:
@@ -374,134 +372,6 @@ class Cluster:
         if outcome != "owned":
             self._watched.discard(stream_id)
         return outcome
-
-    async def _take_over(self, stream_id: str) -> str:
-        """Continue ``stream_id`` here if it is unfinished and nobody holds its lease.
-
-        Returns ``"done"`` (complete or unknown), ``"owned"`` (another node
-        holds the lease), ``"ended"`` (ended here without generating:
-        cancelled, length, or nothing to continue from) or ``"continued"``.
-        """
-        info = await self._token_log.info(stream_id)
-        if info is None or info.status == "complete":
-            return "done"
-        if not await self.leases.acquire(stream_id):
-            return "owned"
-        try:
-            return await self._continue(stream_id)
-        except BaseException:
-            await self._release_now(stream_id)
-            raise
-
-    async def _continue(self, stream_id: str) -> str:
-        """With the lease held: end or continue the stream from its logged prefix."""
-        node = self._local
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.get(gen_key(self._prefix, stream_id))
-            pipe.get(self.forwarder.flag_key(stream_id))
-            raw_record, flag = await pipe.execute()
-        info = await self._token_log.info(stream_id)  # the final end: the old owner is gone
-        if info is None or info.status == "complete":
-            await self._release_now(stream_id)
-            return "done"
-        await self.redis.hset(self._keys.meta(stream_id), "owner_node", self.node_id)
-        try:
-            prefix = await self._logged_prefix(stream_id, info)
-        except StreamTruncated as exc:
-            # Without its whole prefix the stream cannot be continued: end it so, or its
-            # readers (past the loss) would wait for tokens nobody writes.
-            log.warning("cannot continue %s: %s; ending it as truncated", stream_id, exc)
-            self._token_log.adopt_stream(info)
-            await self._finish(
-                stream_id, info, raw_record, LoggedPrefix(token_ids=(), text=""), FinishReason.ERROR, exc
-            )
-            return "ended"
-        if isinstance(prefix, StreamEnd):
-            await self._release_now(stream_id)
-            return "done"
-        self._token_log.adopt_stream(info)
-        reason = self._end_reason(raw_record, flag, prefix, info)
-        if reason is not None:
-            await self._finish(stream_id, info, raw_record, prefix, reason)
-            return "ended"
-        record = GenerationRecord.decode(raw_record)
-        continuation = Continuation(node.runner.tokenizer, record, prefix, node.runner.abort)
-        request = EngineRequest(
-            request_id=stream_id,
-            prompt_token_ids=record.prompt_token_ids + prefix.token_ids,
-            params=continuation_params(record.params, prefix.end),
-            arrival_time=node.clock(),
-            cache_salt=node.cache_salt(info.principal),
-        )
-        try:
-            node.continue_stream(request, response_id=info.response_id, continuation=continuation)
-        except EngineError as exc:
-            log.error("continuing %s failed: %r", stream_id, exc)
-            await self._finish(stream_id, info, raw_record, prefix, FinishReason.ERROR)
-            return "ended"
-        self.num_takeovers += 1
-        log.info("took over %s at offset %d", stream_id, prefix.end)
-        return "continued"
-
-    async def _logged_prefix(self, stream_id: str, info: StreamInfo) -> LoggedPrefix | StreamEnd:
-        """What the log holds of a live stream, ``[0, info.end)``, or its end.
-
-        Raises StreamTruncated when entries are missing, also when the log
-        lost all of them (an end of 0 then only means nothing is left, which
-        the metadata's ``logged`` mark tells); StreamNotFound, TokenLogUnavailable.
-        """
-        if info.end == 0 and await self.redis.hexists(self._keys.meta(stream_id), LOGGED):
-            raise StreamTruncated(stream_id, 0)
-        return await read_prefix(self._token_log, stream_id, info.end)
-
-    def _end_reason(
-        self, raw_record: bytes | None, flag: bytes | None, prefix: LoggedPrefix, info: StreamInfo
-    ) -> FinishReason | None:
-        """Why the stream ends here without generating, or None to continue it."""
-        if flag is not None:
-            return FinishReason(flag.decode())
-        if raw_record is None:
-            return FinishReason.ERROR  # created by a node outside the cluster, or expired
-        record = GenerationRecord.decode(raw_record)
-        room = self._local.max_model_len - len(record.prompt_token_ids)
-        if prefix.end >= min(record.params.max_tokens, room):
-            return FinishReason.LENGTH
-        return None
-
-    async def _finish(
-        self,
-        stream_id: str,
-        info: StreamInfo,
-        raw_record: bytes | None,
-        prefix: LoggedPrefix,
-        reason: FinishReason,
-        lost: StreamTruncated | None = None,
-    ) -> None:
-        """End an adopted stream at its logged end, then release its lease.
-
-        ``lost``: the log lost entries, so the end is ``info.end`` and carries
-        the error that makes every reader raise StreamTruncated.
-        """
-        num_prompt = 0 if raw_record is None else len(GenerationRecord.decode(raw_record).prompt_token_ids)
-        end_at = prefix.end if lost is None else info.end
-        end = StreamEnd(
-            end=end_at,
-            finish_reason=reason.value,
-            prompt_tokens=num_prompt,
-            completion_tokens=end_at,
-            cached_tokens=0,
-            error=None
-            if lost is None
-            else EndError(code=TRUNCATED_CODE, message=str(lost), retry_after_ms=0),
-        )
-        await self._token_log.write_step([StreamWrite(stream_id=stream_id, entry=None, finish=end)])
-        await self._release_now(stream_id)
-
-    async def _release_now(self, stream_id: str) -> None:
-        try:
-            await self.leases.release([stream_id])
-        except _REDIS_ERRORS as exc:
-            log.warning("releasing the lease of %s failed: %r", stream_id, exc)
 
     def _abandon(self, stream_id: str) -> None:
         """Another node may continue this stream: stop generating and writing it."""
