@@ -18,7 +18,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -46,8 +46,12 @@ from bargein.session.runtime.admission import Admission
 from bargein.session.runtime.connection import Connection
 from bargein.session.runtime.service import Service
 from bargein.session.streams.log import TokenLog, open_token_log
+from bargein.session.streams.peers import NoPeers
 from bargein.session.voice_runtime.audio_input import VOICES, VoiceRuntime
 from bargein.voice.models import VoiceUnavailable, load_voice_models
+
+if TYPE_CHECKING:
+    from bargein.session.streams.cluster import Cluster
 
 logger = logging.getLogger("bargein")
 
@@ -86,6 +90,8 @@ class AppState:
         voice: the voice models in use (None: text only).
         writers: the writer of each open ``/v1/realtime`` connection (whether
             it is over its outgoing bound: tests and debugging).
+        cluster: this node's part of a multi-node deployment (with a Redis
+            log; None alone), once the service is built.
     """
 
     settings: Settings
@@ -100,6 +106,7 @@ class AppState:
     voice: VoiceRuntime | None = None
     loaded: asyncio.Event = field(default_factory=asyncio.Event)
     writers: set[Outgoing] = field(default_factory=set)
+    cluster: Cluster | None = None
 
 
 def load_runner(settings: Settings, progress: Progress) -> Any:
@@ -189,6 +196,7 @@ async def _load(state: AppState, progress: Progress) -> None:
         progress(LOAD_FAILED)
         return
     state.voice = voice
+    state.cluster = make_cluster(state.settings, state.log)
     service = Service(
         runner,
         state.log,
@@ -198,7 +206,7 @@ async def _load(state: AppState, progress: Progress) -> None:
         debug=state.settings.server.debug_endpoints,
         observer=state.observer,
         admission=Admission(state.settings.admission),
-        cluster=make_cluster(state.settings),
+        peers=NoPeers() if state.cluster is None else state.cluster,
         voice=voice,
     )
     try:
@@ -236,16 +244,19 @@ async def load_voice(settings: Settings) -> VoiceRuntime | None:
     return VoiceRuntime(models, config)
 
 
-def make_cluster(settings: Settings) -> Any:
-    """With a Redis log, this node's :class:`bargein.session.streams.cluster.Cluster`; else None."""
+def make_cluster(settings: Settings, log: TokenLog) -> Cluster | None:
+    """With a Redis log, this node's :class:`bargein.session.streams.cluster.Cluster`
+    on it; else None (a node alone)."""
     server = settings.server
     if server.redis_url is None:
         return None
     from bargein.session.streams.cluster import Cluster  # redis only when used
     from bargein.session.streams.cluster.lease import LeaseConfig
+    from bargein.session.streams.log.redis_streams import RedisTokenLog
 
+    assert isinstance(log, RedisTokenLog), "open_token_log opens a Redis URL as a RedisTokenLog"
     lease = LeaseConfig(ttl_s=server.lease_ttl_s, renew_every_s=server.lease_ttl_s / 5)
-    return Cluster(server.redis_url, server.node_name, lease=lease)
+    return Cluster(server.redis_url, server.node_name, log, lease=lease)
 
 
 def create_app(
@@ -320,8 +331,8 @@ def create_app(
 
 async def _shutdown(state: AppState, loader: asyncio.Task[None]) -> None:
     await loader  # a loading thread cannot be cancelled; let it end first
-    if state.service is not None and state.service.cluster is not None:
-        await state.service.cluster.hand_over()  # other nodes continue its streams
+    if state.service is not None:
+        await state.service.hand_over()  # other nodes continue its streams
     if state.runner is not None and state.runner is not state.shared_runner:
         await asyncio.to_thread(state.runner.shutdown)
     if state.service is not None:
@@ -397,11 +408,11 @@ async def debug_engine(request: Request) -> JSONResponse:
     service = state.service
     interrupts = {"count": service.num_interrupts, "latencies_s": list(service.interrupt_latencies_s)}
     body = {"stats": stats, "recent_requests": recent, "interrupts": interrupts}
-    if service.cluster is not None:
+    if state.cluster is not None:
         body["cluster"] = {
             "node_id": service.node_id,
-            "takeovers": service.cluster.num_takeovers,
-            "leases_held": len(service.cluster.leases.held),
+            "takeovers": state.cluster.num_takeovers,
+            "leases_held": len(state.cluster.leases.held),
         }
     return JSONResponse(body)
 

@@ -21,7 +21,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 
-async def cancel_and_wait(tasks: Iterable[asyncio.Future[Any]]) -> None:
+async def cancel_and_wait(tasks: Iterable[asyncio.Future[Any]], *, timeout_s: float | None = None) -> None:
     """Cancel ``tasks`` and return once every one of them is done.
 
     A child that ends cancelled, or had already returned, is what the caller
@@ -30,6 +30,11 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Future[Any]]) -> None:
     ``error`` level with its traceback and does not stop the caller, which is
     closing: what is left to close (sockets, saves, admission slots) still
     gets closed.
+
+    ``timeout_s``: return after that many seconds even if some children are
+    still running (they end on their own). For tasks inside a redis-py call,
+    which can miss their cancellation (CPython gh-86296 on 3.11): a shutdown
+    must not hang on one.
 
     Raises:
         asyncio.CancelledError: the calling task itself was cancelled while
@@ -40,8 +45,8 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Future[Any]]) -> None:
     for task in pending:
         task.cancel()
     if pending:
-        await asyncio.wait(pending)
+        await asyncio.wait(pending, timeout=timeout_s)
     for task in children:
-        if not task.cancelled() and task.exception() is not None:
+        if task.done() and not task.cancelled() and task.exception() is not None:
             name = task.get_name() if isinstance(task, asyncio.Task) else repr(task)
             logger.error("task %s failed while being stopped", name, exc_info=task.exception())

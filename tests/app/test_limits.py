@@ -35,7 +35,7 @@ from bargein.client.realtime_client import RealtimeClient, ServerError
 from bargein.engine.config import EngineConfig, SchedulerConfig
 from bargein.session.conversation.chat import prompt_ids
 from bargein.session.conversation.config import SessionConfig
-from bargein.session.runtime import service as service_module
+from bargein.session.runtime import submit as submit_module
 from bargein.session.runtime.admission import AdmissionConfig
 from tests.app.log_capture import server_log
 from tests.app.rawws import masked_text, raw_upgrade
@@ -422,7 +422,7 @@ async def test_full_queue_answers_overloaded_and_1013_at_connect(
                 rendered.append(args)
                 return prompt_ids(*args, **kwargs)
 
-            monkeypatch.setattr(service_module, "prompt_ids", counting_render)
+            monkeypatch.setattr(submit_module, "prompt_ids", counting_render)
             submitted_before = list(service.recent_requests)
             with pytest.raises(ServerError) as refused:
                 await clients[3].chat("Hi", max_tokens=1)
@@ -505,7 +505,7 @@ async def test_request_still_queued_at_its_deadline_is_dropped_with_overloaded(
                     http.post("/v1/chat/completions", json={**body, "stream": True})
                 )
                 await wait_until(
-                    lambda: sum(live.expired is not None for live in service._live.values()) == 3,
+                    lambda: sum(live.expired is not None for live in service._streams._live.values()) == 3,
                     "three requests to pass their deadline in the queue",
                 )
                 runner.remove_step_listener(hold)

@@ -21,7 +21,7 @@ from bargein.app.embedded import EmbeddedServer
 from bargein.app.settings import ServerConfig, Settings
 from bargein.session.conversation.chat import prompt_ids
 from bargein.session.conversation.config import SessionConfig
-from bargein.session.runtime import service as service_module
+from bargein.session.runtime import submit as submit_module
 from tests.app.conftest import LiveServer, node_on_engine
 
 pytestmark = pytest.mark.slow
@@ -51,7 +51,7 @@ def renders(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
         rendered.append(args)
         return prompt_ids(*args, **kwargs)
 
-    monkeypatch.setattr(service_module, "prompt_ids", counting)
+    monkeypatch.setattr(submit_module, "prompt_ids", counting)
     return rendered
 
 

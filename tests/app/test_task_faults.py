@@ -89,13 +89,13 @@ async def assert_blocks_free(live_server: LiveServer) -> None:
     assert stats.num_free_blocks == stats.num_total_blocks
 
 
-@pytest.mark.parametrize("target", ["log.write_step", "service._continued"])
+@pytest.mark.parametrize("target", ["log.write_step", "outputs.continued"])
 async def test_a_step_writer_fault_ends_the_response_and_the_next_goes_through(
     live_server: LiveServer, monkeypatch: pytest.MonkeyPatch, target: str
 ) -> None:
     service = live_server.state.service
     assert service is not None
-    owner, name = (service.log, "write_step") if target.startswith("log") else (service, "_continued")
+    owner, name = (service.log, "write_step") if target.startswith("log") else (service._outputs, "continued")
     monkeypatch.setattr(owner, name, raise_once(getattr(owner, name)))
     async with RealtimeClient(live_server.ws_url, max_reconnects=0) as client:
         assert_failed_explicitly(await answer(client))  # used to hang: the writer was dead

@@ -109,3 +109,23 @@ async def test_a_child_that_failed_is_logged_not_raised(caplog: pytest.LogCaptur
 
 async def test_nothing_to_wait_for() -> None:
     await cancel_and_wait([])
+
+
+async def test_a_bounded_wait_returns_while_a_child_ignores_its_cancellation() -> None:
+    """``timeout_s``: a child stuck past its cancellation (a redis-py call on
+    3.11, gh-86296) does not hang the caller; it is left to end on its own."""
+    release = asyncio.Event()
+
+    async def stubborn() -> None:
+        while not release.is_set():
+            try:
+                await release.wait()
+            except asyncio.CancelledError:
+                pass  # the misbehaving child under test
+
+    child = asyncio.create_task(stubborn())
+    await asyncio.sleep(0)
+    await cancel_and_wait([child], timeout_s=0.01)
+    assert not child.done()
+    release.set()
+    await child

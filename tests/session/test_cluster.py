@@ -83,7 +83,7 @@ async def deployment(redis_server: str) -> AsyncIterator[Callable[[str], Any]]:
 
     async def node(name: str) -> tuple[Cluster, StandIn]:
         log = RedisTokenLog(redis_server, node_id=name, config=RedisLogConfig(key_prefix=prefix))
-        cluster = Cluster(redis_server, name, key_prefix=prefix, lease=LEASE)
+        cluster = Cluster(redis_server, name, log, key_prefix=prefix, lease=LEASE)
         service = StandIn(log=log)
         await cluster.start(service)
         started.append((cluster, service))

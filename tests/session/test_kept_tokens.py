@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bargein.session.runtime.service import kept_output_tokens
+from bargein.session.runtime.live import kept_output_tokens
 
 # One entry per engine step: " Paris" is one token, "é" took two (its first byte shows no text).
 TEXTS = ["Once", " upon", "", "é", " a", " time"]

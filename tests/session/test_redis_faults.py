@@ -178,7 +178,7 @@ async def test_dead_pooled_connections_are_replaced_not_reported(
     """After Redis drops every client connection, each client's next calls go
     through on fresh connections (retried once), not one failure per dead one."""
     log = logs[0]
-    cluster = Cluster(server.url, "node-c", lease=LeaseConfig(ttl_s=5.0, renew_every_s=1.0))
+    cluster = Cluster(server.url, "node-c", log, lease=LeaseConfig(ttl_s=5.0, renew_every_s=1.0))
     try:
         # Four connections in each pool, all idle when Redis drops them.
         await asyncio.gather(

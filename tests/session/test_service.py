@@ -380,7 +380,7 @@ async def test_a_crashed_writer_fails_the_steps_streams_and_restarts(monkeypatch
     await service.start()
     finished: list[GenerationFinished] = []
     assert isinstance(await submit_one(service, "a", finished), Submitted)
-    continued = service._continued
+    continued = service._outputs.continued
     calls = iter([RuntimeError("injected")])
 
     def crash_once(output: RequestOutput) -> RequestOutput:
@@ -388,7 +388,7 @@ async def test_a_crashed_writer_fails_the_steps_streams_and_restarts(monkeypatch
             raise exc
         return continued(output)
 
-    monkeypatch.setattr(service, "_continued", crash_once)
+    monkeypatch.setattr(service._outputs, "continued", crash_once)
     engine.run_steps([[out("a", 0, "Hel")]])
     items = await read_all(log, "a")  # the reader gets an end, not a hang
     end = items[-1]

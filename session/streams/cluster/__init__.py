@@ -2,8 +2,9 @@
 
 :class:`Cluster` (:mod:`~bargein.session.streams.cluster.coordinator`) is one node's
 part; :mod:`~bargein.session.streams.cluster.lease` says which node generates a
-stream, :mod:`~bargein.session.streams.cluster.takeover` continues a stream whose node
-died, :mod:`~bargein.session.streams.cluster.forward` carries a cancel to the node
+stream, :mod:`~bargein.session.streams.cluster.adopt` takes over a stream whose node
+died and :mod:`~bargein.session.streams.cluster.takeover` says how its continuation
+joins it, :mod:`~bargein.session.streams.cluster.forward` carries a cancel to the node
 generating the stream.
 """
 

@@ -1,8 +1,9 @@
 """Several bargein nodes on one Redis: leases, forwarded interrupts, takeover.
 
-One :class:`Cluster` per node, beside its :class:`~bargein.session.runtime.service.Service`
-and its :class:`~bargein.session.streams.log.redis_streams.RedisTokenLog` (same Redis, same key
-prefix). The service calls it at these points:
+One :class:`Cluster` per node, beside its service and its
+:class:`~bargein.session.streams.log.redis_streams.RedisTokenLog` (same Redis, same key
+prefix). It is the multi-node :class:`~bargein.session.streams.peers.Peers`:
+the service calls it at these points:
 
 - ``claim`` when it creates a stream: the generation record
   (session/streams/cluster/takeover.py) is stored and the lease taken, in one round trip,
@@ -19,6 +20,9 @@ prefix). The service calls it at these points:
 - ``follow`` when a client resumes a stream here: the stream is watched, and
   if it is unfinished with no lease (its node died), taken over.
 
+It asks the service back only through :class:`~bargein.session.streams.peers.LocalNode`
+(abort a request, continue a stream taken over), so it imports nothing of the runtime.
+
 One task ticks every ``renew_every_s``: it renews every lease in one
 pipeline (reading the cancel flags on the way), releases ended streams'
 leases, checks the leases of the streams watched here, and exchanges
@@ -34,28 +38,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, Literal
 
 from redis.exceptions import RedisError
 
-from bargein.engine.errors import EngineError
-from bargein.engine.request import EngineRequest, FinishReason, SamplingParams
-from bargein.session.errors import StreamTruncated, TokenLogError, TokenLogUnavailable
+from bargein.engine.request import FinishReason, SamplingParams
+from bargein.session.cancel import cancel_and_wait
+from bargein.session.errors import TokenLogError, TokenLogUnavailable
+from bargein.session.streams.cluster.adopt import Adopter, Outcome
 from bargein.session.streams.cluster.forward import Forwarder
 from bargein.session.streams.cluster.lease import LeaseConfig, Leases
 from bargein.session.streams.cluster.registry import NodeRegistry
-from bargein.session.streams.cluster.takeover import (
-    Continuation,
-    GenerationRecord,
-    LoggedPrefix,
-    continuation_params,
-    gen_key,
-    read_prefix,
-)
-from bargein.session.streams.log import TRUNCATED_CODE, EndError, StreamEnd, StreamInfo, StreamWrite
+from bargein.session.streams.cluster.takeover import GenerationRecord, gen_key
+from bargein.session.streams.log import StreamWrite
 from bargein.session.streams.log.redis_client import retrying_client
-from bargein.session.streams.log.redis_format import Keys
-from bargein.session.streams.log.redis_tail import LOGGED
+from bargein.session.streams.log.redis_streams import RedisTokenLog
+from bargein.session.streams.peers import LocalNode
 from bargein.session.supervise import TaskHealth, supervised
 
 log = logging.getLogger(__name__)
@@ -78,6 +77,8 @@ class Cluster:
     Args:
         url: the Redis URL (the token log's).
         node_id: unique name of this node (written into its leases).
+        log: the node's token log on that Redis: the cluster fences its
+            writes, adopts the streams it takes over and stops the ones it lost.
         key_prefix: the token log's key prefix.
         lease: lease timing.
         record_ttl_s: how long a generation record outlives a dead node
@@ -88,12 +89,14 @@ class Cluster:
         self,
         url: str,
         node_id: str,
+        log: RedisTokenLog,
         *,
         key_prefix: str = "bargein:",
         lease: LeaseConfig = LeaseConfig(),
         record_ttl_s: float = 3600.0,
     ) -> None:
         self.node_id = node_id
+        self._token_log = log
         # Every command of this client is safe to send twice (session/streams/log/redis_client.py).
         self.redis = retrying_client(url)
         self.health = TaskHealth()  # the tick's and the abort listener's crashes
@@ -111,32 +114,38 @@ class Cluster:
         )
         self.registry = NodeRegistry(self.redis, node_id, ttl_s=lease.ttl_s, key_prefix=key_prefix)
         self._prefix = key_prefix
-        self._keys = Keys(key_prefix)
         self._record_ttl_ms = int(record_ttl_s * 1000)
-        self._service: Any = None
+        self._node: LocalNode | None = None  # set by start
         self._ended: list[str] = []
         self._claimed_at: dict[str, float] = {}  # claimed here, not yet ended
         self._reading: dict[str, int] = {}  # stream id -> deliveries of it here
         self._read_elsewhere: set[str] = set()  # streams of ours other nodes read
         self._watched: set[str] = set()
-        self._taking: dict[str, asyncio.Task[str]] = {}
+        self._taking: dict[str, asyncio.Task[Outcome]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ticker: asyncio.Task[None] | None = None
         self._handing_over = False
-        self.num_takeovers = 0  # streams this node continued after their node died
+        self._adopter = Adopter(
+            self.redis, self.leases, log, self.forwarder.flag_key, node_id, key_prefix=key_prefix
+        )
+
+    @property
+    def num_takeovers(self) -> int:
+        """Streams this node continued after their node died."""
+        return self._adopter.num_takeovers
 
     # ---- life cycle ------------------------------------------------------------
 
-    async def start(self, service: Any) -> None:
-        """Attach to the service (its runner, log, tokenizer) and start ticking.
+    async def start(self, node: LocalNode) -> None:
+        """Attach to this node's service (its engine, clock, model length) and start ticking.
 
         Raises:
             NodeIdInUse: another live node holds this node's id
                 (session/streams/cluster/registry.py).
         """
         await self.registry.register()
-        self._service = service
-        service.log.fence_with(self.leases.fence)  # every write checks the lease's epoch
+        self._node = node
+        self._token_log.fence_with(self.leases.fence)  # every write checks the lease's epoch
         await self.forwarder.start()
         self._ticker = supervised(self._tick_loop, name=TICK, health=self.health)
 
@@ -148,7 +157,7 @@ class Cluster:
         self._handing_over = True
         held = self.leases.held
         for sid in held:
-            self._service.log.abandon_stream(sid)
+            self._token_log.abandon_stream(sid)
         try:
             await self.leases.release(held)
         except _REDIS_ERRORS as exc:
@@ -158,13 +167,10 @@ class Cluster:
         """Stop ticking and listening (leases are left to expire: another node
         takes the streams over if this one does not come back)."""
         tasks = [t for t in (self._ticker, *self._tasks, *self._taking.values()) if t is not None]
-        for task in tasks:
-            task.cancel()
-        await self.forwarder.stop()
         # A task inside a redis-py call can miss its cancellation (CPython
         # gh-86296 on 3.11): bound the wait, so shutdown never hangs on one.
-        if tasks:
-            await asyncio.wait(tasks, timeout=STOP_TIMEOUT_S)
+        await cancel_and_wait(tasks, timeout_s=STOP_TIMEOUT_S)
+        await self.forwarder.stop()
         try:
             await self.registry.release()  # a restart under the same id need not wait
         except _REDIS_ERRORS as exc:
@@ -188,7 +194,7 @@ class Cluster:
             raise TokenLogUnavailable(f"cannot claim stream {stream_id}: {exc!r}", (stream_id,)) from exc
         if not taken:
             raise TokenLogUnavailable(f"stream {stream_id} already has a lease", (stream_id,))
-        self._claimed_at[stream_id] = self._service.clock()
+        self._claimed_at[stream_id] = self._local.clock()
 
     async def fence(self, writes: list[StreamWrite]) -> list[StreamWrite]:
         """The writes this node may still make: streams whose lease it holds.
@@ -235,6 +241,7 @@ class Cluster:
         self._reading[stream_id] = self._reading.get(stream_id, 0) + 1
 
     def reader_ended(self, stream_id: str) -> None:
+        """A delivery of ``stream_id`` here ended."""
         left = self._reading.pop(stream_id, 1) - 1
         if left > 0:
             self._reading[stream_id] = left
@@ -265,9 +272,9 @@ class Cluster:
             await self._take_over_once(stream_id)
 
     def _on_forwarded_abort(self, stream_id: str, reason: FinishReason) -> None:
-        service = self._service
-        if service is not None and self.leases.holds(stream_id):
-            service.abort(stream_id, reason, service.clock())
+        node = self._node
+        if node is not None and self.leases.holds(stream_id):
+            node.abort(stream_id, reason, node.clock())
 
     # ---- the tick --------------------------------------------------------------
 
@@ -285,26 +292,26 @@ class Cluster:
 
     async def _tick(self) -> None:
         """Renew, apply cancel flags, release ended leases, check watched streams."""
-        service = self._service
+        node = self._local
         await self.registry.renew()
         renewal = await self.leases.renew()
         for sid in renewal.lost:
             log.error("lease of %s is held by another node: abandoning it", sid)
             self._abandon(sid)
         for sid in renewal.flagged:  # a forwarded cancel whose message was lost
-            if service.is_generating(sid):
-                service.abort(sid, FinishReason.INTERRUPTED, service.clock())
+            if node.is_generating(sid):
+                node.abort(sid, FinishReason.INTERRUPTED, node.clock())
         ended, self._ended = self._ended, []
-        ended += self._orphans(service)
+        ended += self._orphans(node)
         if ended:  # a record goes with its lease: never one another node took meanwhile
             await self.leases.release(ended, with_lease=lambda s: [gen_key(self._prefix, s)])
         await self._check_watched()
-        await self._exchange_readers(service)
+        await self._exchange_readers(node)
 
-    async def _exchange_readers(self, service: Any) -> None:
+    async def _exchange_readers(self, node: LocalNode) -> None:
         """One pipeline: say which streams generated elsewhere are read here
         (a key that lives three ticks), and learn which of ours are read elsewhere."""
-        remote = [s for s in self._reading if not service.is_generating(s)]
+        remote = [s for s in self._reading if not node.is_generating(s)]
         held = self.leases.held
         if not remote and not held:
             self._read_elsewhere = set()
@@ -318,14 +325,14 @@ class Cluster:
             results = await pipe.execute()
         self._read_elsewhere = {sid for sid, n in zip(held, results[len(remote) :]) if n}
 
-    def _orphans(self, service: Any) -> list[str]:
+    def _orphans(self, node: LocalNode) -> list[str]:
         """Held leases of streams that never started generating here (their
         creation failed after the claim), past a grace period."""
-        now = service.clock()
+        now = node.clock()
         orphans = [
             sid
             for sid, at in self._claimed_at.items()
-            if now - at > ORPHAN_GRACE_S and not service.is_generating(sid)
+            if now - at > ORPHAN_GRACE_S and not node.is_generating(sid)
         ]
         for sid in orphans:
             del self._claimed_at[sid]
@@ -345,12 +352,13 @@ class Cluster:
 
     # ---- takeover --------------------------------------------------------------
 
-    async def _take_over_once(self, stream_id: str) -> str:
-        """Run at most one takeover attempt per stream at a time; its outcome."""
+    async def _take_over_once(self, stream_id: str) -> Outcome | Literal["failed"]:
+        """Run at most one takeover attempt per stream at a time
+        (session/streams/cluster/adopt.py); its outcome."""
         task = self._taking.get(stream_id)
         if task is None:
             task = self._taking[stream_id] = asyncio.create_task(
-                self._take_over(stream_id), name=f"takeover-{stream_id}"
+                self._adopter.take_over(stream_id, self._local), name=f"takeover-{stream_id}"
             )
             task.add_done_callback(lambda _: self._taking.pop(stream_id, None))
         try:
@@ -365,143 +373,19 @@ class Cluster:
             self._watched.discard(stream_id)
         return outcome
 
-    async def _take_over(self, stream_id: str) -> str:
-        """Continue ``stream_id`` here if it is unfinished and nobody holds its lease.
-
-        Returns ``"done"`` (complete or unknown), ``"owned"`` (another node
-        holds the lease), ``"ended"`` (ended here without generating:
-        cancelled, length, or nothing to continue from) or ``"continued"``.
-        """
-        log_ = self._service.log
-        info = await log_.info(stream_id)
-        if info is None or info.status == "complete":
-            return "done"
-        if not await self.leases.acquire(stream_id):
-            return "owned"
-        try:
-            return await self._continue(stream_id)
-        except BaseException:
-            await self._release_now(stream_id)
-            raise
-
-    async def _continue(self, stream_id: str) -> str:
-        """With the lease held: end or continue the stream from its logged prefix."""
-        service = self._service
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.get(gen_key(self._prefix, stream_id))
-            pipe.get(self.forwarder.flag_key(stream_id))
-            raw_record, flag = await pipe.execute()
-        info = await service.log.info(stream_id)  # the final end: the old owner is gone
-        if info is None or info.status == "complete":
-            await self._release_now(stream_id)
-            return "done"
-        await self.redis.hset(self._keys.meta(stream_id), "owner_node", self.node_id)
-        try:
-            prefix = await self._logged_prefix(stream_id, info)
-        except StreamTruncated as exc:
-            # Without its whole prefix the stream cannot be continued: end it so, or its
-            # readers (past the loss) would wait for tokens nobody writes.
-            log.warning("cannot continue %s: %s; ending it as truncated", stream_id, exc)
-            service.log.adopt_stream(info)
-            await self._finish(
-                stream_id, info, raw_record, LoggedPrefix(token_ids=(), text=""), FinishReason.ERROR, exc
-            )
-            return "ended"
-        if isinstance(prefix, StreamEnd):
-            await self._release_now(stream_id)
-            return "done"
-        service.log.adopt_stream(info)
-        reason = self._end_reason(raw_record, flag, prefix, info)
-        if reason is not None:
-            await self._finish(stream_id, info, raw_record, prefix, reason)
-            return "ended"
-        record = GenerationRecord.decode(raw_record)
-        continuation = Continuation(service.runner.tokenizer, record, prefix, service.runner.abort)
-        request = EngineRequest(
-            request_id=stream_id,
-            prompt_token_ids=record.prompt_token_ids + prefix.token_ids,
-            params=continuation_params(record.params, prefix.end),
-            arrival_time=service.clock(),
-            cache_salt=service.cache_salt(info.principal),
-        )
-        try:
-            service.continue_stream(request, response_id=info.response_id, continuation=continuation)
-        except EngineError as exc:
-            log.error("continuing %s failed: %r", stream_id, exc)
-            await self._finish(stream_id, info, raw_record, prefix, FinishReason.ERROR)
-            return "ended"
-        self.num_takeovers += 1
-        log.info("took over %s at offset %d", stream_id, prefix.end)
-        return "continued"
-
-    async def _logged_prefix(self, stream_id: str, info: StreamInfo) -> LoggedPrefix | StreamEnd:
-        """What the log holds of a live stream, ``[0, info.end)``, or its end.
-
-        Raises StreamTruncated when entries are missing, also when the log
-        lost all of them (an end of 0 then only means nothing is left, which
-        the metadata's ``logged`` mark tells); StreamNotFound, TokenLogUnavailable.
-        """
-        if info.end == 0 and await self.redis.hexists(self._keys.meta(stream_id), LOGGED):
-            raise StreamTruncated(stream_id, 0)
-        return await read_prefix(self._service.log, stream_id, info.end)
-
-    def _end_reason(
-        self, raw_record: bytes | None, flag: bytes | None, prefix: LoggedPrefix, info: StreamInfo
-    ) -> FinishReason | None:
-        """Why the stream ends here without generating, or None to continue it."""
-        if flag is not None:
-            return FinishReason(flag.decode())
-        if raw_record is None:
-            return FinishReason.ERROR  # created by a node outside the cluster, or expired
-        record = GenerationRecord.decode(raw_record)
-        room = self._service.max_model_len - len(record.prompt_token_ids)
-        if prefix.end >= min(record.params.max_tokens, room):
-            return FinishReason.LENGTH
-        return None
-
-    async def _finish(
-        self,
-        stream_id: str,
-        info: StreamInfo,
-        raw_record: bytes | None,
-        prefix: LoggedPrefix,
-        reason: FinishReason,
-        lost: StreamTruncated | None = None,
-    ) -> None:
-        """End an adopted stream at its logged end, then release its lease.
-
-        ``lost``: the log lost entries, so the end is ``info.end`` and carries
-        the error that makes every reader raise StreamTruncated.
-        """
-        num_prompt = 0 if raw_record is None else len(GenerationRecord.decode(raw_record).prompt_token_ids)
-        end_at = prefix.end if lost is None else info.end
-        end = StreamEnd(
-            end=end_at,
-            finish_reason=reason.value,
-            prompt_tokens=num_prompt,
-            completion_tokens=end_at,
-            cached_tokens=0,
-            error=None
-            if lost is None
-            else EndError(code=TRUNCATED_CODE, message=str(lost), retry_after_ms=0),
-        )
-        await self._service.log.write_step([StreamWrite(stream_id=stream_id, entry=None, finish=end)])
-        await self._release_now(stream_id)
-
-    async def _release_now(self, stream_id: str) -> None:
-        try:
-            await self.leases.release([stream_id])
-        except _REDIS_ERRORS as exc:
-            log.warning("releasing the lease of %s failed: %r", stream_id, exc)
-
     def _abandon(self, stream_id: str) -> None:
         """Another node may continue this stream: stop generating and writing it."""
         self.leases.forget(stream_id)
-        service = self._service
-        service.runner.abort(stream_id, FinishReason.CANCELLED)
-        service.log.abandon_stream(stream_id)
+        self._local.runner.abort(stream_id, FinishReason.CANCELLED)
+        self._token_log.abandon_stream(stream_id)
 
-    def _spawn(self, coro: Any, name: str) -> None:
+    @property
+    def _local(self) -> LocalNode:
+        """The node's service (:meth:`start` attached it)."""
+        assert self._node is not None, "Cluster.start(node) first"
+        return self._node
+
+    def _spawn(self, coro: Coroutine[Any, Any, object], name: str) -> None:
         task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._spawned_done)

@@ -35,6 +35,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from bargein.engine.request import FinishReason
+from bargein.session.cancel import cancel_and_wait
 from bargein.session.streams.log.redis_client import AnyRedis
 from bargein.session.supervise import TaskHealth, supervised
 
@@ -93,10 +94,10 @@ class Forwarder:
         self._task = supervised(self._listen, name=LISTENER, health=self.health)
 
     async def stop(self) -> None:
+        """Stop listening (bounded: returns within 5 s)."""
         if self._task is not None:
-            self._task.cancel()
             # Bounded: a pubsub read can miss its cancellation on 3.11 (gh-86296).
-            await asyncio.wait([self._task], timeout=5.0)
+            await cancel_and_wait([self._task], timeout_s=5.0)
             self._task = None
 
     async def forward(self, stream_id: str, reason: FinishReason, owner: str | None) -> int:
