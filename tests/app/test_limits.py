@@ -34,9 +34,9 @@ from bargein.app.client import RealtimeClient, ServerError
 from bargein.app.embedded import EmbeddedServer
 from bargein.app.settings import ServerConfig, Settings
 from bargein.engine.config import EngineConfig, SchedulerConfig
-from bargein.session.runtime import service as service_module
 from bargein.session.conversation.chat import prompt_ids
 from bargein.session.conversation.config import SessionConfig
+from bargein.session.runtime import service as service_module
 from bargein.session.runtime.admission import AdmissionConfig
 from tests.app.log_capture import server_log
 from tests.app.rawws import masked_text, raw_upgrade

@@ -19,9 +19,9 @@ from websockets.asyncio.client import connect
 
 from bargein.app.embedded import EmbeddedServer
 from bargein.app.settings import ServerConfig, Settings
-from bargein.session.runtime import service as service_module
 from bargein.session.conversation.chat import prompt_ids
 from bargein.session.conversation.config import SessionConfig
+from bargein.session.runtime import service as service_module
 from tests.app.conftest import LiveServer, node_on_engine
 
 pytestmark = pytest.mark.slow
