@@ -486,7 +486,7 @@ class Connection:
             on_delivered=delivered,
             include_token_ids=self.session.settings.include_token_ids,
             observer=self.service.observer,
-            speaker=speaker,
+            subscribers=() if speaker is None else (speaker,),
         )
         task = asyncio.create_task(delivery.run(), name=f"deliver-{stream_id}")
         self._deliveries[stream_id] = (delivery, task)
