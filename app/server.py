@@ -46,7 +46,8 @@ from bargein.session.runtime.admission import Admission
 from bargein.session.runtime.connection import Connection
 from bargein.session.runtime.service import Service
 from bargein.session.streams.log import TokenLog, open_token_log
-from bargein.session.voice_runtime.audio_input import VOICES, VoiceRuntime
+from bargein.session.voice_runtime.runtime import VoiceRuntime
+from bargein.session.voice_runtime.settings import VOICES
 from bargein.voice.models import VoiceUnavailable, load_voice_models
 
 logger = logging.getLogger("bargein")

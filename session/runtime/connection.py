@@ -49,8 +49,8 @@ from bargein.session.runtime.tokens import (
     make_session_token,
 )
 from bargein.session.streams.log import StreamEnd
-from bargein.session.voice_runtime.audio_input import AudioSettings
 from bargein.session.voice_runtime.channel import VoiceChannel
+from bargein.session.voice_runtime.settings import SessionAudio
 from bargein.session.voice_runtime.speaker import Speaker
 
 logger = logging.getLogger(__name__)
@@ -163,7 +163,7 @@ class Connection:
             else:
                 await self.voice.handle_input(event, now)
             return
-        audio: AudioSettings | None = None  # of a session.update, applied if all of it is accepted
+        audio: SessionAudio | None = None  # of a session.update, applied if all of it is accepted
         if isinstance(event, pe.SessionUpdate) and event.session.audio is not None:
             merged = (
                 (pe.ErrorCode.INVALID_PARAMETER, NO_VOICE)

@@ -61,7 +61,7 @@ from bargein.session.streams.log.read_probe import read_error_soon
 from bargein.session.supervise import TaskHealth, supervised
 
 if TYPE_CHECKING:
-    from bargein.session.voice_runtime.audio_input import VoiceRuntime
+    from bargein.session.voice_runtime.runtime import VoiceRuntime
 
 logger = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ class Service:
             no limits).
         cluster: a :class:`bargein.session.streams.cluster.Cluster` when several nodes share
             the Redis log (leases, forwarded cancels, takeover); None alone.
-        voice: the voice models (:class:`bargein.session.voice_runtime.audio_input.VoiceRuntime`);
+        voice: the voice models (:class:`bargein.session.voice_runtime.runtime.VoiceRuntime`);
             None: text only (``input_audio.*`` and audio settings are refused).
     """
 

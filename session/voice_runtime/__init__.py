@@ -2,6 +2,6 @@
 
 :class:`~.channel.VoiceChannel` runs the VAD, end-of-turn and transcription
 of a connection's input audio (:mod:`.audio_input`, the process-wide
-:class:`~.audio_input.VoiceRuntime` threads) and a :class:`~.speaker.Speaker`
+:class:`~.runtime.VoiceRuntime` threads) and a :class:`~.speaker.Speaker`
 per answer; the models themselves live in :mod:`bargein.voice`.
 """

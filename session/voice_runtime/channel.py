@@ -47,13 +47,9 @@ from bargein.session.cancel import cancel_and_wait
 from bargein.session.conversation.actions import Send, StartDelivery
 from bargein.session.runtime.admission import AudioBudget, Refusal
 from bargein.session.runtime.observer import SessionObserver
-from bargein.session.voice_runtime.audio_input import (
-    DEFAULT_OUTPUT_RATE,
-    AudioSettings,
-    VoiceInput,
-    VoiceRuntime,
-    merged,
-)
+from bargein.session.voice_runtime.audio_input import VoiceInput
+from bargein.session.voice_runtime.runtime import VoiceRuntime
+from bargein.session.voice_runtime.settings import DEFAULT_OUTPUT_RATE, SessionAudio, as_event, merged
 from bargein.session.voice_runtime.speaker import Speaker
 from bargein.voice.audio import Resampler, pcm16_to_float
 from bargein.voice.errors import InputAudioFull
@@ -149,7 +145,7 @@ class VoiceChannel:
         admit_audio: AdmitAudio | None = None,
     ) -> None:
         self.runtime = runtime
-        self.settings = AudioSettings()
+        self.settings = SessionAudio()
         self._host = host
         self._observer = observer
         self._clock = clock
@@ -179,7 +175,7 @@ class VoiceChannel:
 
     # ---- settings ----------------------------------------------------------------
 
-    def merge(self, audio: pe.AudioSettings) -> AudioSettings | tuple[pe.ErrorCode, str]:
+    def merge(self, audio: pe.AudioSettings) -> SessionAudio | tuple[pe.ErrorCode, str]:
         """The settings a ``session.update``'s ``audio`` asks for, or the error
         to answer; nothing changes until :meth:`apply` (the rest of the
         update may still be refused, and a refused update changes nothing)."""
@@ -193,7 +189,7 @@ class VoiceChannel:
             return pe.ErrorCode.CONFLICT, "commit or clear the input audio before changing its sample_rate"
         return new
 
-    async def apply(self, new: AudioSettings, now: float) -> None:
+    async def apply(self, new: SessionAudio, now: float) -> None:
         """Put settings from :meth:`merge` in force (the caller holds the lock).
         New turn detection forgets the turn in progress, and the answer
         started at its pause."""
@@ -205,25 +201,7 @@ class VoiceChannel:
 
     def echo(self) -> pe.AudioSettings:
         """The audio settings in force, as ``session.updated`` reports them."""
-        s, td = self.settings, self.settings.turn_detection
-        detection = (
-            pe.TURN_DETECTION_OFF
-            if td is None
-            else pe.TurnDetectionSettings(
-                type="server_vad",
-                threshold=td.threshold,
-                prefix_padding_ms=td.prefix_padding_ms,
-                silence_duration_ms=td.silence_duration_ms,
-                interrupt_response=td.interrupt_response,
-                create_response=td.create_response,
-            )
-        )
-        return pe.AudioSettings(
-            input=pe.AudioInputSettings(sample_rate=s.input_rate, turn_detection=detection),  # type: ignore[arg-type]
-            output=pe.AUDIO_OUTPUT_OFF
-            if s.output_rate is None
-            else pe.AudioOutputSettings(sample_rate=s.output_rate, voice=s.voice),  # type: ignore[arg-type]
-        )
+        return as_event(self.settings)
 
     # ---- input -------------------------------------------------------------------
 

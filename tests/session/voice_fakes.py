@@ -9,7 +9,7 @@
 - :class:`FakeSynth`: ``samples_per_char`` samples per code point of the
   segment it is given, each word ending where its characters end.
 
-With them a real :class:`~bargein.session.voice_runtime.audio_input.VoiceRuntime` (its thread
+With them a real :class:`~bargein.session.voice_runtime.runtime.VoiceRuntime` (its thread
 pool), a real :class:`~bargein.session.runtime.connection.Connection` and a real
 :class:`~bargein.session.runtime.service.Service` run the voice loop; the engine is
 ``tests/session/test_service.py``'s ``ThreadedEngine``, stepped by the test.
@@ -34,8 +34,8 @@ from bargein.protocol import events as pe
 from bargein.session.conversation.config import SessionConfig
 from bargein.session.runtime.connection import Connection
 from bargein.session.runtime.service import Service
-from bargein.session.voice_runtime.audio_input import VoiceRuntime
 from bargein.session.voice_runtime.config import VoiceConfig
+from bargein.session.voice_runtime.runtime import VoiceRuntime
 from bargein.voice.tts import Speech, Timing, WordEnd
 from tests.session.test_service import CountingLog, ThreadedEngine
 
