@@ -36,7 +36,7 @@ import time
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bargein.engine.errors import EngineStoppedError, PromptTooLongError
 from bargein.engine.request import EngineRequest, FinishReason, RequestOutput
@@ -59,9 +59,6 @@ from bargein.session.runtime.tokens import make_resume_token
 from bargein.session.streams.log import EndError, LogEntry, StreamEnd, StreamInfo, StreamWrite, TokenLog
 from bargein.session.streams.log.read_probe import read_error_soon
 from bargein.session.supervise import TaskHealth, supervised
-
-if TYPE_CHECKING:
-    from bargein.session.voice_runtime.runtime import VoiceRuntime
 
 logger = logging.getLogger(__name__)
 
@@ -184,8 +181,6 @@ class Service:
             no limits).
         cluster: a :class:`bargein.session.streams.cluster.Cluster` when several nodes share
             the Redis log (leases, forwarded cancels, takeover); None alone.
-        voice: the voice models (:class:`bargein.session.voice_runtime.runtime.VoiceRuntime`);
-            None: text only (``input_audio.*`` and audio settings are refused).
     """
 
     def __init__(
@@ -201,10 +196,8 @@ class Service:
         observer: SessionObserver | None = None,
         admission: Admission | None = None,
         cluster: Any = None,
-        voice: VoiceRuntime | None = None,
     ) -> None:
         self.runner = runner
-        self.voice = voice
         self.cluster = cluster
         self.admission = admission or Admission(AdmissionConfig(max_waiting=0, max_queue_time_s=0))
         self.observer: SessionObserver = observer or NullObserver()
