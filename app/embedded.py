@@ -29,7 +29,7 @@ class EmbeddedServer:
             connection (tests of slow clients: a small kernel buffer fills fast).
         runner: a started engine loop to serve (e.g. another server's, to
             skip loading the model again); it keeps running after :meth:`stop`.
-        voice: loaded voice models (a :class:`bargein.session.voice_runtime.audio_input.VoiceRuntime`)
+        voice: loaded voice models (a :class:`bargein.session.voice_runtime.runtime.VoiceRuntime`)
             to use instead of loading them; they stay usable after :meth:`stop`.
     """
 

@@ -47,7 +47,9 @@ from bargein.session.runtime.connection import Connection
 from bargein.session.runtime.service import Service
 from bargein.session.streams.log import TokenLog, open_token_log
 from bargein.session.streams.peers import NoPeers
-from bargein.session.voice_runtime.audio_input import VOICES, VoiceRuntime
+from bargein.session.voice_runtime.channel import plug
+from bargein.session.voice_runtime.runtime import VoiceRuntime
+from bargein.session.voice_runtime.settings import VOICES
 from bargein.voice.models import VoiceUnavailable, load_voice_models
 
 if TYPE_CHECKING:
@@ -207,7 +209,6 @@ async def _load(state: AppState, progress: Progress) -> None:
         observer=state.observer,
         admission=Admission(state.settings.admission),
         peers=NoPeers() if state.cluster is None else state.cluster,
-        voice=voice,
     )
     try:
         await service.start()
@@ -447,7 +448,7 @@ async def realtime(ws: WebSocket) -> None:
         OpenAIRealtime(
             writer.send,
             model=service.runner.model_name,
-            has_voice=service.voice is not None,
+            has_voice=state.voice is not None,
             voices=VOICES,
             on_error=state.observer.protocol_error,
             max_tokens=service.config.max_tokens,
@@ -461,8 +462,9 @@ async def realtime(ws: WebSocket) -> None:
         writer.send if adapter is None else adapter.send,
         principal=scope_state.get("principal", "anonymous"),
         limit_key=scope_state.get("limit_key"),
+        voice=None if state.voice is None else plug(state.voice),
     )
-    set_ids(session_id=connection.session.session_id)  # on this connection's log lines
+    set_ids(session_id=connection.session_id)  # on this connection's log lines
     state.observer.connected()
     state.writers.add(writer)
     code: int = CloseCode.NORMAL
@@ -486,7 +488,7 @@ async def realtime(ws: WebSocket) -> None:
         if writer.too_slow.is_set():
             code = CloseCode.CLIENT_TOO_SLOW
             logger.info("client too slow: closing with 4008")
-        state.observer.disconnected(active_response=connection.session.active_stream_id is not None)
+        state.observer.disconnected(active_response=connection.active_response_id is not None)
     except Exception as exc:
         code = close_code_for(exc)
         if code == CloseCode.INTERNAL_ERROR:

@@ -170,24 +170,7 @@ RULES: tuple[Rule, ...] = (
 
 # (importer, imported) edges that break a rule today, each to be removed from
 # here when its import is.
-KNOWN_VIOLATIONS: frozenset[tuple[str, str]] = frozenset(
-    {
-        # the voice runtime is still wired into the connection, its delivery
-        # and the service's types, where it should plug in from above (issue 41)
-        ("bargein.session.runtime.connection", "bargein.session.voice_runtime.audio_input"),
-        ("bargein.session.runtime.connection", "bargein.session.voice_runtime.channel"),
-        ("bargein.session.runtime.connection", "bargein.session.voice_runtime.speaker"),
-        ("bargein.session.runtime.delivery", "bargein.session.voice_runtime.speaker"),
-        ("bargein.session.runtime.service", "bargein.session.voice_runtime.audio_input"),
-        # benchmarks that borrow the test suite's Redis launcher, speech and contract rounds
-        ("loadtests.chaos", "tests.redis_server"),
-        ("loadtests.hostile_soak", "tests.speech"),
-        ("loadtests.log_bench", "tests.redis_cluster"),
-        ("loadtests.log_bench", "tests.redis_server"),
-        ("loadtests.stream_contract", "tests.app.contract_rounds"),
-        ("loadtests.voice_bench", "tests.speech"),
-    }
-)
+KNOWN_VIOLATIONS: frozenset[tuple[str, str]] = frozenset()
 
 
 def violations(imports: Iterable[Import], rules: Iterable[Rule] = RULES) -> dict[tuple[str, str], Rule]:

@@ -12,6 +12,11 @@ Its consumers: :class:`Delivery` (one task per WebSocket connection per
 stream: ``response.delta`` events, then ``response.done``), and the OpenAI
 HTTP answers through :meth:`bargein.session.runtime.service.Service.feed` (an SSE
 chunk per batch, or one JSON body).
+
+A :class:`Delivery` publishes what it sends to its :class:`DeliverySubscriber`
+objects, downstream of it as a pipecat processor is of the one before: the
+voice side subscribes a speaker that speaks each delta's text once it is
+sent. Delivery itself knows nothing of audio.
 """
 
 from __future__ import annotations
@@ -19,16 +24,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import cast
+from typing import Protocol, cast
 
 from bargein.protocol import events as pe
 from bargein.session.cancel import cancel_and_wait
 from bargein.session.errors import StreamNotFound, StreamTruncated, TokenLogUnavailable
 from bargein.session.runtime.observer import NullObserver, SessionObserver
 from bargein.session.streams.log import EndError, LogEntry, StreamEnd, TokenLog
-from bargein.session.voice_runtime.speaker import Speaker
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +40,27 @@ SendEvent = Callable[[object], Awaitable[None]]
 # Log entries read ahead of the consumer; past it the reader waits, so a lagging
 # client costs no memory beyond the log itself (whatever the log backend).
 READ_AHEAD = 64
+
+
+class DeliverySubscriber(Protocol):
+    """Told what one :class:`Delivery` sends, in order (the voice side's
+    speaker is one: it speaks the text as it is delivered)."""
+
+    def on_delta(self, text: str) -> None:
+        """A ``response.delta`` carrying ``text`` was sent (``text`` may be empty)."""
+
+    async def on_end(self) -> None:
+        """The stream's text is all sent: called before its ``error`` (an end
+        that carries one) and ``response.done``; returns once the subscriber's
+        own events of the response are sent, so none follows the response's end."""
+
+    async def on_failure(self) -> None:
+        """The delivery failed (the log, or a bug): called before the ``error``
+        that ends it; returns once the subscriber's own events are sent."""
+
+    async def on_close(self) -> None:
+        """The delivery is over, however it ended (cancelled too): nothing more
+        comes, and nothing of the subscriber's should go on."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,13 +197,13 @@ class Delivery:
         response_id, stream_id: the stream and the response it answers.
         from_offset: first token offset the client wants.
         send: writes one server event and returns once it is on the wire.
-        on_delivered: called with each delta's text after it was sent.
+        on_delivered: called with each delta's text after it was sent (the
+            conversation's count of what its client holds).
         include_token_ids: put ``token_ids`` in the deltas.
         observer: told when delivery starts and ends and of each delta's size.
-        speaker: speaks the response (a :class:`~bargein.session.voice_runtime.speaker.Speaker`):
-            fed each delta's text once it is sent; its ``response.audio.done``
-            comes before ``response.done`` (or before the error that ends a
-            failed delivery), so no audio event follows the response's end.
+        subscribers: told of each delta after ``on_delivered``, and of the
+            end before ``response.done`` (or of a failure before the
+            ``error`` that ends the delivery); see :class:`DeliverySubscriber`.
 
     Every entry of the log is sent before ``response.done``, also after a
     cancel: the service logs nothing once a cancel is accepted, so the
@@ -199,10 +224,10 @@ class Delivery:
         on_delivered: Callable[[str], None] = lambda text: None,
         include_token_ids: bool = False,
         observer: SessionObserver | None = None,
-        speaker: Speaker | None = None,
+        subscribers: Sequence[DeliverySubscriber] = (),
     ) -> None:
         self.log = log
-        self.speaker = speaker
+        self.subscribers = tuple(subscribers)
         self.response_id = response_id
         self.stream_id = stream_id
         self.sent_end = from_offset  # offset after the last token sent
@@ -226,31 +251,30 @@ class Delivery:
         try:
             await self._deliver()
         except StreamTruncated as exc:  # before StreamNotFound: a subclass of it
-            await self._end_audio()
+            await self._failed()
             await self._send(self._error(pe.ErrorCode.STREAM_TRUNCATED, truncated_message(exc), False))
         except StreamNotFound:
-            await self._end_audio()
+            await self._failed()
             await self._send(self._error(pe.ErrorCode.NOT_FOUND, "stream not found", False))
         except TokenLogUnavailable:
-            await self._end_audio()
+            await self._failed()
             await self._send(self._error(pe.ErrorCode.INTERNAL_ERROR, "token log unavailable", True))
         except Exception as exc:  # a bug: say so, and end this delivery explicitly
             logger.error(
                 "delivery of stream %s failed (a bug in bargein): %r", self.stream_id, exc, exc_info=exc
             )
-            await self._end_audio()
+            await self._failed()
             await self._send(
                 self._error(pe.ErrorCode.INTERNAL_ERROR, "delivery failed; resume the stream", True)
             )
         finally:
-            if self.speaker is not None:
-                self.speaker.stop()  # a cancelled delivery leaves no synthesis behind
+            for subscriber in self.subscribers:
+                await subscriber.on_close()  # a cancelled delivery leaves nothing of theirs behind
 
-    async def _end_audio(self) -> None:
-        """A failed delivery: its audio stops here, ``response.audio.done`` first."""
-        if self.speaker is not None and not self.speaker.done:
-            self.speaker.stop()
-            await self.speaker.finish()
+    async def _failed(self) -> None:
+        """A failed delivery: the subscribers end their part before its ``error``."""
+        for subscriber in self.subscribers:
+            await subscriber.on_failure()
 
     async def _deliver(self) -> None:
         items = feed(self.log, self.stream_id, self.sent_end, observer=self._observer)
@@ -261,8 +285,8 @@ class Delivery:
                 else:
                     self.finish = item
         assert self.finish is not None, "a feed ends with its StreamEnd"
-        if self.speaker is not None:
-            await self.speaker.finish()
+        for subscriber in self.subscribers:
+            await subscriber.on_end()
         if (end_error := self.finish.error) is not None:
             code = relayed_code(end_error)
             error = self._error(code, end_error.message, code.retryable)
@@ -282,8 +306,8 @@ class Delivery:
         await self._send(delta)
         self.sent_end = batch.end
         self._on_delivered(text)
-        if self.speaker is not None:
-            self.speaker.feed(text)
+        for subscriber in self.subscribers:
+            subscriber.on_delta(text)
 
     def _error(self, code: pe.ErrorCode, message: str, retryable: bool) -> pe.ErrorEvent:
         return pe.ErrorEvent(code=code, message=message, retryable=retryable, response_id=self.response_id)

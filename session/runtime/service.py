@@ -26,7 +26,7 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bargein.engine.request import EngineRequest, FinishReason
 from bargein.session.conversation.config import SessionConfig
@@ -44,9 +44,6 @@ from bargein.session.streams.log import StreamEnd, StreamInfo, TokenLog
 from bargein.session.streams.log.read_probe import read_error_soon
 from bargein.session.streams.peers import NoPeers, Peers, StreamContinuation
 from bargein.session.supervise import TaskHealth
-
-if TYPE_CHECKING:
-    from bargein.session.voice_runtime.audio_input import VoiceRuntime
 
 __all__ = ["Owner", "Service"]  # Owner: the submitter of Service.submit
 
@@ -71,8 +68,6 @@ class Service:
         peers: the other nodes sharing the Redis log
             (:class:`bargein.session.streams.cluster.Cluster`: leases, forwarded
             cancels, takeover); default :class:`NoPeers`, a node alone.
-        voice: the voice models (:class:`bargein.session.voice_runtime.audio_input.VoiceRuntime`);
-            None: text only (``input_audio.*`` and audio settings are refused).
     """
 
     def __init__(
@@ -88,10 +83,8 @@ class Service:
         observer: SessionObserver | None = None,
         admission: Admission | None = None,
         peers: Peers | None = None,
-        voice: VoiceRuntime | None = None,
     ) -> None:
         self.runner = runner
-        self.voice = voice
         self.peers: Peers = peers if peers is not None else NoPeers()
         self.admission = admission or Admission(AdmissionConfig(max_waiting=0, max_queue_time_s=0))
         self.observer: SessionObserver = observer or NullObserver()

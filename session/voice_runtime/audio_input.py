@@ -1,11 +1,10 @@
-"""The voice side of one connection: input audio to turns, settings, alignments.
+"""One connection's input audio: resampled, bounded, paced, and cut into turns.
 
-:class:`VoiceRuntime` is the process's share (the models and the thread pool
-they run in). :class:`VoiceInput` is one connection's input: it resamples the
-appended PCM16 to 16 kHz, keeps the uncommitted audio (bounded), runs the
-VAD frame by frame and the turn detector on its probabilities, and returns
-what the detector saw; the connection (``session/runtime/connection.py``) turns that
-into protocol events, barge-ins and responses. Nothing here sends.
+:class:`VoiceInput` resamples the appended PCM16 to 16 kHz, keeps the
+uncommitted audio (bounded), runs the VAD frame by frame and the turn
+detector on its probabilities, and returns what the detector saw; the voice
+channel (``channel.py``) turns that into protocol events, barge-ins and
+turns. Nothing here sends.
 
 Two bounds keep one client's audio from costing the others (issue 36):
 :class:`InputPace` refuses audio sent faster than a multiple of real time
@@ -19,65 +18,23 @@ after it is a new turn, never a refusal.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import logging
 from collections import deque
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
-from typing import Any, TypeVar
 
 import numpy as np
 
-from bargein.session.voice_runtime.config import VoiceConfig
-from bargein.voice.audio import INPUT_RATES, OUTPUT_RATES, Resampler, pcm16_to_float
+from bargein.session.voice_runtime.runtime import VoiceRuntime
+from bargein.session.voice_runtime.settings import SessionAudio
+from bargein.voice.audio import Resampler, pcm16_to_float
 from bargein.voice.errors import InputAudioFull
 from bargein.voice.input_buffer import InputAudioBuffer
 from bargein.voice.turns import SpeechPaused, SpeechStopped, TurnDetection, TurnDetector, TurnEvent
 from bargein.voice.vad import FRAME_SAMPLES, SAMPLE_RATE
 
-logger = logging.getLogger(__name__)
-T = TypeVar("T")
-DEFAULT_OUTPUT_RATE = 24000  # OpenAI's realtime default
-DEFAULT_INPUT_RATE = 24000  # OpenAI's too; clients capturing at 16 kHz say so
-DEFAULT_VOICE = "joe"
-VOICES = ("joe",)  # Piper en_US-joe-medium (voice/tts.py)
 # An append at least this long is resampled and run through the VAD off the
 # event loop (about 2 ms of CPU per 100 ms of audio); shorter ones, what a
 # live client sends every 20-100 ms, stay on it and skip the thread hand-off.
 OFF_LOOP_MS = 500
-
-
-class VoiceRuntime:
-    """The loaded voice models and the threads they run in.
-
-    Args:
-        models: a :class:`bargein.voice.models.VoiceModels` (VAD, transcriber,
-            synthesizer).
-        config: limits.
-    """
-
-    def __init__(self, models: Any, config: VoiceConfig) -> None:
-        self.models = models
-        self.config = config
-        self._pool = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="voice")
-        # input audio (resampling, VAD) has threads of its own: a VAD run
-        # queued behind seconds of Whisper would delay a barge-in
-        self._input_pool = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="voice-input")
-
-    async def run(self, fn: Callable[[], T]) -> T:
-        """``fn()`` in the voice thread pool (the models release the GIL)."""
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
-
-    async def run_input(self, fn: Callable[[], T]) -> T:
-        """``fn()`` in the input-audio threads (resampling and the VAD)."""
-        return await asyncio.get_running_loop().run_in_executor(self._input_pool, fn)
-
-    def close(self) -> None:
-        """Stop the threads (after the last connection closed)."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        self._input_pool.shutdown(wait=False, cancel_futures=True)
 
 
 class InputPace:
@@ -125,30 +82,6 @@ class InputPace:
         return max(retry_after_s, audio_ms / 1000 / self._speed) if self._speed > 0 else 0.0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AudioSettings:
-    """A session's audio settings in force (``session.update``'s ``audio``).
-
-    Attributes:
-        input_rate: Hz of ``input_audio.append`` PCM16.
-        turn_detection: server VAD parameters; None: no detection (the client
-            commits its turns with ``input_audio.commit``).
-        output_rate: Hz of ``response.audio.delta`` PCM16; None: text only.
-        voice: the synthesizer voice.
-    """
-
-    input_rate: int = DEFAULT_INPUT_RATE
-    turn_detection: TurnDetection | None = TurnDetection()
-    output_rate: int | None = None
-    voice: str = DEFAULT_VOICE
-
-    def __post_init__(self) -> None:
-        if self.input_rate not in INPUT_RATES:
-            raise ValueError(f"input sample_rate={self.input_rate} must be one of {list(INPUT_RATES)}")
-        if self.output_rate is not None and self.output_rate not in OUTPUT_RATES:
-            raise ValueError(f"output sample_rate={self.output_rate} must be one of {list(OUTPUT_RATES)}")
-
-
 class VoiceInput:
     """One connection's input audio, its VAD and its turns.
 
@@ -157,7 +90,7 @@ class VoiceInput:
         settings: the audio settings in force (see :meth:`apply`).
     """
 
-    def __init__(self, runtime: VoiceRuntime, settings: AudioSettings) -> None:
+    def __init__(self, runtime: VoiceRuntime, settings: SessionAudio) -> None:
         self._runtime = runtime
         self._vad = runtime.models.vad.stream()
         self.settings = settings
@@ -177,7 +110,7 @@ class VoiceInput:
         # the frame of a given ms arrived, for the voice-to-voice latency
         self._arrivals: deque[tuple[int, float]] = deque(maxlen=512)
 
-    def apply(self, settings: AudioSettings) -> None:
+    def apply(self, settings: SessionAudio) -> None:
         """New settings: a new input rate restarts the resampler; new turn
         detection parameters restart the detector (the buffer is kept)."""
         old, self.settings = self.settings, settings
@@ -345,50 +278,3 @@ class VoiceInput:
             if end >= ms:
                 return at
         return None
-
-
-def merged(settings: AudioSettings, update: Any) -> AudioSettings:
-    """``settings`` with a ``session.update``'s ``audio`` merged field by field.
-
-    Raises:
-        ValueError: a value is out of range (the message names the field).
-    """
-    new = settings
-    if update.input is not None:
-        if update.input.sample_rate is not None:
-            new = replace(new, input_rate=update.input.sample_rate)
-        td = update.input.turn_detection
-        if td is not None:
-            if td.type == "none":
-                new = replace(new, turn_detection=None)  # its values are forgotten
-            else:
-                fields = {k: getattr(td, k) for k in _DETECTION_FIELDS if getattr(td, k) is not None}
-                if td.type is None and new.turn_detection is None and fields:
-                    raise ValueError(
-                        "session.audio.input.turn_detection is off: turn it on with type 'server_vad'"
-                    )
-                if "silence_duration_ms" in fields:
-                    # the pause that starts a speculative answer fits in any silence
-                    # window the protocol allows ([0, 10000] ms)
-                    fields["pause_ms"] = min(TurnDetection().pause_ms, fields["silence_duration_ms"])
-                base = new.turn_detection or TurnDetection()
-                new = replace(new, turn_detection=replace(base, **fields))
-    if update.output is not None:
-        out = update.output
-        if not out.enabled:
-            new = replace(new, output_rate=None, voice=DEFAULT_VOICE)
-        else:
-            if out.voice is not None and out.voice not in VOICES:
-                raise ValueError(f"session.audio.output.voice={out.voice!r} is not one of {list(VOICES)}")
-            rate = out.sample_rate or new.output_rate or DEFAULT_OUTPUT_RATE
-            new = replace(new, output_rate=rate, voice=out.voice or new.voice)
-    return new
-
-
-_DETECTION_FIELDS = (
-    "threshold",
-    "prefix_padding_ms",
-    "silence_duration_ms",
-    "interrupt_response",
-    "create_response",
-)

@@ -1,23 +1,28 @@
 """The voice loop of one connection: turns in, barge-ins, responses spoken out.
 
-:class:`VoiceChannel` sits beside a connection's :class:`~bargein.session.conversation.state.Conversation`.
-It takes the audio events (``input_audio.*``), runs them through
-:class:`~bargein.session.voice_runtime.audio_input.VoiceInput`, and acts on what the turn detector
-saw:
+:class:`VoiceChannel` is the voice side plugged into a connection
+(:class:`~bargein.session.runtime.voice_port.VoicePort`; :func:`plug` makes
+the factory the app hands the connection). It takes the audio events
+(``input_audio.*``), runs them through
+:class:`~bargein.session.voice_runtime.audio_input.VoiceInput`, and reports
+what the turn detector saw to the connection, its owner
+(:class:`~bargein.session.runtime.voice_port.VoiceHooks`), which decides:
 
 - speech started: ``input_audio.speech_started``; with ``interrupt_response``
   the response being spoken stops at once (its :class:`Speaker` sends nothing
-  more) and is cancelled as a ``response.cancel`` would, cut at the text of
-  the audio sent (a client that reports ``audio_end_ms`` re-cuts it);
+  more) and the owner is told of the barge-in: it cancels the active
+  response as a ``response.cancel`` would, cut at the text of the audio sent
+  (a client that reports ``audio_end_ms`` re-cuts it);
 - speech stopped (or ``input_audio.commit``): ``input_audio.speech_stopped``,
   ``input_audio.committed``, then the turn is transcribed off the event loop
-  (``input_audio.transcript``) and, with ``create_response``, a response is
-  created with the transcript as its user item; without it the item waits
-  for the client's next ``response.create``.
+  (``input_audio.transcript``) and, with ``create_response``, the owner is
+  handed a response to create with the transcript as its user item; without
+  it the item waits for the client's next ``response.create``.
 
-It also keeps each voice response's speaker, so ``response.cancel`` with
-``audio_end_ms`` maps milliseconds to characters, and a resume with
-``audio_from_ms`` re-derives the audio from the logged text.
+It also keeps each voice response's speaker, which subscribes to the
+response's delivery, so ``response.cancel`` with ``audio_end_ms`` maps
+milliseconds to characters, and a resume with ``audio_from_ms`` re-derives
+the audio from the logged text.
 
 Bounds (docs/protocol.md sections 2 and 8.4): a connection has at most
 ``VoiceConfig.max_turns`` turns being transcribed at once (its share of the
@@ -32,67 +37,45 @@ reported as a final ``input_audio.transcript`` with an ``error``, and logged.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import uuid
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from bargein.protocol import events as pe
 from bargein.session.cancel import cancel_and_wait
-from bargein.session.conversation.actions import Send, StartDelivery
+from bargein.session.conversation.actions import Action, Send, StartDelivery
 from bargein.session.runtime.admission import AudioBudget, Refusal
-from bargein.session.runtime.observer import SessionObserver
-from bargein.session.voice_runtime.audio_input import (
-    DEFAULT_OUTPUT_RATE,
-    AudioSettings,
-    VoiceInput,
-    VoiceRuntime,
-    merged,
+from bargein.session.runtime.voice_port import (
+    ApplyAudio,
+    CreatePlan,
+    VoiceContext,
+    VoiceFactory,
+    VoiceRefusal,
 )
+from bargein.session.voice_runtime.audio_input import VoiceInput
+from bargein.session.voice_runtime.runtime import VoiceRuntime
+from bargein.session.voice_runtime.settings import DEFAULT_OUTPUT_RATE, SessionAudio, as_event, merged
 from bargein.session.voice_runtime.speaker import Speaker
+from bargein.session.voice_runtime.spoken import SpokenResponses, VoiceResponse
 from bargein.voice.audio import Resampler, pcm16_to_float
 from bargein.voice.errors import InputAudioFull
 from bargein.voice.turns import SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped
 from bargein.voice.vad import SAMPLE_RATE
 
 logger = logging.getLogger(__name__)
-_REMEMBERED = 16  # responses whose speaker a late response.cancel can still name
 FIRST_TRANSCRIBE_S = 1.0  # the retry hint of a refused turn before any transcription was timed
 TRANSCRIPTION_FAILED = "the turn's audio could not be transcribed (a server fault); say it again"
-AdmitAudio = Callable[[float, float], Refusal | None]
-"""``(seconds, now)``: charge a turn's audio to the connection's principal, or the refusal."""
 
 
-class VoiceHost(Protocol):
-    """What the channel needs of its connection."""
-
-    async def send(self, event: object) -> None:
-        """Write one server event."""
-
-    async def cancel_active(self, heard_chars: int | None, now: float) -> None:
-        """Cancel the active response now (the caller holds the lock)."""
-
-    @property
-    def active_response_id(self) -> str | None:
-        """The session's active response, if any."""
-
-    def wait_idle(self) -> Awaitable[None]:
-        """Resolves once the session has no active response."""
-
-    async def dispatch_if(self, event: object, now: float, wanted: Callable[[], bool]) -> None:
-        """Apply ``event`` as if the client sent it, in order with the client's
-        own events, if ``wanted()``, asked once the connection's lock is held."""
-
-    async def release(self, actions: list[object]) -> None:
-        """Carry out actions held back (under the lock)."""
-
-    async def retract(self, response_id: str, now: float) -> None:
-        """Withdraw a response and its turns (the caller holds the lock)."""
+def plug(runtime: VoiceRuntime) -> VoiceFactory:
+    """What a :class:`~bargein.session.runtime.connection.Connection` is given
+    to have a voice side on ``runtime``'s models and threads."""
+    return functools.partial(VoiceChannel, runtime)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -106,21 +89,10 @@ class _Speculation:
     task: asyncio.Task[None] | None = None
     text: str | None = None  # its transcript, once known
     response_id: str | None = None  # once its response.create is applied
-    held: list[object] = field(default_factory=list)  # its response.created, its delivery
+    held: list[Action] = field(default_factory=list)  # its response.created, its delivery
     wanted: bool = True  # False once the user went on speaking
     adopted: bool = False
     failed: bool = False  # its transcription raised
-
-
-@dataclass(slots=True)
-class _VoiceResponse:
-    """What the channel knows of one response it speaks or started."""
-
-    speaker: Speaker | None = None
-    audio: bool = False  # spoken (modalities, or the session's output)
-    input_item_id: str | None = None
-    speech_end_at: float | None = None  # arrival of the turn's last voiced audio
-    num_pending_items: int = 0  # waiting turns its response.create took as input
 
 
 class VoiceChannel:
@@ -128,48 +100,46 @@ class VoiceChannel:
 
     Args:
         runtime: the process's voice models and threads.
-        host: the connection.
-        observer: voice metrics.
-        clock: monotonic seconds.
-        max_pending_turns: most transcribed turns waiting for a
-            ``response.create`` (the session's ``max_input_items``, so that
-            one ``response.create`` takes them all).
-        admit_audio: charges each turn's audio seconds to the principal's
-            audio rate limit (None: no limit).
+        context: what the connection gives its voice side: itself as the
+            owner told of what the channel sees, its ``send``, its clock, the
+            observer (voice metrics), the bound on waiting turns, and the
+            charge of each turn's audio to its audio rate limit.
     """
 
-    def __init__(
-        self,
-        runtime: VoiceRuntime,
-        host: VoiceHost,
-        *,
-        observer: SessionObserver,
-        clock: Callable[[], float],
-        max_pending_turns: int = 256,
-        admit_audio: AdmitAudio | None = None,
-    ) -> None:
+    def __init__(self, runtime: VoiceRuntime, context: VoiceContext) -> None:
         self.runtime = runtime
-        self.settings = AudioSettings()
-        self._host = host
-        self._observer = observer
-        self._clock = clock
-        self._max_pending_turns = max_pending_turns
-        self._admit_audio = admit_audio
+        self.settings = SessionAudio()
+        self._hooks = context.hooks
+        self._send = context.send
+        self._observer = context.observer
+        self._clock = context.clock
+        self._max_pending_turns = context.max_pending_turns
+        self._admit_audio = context.admit_audio
         # tasks whose transcription is queued or running in the voice threads
         # (they leave it once their text is known, before their response)
         self._transcribing: set[asyncio.Task[None]] = set()
         self._transcribe_s = FIRST_TRANSCRIBE_S  # the last transcription's time, for retry hints
         self._input: VoiceInput | None = None  # made at the first audio
-        self._responses: OrderedDict[str, _VoiceResponse] = OrderedDict()
+        self._spoken = SpokenResponses(runtime, send=self._send, clock=self._clock, observer=self._observer)
         self._pending_items: list[tuple[str, pe.InputItem]] = []  # turns without a response yet
-        self._next: _VoiceResponse | None = None  # of a voice turn's response.create, before it is applied
-        self._creating: _VoiceResponse | None = None  # of the response.create being applied
+        self._next: VoiceResponse | None = None  # of a voice turn's response.create, before it is applied
+        self._creating: VoiceResponse | None = None  # of the response.create being applied
         self._turns: set[asyncio.Task[None]] = set()
         self._barged = False  # the turn being spoken interrupted a response
         self._speculation: _Speculation | None = None  # of the turn being spoken
         # the user item the turn being spoken becomes, announced at its start
         self._turn_item_id: str | None = None
         self._unshown: list[_Speculation] = []  # speculations whose answer is held back
+
+    @property
+    def max_input_audio_ms(self) -> int:
+        """Most uncommitted input audio a session holds."""
+        return self.runtime.config.max_input_audio_ms
+
+    @property
+    def max_turns(self) -> int:
+        """Most turns of the connection transcribed at once."""
+        return self.runtime.config.max_turns
 
     def unread_s(self, now: float) -> float:
         """Seconds the connection's reader should leave its frames unread
@@ -179,21 +149,23 @@ class VoiceChannel:
 
     # ---- settings ----------------------------------------------------------------
 
-    def merge(self, audio: pe.AudioSettings) -> AudioSettings | tuple[pe.ErrorCode, str]:
-        """The settings a ``session.update``'s ``audio`` asks for, or the error
-        to answer; nothing changes until :meth:`apply` (the rest of the
-        update may still be refused, and a refused update changes nothing)."""
+    def merge(self, audio: pe.AudioSettings) -> ApplyAudio | VoiceRefusal:
+        """What puts the settings a ``session.update``'s ``audio`` asks for in
+        force, or the refusal; nothing changes until it is called (the rest
+        of the update may still be refused, and a refused update changes
+        nothing)."""
         try:
             new = merged(self.settings, audio)
         except ValueError as exc:
-            return pe.ErrorCode.INVALID_PARAMETER, str(exc)
+            return VoiceRefusal(pe.ErrorCode.INVALID_PARAMETER, str(exc))
         held = self._input is not None and self._input.buffer.duration_ms > 0
         if new.input_rate != self.settings.input_rate and held:
             # one turn has one rate
-            return pe.ErrorCode.CONFLICT, "commit or clear the input audio before changing its sample_rate"
-        return new
+            message = "commit or clear the input audio before changing its sample_rate"
+            return VoiceRefusal(pe.ErrorCode.CONFLICT, message)
+        return functools.partial(self.apply, new)
 
-    async def apply(self, new: AudioSettings, now: float) -> None:
+    async def apply(self, new: SessionAudio, now: float) -> None:
         """Put settings from :meth:`merge` in force (the caller holds the lock).
         New turn detection forgets the turn in progress, and the answer
         started at its pause."""
@@ -203,27 +175,9 @@ class VoiceChannel:
         if self._input is not None:
             self._input.apply(new)
 
-    def echo(self) -> pe.AudioSettings:
-        """The audio settings in force, as ``session.updated`` reports them."""
-        s, td = self.settings, self.settings.turn_detection
-        detection = (
-            pe.TURN_DETECTION_OFF
-            if td is None
-            else pe.TurnDetectionSettings(
-                type="server_vad",
-                threshold=td.threshold,
-                prefix_padding_ms=td.prefix_padding_ms,
-                silence_duration_ms=td.silence_duration_ms,
-                interrupt_response=td.interrupt_response,
-                create_response=td.create_response,
-            )
-        )
-        return pe.AudioSettings(
-            input=pe.AudioInputSettings(sample_rate=s.input_rate, turn_detection=detection),  # type: ignore[arg-type]
-            output=pe.AUDIO_OUTPUT_OFF
-            if s.output_rate is None
-            else pe.AudioOutputSettings(sample_rate=s.output_rate, voice=s.voice),  # type: ignore[arg-type]
-        )
+    def updated(self, event: pe.SessionUpdated) -> pe.SessionUpdated:
+        """``session.updated`` with the audio settings in force."""
+        return replace(event, session=replace(event.session, audio=as_event(self.settings)))
 
     # ---- input -------------------------------------------------------------------
 
@@ -268,11 +222,11 @@ class VoiceChannel:
             if td.interrupt_response:
                 await self._barge_in(now)
             self._turn_item_id = f"item_{uuid.uuid4().hex}"
-            await self._host.send(
+            await self._send(
                 pe.InputAudioSpeechStarted(audio_start_ms=what.audio_start_ms, item_id=self._turn_item_id)
             )
         elif isinstance(what, SpeechStopped):
-            await self._host.send(
+            await self._send(
                 pe.InputAudioSpeechStopped(audio_end_ms=what.audio_end_ms, item_id=self._turn_item_id)
             )
             speculation, self._speculation = self._speculation, None
@@ -295,7 +249,7 @@ class VoiceChannel:
                 self.runtime.config.speculate
                 and td.create_response
                 and self._speculation is None
-                and self._host.active_response_id is None
+                and self._hooks.active_response_id is None
                 and len(self._transcribing) < self.runtime.config.max_turns
             ):
                 # the turn's own item id: a speculation is retracted (its item
@@ -325,30 +279,28 @@ class VoiceChannel:
     # on speaking, it is retracted: its items leave the conversation and its
     # request is aborted, freeing its KV blocks.
 
-    async def transcribe_pcm(self, pcm: bytes, now: float) -> str | Refusal:
+    async def transcribe(self, pcm: bytes, now: float) -> str | VoiceRefusal:
         """The words of ``pcm`` (pcm16 at the session's input rate), for an
         audio item the client adds whole (OpenAI's ``input_audio`` content),
-        or why not: a turn past the connection's bound or its principal's
-        audio rate (``rate_limited``), or a failed transcription
-        (``internal_error``, logged).
-
-        Raises:
-            ValueError: an odd number of bytes.
-        """
-        samples = pcm16_to_float(pcm)
-        refusal = self._refuse_turn(len(samples) / self.settings.input_rate, now)
-        if refusal is not None:
-            return refusal
-        resampler = Resampler(self.settings.input_rate, SAMPLE_RATE)
-        audio = np.concatenate([resampler.process(samples), resampler.flush()])
+        or why not: not whole samples (``invalid_parameter``), a turn past
+        the connection's bound or its principal's audio rate
+        (``rate_limited``), or a failed transcription (``internal_error``,
+        logged)."""
+        try:
+            samples = pcm16_to_float(pcm)
+            refusal = self._refuse_turn(len(samples) / self.settings.input_rate, now)
+            if refusal is not None:
+                return VoiceRefusal(refusal.code, refusal.message, refusal.retry_after_ms)
+            resampler = Resampler(self.settings.input_rate, SAMPLE_RATE)
+            audio = np.concatenate([resampler.process(samples), resampler.flush()])
+        except ValueError as exc:
+            return VoiceRefusal(pe.ErrorCode.INVALID_PARAMETER, f"audio: {exc}")
         try:
             return await self._transcribe(audio)
         except Exception:
             logger.exception("transcribing an audio item failed")
             retry_ms = max(100, round(1000 * self._transcribe_s))
-            return Refusal(
-                code=pe.ErrorCode.INTERNAL_ERROR, message=TRANSCRIPTION_FAILED, retry_after_ms=retry_ms
-            )
+            return VoiceRefusal(pe.ErrorCode.INTERNAL_ERROR, TRANSCRIPTION_FAILED, retry_ms)
 
     async def _transcribe(self, audio: Any) -> str:
         """A turn's text (``audio``: float32 at 16 kHz), in the voice threads;
@@ -380,7 +332,7 @@ class VoiceChannel:
         return None if self._admit_audio is None else self._admit_audio(audio_s, now)
 
     async def _refused(self, refusal: Refusal, event: object, what_now: str) -> None:
-        await self._host.send(
+        await self._send(
             pe.ErrorEvent(
                 code=refusal.code,
                 message=f"{refusal.message}; {what_now}",
@@ -403,23 +355,23 @@ class VoiceChannel:
             return
         response_id = f"resp_{uuid.uuid4().hex}"
 
-        def still_wanted() -> bool:
-            # checked under the connection's lock, where barge-ins and resumes run
-            wanted = speculation.wanted and self._host.active_response_id is None
-            if wanted:
+        def claim() -> bool:
+            # asked under the connection's lock, where barge-ins and resumes run,
+            # once the owner saw no response active
+            if speculation.wanted:
                 speculation.response_id = response_id
-                self._next = _VoiceResponse(
+                self._next = VoiceResponse(
                     input_item_id=speculation.item_id, speech_end_at=speculation.speech_end_at
                 )
-            return wanted
+            return speculation.wanted
 
         item = pe.InputItem(role="user", content=text, item_id=speculation.item_id)
         create = pe.ResponseCreate(response_id=response_id, input=(item,))
-        await self._host.dispatch_if(create, self._clock(), still_wanted)
+        await self._hooks.on_speculative_turn(create, claim)
 
     async def _adopt(self, speculation: _Speculation) -> None:
         """The turn ended where the speculation's pause began: show its answer."""
-        await self._host.send(
+        await self._send(
             pe.InputAudioCommitted(
                 item_id=speculation.item_id,
                 audio_start_ms=speculation.audio_start_ms,
@@ -434,12 +386,12 @@ class VoiceChannel:
         if speculation.failed:
             await self._transcription_failed(speculation.item_id)
             return
-        await self._host.send(
+        await self._send(
             pe.InputAudioTranscript(item_id=speculation.item_id, text=speculation.text or "", final=True)
         )
         self._judge_barge_in(speculation.text or "")
         if speculation.held:
-            await self._host.release(speculation.held)
+            await self._hooks.on_speculation_adopted(speculation.held)
 
     async def _drop(self, speculation: _Speculation, now: float) -> None:
         """The user went on speaking: retract the speculative answer (the
@@ -450,14 +402,14 @@ class VoiceChannel:
             # its transcription may still wait in the voice threads' queue:
             # cancelling the task takes the job out of it (a job already
             # running finishes there, unread)
-            task.cancel()
             self._transcribing.discard(task)
+            await cancel_and_wait([task])
         if speculation in self._unshown:
             self._unshown.remove(speculation)
         self._observer.speculation(adopted=False)
         if speculation.response_id is not None:
-            self._responses.pop(speculation.response_id, None)
-            await self._host.retract(speculation.response_id, now)
+            self._spoken.forget(speculation.response_id)
+            await self._hooks.on_speculation_dropped(speculation.response_id, now)
 
     async def drop_speculation(self, now: float, *, unless: str | None) -> None:
         """A ``response.create`` other than the speculation's own (response id
@@ -468,7 +420,7 @@ class VoiceChannel:
             self._speculation = None
             await self._drop(speculation, now)
 
-    def holds(self, action: object) -> bool:
+    def holds(self, action: Action) -> bool:
         """Keep ``action`` back if it shows a speculative response not adopted yet."""
         for speculation in self._unshown:
             if speculation.response_id is None:
@@ -505,17 +457,9 @@ class VoiceChannel:
     async def _barge_in(self, now: float) -> None:
         """Speech started over the assistant: stop its audio, cancel its
         response (a response whose generation ended may still be speaking)."""
-        interrupted = False
-        for response in self._responses.values():
-            if response.speaker is not None and not response.speaker.stopped:
-                response.speaker.stop()
-                interrupted = True
-        active = self._host.active_response_id
-        if active is not None:
-            known = self._responses.get(active)
-            speaker = None if known is None else known.speaker
-            await self._host.cancel_active(None if speaker is None else speaker.cut_chars(None), now)
-            interrupted = True
+        interrupted = self._spoken.stop_all()
+        if await self._hooks.on_barge_in(now):
+            interrupted = True  # the owner cancelled the active response, cut at its audio
         if interrupted:
             self._observer.barge_in(self._clock() - now)
             self._barged = True
@@ -539,7 +483,7 @@ class VoiceChannel:
         self, item_id: str, audio: Any, start_ms: int, end_ms: int, speech_end_at: float | None
     ) -> None:
         """Commit, transcribe, and answer one user turn."""
-        await self._host.send(
+        await self._send(
             pe.InputAudioCommitted(item_id=item_id, audio_start_ms=start_ms, audio_end_ms=end_ms)
         )
         try:
@@ -548,7 +492,7 @@ class VoiceChannel:
             logger.exception("transcribing voice turn %s failed", item_id)
             await self._transcription_failed(item_id)
             return
-        await self._host.send(pe.InputAudioTranscript(item_id=item_id, text=text, final=True))
+        await self._send(pe.InputAudioTranscript(item_id=item_id, text=text, final=True))
         self._judge_barge_in(text)
         if not text:
             return  # silence or noise: no words, no item
@@ -559,24 +503,23 @@ class VoiceChannel:
             # next response.create answers it, as in OpenAI's realtime API
             await self._keep_pending(item_id, item)
             return
-        if not td.interrupt_response:
-            await self._host.wait_idle()  # the turn waits for the active response
 
         def claim() -> bool:
             # under the lock: a client's response.create applied meanwhile must
             # not take this turn's item id
-            self._next = _VoiceResponse(input_item_id=item_id, speech_end_at=speech_end_at)
+            self._next = VoiceResponse(input_item_id=item_id, speech_end_at=speech_end_at)
             return True
 
         create = pe.ResponseCreate(input=(item,), interrupt_active=True)
-        await self._host.dispatch_if(create, self._clock(), claim)
+        # without interrupt_response the turn waits for the active response
+        await self._hooks.on_user_turn(create, claim, after_active=not td.interrupt_response)
 
     async def _transcription_failed(self, item_id: str) -> None:
         """Tell the client the turn has no transcript (so no item, no
         response); the connection and its later turns go on."""
         self._barged = False  # nothing to judge the barge-in by
         error = pe.TranscriptionError(code=pe.ErrorCode.INTERNAL_ERROR, message=TRANSCRIPTION_FAILED)
-        await self._host.send(pe.InputAudioTranscript(item_id=item_id, text="", final=True, error=error))
+        await self._send(pe.InputAudioTranscript(item_id=item_id, text="", final=True, error=error))
 
     async def _keep_pending(self, item_id: str, item: pe.InputItem) -> None:
         """Keep a transcribed turn for the next ``response.create``. At most
@@ -591,14 +534,24 @@ class VoiceChannel:
             f"{self._max_pending_turns} voice turns wait for a response.create: "
             f"the oldest, {dropped}, was dropped"
         )
-        await self._host.send(pe.ErrorEvent(code=pe.ErrorCode.CONFLICT, message=message, retryable=False))
+        await self._send(pe.ErrorEvent(code=pe.ErrorCode.CONFLICT, message=message, retryable=False))
 
     # ---- responses -----------------------------------------------------------------
 
-    def on_create(self, event: pe.ResponseCreate) -> tuple[pe.ResponseCreate, str | None]:
-        """A ``response.create`` is being applied: add the turns still waiting
-        for a response to its input, and note whether it is spoken. Returns
-        the event to apply and the problem refusing it, if any."""
+    async def prepare_create(self, event: pe.ResponseCreate, now: float) -> CreatePlan:
+        """A ``response.create`` is being applied: the speculative answer of
+        the turn being spoken gives way (unless it is this one), the turns
+        waiting for a response become its input; with ``interrupt_active``
+        the response it interrupts is cut at its audio, as a cancel without
+        ``heard_chars`` is (8.6). The caller holds the lock."""
+        await self.drop_speculation(now, unless=event.response_id)
+        event, problem = self._on_create(event)
+        return CreatePlan(event, problem, cut_active_first=bool(event.interrupt_active))
+
+    def _on_create(self, event: pe.ResponseCreate) -> tuple[pe.ResponseCreate, str | None]:
+        """Add the turns still waiting for a response to ``event``'s input, and
+        note whether it is spoken. Returns the event to apply and the problem
+        refusing it, if any."""
         modalities = event.modalities
         audio = "audio" in modalities if modalities is not None else self.settings.output_rate is not None
         if audio and self.settings.output_rate is None:
@@ -609,7 +562,7 @@ class VoiceChannel:
                 f"wait for a response: more than {self._max_pending_turns} in all; send response.create "
                 "without input (the waiting turns are its input)"
             )
-        creating, self._next = self._next or _VoiceResponse(), None
+        creating, self._next = self._next or VoiceResponse(), None
         creating.audio = audio
         if self._pending_items:
             creating.input_item_id = creating.input_item_id or self._pending_items[-1][0]
@@ -619,32 +572,23 @@ class VoiceChannel:
         self._creating = creating
         return event, None
 
-    def on_submit(self, response_id: str) -> None:
+    def submitted(self, response_id: str) -> None:
         """The response being created got its id."""
-        response, self._creating = self._creating or _VoiceResponse(), None
+        response, self._creating = self._creating or VoiceResponse(), None
         del self._pending_items[: response.num_pending_items]  # a refused create leaves them waiting
-        self._responses[response_id] = response
-        self._responses.move_to_end(response_id)
-        while len(self._responses) > _REMEMBERED:
-            self._responses.popitem(last=False)
+        self._spoken.remember(response_id, response)
 
     def created(self, event: pe.ResponseCreated) -> pe.ResponseCreated:
         """``response.created`` with its ``modalities``, and the ``input_item_id``
         of a voice turn."""
-        response = self._responses.get(event.response_id)
-        if response is None:
-            return event
-        modalities: tuple[pe.Modality, ...] = ("text", "audio") if response.audio else ("text",)
-        return replace(event, input_item_id=response.input_item_id, modalities=modalities)
+        return self._spoken.created(event)
 
-    def spoken_on_resume(self, response_id: str) -> bool:
-        """Whether a resume with ``audio_from_ms`` speaks ``response_id``: a
-        response of this connection if it was created spoken, any other
-        (whether it was spoken is not logged)."""
-        response = self._responses.get(response_id)
-        return response is None or response.audio
+    def speaks_on_resume(self, response_id: str, audio_from_ms: int | None) -> bool:
+        """Whether a resume with ``audio_from_ms`` speaks ``response_id``
+        (:meth:`SpokenResponses.speaks_on_resume`)."""
+        return self._spoken.speaks_on_resume(response_id, audio_from_ms)
 
-    def speaker_for(
+    def subscriber(
         self,
         response_id: str,
         stream_id: str,
@@ -652,61 +596,17 @@ class VoiceChannel:
         skip_before_ms: int | None = None,
         budget: AudioBudget | None = None,
     ) -> Speaker | None:
-        """The speaker of a response being delivered (None: text only).
-
-        ``skip_before_ms``: a resume's ``audio_from_ms``. A response of this
-        connection is spoken if it was created so; one of another connection
-        only on a resume that asks for its audio (:meth:`spoken_on_resume`).
-        ``budget``: a resume's, charged with the speech synthesized again
-        (:class:`~bargein.session.voice_runtime.speaker.Speaker`).
-        """
-        response = self._responses.get(response_id)
-        if response is None:
-            if skip_before_ms is None:
-                return None
-            response = self._responses[response_id] = _VoiceResponse(audio=True)
-        elif not response.audio:
-            return None  # audio_from_ms of a text-only response is ignored (8.8)
-        speech_end_at = response.speech_end_at
-
-        def first_audio() -> None:
-            if speech_end_at is not None:
-                self._observer.voice_to_voice(self._clock() - speech_end_at)
-
-        response.speaker = Speaker(
-            self.runtime.models.synthesizer,
-            response_id=response_id,
-            stream_id=stream_id,
-            sample_rate=self.settings.output_rate or DEFAULT_OUTPUT_RATE,
-            send=self._host.send,
-            run_blocking=self.runtime.run,
-            skip_before_ms=skip_before_ms or 0,
-            clock=self._clock,
-            observer=self._observer,
-            on_first_audio=first_audio,
-            budget=budget,
+        """The speaker subscribed to a response's delivery (None: text only),
+        at the session's output rate (:meth:`SpokenResponses.speaker`)."""
+        rate = self.settings.output_rate or DEFAULT_OUTPUT_RATE
+        return self._spoken.speaker(
+            response_id, stream_id, sample_rate=rate, skip_before_ms=skip_before_ms, budget=budget
         )
-        return response.speaker
 
-    def heard_chars(self, response_id: str, heard_chars: int | None, audio_end_ms: int | None) -> int | None:
-        """The ``heard_chars`` a ``response.cancel`` of ``response_id`` means.
-
-        For a spoken response the cut is at the audio: at ``audio_end_ms``
-        (a word boundary at most one word past it), else at the audio sent;
-        with ``heard_chars`` too, the shorter cut wins. A text-only response
-        keeps the client's ``heard_chars``.
-        """
-        response = self._responses.get(response_id)
-        if response is None or response.speaker is None:
-            return heard_chars
-        cut = response.speaker.cut_chars(audio_end_ms)
-        return cut if heard_chars is None else min(cut, heard_chars)
-
-    def stop_speaking(self, response_id: str) -> None:
-        """A cancel: the response's speaker sends no more audio."""
-        response = self._responses.get(response_id)
-        if response is not None and response.speaker is not None:
-            response.speaker.stop()
+    def cut(self, response_id: str, heard_chars: int | None, audio_end_ms: int | None) -> int | None:
+        """A cancel or truncation of ``response_id``: its speaker sends no more
+        audio; returns the ``heard_chars`` it means (:meth:`SpokenResponses.cut`)."""
+        return self._spoken.cut(response_id, heard_chars, audio_end_ms)
 
     async def close(self, now: float) -> None:
         """The connection is gone: stop its turns, and retract the answers
@@ -721,7 +621,7 @@ class VoiceChannel:
         """Refuse an append that came while the connection's audio ran past
         its pace (nothing of it is taken; the connection goes on)."""
         config = self.runtime.config
-        await self._host.send(
+        await self._send(
             pe.ErrorEvent(
                 code=pe.ErrorCode.RATE_LIMITED,
                 message=f"input audio faster than {config.max_input_audio_speed:g}x real time "
@@ -733,7 +633,7 @@ class VoiceChannel:
         )
 
     async def _error(self, code: pe.ErrorCode, message: str, event: object) -> None:
-        await self._host.send(
+        await self._send(
             pe.ErrorEvent(
                 code=code,
                 message=message,

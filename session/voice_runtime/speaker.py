@@ -1,6 +1,8 @@
 """Speaker: one response's text spoken as it is delivered (``response.audio.delta``).
 
-The delivery hands each delta's text to :meth:`Speaker.feed` after sending it;
+A speaker subscribes to its response's delivery
+(:class:`~bargein.session.runtime.delivery.DeliverySubscriber`): each delta's
+text reaches :meth:`Speaker.feed` once it is sent;
 the speaker cuts the text into segments (sentences, or clauses: the first one
 short, for early first audio), synthesizes each in a worker thread as soon as
 it is complete, and sends its audio in chunks of at most ``chunk_ms``. Each
@@ -22,7 +24,8 @@ in the token log of every stream.
 
 A barge-in calls :meth:`Speaker.stop`: no audio chunk of the response is sent
 after it. :meth:`Speaker.finish` speaks what is left (unless stopped) and
-sends ``response.audio.done``; the delivery awaits it before ``response.done``.
+sends ``response.audio.done``; the delivery awaits it (``on_end``, or
+``on_failure``) before ``response.done`` or the ``error`` that ends it.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from bargein.protocol import events as pe
+from bargein.session.cancel import cancel_and_wait
 from bargein.session.runtime.admission import AudioBudget, Refusal
 from bargein.session.runtime.observer import SessionObserver
 from bargein.voice.align import Alignment
@@ -158,6 +162,28 @@ class Speaker:
         await self._send(
             pe.ResponseAudioDone(response_id=self.response_id, stream_id=self.stream_id, end_ms=end_ms)
         )
+
+    # ---- a subscriber of the response's delivery ---------------------------------
+
+    def on_delta(self, text: str) -> None:
+        """The delivery sent ``text``: speak it."""
+        self.feed(text)
+
+    async def on_end(self) -> None:
+        """The response's text is all sent: speak the rest, then ``response.audio.done``."""
+        await self.finish()
+
+    async def on_failure(self) -> None:
+        """The delivery failed: the audio stops here, ``response.audio.done`` first."""
+        if not self.done:
+            self.stop()
+            await self.finish()
+
+    async def on_close(self) -> None:
+        """The delivery is over (a cancelled one too): no synthesis is left behind."""
+        self.stop()
+        if self._worker is not None:
+            await cancel_and_wait([self._worker])
 
     def cut_chars(self, heard_ms: int | None) -> int:
         """Where the assistant turn is cut when the user heard up to

@@ -15,8 +15,8 @@ import httpx
 from bargein.app.embedded import EmbeddedServer
 from bargein.app.settings import ServerConfig, Settings
 from bargein.session.conversation.config import SessionConfig
-from bargein.session.voice_runtime.audio_input import VoiceRuntime
 from bargein.session.voice_runtime.config import VoiceConfig
+from bargein.session.voice_runtime.runtime import VoiceRuntime
 from loadtests.bare_client import Conn
 from tests.app.conftest import MAX_FRAME_BYTES, LiveServer
 from tests.waiting import HANG_GUARD_S

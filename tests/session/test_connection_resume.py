@@ -30,9 +30,9 @@ def output(stream_id: str, start: int, text: str, *, finished: bool = False) -> 
 class Client:
     """A connection and the events it was sent."""
 
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: Service, principal: str = "anonymous") -> None:
         self.events: list[Any] = []
-        self.conn = Connection(service, self._send)
+        self.conn = Connection(service, self._send, principal=principal)
         self.created = self.conn.created_event()
 
     async def _send(self, event: object) -> None:
@@ -71,7 +71,7 @@ async def test_a_resumed_session_gets_the_turn_that_finished_after_the_drop() ->
     )
     resumed = (await second.wait_for(pe.SessionResumed))[0]
     assert resumed.turns == 1 and resumed.active.stream_id == stream_id
-    assert resumed.active.end == 1 and second.conn.session.state is State.GENERATING
+    assert resumed.active.end == 1 and second.conn.conversation.state is State.GENERATING
     engine.run_steps([[output(stream_id, 1, "lo", finished=True)]])
 
     async def ended() -> bool:
@@ -80,7 +80,7 @@ async def test_a_resumed_session_gets_the_turn_that_finished_after_the_drop() ->
 
     await wait_until_async(ended, "the end in the log")  # as a client learns it
     await second.conn.handle(create("again"))  # waits for the turn of the ended stream
-    assert second.conn.session.turns[:3] == [
+    assert second.conn.conversation.turns[:3] == [
         Message(role="user", content="hi"),
         Message(role="assistant", content="Hello"),
         Message(role="user", content="again"),
@@ -94,8 +94,7 @@ async def test_wrong_principal_and_token_are_refused() -> None:
     first = Client(service)
     await first.conn.handle(create("hi"))
     await first.conn.close()
-    other = Client(service)
-    other.conn.principal = "mallory"
+    other = Client(service, principal="mallory")
     await other.conn.handle(
         pe.SessionResume(session_id=first.created.session_id, session_token=first.created.session_token)
     )

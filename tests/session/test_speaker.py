@@ -266,7 +266,7 @@ async def write_all(log: MemoryTokenLog, reason: str = "stop") -> None:
 
 
 def delivery(log: MemoryTokenLog, wire: Wire, s: Speaker) -> Delivery:
-    return Delivery(log, response_id="r1", stream_id="s1", from_offset=0, send=wire.send, speaker=s)
+    return Delivery(log, response_id="r1", stream_id="s1", from_offset=0, send=wire.send, subscribers=(s,))
 
 
 async def test_a_delivered_response_is_spoken_whole_before_its_done() -> None:

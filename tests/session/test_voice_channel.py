@@ -329,7 +329,7 @@ async def test_speech_over_a_spoken_answer_cancels_it_cut_at_the_audio_sent() ->
         assert c.engine.aborted == [(created.stream_id, FinishReason.INTERRUPTED)]
         audio = c.of(pe.ResponseAudioDelta)
         text = "".join(e.text for e in c.of(pe.ResponseDelta))
-        kept = c.conn.session.turns[-1]
+        kept = c.conn.conversation.turns[-1]
         assert kept.role == "assistant"
         # cut at the audio sent, at a word: not all the text delivered
         assert text.startswith(kept.content) and len(kept.content) < len(text)
@@ -345,7 +345,7 @@ async def test_speech_over_a_spoken_answer_cancels_it_cut_at_the_audio_sent() ->
         # the client played less than was sent: its cancel re-cuts the turn at a word
         await c.send(type="response.cancel", response_id="story", audio_end_ms=190)
         await c.wait_for(pe.ResponseDone, 2)
-        assert c.conn.session.turns[-1] == Message(role="assistant", content="Once upon a")
+        assert c.conn.conversation.turns[-1] == Message(role="assistant", content="Once upon a")
     finally:
         await done(c)
 
@@ -382,11 +382,11 @@ async def test_a_cancel_with_audio_end_ms_cuts_at_the_word_being_spoken() -> Non
         await c.send(type="response.cancel", response_id="story", audio_end_ms=190)
         c.generate(created.stream_id, finish=FinishReason.INTERRUPTED)
         await c.wait_for(pe.ResponseDone)
-        assert c.conn.session.turns[-1] == Message(role="assistant", content="Once upon a")
+        assert c.conn.conversation.turns[-1] == Message(role="assistant", content="Once upon a")
         # heard_chars too: the shorter cut wins
         await c.send(type="response.cancel", response_id="story", audio_end_ms=10**6, heard_chars=4)
         await c.wait_for(pe.ResponseDone, 2)
-        assert c.conn.session.turns[-1] == Message(role="assistant", content="Once")
+        assert c.conn.conversation.turns[-1] == Message(role="assistant", content="Once")
         check_spoken_order(c.events, "story")
     finally:
         await done(c)
@@ -399,11 +399,11 @@ async def test_a_cancel_naming_an_unknown_response_is_not_found_and_changes_noth
         created = await spoken_story(c)
         c.generate(created.stream_id, finish=FinishReason.STOP)
         await c.wait_for(pe.ResponseDone)
-        turns = list(c.conn.session.turns)
+        turns = list(c.conn.conversation.turns)
         await c.send(type="response.cancel", response_id="nope", audio_end_ms=2**31 - 1, event_id="x")
         (error,) = await c.wait_for(pe.ErrorEvent)
         assert error.code is pe.ErrorCode.NOT_FOUND and error.event_id == "x"
-        assert c.conn.session.turns == turns
+        assert c.conn.conversation.turns == turns
     finally:
         await done(c)
 
@@ -538,7 +538,7 @@ async def test_an_answer_started_at_a_pause_leaves_no_trace_when_the_user_goes_o
             assert c.engine.aborted == [(speculative, FinishReason.CANCELLED)]
             assert c.engine.kept_tokens == [3]  # the prompt's KV alone; nothing of its text
             c.generate(speculative, finish=FinishReason.CANCELLED)
-        assert c.conn.session.turns == []  # its user item left the conversation
+        assert c.conn.conversation.turns == []  # its user item left the conversation
         await c.audio(silence(600))
         (created,) = await c.wait_for(pe.ResponseCreated)
         assert created.stream_id != speculative
@@ -573,7 +573,7 @@ async def test_a_turn_ended_by_the_client_during_a_pause_drops_the_answer_starte
             assert conversation(c) == [{"role": "user", "content": "Tell me more."}]
             assert created.input_item_id == c.of(pe.InputAudioCommitted)[0].item_id
             return
-        assert c.conn.session.turns == [] and not c.of(pe.InputAudioCommitted)
+        assert c.conn.conversation.turns == [] and not c.of(pe.InputAudioCommitted)
         # the next response is not refused over an answer the client never saw
         await c.send(type="response.create", input=[{"role": "user", "content": "Hi."}])
         await c.wait_for(pe.ResponseCreated)

@@ -203,7 +203,7 @@ async def test_a_failed_transcription_at_a_pause_is_reported_when_the_turn_ends_
         (failed,) = await c.wait_for(pe.InputAudioTranscript)
         assert failed.error is not None and failed.item_id == c.of(pe.InputAudioCommitted)[0].item_id
         assert len(c.models.transcriber.heard) == 1  # the pause's transcription, adopted
-        assert not c.engine.requests and c.conn.session.turns == []
+        assert not c.engine.requests and c.conn.conversation.turns == []
         await c.audio(silence(320) + speech(640) + silence(800))
         await c.wait_for(pe.ResponseCreated)
     finally:

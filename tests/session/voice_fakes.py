@@ -9,7 +9,7 @@
 - :class:`FakeSynth`: ``samples_per_char`` samples per code point of the
   segment it is given, each word ending where its characters end.
 
-With them a real :class:`~bargein.session.voice_runtime.audio_input.VoiceRuntime` (its thread
+With them a real :class:`~bargein.session.voice_runtime.runtime.VoiceRuntime` (its thread
 pool), a real :class:`~bargein.session.runtime.connection.Connection` and a real
 :class:`~bargein.session.runtime.service.Service` run the voice loop; the engine is
 ``tests/session/test_service.py``'s ``ThreadedEngine``, stepped by the test.
@@ -34,8 +34,9 @@ from bargein.protocol import events as pe
 from bargein.session.conversation.config import SessionConfig
 from bargein.session.runtime.connection import Connection
 from bargein.session.runtime.service import Service
-from bargein.session.voice_runtime.audio_input import VoiceRuntime
+from bargein.session.voice_runtime.channel import plug
 from bargein.session.voice_runtime.config import VoiceConfig
+from bargein.session.voice_runtime.runtime import VoiceRuntime
 from bargein.voice.tts import Speech, Timing, WordEnd
 from tests.session.test_service import CountingLog, ThreadedEngine
 from tests.waiting import HANG_GUARD_S, wait_until
@@ -180,12 +181,12 @@ class RecordingTemplate:
 class Client:
     """A Connection with a fake engine and fake voice models; records what it sends."""
 
-    def __init__(self, service: Service, engine: ThreadedEngine, models: FakeModels) -> None:
+    def __init__(self, service: VoiceService, engine: ThreadedEngine, models: FakeModels) -> None:
         self.service = service
         self.engine = engine
         self.models = models
         self.events: list[Any] = []
-        self.conn = Connection(service, self._send)
+        self.conn = Connection(service, self._send, voice=plug(service.voice))
         self.n_out: dict[str, int] = {}  # tokens generated per stream
 
     async def _send(self, event: object) -> None:
@@ -272,23 +273,30 @@ def _output(
     )
 
 
+class VoiceService(Service):
+    """A Service and the voice runtime its connections are plugged into (as the app holds both)."""
+
+    def __init__(self, *args: Any, voice: VoiceRuntime, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.voice = voice
+
+
 async def voice_service(
     models: FakeModels | None = None,
     *,
     config: VoiceConfig | None = None,
     session: SessionConfig | None = None,
-) -> tuple[Service, ThreadedEngine, FakeModels]:
+) -> tuple[VoiceService, ThreadedEngine, FakeModels]:
     """A started Service on a ThreadedEngine with fake voice models."""
     models = models or FakeModels(vad=FakeVad(), transcriber=FakeTranscriber(), synthesizer=FakeSynth())
     engine = ThreadedEngine()
     engine.tokenizer = RecordingTemplate()  # type: ignore[assignment]
     runtime = VoiceRuntime(models, config or VoiceConfig())
-    service = Service(engine, CountingLog(), session or SessionConfig(), secret=b"k", voice=runtime)
+    service = VoiceService(engine, CountingLog(), session or SessionConfig(), secret=b"k", voice=runtime)
     await service.start()
     return service, engine, models
 
 
-async def stop(service: Service) -> None:
+async def stop(service: VoiceService) -> None:
     await service.stop()
-    assert service.voice is not None
     service.voice.close()

@@ -15,13 +15,14 @@ from __future__ import annotations
 import json
 import urllib.parse
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from bargein.app.openai.realtime.inbound import Inbound, OpenAISession, RealtimeError
 from bargein.app.openai.realtime.outbound import Translator
 from bargein.protocol import events as pe
-from bargein.session.runtime.admission import RateLimitLevel, rate_limit_levels
+from bargein.session.conversation.actions import Message
+from bargein.session.runtime.admission import RateLimitLevel
 from bargein.session.runtime.connection import Connection
 
 OPENAI_SUBPROTOCOL = "realtime"
@@ -135,15 +136,10 @@ class OpenAIRealtime:
         await self._write(self.translator.error(exc.code, exc.message, param=exc.param, event_id=event_id))
 
     def _rate_limits(self) -> tuple[RateLimitLevel, ...]:
-        connection = self._connection
-        if connection is None:
-            return ()
-        service = connection.service
-        key = connection.limit_key or connection.principal
-        return rate_limit_levels(service.admission, key, service.clock())
+        return () if self._connection is None else self._connection.rate_limits()
 
-    def _turns(self) -> list[Any]:
-        return [] if self._connection is None else self._connection.session.turns
+    def _turns(self) -> Sequence[Message]:
+        return () if self._connection is None else self._connection.turns
 
     def _active(self) -> str | None:
         """The response a ``response.cancel`` without ``response_id`` cancels:
@@ -157,7 +153,7 @@ class OpenAIRealtime:
         followed = [
             response_id
             for response_id, stream_id in self.translator.open_responses()
-            if not connection.session.knows_stream(stream_id)
+            if not connection.knows_stream(stream_id)
         ]
         return followed[-1] if followed else None
 
