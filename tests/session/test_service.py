@@ -311,7 +311,7 @@ async def test_one_connection_tokenizes_one_prompt_at_a_time() -> None:
     engine, log = ThreadedEngine(), CountingLog()
     engine.tokenizer = BlockingTemplate()  # type: ignore[assignment]
     service = Service(engine, log, SessionConfig(), secret=b"k")
-    turns = service._tokenizing = WatchedTurns()
+    turns = service._submitter._tokenizing = WatchedTurns()
     await service.start()
 
     def submit(n: int, connection: str) -> Any:
