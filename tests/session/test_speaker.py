@@ -285,7 +285,7 @@ async def test_an_interrupted_response_sends_its_audio_done_then_its_done() -> N
     await new_stream(log)
     wire = Wire()
     s = speaker(wire, FakeSynth())
-    fed: list[str] = []  # the delivery feeds the speaker what it hands on_delivered, at once
+    fed: list[str] = []  # the delivery feeds its subscribers what it hands on_delivered, at once
     task = asyncio.create_task(
         Delivery(
             log,
@@ -293,7 +293,7 @@ async def test_an_interrupted_response_sends_its_audio_done_then_its_done() -> N
             stream_id="s1",
             from_offset=0,
             send=wire.send,
-            speaker=s,
+            subscribers=(s,),
             on_delivered=fed.append,
         ).run()
     )

@@ -531,7 +531,7 @@ async def test_an_answer_started_at_a_pause_leaves_no_trace_when_the_user_goes_o
         await wait_until_async(generated, "the answer's token (and end) in the log")
         if finished:
             await c.wait_until(
-                lambda: c.conn.session.state is not State.GENERATING, "its end to reach the session"
+                lambda: c.conn.conversation.state is not State.GENERATING, "its end to reach the session"
             )
         await c.audio(speech(320))  # the user goes on
         if not finished:
