@@ -8,7 +8,6 @@ head ``h // (Hq // Hk)``.
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 
