@@ -12,6 +12,11 @@ recompute, a resume or a takeover's re-prefill of the logged tokens (a
 generator kept per request would count its draws instead, issue 37).
 Unseeded rows draw from the global RNG.
 
+Constrained rows (a request with a grammar) get ``-inf`` at every token
+their grammar's bitmask forbids, after the banned tokens and before
+anything else (engine/grammar.py), so greedy takes the best allowed token
+and the others sample among the allowed ones, renormalized.
+
 Banned tokens (``min_tokens``: EOS and the stop token ids of a request that
 has not reached its minimum) get ``-inf`` logits before all of this, greedy
 rows included, as vLLM's ``MinTokensLogitsProcessor`` does.
@@ -24,6 +29,7 @@ from collections.abc import Collection, Sequence
 
 import torch
 
+from bargein.engine.grammar import apply_bitmask
 from bargein.engine.request import SamplingParams
 
 
@@ -106,6 +112,7 @@ class Sampler:
         params: Sequence[SamplingParams],
         positions: Sequence[int],
         banned: Sequence[Collection[int]] | None = None,
+        allowed: tuple[Sequence[int], torch.Tensor] | None = None,
     ) -> list[int]:
         """Pick the tokens.
 
@@ -119,6 +126,10 @@ class Sampler:
             banned: ``B`` collections of token ids each row may not sample
                 (see :func:`mask_banned`), or ``None``. A row must leave at
                 least one token unbanned.
+            allowed: ``(rows, bitmask)`` of the constrained rows: ``bitmask``
+                ``[len(rows), ceil(V / 32)]`` int32, one bit per token a row
+                may sample (:func:`~bargein.engine.grammar.apply_bitmask`);
+                ``None``: no row is constrained.
 
         Returns:
             ``B`` token ids.
@@ -127,6 +138,8 @@ class Sampler:
         if banned is not None:
             assert len(banned) == len(params)
             logits = mask_banned(logits, banned)
+        if allowed is not None:
+            logits = apply_bitmask(logits, *allowed)
         greedy_rows = [i for i, p in enumerate(params) if p.greedy]
         if len(greedy_rows) == len(params):
             return logits.argmax(dim=-1).tolist()
