@@ -22,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bargein.app.embedded import EmbeddedServer
 from bargein.app.settings import ServerConfig, Settings
 from bargein.session.conversation.config import SessionConfig
 from loadtests.structured_schemas import prompt_for, schemas
@@ -61,14 +62,19 @@ ASK: list[Any] = [
 
 
 @pytest.fixture(scope="module")
-def server(live_server: LiveServer) -> Iterator[str]:
+def node(live_server: LiveServer) -> Iterator[EmbeddedServer]:
     """A node on the shared engine whose answers may be long enough for any generated schema."""
     node_settings = Settings(
         session=SessionConfig(max_tokens=320, default_max_tokens=32, max_frame_bytes=MAX_FRAME_BYTES),
-        server=ServerConfig(port=0, log_level="warning"),
+        server=ServerConfig(port=0, log_level="warning", debug_endpoints=True),  # keeps the prompts
     )
     with node_on_engine(live_server, node_settings) as node:
-        yield f"http://{node.host}:{node.port}"
+        yield node
+
+
+@pytest.fixture(scope="module")
+def server(node: EmbeddedServer) -> str:
+    return f"http://{node.host}:{node.port}"
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +183,7 @@ def test_streamed_and_non_streamed_answers_agree(client: openai.OpenAI) -> None:
 
 
 def test_auto_tool_choice_and_tool_results_in_the_prompt(
-    client: openai.OpenAI, live_server: LiveServer
+    client: openai.OpenAI, live_server: LiveServer, node: EmbeddedServer
 ) -> None:
     call = {
         "id": "call_1",
@@ -196,7 +202,8 @@ def test_auto_tool_choice_and_tool_results_in_the_prompt(
         temperature=0,
     )
     assert reply.choices[0].finish_reason in ("stop", "length", "tool_calls")
-    prompt = live_server.tokenizer.decode(live_server.recent_requests()[-1].prompt_token_ids)
+    assert node.state.service is not None
+    prompt = live_server.tokenizer.decode(node.state.service.recent_requests[-1].prompt_token_ids)
     assert '{"name":"get_weather","arguments":{"city":"Oslo"}}' in prompt
     assert "<|im_start|>tool\n4 degrees and rain<|im_end|>" in prompt
     assert '"name":"book_table"' in prompt.split("<|im_start|>user")[0]  # the tools' system message
