@@ -83,6 +83,8 @@ def check_grammar(spec: GrammarSpec) -> None:
 
 def unimplemented_keyword(error: str) -> str | None:
     """The first keyword an llguidance error says it does not implement, or None."""
+    if "Unknown format" in error:  # a "format" value it does not know
+        return "format"
     found = _UNIMPLEMENTED.search(error)
     if found is None:
         return None
