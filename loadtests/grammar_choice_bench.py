@@ -24,8 +24,8 @@ import os
 import platform
 import statistics
 import time
-from importlib.metadata import version
 from collections.abc import Callable
+from importlib.metadata import version
 from typing import Any
 
 import llguidance
@@ -131,7 +131,9 @@ def bench_xgrammar(tokenizer: Any, vocab: int, repeats: int) -> dict[str, Any]:
 
         def compile_one(schema: dict[str, Any] = schema) -> Any:
             compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
-            return compiler.compile_json_schema(json.dumps(schema), any_whitespace=False, separators=(",", ":"))
+            return compiler.compile_json_schema(
+                json.dumps(schema), any_whitespace=False, separators=(",", ":")
+            )
 
         out["compile_s"][name], compiled = timed(compile_one, repeats)
         ids = tokenizer.encode(json.dumps(instance, separators=(",", ":")), add_special_tokens=False)

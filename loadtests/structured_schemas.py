@@ -4,7 +4,8 @@ tests/app/test_openai_structured.py and loadtests/structured_bench.py).
 The schemas cover what issue 40 lists: nested objects, arrays, enums,
 ``anyOf``, ``$ref`` (through ``$defs``), ``pattern``, numbers with bounds,
 required and optional keys. Every string, array and number is bounded
-(``maxLength``, ``maxItems``, ``minimum``/``maximum``), so a valid answer
+(``maxLength``, ``maxItems``, ``minimum``/``maximum``, a number's
+fraction by ``multipleOf``), so a valid answer
 fits in a few hundred tokens and a model cannot run to ``max_tokens``
 inside a value; objects are closed (``additionalProperties: false``), as
 OpenAI's strict mode requires.
@@ -32,7 +33,10 @@ def _integer() -> st.SearchStrategy[Schema]:
 
 
 def _number() -> st.SearchStrategy[Schema]:
-    return st.integers(-100, 100).map(lambda low: {"type": "number", "minimum": low, "maximum": low + 50})
+    # multipleOf bounds the fraction's digits: without it a model may write 1.1111... to max_tokens
+    return st.integers(-100, 100).map(
+        lambda low: {"type": "number", "minimum": low, "maximum": low + 50, "multipleOf": 0.25}
+    )
 
 
 LEAVES: st.SearchStrategy[Schema] = st.one_of(

@@ -19,7 +19,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from bargein.app.embedded import EmbeddedServer
@@ -83,7 +83,13 @@ def client(server: str) -> Iterator[openai.OpenAI]:
         yield client
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# no shrinking: each example is a model answer (seconds); the failing schema is in the message
+@settings(
+    max_examples=20,
+    deadline=None,
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(schema=schemas())
 def test_json_schema_answers_validate(client: openai.OpenAI, schema: dict[str, Any]) -> None:
     reply = client.chat.completions.create(
