@@ -63,6 +63,8 @@ MAX_STOP_STRINGS = 4  # as OpenAI, and as the WebSocket's response.create
 MAX_SEED = 2**63 - 1  # as the WebSocket: an int64 everywhere (torch, Redis, msgpack)
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 MAX_TOOLS = 128  # as OpenAI
+# OpenAI's strict mode allows 5 levels; deeper schemas only cost the grammar compiler (Rust) stack
+MAX_SCHEMA_DEPTH = 32
 _TOOL_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 OnDisconnect = Literal["continue", "cancel"]
 _ORIGIN_PREFIX = "openai-http:"
@@ -536,7 +538,29 @@ def _response_format(body: Mapping[str, Any]) -> GrammarSpec | None:
             param="response_format.json_schema.schema",
             code="invalid_type",
         )
-    return _checked(GrammarSpec.json_schema(schema), "response_format.json_schema.schema")
+    return _checked(
+        _schema_spec(schema, "response_format.json_schema.schema"), "response_format.json_schema.schema"
+    )
+
+
+def _schema_spec(schema: dict[str, Any], param: str) -> GrammarSpec:
+    """The spec of a JSON schema nested at most ``MAX_SCHEMA_DEPTH`` levels (arrays and objects).
+
+    Raises ApiError 400 ``invalid_schema`` for a deeper one.
+    """
+    level: list[Any] = [schema]
+    for _ in range(MAX_SCHEMA_DEPTH):
+        level = [
+            child
+            for value in level
+            for child in (value.values() if isinstance(value, dict) else value)
+            if isinstance(child, dict | list)
+        ]
+        if not level:
+            return GrammarSpec.json_schema(schema)
+    raise ApiError(
+        f"the JSON schema is nested deeper than {MAX_SCHEMA_DEPTH} levels", param=param, code="invalid_schema"
+    )
 
 
 def _checked(spec: GrammarSpec, param: str) -> GrammarSpec:
@@ -588,7 +612,8 @@ def _tools(body: Mapping[str, Any]) -> tuple[Tool, ...]:
                 param=f"{where}.function",
                 code="invalid_type",
             )
-        spec = _checked(GrammarSpec.json_schema(parameters), f"{where}.function.parameters")
+        param = f"{where}.function.parameters"
+        spec = _checked(_schema_spec(parameters, param), param)
         tools.append(Tool(name=name, description=description, parameters=spec.source))
     if len({t.name for t in tools}) != len(tools):
         raise ApiError("'tools' has two functions of the same name", param="tools")

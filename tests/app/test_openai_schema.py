@@ -274,3 +274,14 @@ def test_an_unsupported_schema_keyword_is_named() -> None:
     with pytest.raises(ApiError) as caught:
         parse(tools=[tool])
     assert caught.value.param == "tools[0].function.parameters" and "'uniqueItems'" in caught.value.message
+
+
+def test_a_deeply_nested_schema_is_refused_before_compiling() -> None:
+    schema: dict[str, Any] = {"type": "object"}
+    for _ in range(500):
+        schema = {"type": "object", "properties": {"a": schema}}
+    with pytest.raises(ApiError) as caught:
+        parse(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+    assert (
+        caught.value.code == "invalid_schema" and caught.value.param == "response_format.json_schema.schema"
+    )
