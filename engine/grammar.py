@@ -232,11 +232,17 @@ def apply_bitmask(logits: torch.Tensor, rows: Sequence[int], bitmask: torch.Tens
     vocab = logits.shape[-1]
     # little-endian bits of each word: bit i of word w is token 32 * w + i
     bits = np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, bitorder="little")[:, :vocab]
-    allowed = torch.from_numpy(bits.astype(np.bool_)).to(logits.device)
-    index = torch.tensor(list(rows), device=logits.device)
-    out = logits.clone()
-    out[index] = logits[index].masked_fill(~allowed, float("-inf"))
-    return out
+    if logits.device.type != "cpu":
+        allowed = torch.from_numpy(bits).to(logits.device).bool()
+        index = torch.tensor(list(rows), device=logits.device)
+        out = logits.clone()
+        out[index] = torch.where(allowed, logits[index], float("-inf"))
+        return out
+    # on the CPU in numpy: torch's indexed writes cost ~10x more here (measured on the 2-core box)
+    out_np = logits.numpy().copy()
+    for i, row in enumerate(rows):
+        np.copyto(out_np[row], -np.inf, where=bits[i] == 0)
+    return torch.from_numpy(out_np)
 
 
 class MaskFiller:

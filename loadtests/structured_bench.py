@@ -36,6 +36,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,10 @@ from bargein.engine.grammar_spec import GrammarSpec
 from bargein.engine.model.loader import load_tokenizer
 from bargein.engine.model_runner import ModelRunner
 from bargein.engine.request import EngineRequest, SamplingParams
-from loadtests.structured_schemas import prompt_for, schemas
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the checkout's loadtests/
+
+from loadtests.structured_schemas import prompt_for, schemas  # noqa: E402
 
 MARKER = "<!-- loadtests/structured_bench.py writes below this line -->"
 LIST_SCHEMA = {
@@ -319,6 +323,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--schemas", type=int, default=20)
     parser.add_argument("--acceptance", action="store_true")
+    parser.add_argument("--accept", type=int, default=None, help="acceptance on the first N schemas only")
     parser.add_argument("--tool-seeds", type=int, default=20)
     parser.add_argument("--skip-decode", action="store_true")
     parser.add_argument("--out", type=Path, default=Path("docs/perf/structured.md"))
@@ -331,7 +336,9 @@ def main() -> None:
         "## The benchmark",
         "",
         f"`loadtests/structured_bench.py --runs {args.runs} --schemas {args.schemas}"
-        f"{' --acceptance' if args.acceptance else ''}`, {started}, {platform.machine()}, "
+        f"{' --acceptance' if args.acceptance else ''}"
+        f"{f' --accept {args.accept}' if args.accept else ''} --new-tokens {args.new_tokens}"
+        f" --tool-seeds {args.tool_seeds}`, {started}, {platform.machine()}, "
         f"{os.cpu_count()} CPUs, load {load:.2f} at the start (a shared machine).",
         "",
     ]
@@ -341,7 +348,7 @@ def main() -> None:
     tokenizer = load_tokenizer(ModelConfig())
     lines += [*compile_bench(schema_list, tokenizer, len(tokenizer), frozenset({tokenizer.eos_token_id})), ""]
     if args.acceptance:
-        lines += [*acceptance(schema_list, args.tool_seeds), ""]
+        lines += [*acceptance(schema_list[: args.accept], args.tool_seeds), ""]
     text = args.out.read_text(encoding="utf-8") if args.out.exists() else ""
     head = text.split(MARKER)[0].rstrip() + "\n\n"
     args.out.write_text(head + "\n".join(lines) + "\n", encoding="utf-8")
