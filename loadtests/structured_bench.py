@@ -335,7 +335,8 @@ def main() -> None:
         "",
         "## The benchmark",
         "",
-        f"`loadtests/structured_bench.py --runs {args.runs} --schemas {args.schemas}"
+        f"`loadtests/structured_bench.py{' --skip-decode' if args.skip_decode else f' --runs {args.runs}'}"
+        f" --schemas {args.schemas}"
         f"{' --acceptance' if args.acceptance else ''}"
         f"{f' --accept {args.accept}' if args.accept else ''} --new-tokens {args.new_tokens}"
         f" --tool-seeds {args.tool_seeds}`, {started}, {platform.machine()}, "
