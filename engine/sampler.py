@@ -96,6 +96,27 @@ def mask_banned(logits: torch.Tensor, banned: Sequence[Collection[int]]) -> torc
     return logits.index_put(index, torch.tensor(float("-inf"), device=logits.device))
 
 
+def _rows_to_mask(
+    logits: torch.Tensor, params: Sequence[SamplingParams], rows: Sequence[int], bitmask: torch.Tensor
+) -> tuple[list[int], torch.Tensor]:
+    """The constrained rows whose sampling the mask can change, and their bitmask rows.
+
+    A greedy row whose raw argmax the grammar allows takes that token masked
+    or not, so it is left out (the common case: one bit test instead of a
+    row of ``V`` writes); the other rows keep their masks.
+    """
+    greedy = [i for i, row in enumerate(rows) if params[row].greedy]
+    if not greedy:
+        return list(rows), bitmask
+    best = logits[[rows[i] for i in greedy]].argmax(dim=-1).tolist()
+    words = bitmask.numpy()
+    settled = {
+        i for i, token in zip(greedy, best, strict=True) if (int(words[i, token // 32]) >> (token % 32)) & 1
+    }
+    keep = [i for i in range(len(rows)) if i not in settled]
+    return [rows[i] for i in keep], bitmask[keep]
+
+
 class Sampler:
     """Samples one token per row of logits according to per-row params.
 
@@ -139,7 +160,7 @@ class Sampler:
             assert len(banned) == len(params)
             logits = mask_banned(logits, banned)
         if allowed is not None:
-            logits = apply_bitmask(logits, *allowed)
+            logits = apply_bitmask(logits, *_rows_to_mask(logits, params, *allowed))
         greedy_rows = [i for i, p in enumerate(params) if p.greedy]
         if len(greedy_rows) == len(params):
             return logits.argmax(dim=-1).tolist()
