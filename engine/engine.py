@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections import Counter, defaultdict
 from collections.abc import Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -20,7 +21,8 @@ import torch
 
 from bargein.engine.config import EngineConfig, SchedulerConfig
 from bargein.engine.detokenizer import IncrementalDetokenizer
-from bargein.engine.errors import DuplicateRequestError, PromptTooLongError
+from bargein.engine.errors import DuplicateRequestError, GrammarError, PromptTooLongError
+from bargein.engine.grammar import GrammarCompiler, MaskFiller
 from bargein.engine.kv_cache import BlockPool
 from bargein.engine.model_runner import ModelRunner, SeqInput
 from bargein.engine.request import EngineRequest, FinishReason, RequestOutput
@@ -191,6 +193,8 @@ class LLMEngine:
             config, self.pool, runner.eos_token_ids, step_cost=lambda: self.step_cost.current
         )
         self.sampler = Sampler()
+        self._grammars: GrammarCompiler | None = None  # built at the first constrained request
+        self._mask_filler: MaskFiller | None = None
         self._detoks: dict[str, IncrementalDetokenizer] = {}
         # (request id, reason, only if never scheduled yet, tokens whose blocks stay cached)
         self._pending_aborts: list[tuple[str, FinishReason, bool, int | None]] = []
@@ -213,6 +217,14 @@ class LLMEngine:
     def tokenizer(self) -> Any:
         """The model's tokenizer."""
         return self.runner.tokenizer
+
+    @property
+    def grammars(self) -> GrammarCompiler:
+        """The grammar compiler and its cache (built at the first use)."""
+        if self._grammars is None:
+            vocab_size = getattr(self.runner, "vocab_size", None) or len(self.runner.tokenizer)
+            self._grammars = GrammarCompiler(self.runner.tokenizer, vocab_size, self.runner.eos_token_ids)
+        return self._grammars
 
     @property
     def max_model_len(self) -> int:
@@ -249,7 +261,26 @@ class LLMEngine:
         self._detoks[request_id] = IncrementalDetokenizer(
             self.runner.tokenizer, request.prompt_token_ids, params.stop, min_tokens=params.min_tokens
         )
-        self.scheduler.add(request)
+        seq = self.scheduler.add(request)
+        if params.grammar is not None:
+            self._start_grammar(seq)
+
+    def _start_grammar(self, seq: Sequence) -> None:
+        """Give ``seq`` its matcher, with the replayed output tokens consumed;
+        a grammar that does not compile or refuses them ends it (``error``)
+        at the next step instead of failing the engine thread."""
+        request = seq.request
+        assert request.params.grammar is not None
+        try:
+            matcher = self.grammars.matcher(request.params.grammar)
+        except GrammarError:
+            self.abort_request(request.request_id, FinishReason.ERROR)
+            return
+        replayed = request.prompt_token_ids[len(request.prompt_token_ids) - request.num_replayed_tokens :]
+        if request.num_replayed_tokens and not matcher.consume_tokens(list(replayed)):
+            self.abort_request(request.request_id, FinishReason.ERROR)
+            return
+        seq.grammar = matcher
 
     def abort_request(
         self,
@@ -384,7 +415,11 @@ class LLMEngine:
         )
 
     def _execute(self, plan: SchedulerOutput) -> list[int]:
-        """Forward the plan and sample one token per sampling sequence."""
+        """Forward the plan and sample one token per sampling sequence.
+
+        The constrained rows' bitmasks are filled on the grammar thread while
+        the forward pass runs (they depend only on the tokens so far).
+        """
         t0 = time.perf_counter()
         inputs = [
             SeqInput(
@@ -395,10 +430,14 @@ class LLMEngine:
             )
             for item in plan.scheduled
         ]
+        seqs = [item.seq for item in plan.scheduled if item.sample]
+        constrained = [row for row, seq in enumerate(seqs) if seq.grammar is not None]
+        masks = self._start_masks([seqs[row] for row in constrained]) if constrained else None
         logits = self.runner.execute(inputs)  # [num_sample, vocab] float32
         t1 = time.perf_counter()
-        seqs = [item.seq for item in plan.scheduled if item.sample]
         assert logits.shape[0] == len(seqs), (logits.shape, len(seqs))
+        allowed = None if masks is None else (constrained, masks.result())
+        t2 = time.perf_counter()
         if not seqs:
             tokens: list[int] = []
         else:
@@ -406,10 +445,17 @@ class LLMEngine:
             # the index of each token being sampled: a seeded row's noise is keyed by it
             positions = [seq.num_tokens for seq in seqs]
             banned = [self._banned(seq) for seq in seqs]
-            tokens = self.sampler(logits, params, positions, banned if any(banned) else None)
+            tokens = self.sampler(logits, params, positions, banned if any(banned) else None, allowed)
         self.time_by_phase["model"] += t1 - t0
-        self.time_by_phase["sample"] += time.perf_counter() - t1
+        self.time_by_phase["mask_wait"] += t2 - t1
+        self.time_by_phase["sample"] += time.perf_counter() - t2
         return tokens
+
+    def _start_masks(self, seqs: list[Sequence]) -> Future[torch.Tensor]:
+        """Start filling the bitmasks of ``seqs`` (constrained) on the grammar thread."""
+        if self._mask_filler is None:
+            self._mask_filler = MaskFiller()
+        return self._mask_filler.start([seq.grammar for seq in seqs], self.grammars.num_words)
 
     def _banned(self, seq: Sequence) -> frozenset[int]:
         """Tokens ``seq`` may not sample now: EOS and its stop token ids while
@@ -429,6 +475,10 @@ class LLMEngine:
         self._num_generated_tokens += 1
         if seq.num_output_tokens == 1:
             self._num_prompt_tokens += seq.num_prompt_tokens
+        if seq.grammar is not None and not seq.is_finished:
+            reason = _grammar_end(seq.grammar, token_id)
+            if reason is not None:
+                self.scheduler.finish(seq.request_id, reason)
         if detok.stopped and not seq.is_finished:
             self.scheduler.finish(seq.request_id, FinishReason.STOP)
         elif detok.stopped:
@@ -501,6 +551,15 @@ class LLMEngine:
             step_cost_samples=self.step_cost.effective_samples,
             step_budget=self.scheduler.step_budget(),
         )
+
+
+def _grammar_end(matcher: Any, token_id: int) -> FinishReason | None:
+    """Advance a sequence's matcher by its new token: ``stop`` once the
+    grammar is complete and allows nothing more (no EOS step is spent on
+    it), ``error`` if the token broke it (a bug: the mask allowed it), else None."""
+    if not matcher.consume_token(token_id):
+        return FinishReason.ERROR
+    return FinishReason.STOP if matcher.is_stopped() else None
 
 
 def _model_identity(runner: ModelRunnerLike) -> str:

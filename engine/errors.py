@@ -28,3 +28,16 @@ class DuplicateRequestError(EngineError):
 
 class EngineStoppedError(EngineError):
     """The runner is shut down (or its thread died) and takes no requests."""
+
+
+class GrammarError(EngineError, ValueError):
+    """A request's grammar cannot be enforced (engine/grammar.py).
+
+    Attributes:
+        keyword: the JSON schema keyword the grammar library does not
+            implement, when that is the reason; else ``None``.
+    """
+
+    def __init__(self, message: str, *, keyword: str | None = None) -> None:
+        super().__init__(message)
+        self.keyword = keyword

@@ -10,6 +10,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from bargein.engine.grammar_spec import GrammarSpec
+
 
 class FinishReason(str, enum.Enum):
     """Why a sequence stopped generating (names as in docs/protocol.md)."""
@@ -42,6 +44,10 @@ class SamplingParams:
             ``min_tokens``): while fewer were generated, EOS and the stop
             token ids cannot be sampled (their logits are masked) and no stop
             string can end in the text of those first tokens.
+        grammar: what the output must match (engine/grammar.py): each
+            sampled token is drawn from the tokens the grammar allows next,
+            greedy or not, and the request ends (``stop``) when the grammar
+            is complete and allows nothing but EOS. ``None``: unconstrained.
     """
 
     max_tokens: int = 256
@@ -53,6 +59,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     min_tokens: int = 0
+    grammar: GrammarSpec | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -82,6 +89,9 @@ class EngineRequest:
         params: sampling parameters.
         arrival_time: ``time.monotonic()`` seconds when it was received, for
             queue-time and TTFT accounting.
+        num_replayed_tokens: the last this many prompt tokens are output a
+            previous run generated (a takeover continues a stream with its
+            logged tokens in the prompt): a grammar consumes them first.
         cache_salt: isolates this request's prefix cache: only requests with
             the same salt share KV blocks (e.g. one salt per tenant, so no
             tenant can probe another's prompts through time to first token).
@@ -93,6 +103,7 @@ class EngineRequest:
     params: SamplingParams = field(default_factory=SamplingParams)
     arrival_time: float = 0.0
     cache_salt: str | None = None
+    num_replayed_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

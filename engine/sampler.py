@@ -12,6 +12,11 @@ recompute, a resume or a takeover's re-prefill of the logged tokens (a
 generator kept per request would count its draws instead, issue 37).
 Unseeded rows draw from the global RNG.
 
+Constrained rows (a request with a grammar) get ``-inf`` at every token
+their grammar's bitmask forbids, after the banned tokens and before
+anything else (engine/grammar.py), so greedy takes the best allowed token
+and the others sample among the allowed ones, renormalized.
+
 Banned tokens (``min_tokens``: EOS and the stop token ids of a request that
 has not reached its minimum) get ``-inf`` logits before all of this, greedy
 rows included, as vLLM's ``MinTokensLogitsProcessor`` does.
@@ -24,6 +29,7 @@ from collections.abc import Collection, Sequence
 
 import torch
 
+from bargein.engine.grammar import apply_bitmask
 from bargein.engine.request import SamplingParams
 
 
@@ -90,6 +96,27 @@ def mask_banned(logits: torch.Tensor, banned: Sequence[Collection[int]]) -> torc
     return logits.index_put(index, torch.tensor(float("-inf"), device=logits.device))
 
 
+def _rows_to_mask(
+    logits: torch.Tensor, params: Sequence[SamplingParams], rows: Sequence[int], bitmask: torch.Tensor
+) -> tuple[list[int], torch.Tensor]:
+    """The constrained rows whose sampling the mask can change, and their bitmask rows.
+
+    A greedy row whose raw argmax the grammar allows takes that token masked
+    or not, so it is left out (the common case: one bit test instead of a
+    row of ``V`` writes); the other rows keep their masks.
+    """
+    greedy = [i for i, row in enumerate(rows) if params[row].greedy]
+    if not greedy:
+        return list(rows), bitmask
+    best = logits[[rows[i] for i in greedy]].argmax(dim=-1).tolist()
+    words = bitmask.numpy()
+    settled = {
+        i for i, token in zip(greedy, best, strict=True) if (int(words[i, token // 32]) >> (token % 32)) & 1
+    }
+    keep = [i for i in range(len(rows)) if i not in settled]
+    return [rows[i] for i in keep], bitmask[keep]
+
+
 class Sampler:
     """Samples one token per row of logits according to per-row params.
 
@@ -106,6 +133,7 @@ class Sampler:
         params: Sequence[SamplingParams],
         positions: Sequence[int],
         banned: Sequence[Collection[int]] | None = None,
+        allowed: tuple[Sequence[int], torch.Tensor] | None = None,
     ) -> list[int]:
         """Pick the tokens.
 
@@ -119,6 +147,10 @@ class Sampler:
             banned: ``B`` collections of token ids each row may not sample
                 (see :func:`mask_banned`), or ``None``. A row must leave at
                 least one token unbanned.
+            allowed: ``(rows, bitmask)`` of the constrained rows: ``bitmask``
+                ``[len(rows), ceil(V / 32)]`` int32, one bit per token a row
+                may sample (:func:`~bargein.engine.grammar.apply_bitmask`);
+                ``None``: no row is constrained.
 
         Returns:
             ``B`` token ids.
@@ -127,6 +159,8 @@ class Sampler:
         if banned is not None:
             assert len(banned) == len(params)
             logits = mask_banned(logits, banned)
+        if allowed is not None:
+            logits = apply_bitmask(logits, *_rows_to_mask(logits, params, *allowed))
         greedy_rows = [i for i, p in enumerate(params) if p.greedy]
         if len(greedy_rows) == len(params):
             return logits.argmax(dim=-1).tolist()

@@ -11,6 +11,7 @@ the sequence recomputes prompt and output so far.
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 from bargein.engine.request import EngineRequest, FinishReason, SamplingParams
 
@@ -45,6 +46,9 @@ class Sequence:
             offered to the prefix cache (hits included).
         num_cached_tokens: prompt tokens found in the prefix cache at its first
             admission; ``None`` until then.
+        grammar: its llguidance matcher when the request has a grammar, at
+            the state after every output token so far (a preemption keeps
+            the tokens, so the matcher stays valid; engine/grammar.py).
     """
 
     __slots__ = (
@@ -63,6 +67,7 @@ class Sequence:
         "block_hashes",
         "num_registered_blocks",
         "num_cached_tokens",
+        "grammar",
     )
 
     def __init__(self, request: EngineRequest, seq_no: int) -> None:
@@ -82,6 +87,7 @@ class Sequence:
         self.block_hashes: list[bytes] = []
         self.num_registered_blocks = 0
         self.num_cached_tokens: int | None = None
+        self.grammar: Any = None
 
     @property
     def request_id(self) -> str:

@@ -79,6 +79,13 @@ from bargein.engine.request import FinishReason
 from bargein.protocol import events as pe
 from bargein.session.conversation.config import SessionConfig
 from bargein.session.conversation.state import Message, Submit, SubmitFailed
+from bargein.session.conversation.tools import (
+    ArgumentsDelta,
+    CallStart,
+    ContentDelta,
+    ParserEvent,
+    ToolCallParser,
+)
 from bargein.session.errors import OffsetOutOfRange, StreamNotFound, StreamTruncated, TokenLogUnavailable
 from bargein.session.runtime.delivery import Batch, relayed_code, truncated_message
 from bargein.session.runtime.service import Owner, Service
@@ -273,6 +280,7 @@ async def _submit(service: Service, chat: AnyRequest, caller: Owner) -> tuple[Co
         model=service.model_name,
         include_usage=chat.include_usage,
         kind="text" if legacy else "chat",
+        tool_mode=None if isinstance(chat, CompletionRequest) else chat.tool_mode,
     )
     action = Submit(
         response_id=completion.completion_id,
@@ -281,7 +289,9 @@ async def _submit(service: Service, chat: AnyRequest, caller: Owner) -> tuple[Co
         params=chat.params,
         prompt=prompt,
     )
-    owner = dataclasses.replace(caller, session_id=origin_session_id(completion.created, chat.include_usage))
+    owner = dataclasses.replace(
+        caller, session_id=origin_session_id(completion.created, chat.include_usage, completion.tool_mode)
+    )
     result = await service.submit(action, owner, service.clock())
     if isinstance(result, SubmitFailed):
         if result.code is pe.ErrorCode.PROMPT_TOO_LONG:
@@ -335,7 +345,7 @@ async def _collect(service: Service, stream_id: str, completion: Completion) -> 
                 elif item.error is not None:
                     raise _end_error(item.error)
                 else:
-                    return _whole_body(completion, "".join(parts), item)
+                    return _whole_body(completion, stream_id, "".join(parts), item)
     except (StreamNotFound, TokenLogUnavailable) as exc:
         raise ApiError(
             "the token log could not be read", status=500, code="internal_error", type_="server_error"
@@ -343,11 +353,17 @@ async def _collect(service: Service, stream_id: str, completion: Completion) -> 
     raise AssertionError("a feed ends with its StreamEnd")
 
 
-def _whole_body(completion: Completion, text: str, end: StreamEnd) -> dict[str, Any]:
-    """The non-streamed answer, in its kind's shape."""
+def _whole_body(completion: Completion, stream_id: str, text: str, end: StreamEnd) -> dict[str, Any]:
+    """The non-streamed answer, in its kind's shape; read for tool calls by
+    the same parser as a streamed one, so both give the same calls."""
     if completion.kind == "text":
         return text_completion_body(completion, text, end)
-    return completion_body(completion, text, end)
+    if completion.tool_mode is None:
+        return completion_body(completion, text, end)
+    parser = ToolCallParser(stream_id, completion.tool_mode)
+    parser.feed(text)
+    _, calls = parser.finish()
+    return completion_body(completion, text, end, calls)
 
 
 # ---- SSE ---------------------------------------------------------------------------
@@ -366,27 +382,99 @@ async def sse_events(
     service's feed, so it is one of the stream's readers while it runs (the
     abandon grace does not cancel a stream someone reads over SSE) and the
     observer counts it among the streams being delivered.
+
+    A stream read for tool calls (``completion.tool_mode``) is read from 0
+    whatever ``from_offset``: the parser needs the whole answer, and the
+    entries up to ``from_offset`` only feed it, so a resume continues the
+    calls' chunks right after what the client had.
     """
     if role and completion.kind == "chat":  # legacy streams start with text
         first = chunk_body(completion, {"role": "assistant", "content": ""})
         yield format_event(dumps(first), event_id=event_id(stream_id, 0))
+    chunks = _Chunker(completion, stream_id, from_offset)
     try:
-        async with contextlib.aclosing(service.feed(stream_id, from_offset)) as items:
+        async with contextlib.aclosing(service.feed(stream_id, chunks.read_from)) as items:
             async for item in items:
                 if isinstance(item, Batch):
-                    if text := item.text:
-                        chunk = _content_chunk(completion, text)
+                    if (chunk := chunks.batch(item)) is not None:
                         yield format_event(dumps(chunk), event_id=event_id(stream_id, item.end))
                 elif item.error is not None:
                     yield format_event(dumps(_end_error(item.error).body()))
                     return
                 else:
-                    for body in _closing(completion, item):
+                    for body in chunks.closing(item):
                         yield format_event(dumps(body))
     except (StreamNotFound, TokenLogUnavailable) as exc:
         yield format_event(dumps(_read_error(exc).body()))
         return
     yield DONE
+
+
+class _Chunker:
+    """The chunks of one SSE answer: text, or, for a stream read for tool
+    calls, its parser's events as OpenAI streams them (one chunk per batch,
+    so each event id covers all of its batch)."""
+
+    def __init__(self, completion: Completion, stream_id: str, from_offset: int) -> None:
+        self.completion = completion
+        self.from_offset = from_offset
+        mode = completion.tool_mode if completion.kind == "chat" else None
+        self.parser = None if mode is None else ToolCallParser(stream_id, mode)
+        self.read_from = from_offset if self.parser is None else 0
+
+    def batch(self, batch: Batch) -> dict[str, Any] | None:
+        """The chunk of ``batch`` (None: it completes nothing to send)."""
+        if self.parser is None:
+            return _content_chunk(self.completion, batch.text) if batch.text else None
+        seen = "".join(e.text for e in batch.entries if e.end <= self.from_offset)
+        new = "".join(e.text for e in batch.entries if e.end > self.from_offset)
+        self.parser.feed(seen)  # what the client had: it only moves the parser on
+        return _tool_chunk(self.completion, self.parser.feed(new)) if new else None
+
+    def closing(self, end: StreamEnd) -> list[dict[str, Any]]:
+        """The last chunks: what the parser still held, the finish reason, the usage."""
+        finish_reason = end.finish_reason
+        bodies = []
+        if self.parser is not None:
+            events, calls = self.parser.finish()
+            if (chunk := _tool_chunk(self.completion, events)) is not None:
+                bodies.append(chunk)
+            if calls and finish_reason == "stop":
+                finish_reason = "tool_calls"
+        if self.completion.kind == "text":
+            bodies.append(text_chunk_body(self.completion, "", finish_reason=finish_reason))
+        else:
+            bodies.append(chunk_body(self.completion, {}, finish_reason=finish_reason))
+        if self.completion.include_usage:
+            bodies.append(usage_chunk(self.completion, end))
+        return bodies
+
+
+def _tool_chunk(completion: Completion, events: list[ParserEvent]) -> dict[str, Any] | None:
+    """One chunk of a tool-call parser's events: ``content`` text, and
+    ``tool_calls`` entries (a call's first with its ``id``, ``type`` and
+    ``name``; then ``arguments`` fragments), one entry per call."""
+    if not events:
+        return None
+    content = "".join(e.text for e in events if isinstance(e, ContentDelta))
+    entries: dict[int, dict[str, Any]] = {}
+    for event in events:
+        if isinstance(event, CallStart):
+            entries[event.index] = {
+                "index": event.index,
+                "id": event.call_id,
+                "type": "function",
+                "function": {"name": event.name, "arguments": ""},
+            }
+        elif isinstance(event, ArgumentsDelta):
+            entry = entries.setdefault(event.index, {"index": event.index, "function": {"arguments": ""}})
+            entry["function"]["arguments"] += event.text
+    delta: dict[str, Any] = {}
+    if content:
+        delta["content"] = content
+    if entries:
+        delta["tool_calls"] = list(entries.values())
+    return chunk_body(completion, delta) if delta else None
 
 
 def _read_error(exc: StreamNotFound | TokenLogUnavailable) -> ApiError:
@@ -409,17 +497,6 @@ def _content_chunk(completion: Completion, text: str) -> dict[str, Any]:
     if completion.kind == "text":
         return text_chunk_body(completion, text)
     return chunk_body(completion, {"content": text})
-
-
-def _closing(completion: Completion, end: StreamEnd) -> list[dict[str, Any]]:
-    """The chunk with the finish reason, then the usage chunk if asked for."""
-    if completion.kind == "text":
-        bodies = [text_chunk_body(completion, "", finish_reason=end.finish_reason)]
-    else:
-        bodies = [chunk_body(completion, {}, finish_reason=end.finish_reason)]
-    if completion.include_usage:
-        bodies.append(usage_chunk(completion, end))
-    return bodies
 
 
 # ---- GET /v1/streams/{stream_id}/events and POST .../cancel ---------------------
@@ -506,7 +583,7 @@ async def stream_events(request: Request) -> Response:
 
 def _completion_of(info: StreamInfo, service: Service) -> Completion:
     """The ids a stream's chunks carry, as when it was created (any node)."""
-    created, include_usage = parse_origin(info.session_id) or (int(time.time()), False)
+    created, include_usage, tool_mode = parse_origin(info.session_id) or (int(time.time()), False, None)
     legacy = info.response_id.startswith("cmpl-")  # see _submit
     return Completion(
         completion_id=info.response_id,
@@ -514,6 +591,7 @@ def _completion_of(info: StreamInfo, service: Service) -> Completion:
         model=service.model_name,
         include_usage=include_usage,
         kind="text" if legacy else "chat",
+        tool_mode=tool_mode,
     )
 
 

@@ -6,9 +6,18 @@ Requests are checked field by field against the OpenAI API reference
 bargein supports; a bad value raises :class:`ApiError`, which the app
 answers with HTTP 400 and OpenAI's error body before anything is scheduled.
 Fields OpenAI defines that would change the answer's meaning and that bargein
-does not implement (``n`` other than 1, tools, logprobs, JSON response
-formats, penalties, logit bias) are refused the same way instead of being
-ignored; fields unknown to both are ignored, as OpenAI does. Two of vLLM's
+does not implement (``n`` other than 1, logprobs, penalties, logit bias,
+the legacy ``functions``) are refused the same way instead of being
+ignored; fields unknown to both are ignored, as OpenAI does.
+
+Structured outputs and tools (:mod:`bargein.session.conversation.tools`
+has the generic tool-call format): ``response_format`` ``json_object`` or
+``json_schema`` becomes a grammar the engine enforces (``strict`` or not);
+``tools`` are listed in a system message, ``tool_choice`` ``required`` or a
+named function constrains the answer to a valid call by grammar, ``auto``
+lets the model choose and the answer is parsed for calls. A JSON schema
+keyword the grammar library cannot enforce is a 400 naming it
+(``unsupported_schema``), never ignored. Two of vLLM's
 extra parameters are honoured, so benchmarks can fix output lengths across
 servers: ``ignore_eos`` (generate past EOS) and ``min_tokens`` (in
 ``[0, max_tokens]``: no EOS, stop token or stop string ends the answer
@@ -27,20 +36,36 @@ server stopped it) and ``error``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from bargein.engine.errors import GrammarError
+from bargein.engine.grammar import check_grammar
+from bargein.engine.grammar_spec import GrammarKind, GrammarSpec
 from bargein.engine.request import SamplingParams
 from bargein.session.conversation.config import SessionConfig
 from bargein.session.conversation.state import Message
+from bargein.session.conversation.tools import (
+    Tool,
+    ToolCall,
+    ToolMode,
+    calls_text,
+    tool_call_schema,
+    tools_prompt,
+)
 from bargein.session.streams.log import StreamEnd
 
 MAX_STOP_STRINGS = 4  # as OpenAI, and as the WebSocket's response.create
 MAX_SEED = 2**63 - 1  # as the WebSocket: an int64 everywhere (torch, Redis, msgpack)
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+MAX_TOOLS = 128  # as OpenAI
+# OpenAI's strict mode allows 5 levels; deeper schemas only cost the grammar compiler (Rust) stack
+MAX_SCHEMA_DEPTH = 32
+_TOOL_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 OnDisconnect = Literal["continue", "cancel"]
 _ORIGIN_PREFIX = "openai-http:"
 
@@ -98,6 +123,9 @@ class ChatRequest:
         include_usage: ``stream_options.include_usage``: one last chunk with usage.
         on_disconnect: ``bargein_on_disconnect``; None takes the server's default.
         user: OpenAI's end-user id (not used for anything yet).
+        tools: the functions the model may call (listed in the prompt).
+        tool_mode: how the answer is read for calls: ``forced`` (a grammar
+            makes it a call), ``auto`` (a call if it is one), None (text).
     """
 
     messages: tuple[Message, ...]
@@ -106,6 +134,8 @@ class ChatRequest:
     include_usage: bool
     on_disconnect: OnDisconnect | None
     user: str | None
+    tools: tuple[Tool, ...] = ()
+    tool_mode: ToolMode | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -180,7 +210,26 @@ def parse_chat_request(body: Any, config: SessionConfig) -> ChatRequest:
         raise ApiError("the request body must be a JSON object", code="invalid_type")
     _optional(body, "model", str, "a string")
     _check_unsupported(body)
-    return ChatRequest(messages=_messages(body.get("messages"), config), **_common(body, config))
+    common = _common(body, config)
+    messages = _messages(body.get("messages"), config)
+    tools = _tools(body)
+    choice = _tool_choice(body, tools)
+    if not tools or choice == "none":
+        return ChatRequest(messages=messages, **common)
+    if common["params"].grammar is not None:
+        raise ApiError(
+            "'response_format' cannot be combined with 'tools' unless 'tool_choice' is 'none'",
+            param="response_format",
+            code="unsupported_value",
+        )
+    messages = _with_tools_prompt(messages, tools)
+    if choice == "auto":
+        return ChatRequest(messages=messages, tools=tools, tool_mode="auto", **common)
+    called = tools if choice == "required" else tuple(t for t in tools if t.name == choice)
+    parallel = _optional(body, "parallel_tool_calls", bool, "a boolean")
+    grammar = _checked(tool_call_schema(called, parallel=parallel is not False), "tools")
+    common["params"] = dataclasses.replace(common["params"], grammar=grammar)
+    return ChatRequest(messages=messages, tools=tools, tool_mode="forced", **common)
 
 
 def parse_completion_request(body: Any, config: SessionConfig) -> CompletionRequest:
@@ -332,14 +381,12 @@ def _check_unsupported(body: Mapping[str, Any]) -> None:
             code="unsupported_value",
         )
     asks = {
-        "tools": lambda v: bool(v),
         "functions": lambda v: bool(v),
         "logprobs": lambda v: v is True,
         "top_logprobs": lambda v: bool(v),
         "logit_bias": lambda v: bool(v),
         "presence_penalty": lambda v: v not in (0, 0.0),
         "frequency_penalty": lambda v: v not in (0, 0.0),
-        "response_format": lambda v: not (isinstance(v, dict) and v.get("type") == "text"),
     }
     for name, asks_for in asks.items():
         value = body.get(name)
@@ -362,6 +409,7 @@ def _sampling(body: Mapping[str, Any], config: SessionConfig) -> SamplingParams:
     temperature = _number(body, "temperature", 0.0, 2.0)
     top_p = _number(body, "top_p", 0.0, 1.0, low_open=True)
     return SamplingParams(
+        grammar=_response_format(body),
         max_tokens=max_tokens,
         temperature=1.0 if temperature is None else temperature,
         top_p=1.0 if top_p is None else top_p,
@@ -414,7 +462,36 @@ def _message(item: Any, where: str) -> Message:
         raise ApiError(
             f"'{where}.role' must be one of {', '.join(ROLES)}; got {repr(role)[:60]}", param=f"{where}.role"
         )
+    if role == "tool" and not isinstance(item.get("tool_call_id"), str):
+        raise ApiError(
+            f"'{where}.tool_call_id' must be the id of the call this is the result of",
+            param=f"{where}.tool_call_id",
+        )
+    if role == "assistant" and item.get("tool_calls"):
+        calls = calls_text(_input_calls(item["tool_calls"], f"{where}.tool_calls"))
+        text = item.get("content")
+        content = calls if not text else f"{_content(text, f'{where}.content')}\n{calls}"
+        return Message(role="assistant", content=content)
     return Message(role=ROLES[role], content=_content(item.get("content"), f"{where}.content"))
+
+
+def _input_calls(value: Any, where: str) -> list[tuple[str, str]]:
+    """``(name, arguments)`` of an assistant message's ``tool_calls``."""
+    if not isinstance(value, list):
+        raise ApiError(f"'{where}' must be an array", param=where, code="invalid_type")
+    calls = []
+    for i, call in enumerate(value):
+        function = call.get("function") if isinstance(call, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        arguments = function.get("arguments", "{}") if isinstance(function, dict) else None
+        if not isinstance(name, str) or not isinstance(arguments, str):
+            raise ApiError(
+                f'\'{where}[{i}]\' must be {{"type": "function", "function": {{"name": ..., '
+                f'"arguments": "<JSON text>"}}}}',
+                param=f"{where}[{i}]",
+            )
+        calls.append((name, arguments))
+    return calls
 
 
 def _content(content: Any, where: str) -> str:
@@ -432,6 +509,150 @@ def _content(content: Any, where: str) -> str:
     )
 
 
+# ---- structured outputs and tools --------------------------------------------
+
+
+def _response_format(body: Mapping[str, Any]) -> GrammarSpec | None:
+    """The grammar ``response_format`` asks for (None for ``text`` or none)."""
+    value = _optional(body, "response_format", dict, "an object")
+    if value is None or value.get("type") == "text":
+        return None
+    kind = value.get("type")
+    if kind == "json_object":
+        return GrammarSpec(kind=GrammarKind.JSON_OBJECT)
+    if kind != "json_schema":
+        raise ApiError(
+            "'response_format.type' must be 'text', 'json_object' or 'json_schema'",
+            param="response_format.type",
+        )
+    spec = value.get("json_schema")
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        raise ApiError(
+            "'response_format.json_schema' must be an object with a 'name' and a 'schema'",
+            param="response_format.json_schema",
+        )
+    if not isinstance(schema, dict):
+        raise ApiError(
+            "'response_format.json_schema.schema' must be a JSON schema object",
+            param="response_format.json_schema.schema",
+            code="invalid_type",
+        )
+    return _checked(
+        _schema_spec(schema, "response_format.json_schema.schema"), "response_format.json_schema.schema"
+    )
+
+
+def _schema_spec(schema: dict[str, Any], param: str) -> GrammarSpec:
+    """The spec of a JSON schema nested at most ``MAX_SCHEMA_DEPTH`` levels (arrays and objects).
+
+    Raises ApiError 400 ``invalid_schema`` for a deeper one.
+    """
+    level: list[Any] = [schema]
+    for _ in range(MAX_SCHEMA_DEPTH):
+        level = [
+            child
+            for value in level
+            for child in (value.values() if isinstance(value, dict) else value)
+            if isinstance(child, dict | list)
+        ]
+        if not level:
+            return GrammarSpec.json_schema(schema)
+    raise ApiError(
+        f"the JSON schema is nested deeper than {MAX_SCHEMA_DEPTH} levels", param=param, code="invalid_schema"
+    )
+
+
+def _checked(spec: GrammarSpec, param: str) -> GrammarSpec:
+    """``spec``, once the grammar library said it can enforce it.
+
+    Raises ApiError 400 ``unsupported_schema`` naming the keyword it cannot
+    enforce, or ``invalid_schema`` for another fault.
+    """
+    try:
+        check_grammar(spec)
+    except GrammarError as exc:
+        if exc.keyword is not None:
+            raise ApiError(
+                f"the JSON schema keyword '{exc.keyword}' is not supported by bargein's grammar engine "
+                f"(llguidance); remove it or use another keyword ({exc})",
+                param=param,
+                code="unsupported_schema",
+            ) from exc
+        raise ApiError(
+            f"the JSON schema cannot be enforced: {exc}", param=param, code="invalid_schema"
+        ) from exc
+    return spec
+
+
+def _tools(body: Mapping[str, Any]) -> tuple[Tool, ...]:
+    """The ``tools`` array: functions with a name, a description and a parameters schema."""
+    value = _optional(body, "tools", list, "an array")
+    if not value:
+        return ()
+    if len(value) > MAX_TOOLS:
+        raise ApiError(f"'tools' holds at most {MAX_TOOLS} functions", param="tools")
+    tools = []
+    for i, item in enumerate(value):
+        where = f"tools[{i}]"
+        function = item.get("function") if isinstance(item, dict) else None
+        if not isinstance(item, dict) or item.get("type") != "function" or not isinstance(function, dict):
+            raise ApiError(f'\'{where}\' must be {{"type": "function", "function": {{...}}}}', param=where)
+        name = function.get("name")
+        if not isinstance(name, str) or not 1 <= len(name) <= 64 or not set(name) <= _TOOL_NAME_CHARS:
+            raise ApiError(
+                f"'{where}.function.name' must be 1 to 64 letters, digits, '_' or '-'",
+                param=f"{where}.function.name",
+            )
+        description = function.get("description") or ""
+        parameters = function.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(description, str) or not isinstance(parameters, dict):
+            raise ApiError(
+                f"'{where}.function' needs a string 'description' and an object 'parameters'",
+                param=f"{where}.function",
+                code="invalid_type",
+            )
+        param = f"{where}.function.parameters"
+        spec = _checked(_schema_spec(parameters, param), param)
+        tools.append(Tool(name=name, description=description, parameters=spec.source))
+    if len({t.name for t in tools}) != len(tools):
+        raise ApiError("'tools' has two functions of the same name", param="tools")
+    return tuple(tools)
+
+
+def _tool_choice(body: Mapping[str, Any], tools: tuple[Tool, ...]) -> str:
+    """``none``, ``auto``, ``required`` or the name of the function to call."""
+    value = body.get("tool_choice")
+    if value is None:
+        return "auto" if tools else "none"
+    if isinstance(value, str) and value in ("none", "auto", "required"):
+        choice = value
+    else:
+        function = value.get("function") if isinstance(value, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str) or value.get("type") != "function":
+            raise ApiError(
+                "'tool_choice' must be 'none', 'auto', 'required' or "
+                '{"type": "function", "function": {"name": ...}}',
+                param="tool_choice",
+            )
+        choice = name
+    if choice != "none" and not any(choice in ("auto", "required", t.name) for t in tools):
+        what = "'tools' is empty" if not tools else f"no function in 'tools' is named {choice!r}"
+        raise ApiError(f"'tool_choice' is {choice!r} but {what}", param="tool_choice")
+    return choice
+
+
+def _with_tools_prompt(messages: tuple[Message, ...], tools: tuple[Tool, ...]) -> tuple[Message, ...]:
+    """The conversation with the tools' system message first (after the
+    conversation's own system text, in the same message, when it has one)."""
+    prompt = tools_prompt(tools)
+    if messages and messages[0].role == "system":
+        first = Message(role="system", content=f"{messages[0].content}\n\n{prompt}")
+        return (first, *messages[1:])
+    return (Message(role="system", content=prompt), *messages)
+
+
 # ---- response bodies ---------------------------------------------------------
 
 
@@ -444,22 +665,27 @@ class Completion:
     model: str
     include_usage: bool = False
     kind: Literal["chat", "text"] = "chat"  # text: a legacy completion
+    tool_mode: ToolMode | None = None  # how the answer is read for tool calls (ChatRequest.tool_mode)
 
 
-def origin_session_id(created: int, include_usage: bool) -> str:
+def origin_session_id(created: int, include_usage: bool, tool_mode: ToolMode | None = None) -> str:
     """The ``session_id`` an HTTP stream is logged under (HTTP streams have no
-    session): it keeps ``created`` and ``include_usage`` for resumes on any node."""
-    return f"{_ORIGIN_PREFIX}{created}:{int(include_usage)}"
+    session): it keeps ``created``, ``include_usage`` and how the answer is
+    read for tool calls, for resumes on any node."""
+    base = f"{_ORIGIN_PREFIX}{created}:{int(include_usage)}"
+    return base if tool_mode is None else f"{base}:{tool_mode}"
 
 
-def parse_origin(session_id: str) -> tuple[int, bool] | None:
-    """``(created, include_usage)`` of an HTTP stream; None for another stream."""
+def parse_origin(session_id: str) -> tuple[int, bool, ToolMode | None] | None:
+    """``(created, include_usage, tool_mode)`` of an HTTP stream; None for another stream."""
     if not session_id.startswith(_ORIGIN_PREFIX):
         return None
-    created, _, usage = session_id[len(_ORIGIN_PREFIX) :].partition(":")
-    if not created.isdecimal() or usage not in ("0", "1"):
+    created, _, rest = session_id[len(_ORIGIN_PREFIX) :].partition(":")
+    usage, _, mode = rest.partition(":")
+    if not created.isdecimal() or usage not in ("0", "1") or mode not in ("", "auto", "forced"):
         return None
-    return int(created), usage == "1"
+    tool_mode: ToolMode | None = "auto" if mode == "auto" else "forced" if mode == "forced" else None
+    return int(created), usage == "1", tool_mode
 
 
 def usage_body(end: StreamEnd) -> dict[str, Any]:
@@ -472,14 +698,18 @@ def usage_body(end: StreamEnd) -> dict[str, Any]:
     }
 
 
-def completion_body(c: Completion, text: str, end: StreamEnd) -> dict[str, Any]:
-    """The ``chat.completion`` object of a non-streamed answer."""
-    choice = {
-        "index": 0,
-        "message": {"role": "assistant", "content": text},
-        "logprobs": None,
-        "finish_reason": end.finish_reason,
-    }
+def completion_body(
+    c: Completion, text: str, end: StreamEnd, calls: Sequence[ToolCall] | None = None
+) -> dict[str, Any]:
+    """The ``chat.completion`` object of a non-streamed answer: ``text``, or
+    the ``calls`` the answer made (``content`` null, ``finish_reason``
+    ``tool_calls`` where the answer ended by itself)."""
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    finish_reason = end.finish_reason
+    if calls:
+        message = {"role": "assistant", "content": None, "tool_calls": [tool_call_body(c) for c in calls]}
+        finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
+    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
     return {
         "id": c.completion_id,
         "object": "chat.completion",
@@ -488,6 +718,15 @@ def completion_body(c: Completion, text: str, end: StreamEnd) -> dict[str, Any]:
         "system_fingerprint": None,
         "choices": [choice],
         "usage": usage_body(end),
+    }
+
+
+def tool_call_body(call: ToolCall) -> dict[str, Any]:
+    """One entry of a message's ``tool_calls``."""
+    return {
+        "id": call.call_id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
     }
 
 
@@ -521,7 +760,7 @@ def text_chunk_body(c: Completion, text: str, finish_reason: str | None = None) 
     return body
 
 
-def chunk_body(c: Completion, delta: Mapping[str, str], finish_reason: str | None = None) -> dict[str, Any]:
+def chunk_body(c: Completion, delta: Mapping[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
     """One ``chat.completion.chunk`` with one choice (``usage`` null when it will come)."""
     choice = {"index": 0, "delta": dict(delta), "logprobs": None, "finish_reason": finish_reason}
     body = {

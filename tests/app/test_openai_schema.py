@@ -18,6 +18,7 @@ from bargein.app.openai.schema import (
     parse_origin,
     usage_chunk,
 )
+from bargein.engine.grammar_spec import GrammarKind, GrammarSpec
 from bargein.engine.request import SamplingParams
 from bargein.session.conversation.config import SessionConfig
 from bargein.session.conversation.state import Message
@@ -115,9 +116,26 @@ def test_messages_map_roles_and_join_text_parts() -> None:
         ({"user": 5}, "user"),
         ({"model": 5}, "model"),
         ({"bargein_on_disconnect": "explode"}, "bargein_on_disconnect"),
-        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"tools": [{"type": "function"}]}, "tools[0]"),
+        ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"functions": [{"name": "f"}]}, "functions"),
         ({"logprobs": True}, "logprobs"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "xml"}}, "response_format.type"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
+            "response_format.json_schema",
+        ),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"uniqueItems": True}},
+                }
+            },
+            "response_format.json_schema.schema",
+        ),
+        ({"messages": [{"role": "tool", "content": "22 C"}]}, "messages[0].tool_call_id"),
         ({"presence_penalty": 0.5}, "presence_penalty"),
         ({"messages": []}, "messages"),
         ({"messages": "hi"}, "messages"),
@@ -150,8 +168,10 @@ def test_missing_messages_and_bad_bodies() -> None:
 
 
 def test_the_origin_of_an_http_stream_round_trips() -> None:
-    assert parse_origin(origin_session_id(1700000000, True)) == (1700000000, True)
-    assert parse_origin(origin_session_id(5, False)) == (5, False)
+    assert parse_origin(origin_session_id(1700000000, True)) == (1700000000, True, None)
+    assert parse_origin(origin_session_id(5, False)) == (5, False, None)
+    assert parse_origin(origin_session_id(5, False, "forced")) == (5, False, "forced")
+    assert parse_origin(origin_session_id(5, True, "auto")) == (5, True, "auto")
     assert parse_origin("3f2a9c") is None  # a WebSocket session's id
 
 
@@ -183,3 +203,85 @@ def test_the_principal_is_anonymous_or_a_hash_of_the_key() -> None:
     assert alice.startswith("key:") and "sk-alice" not in alice
     assert alice == principal_of({"authorization": "bearer  sk-alice "})
     assert alice != principal_of({"authorization": "Bearer sk-bob"})
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+def test_response_format_becomes_the_grammar() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    chat = parse(
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "x", "schema": schema, "strict": True},
+        }
+    )
+    assert chat.params.grammar == GrammarSpec.json_schema(schema)
+    assert parse(response_format={"type": "json_object"}).params.grammar == GrammarSpec(
+        kind=GrammarKind.JSON_OBJECT
+    )
+    assert parse(response_format={"type": "text"}).params.grammar is None
+
+
+def test_tools_are_listed_and_forced_calls_get_a_grammar() -> None:
+    auto = parse(tools=[WEATHER])
+    assert auto.tool_mode == "auto" and auto.params.grammar is None
+    assert auto.messages[0].role == "system" and '"name":"get_weather"' in auto.messages[0].content
+    forced = parse(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert forced.tool_mode == "forced" and forced.params.grammar is not None
+    assert '"const":"get_weather"' in forced.params.grammar.source
+    assert parse(tools=[WEATHER], tool_choice="none").messages == (Message(role="user", content="Hello"),)
+
+
+def test_tool_history_is_rendered_in_the_generic_format() -> None:
+    chat = parse(
+        messages=[
+            *HELLO,
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "c1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "4 C, rain"},
+        ],
+        tools=[WEATHER],
+    )
+    assert chat.messages[2:] == (
+        Message(role="assistant", content='{"name":"get_weather","arguments":{"city":"Oslo"}}'),
+        Message(role="tool", content="4 C, rain"),
+    )
+
+
+def test_an_unsupported_schema_keyword_is_named() -> None:
+    bad = {"type": "object", "properties": {"xs": {"type": "array", "uniqueItems": True}}}
+    with pytest.raises(ApiError) as caught:
+        parse(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": bad}})
+    assert caught.value.code == "unsupported_schema" and "'uniqueItems'" in caught.value.message
+    tool = {"type": "function", "function": {"name": "f", "parameters": bad}}
+    with pytest.raises(ApiError) as caught:
+        parse(tools=[tool])
+    assert caught.value.param == "tools[0].function.parameters" and "'uniqueItems'" in caught.value.message
+
+
+def test_a_deeply_nested_schema_is_refused_before_compiling() -> None:
+    schema: dict[str, Any] = {"type": "object"}
+    for _ in range(500):
+        schema = {"type": "object", "properties": {"a": schema}}
+    with pytest.raises(ApiError) as caught:
+        parse(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+    assert (
+        caught.value.code == "invalid_schema" and caught.value.param == "response_format.json_schema.schema"
+    )

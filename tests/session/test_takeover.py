@@ -12,6 +12,7 @@ import pytest
 
 from bargein.engine.config import ModelConfig
 from bargein.engine.detokenizer import IncrementalDetokenizer
+from bargein.engine.grammar_spec import GrammarKind, GrammarSpec
 from bargein.engine.model.loader import load_tokenizer
 from bargein.engine.request import FinishReason, RequestOutput, SamplingParams
 from bargein.session.streams.cluster.takeover import (
@@ -126,5 +127,11 @@ def test_a_generation_record_round_trips(tokenizer: Any) -> None:
         ),
     )
     assert GenerationRecord.decode(record.encode()) == record
+    # a grammar travels too, so a node that continues the stream constrains it alike
+    constrained = GenerationRecord(
+        prompt_token_ids=(1, 2),
+        params=SamplingParams(grammar=GrammarSpec(kind=GrammarKind.REGEX, source="[a-z]+")),
+    )
+    assert GenerationRecord.decode(constrained.encode()) == constrained
     with pytest.raises(ValueError):
         GenerationRecord.decode(b"\x81\xa1x\x01")

@@ -132,6 +132,7 @@ class Adopter:
             params=continuation_params(record.params, prefix.end),
             arrival_time=node.clock(),
             cache_salt=node.cache_salt(info.principal),
+            num_replayed_tokens=prefix.end,  # a grammar consumes the logged tokens first
         )
         try:
             node.continue_stream(request, response_id=info.response_id, continuation=continuation)

@@ -34,6 +34,7 @@ from typing import Any
 import msgpack
 
 from bargein.engine.detokenizer import IncrementalDetokenizer
+from bargein.engine.grammar_spec import GrammarKind, GrammarSpec
 from bargein.engine.request import FinishReason, RequestOutput, SamplingParams
 from bargein.session.streams.log import LogEntry, StreamEnd, TokenLog
 
@@ -51,11 +52,16 @@ class GenerationRecord:
     params: SamplingParams
 
     def encode(self) -> bytes:
-        """msgpack: ``p`` prompt ids as little-endian uint32, ``s`` the params."""
+        """msgpack: ``p`` prompt ids as little-endian uint32, ``s`` the params
+        (a grammar as ``[kind, source]``, absent without one, so records of
+        nodes that predate grammars still decode)."""
         ids = struct.pack(f"<{len(self.prompt_token_ids)}I", *self.prompt_token_ids)
         params = {f.name: getattr(self.params, f.name) for f in dataclasses.fields(SamplingParams)}
         params["stop"] = list(params["stop"])
         params["stop_token_ids"] = list(params["stop_token_ids"])
+        grammar = params.pop("grammar")
+        if grammar is not None:
+            params["grammar"] = [grammar.kind.value, grammar.source]
         return msgpack.packb({"p": ids, "s": params})
 
     @classmethod
@@ -68,6 +74,9 @@ class GenerationRecord:
             fields = dict(body["s"])
             fields["stop"] = tuple(fields["stop"])
             fields["stop_token_ids"] = tuple(fields["stop_token_ids"])
+            if "grammar" in fields:
+                kind, source = fields["grammar"]
+                fields["grammar"] = GrammarSpec(kind=GrammarKind(kind), source=source)
             return cls(prompt_token_ids=ids, params=SamplingParams(**fields))
         except (KeyError, TypeError, struct.error, msgpack.UnpackException) as exc:
             raise ValueError(f"bad generation record: {exc}") from exc
