@@ -2,7 +2,9 @@
 
 :class:`VoiceInput` resamples the appended PCM16 to 16 kHz, keeps the
 uncommitted audio (bounded), runs the VAD frame by frame and the turn
-detector on its probabilities, and returns what the detector saw; the voice
+detector on its probabilities (``server_vad``'s, or ``semantic_vad``'s, which
+scores each pause with the end-of-turn model on the audio held, in the
+input-audio threads), and returns what the detector saw; the voice
 channel (``channel.py``) turns that into protocol events, barge-ins and
 turns. Nothing here sends.
 
@@ -161,13 +163,13 @@ class VoiceInput:
         """:meth:`append`, in the input-audio threads when ``pcm`` holds at
         least ``OFF_LOOP_MS`` of audio, or always with ``semantic_vad`` (its
         detector scores a pause with the end-of-turn model as it reaches it,
-        so the connection's audio after the pause waits for the score). The caller holds the connection's
-        lock, so appends are applied in the order they came.
+        so the audio after the pause waits for the score). The caller holds
+        the connection's lock, so appends are applied in the order they came.
 
         Raises:
             what :meth:`append` raises.
         """
-        # semantic_vad may run the end-of-turn model on any frame: never on the loop
+        # semantic_vad may run the end-of-turn model (~20 ms) on any frame: never on the loop
         semantic = isinstance(self._detector, SemanticTurnDetector)
         if not semantic and len(pcm) * 500 // self.settings.input_rate < OFF_LOOP_MS:  # 2 bytes a sample
             return self.append(pcm, received_at)
