@@ -11,7 +11,7 @@ import pytest
 
 from bargein.voice.end_of_turn import WINDOW_SAMPLES, last_window, smart_turn_model_path
 from bargein.voice.models import VoiceModels
-from tests.voice.speech import espeak_speech, silence
+from tests.voice.speech import espeak_speech, piper_speech, silence
 
 
 def pipecat_features() -> ModuleType:
@@ -50,12 +50,22 @@ def test_the_features_are_pipecats_for_the_same_audio(voice_models: VoiceModels)
     assert np.abs(ours[0] - reference).max() < 1e-3
 
 
-def test_a_finished_question_scores_complete_and_half_a_sentence_does_not(voice_models: VoiceModels) -> None:
-    model = voice_models.end_of_turn
-    pause = silence(0.096)  # what the detector hears of the pause when it scores
-    complete = model.probability(np.concatenate([silence(0.3), voiced("What is the capital of France?"), pause]))
-    half = model.probability(np.concatenate([silence(0.3), voiced("I'd like to book a table for"), pause]))
-    assert 0.0 <= half < 0.5 <= complete <= 1.0, (half, complete)
+@pytest.mark.parametrize(
+    ("text", "pause_after", "complete"),
+    [
+        ("What is the capital of France?", None, True),
+        ("My favorite color is dark green.", None, True),
+        ("My favorite color is dark green.", "is", False),  # the pause mid-sentence
+    ],
+)
+def test_a_finished_sentence_scores_complete_and_a_pause_mid_way_does_not(
+    voice_models: VoiceModels, text: str, pause_after: str | None, complete: bool
+) -> None:
+    # the speech up to the pause (or all of it), then what the detector hears when it
+    # scores: the prefix padding before, 96 ms of silence after
+    speech = piper_speech(voice_models.synthesizer, text, pause_after=pause_after, pause_s=None)
+    probability = voice_models.end_of_turn.probability(np.concatenate([silence(0.3), speech, silence(0.096)]))
+    assert (probability >= 0.5) is complete, probability
 
 
 def test_the_package_it_comes_in_is_never_imported(voice_models: VoiceModels) -> None:

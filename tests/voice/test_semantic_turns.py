@@ -94,7 +94,7 @@ def test_an_incomplete_turn_waits_for_the_maximum_and_then_ends_regardless(eager
     scores = Scores(0.1)
     detector = SemanticTurnDetector(SemanticTurnDetection(eagerness=eagerness), scores)  # type: ignore[arg-type]
     longest = EAGERNESS[eagerness].max_silence_ms  # type: ignore[index]
-    events = run(detector, turn(longest + 640))
+    events = run(detector, turn(-(-longest // FRAME_MS) * FRAME_MS + 640))
     # no pause reported (nothing to speculate on), then the end at the maximum
     assert [type(e) for _, e in events] == [SpeechStarted, SpeechStopped]
     stop_at = up_to(events, SpeechStopped)
