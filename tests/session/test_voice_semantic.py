@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from bargein.protocol import events as pe
+from bargein.protocol.errors import ProtocolError
 from bargein.session.voice_runtime.config import VoiceConfig
 from tests.session.voice_fakes import (
     Client,
@@ -25,6 +26,7 @@ from tests.session.voice_fakes import (
     speech,
     stop,
     voice_service,
+    wire,
 )
 
 SEMANTIC = {"type": "semantic_vad", "eagerness": "auto", "interrupt_response": True, "create_response": True}
@@ -152,30 +154,42 @@ async def test_session_updated_echoes_semantic_vad_and_a_change_of_type_keeps_th
 
 
 @pytest.mark.parametrize(
-    ("turn_detection", "names"),
+    ("turn_detection", "named"),
     [
         ({"type": "semantic_vad", "eagerness": "eager"}, "eagerness"),
         ({"type": "semantic_vad", "silence_duration_ms": 300}, "silence_duration_ms"),
         ({"type": "server_vad", "eagerness": "low"}, "eagerness"),
-        ({"eagerness": "low"}, "eagerness"),  # server_vad in force
         ({"type": "sometimes_vad"}, "type"),
     ],
 )
-async def test_bad_semantic_settings_are_invalid_parameter_naming_the_field(
-    turn_detection: dict[str, Any], names: str
+def test_bad_turn_detection_is_invalid_parameter_naming_the_field(
+    turn_detection: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(ProtocolError) as refused:
+        wire(type="session.update", session={"audio": {"input": {"turn_detection": turn_detection}}})
+    assert refused.value.code is pe.ErrorCode.INVALID_PARAMETER
+    assert f"turn_detection.{named}'" in refused.value.message, refused.value.message
+
+
+@pytest.mark.parametrize(
+    ("in_force", "turn_detection", "named"),
+    [
+        ("server_vad", {"eagerness": "low"}, "eagerness"),
+        ("semantic_vad", {"threshold": 0.6}, "threshold"),
+    ],
+)
+async def test_a_field_of_the_other_type_than_the_one_in_force_is_refused_and_changes_nothing(
+    in_force: str, turn_detection: dict[str, Any], named: str
 ) -> None:
     c = await client()
     try:
-        await c.voice_session(output=False)
+        await c.voice_session(output=False, detection=in_force)
         (before,) = await c.wait_for(pe.SessionUpdated)
-        await c.send(
-            type="session.update",
-            event_id="u",
-            session={"audio": {"input": {"turn_detection": turn_detection}}},
-        )
+        audio = {"input": {"turn_detection": turn_detection}}
+        await c.send(type="session.update", event_id="u", session={"audio": audio})
         (error,) = await c.wait_for(pe.ErrorEvent)
         assert error.code is pe.ErrorCode.INVALID_PARAMETER and error.event_id == "u"
-        assert f"turn_detection.{names}" in error.message, error.message
+        assert f"turn_detection.{named}" in error.message, error.message
         await c.send(type="session.update", session={})
         assert (await c.wait_for(pe.SessionUpdated, 2))[-1] == before  # a refused update changes nothing
     finally:
