@@ -8,9 +8,9 @@ the turn, and where it says the speech ended (``audio_end_ms``).
 - A complete question ends its turn with less silence sent after its last
   voiced sample than ``server_vad``'s 500 ms window needs: the client sends
   400 ms and nothing more.
-- A sentence with a long pause in the middle ("I'd like to book a table
-  for" ... "two people") is one turn under ``semantic_vad``, two under
-  ``server_vad`` with 500 ms.
+- A sentence with a long pause in the middle ("My favorite color is" ...
+  "dark green", the project's Piper voice with 900 ms cut in after "is") is
+  one turn under ``semantic_vad``, two under ``server_vad`` with 500 ms.
 - The OpenAI endpoint takes ``semantic_vad`` through the official SDK, whose
   types parse its ``session.updated``.
 """
@@ -30,12 +30,15 @@ from loadtests.speech import silence_pcm16
 from tests.app.conftest import LiveServer
 from tests.app.voice_helpers import RATE, send_audio, until
 from tests.speech import espeak_pcm16
+from tests.voice.speech import piper_speech
 from tests.waiting import HANG_GUARD_S
 
 pytestmark = pytest.mark.slow
 
 QUESTION = "What is the capital of France?"
-FIRST_HALF, SECOND_HALF = "I'd like to book a table for", "two people at seven."
+# Smart Turn hears a pause after "is" as unfinished; after "I'd like to book a table for" it
+# hears Piper's voice as done (a false cut-off, which loadtests/voice_bench.py counts on its set)
+PAUSED, PAUSED_AFTER = "My favorite color is dark green.", "is"
 LEAD_MS = 500  # silence before the speech
 VOICED_DBFS = -40.0  # a sample this loud is voiced (espeak-ng's silence is digital zero)
 
@@ -122,12 +125,13 @@ async def turns_of(conn: Conn, audio: bytes) -> list[dict[str, Any]]:
 async def test_a_long_pause_mid_sentence_is_not_cut_under_semantic_vad_but_is_under_server_vad(
     voice_server: LiveServer,
 ) -> None:
-    pause_ms = 900
+    pause_s = 0.9
+    speech = piper_speech(
+        voice_server.state.voice.models.synthesizer, PAUSED, pause_after=PAUSED_AFTER, pause_s=pause_s
+    )
     audio = (
         silence_pcm16(LEAD_MS, RATE)
-        + spoken(FIRST_HALF)
-        + silence_pcm16(pause_ms, RATE)
-        + spoken(SECOND_HALF)
+        + (np.clip(speech, -1, 1) * 32767).astype("<i2").tobytes()
         + silence_pcm16(4500, RATE)  # past auto's longest wait (4 s): the turn surely ends
     )
     # one connection each: both runs on one would pass the input pace's burst (10 s of audio)
@@ -138,9 +142,8 @@ async def test_a_long_pause_mid_sentence_is_not_cut_under_semantic_vad_but_is_un
             await session(conn, {"type": detection, "create_response": False, **fields})
             turns = await turns_of(conn, audio)
             assert len(turns) == num_turns, (detection, turns)  # server_vad: the pause ended a turn
-            assert "table" in turns[0]["text"].lower(), turns
-            words = turns[-1]["text"].lower()
-            assert "two" in words or "2" in words, turns  # semantic_vad: both halves in one transcript
+            assert "color" in turns[0]["text"].lower(), turns
+            assert "green" in turns[-1]["text"].lower(), turns  # semantic_vad: both halves in one transcript
         finally:
             await conn.close()
 
