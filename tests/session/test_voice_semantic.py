@@ -97,6 +97,27 @@ async def test_an_incomplete_turn_is_not_ended_by_a_pause_but_by_the_eagerness_m
         await done(c)
 
 
+async def test_a_failing_model_leaves_the_turn_to_the_longest_wait_and_the_connection_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    c = await client(0.9)
+    c.models.end_of_turn.failures = 1
+    try:
+        await c.voice_session(output=False, detection="semantic_vad", eagerness="high")
+        await c.audio(silence(320) + speech(640) + silence(1920))
+        await c.send(type="ping")
+        await c.wait_for(pe.Pong)
+        assert not c.of(pe.InputAudioSpeechStopped) and not c.of(pe.ErrorEvent)  # scored 0: incomplete
+        assert "scoring the end of turn" in caplog.text
+        await c.audio(silence(128))
+        (stopped,) = await c.wait_for(pe.InputAudioSpeechStopped)  # at high's longest wait, 2 s
+        assert stopped.audio_end_ms == 960
+        await c.audio(speech(640) + silence(320))  # the next turn is scored as usual
+        await c.wait_for(pe.InputAudioSpeechStopped, 2)
+    finally:
+        await done(c)
+
+
 async def test_a_pause_scored_incomplete_then_more_speech_is_one_turn() -> None:
     c = await client(0.1, 0.9)
     try:

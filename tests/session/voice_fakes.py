@@ -162,10 +162,14 @@ class FakeEndOfTurn:
         self.default = default
         self.heard: list[int] = []  # samples of each call, in order
         self.threads: list[str] = []  # the thread of each call
+        self.failures = 0  # the next calls that raise
 
     def probability(self, audio: np.ndarray) -> float:
         self.heard.append(len(audio))
         self.threads.append(threading.current_thread().name)
+        if self.failures:
+            self.failures -= 1
+            raise RuntimeError("injected end-of-turn failure")
         return self.scores.popleft() if self.scores else self.default
 
 
