@@ -1,12 +1,14 @@
 """Turn detection by meaning, with OpenAI's ``semantic_vad`` semantics.
 
 The VAD finds speech and pauses (:class:`~bargein.voice.turns.TurnDetector`,
-the same onset rules as ``server_vad``). At each pause, once ``score_after_ms``
-of silence followed the speech, an end-of-turn model scores the turn so far
-(the probability that the user is done: Smart Turn, ``voice/end_of_turn.py``):
+the same onset rules as ``server_vad``). At each pause, once the short window
+of the eagerness (``complete_silence_ms``, 150-250 ms) has passed in
+silence, an end-of-turn model scores the turn so far, its trailing silence
+included (the probability that the user is done: Smart Turn,
+``voice/end_of_turn.py``; pipecat scores it the same way, after its VAD's
+200 ms of silence):
 
-- complete (probability ``>= completion_threshold``): the turn ends after
-  ``complete_silence_ms`` of silence, a short window scaled by eagerness;
+- complete (probability ``>= completion_threshold``): the turn ends there;
 - incomplete: the turn waits, and ends after ``max_silence_ms`` of silence
   regardless (OpenAI's maximum per eagerness: low 8 s, medium 4 s, high 2 s;
   auto is medium);
@@ -14,15 +16,14 @@ of silence followed the speech, an end-of-turn model scores the turn so far
   scored again.
 
 So "What is the capital of France?" ends about 200 ms after its last word,
-and "I'd like to book a table for... two people" is not cut at the dots.
+and "My favorite color is... dark green" is not cut at the dots.
 
-A turn scored complete is reported as :class:`~bargein.voice.turns.SpeechPaused`
-at the scoring (the voice channel starts its speculative answer there), then
-:class:`~bargein.voice.turns.SpeechStopped` when the short window closes, or
-:class:`~bargein.voice.turns.SpeechResumed` if the user speaks first: the same
-events, in the same order, as ``server_vad``'s, so the channel treats both
-modes alike. An incomplete pause is not reported: nothing speculates on a turn
-the model expects to go on.
+The events are ``server_vad``'s, in the same order, so the voice channel
+treats both modes alike: :class:`~bargein.voice.turns.SpeechPaused` once
+``pause_ms`` of silence followed the speech (before the score: the channel
+starts its speculative answer there, and the transcription runs while the
+window closes), then :class:`~bargein.voice.turns.SpeechStopped`, or
+:class:`~bargein.voice.turns.SpeechResumed` if the user speaks first.
 
 Pure: no audio, no model, no clock. The detector asks for a score through
 the ``score`` callable it is given, synchronously, so every decision is a
@@ -38,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from .turns import SpeechPaused, SpeechResumed, SpeechStopped, TurnDetection, TurnDetector, TurnEvent
+from .turns import SpeechPaused, SpeechStarted, SpeechStopped, TurnDetection, TurnDetector, TurnEvent
 
 Eagerness = Literal["low", "medium", "high", "auto"]
 EAGERNESS_VALUES: tuple[Eagerness, ...] = ("low", "medium", "high", "auto")
@@ -85,10 +86,10 @@ class SemanticTurnDetection:
         completion_threshold: the end-of-turn probability at or above which a
             turn counts as complete, in (0, 1); 0.5, as pipecat's Smart Turn
             analyzer decides.
-        score_after_ms: silence after speech at which the turn so far is
-            scored, ms; at most the shortest ``complete_silence_ms``, so the
-            score is known before a complete turn's window closes (the model
-            hears this much trailing silence).
+        pause_ms: silence after speech reported as a pause
+            (:class:`~bargein.voice.turns.SpeechPaused`: an answer may start
+            speculatively), ms; shorter than the shortest ``complete_silence_ms``,
+            so the speculation starts before the score.
         vad: the speech onset and pause rules (threshold, prefix padding,
             minimum speech, hysteresis), as ``server_vad``'s defaults; its
             silence windows are replaced by the eagerness' ones.
@@ -98,7 +99,7 @@ class SemanticTurnDetection:
     interrupt_response: bool = True
     create_response: bool = True
     completion_threshold: float = 0.5
-    score_after_ms: int = 96
+    pause_ms: int = 96
     vad: TurnDetection = TurnDetection()
 
     def __post_init__(self) -> None:
@@ -107,8 +108,8 @@ class SemanticTurnDetection:
         if not 0.0 < self.completion_threshold < 1.0:
             raise ValueError(f"{self.completion_threshold=} must be in (0, 1)")
         shortest = min(t.complete_silence_ms for t in EAGERNESS.values())
-        if not 0 < self.score_after_ms <= shortest:
-            raise ValueError(f"{self.score_after_ms=} must be in (0, {shortest}]")
+        if not 0 < self.pause_ms < shortest:
+            raise ValueError(f"{self.pause_ms=} must be in (0, {shortest})")
 
     @property
     def timing(self) -> EagernessTiming:
@@ -116,8 +117,8 @@ class SemanticTurnDetection:
         return EAGERNESS[self.eagerness]
 
     def vad_params(self) -> TurnDetection:
-        """The VAD detector's settings: a pause at ``score_after_ms``, the turn's
-        end at the eagerness' maximum."""
+        """The VAD detector's settings: a pause at ``pause_ms``, the turn's end
+        at the eagerness' maximum."""
         return TurnDetection(
             threshold=self.vad.threshold,
             prefix_padding_ms=self.vad.prefix_padding_ms,
@@ -125,7 +126,7 @@ class SemanticTurnDetection:
             interrupt_response=self.interrupt_response,
             create_response=self.create_response,
             min_speech_ms=self.vad.min_speech_ms,
-            pause_ms=self.score_after_ms,
+            pause_ms=self.pause_ms,
             hysteresis=self.vad.hysteresis,
         )
 
@@ -145,7 +146,8 @@ class SemanticTurnDetector:
         params: the ``semantic_vad`` settings.
         score: scores the turn so far: called with its ``audio_start_ms`` and
             the current position (the audio through the pause's silence so
-            far), during :meth:`push`; returns the probability it is complete.
+            far, ``complete_silence_ms`` of it), during :meth:`push`; returns
+            the probability it is complete.
         frame_ms: the duration of one VAD frame, ms.
         start_ms: where the first frame starts on the input timeline, ms.
 
@@ -160,7 +162,8 @@ class SemanticTurnDetector:
         self._score = score
         self._complete_silence_ms = params.timing.complete_silence_ms
         self._vad = TurnDetector(params.vad_params(), frame_ms=frame_ms, start_ms=start_ms)
-        self._complete: SpeechPaused | None = None  # the pause in progress, scored complete
+        self._pause: SpeechPaused | None = None  # the pause in progress
+        self._scored = False  # whether it was scored (incomplete: it waits for the maximum)
 
     @property
     def params(self) -> SemanticTurnDetection:
@@ -190,38 +193,33 @@ class SemanticTurnDetector:
     def reset(self, start_ms: int | None = None) -> None:
         """Forget any speech in progress (:meth:`TurnDetector.reset`)."""
         self._vad.reset(start_ms)
-        self._complete = None
+        self._pause, self._scored = None, False
 
     def push(self, probability: float) -> list[TurnEvent]:
         """Takes the speech probability of the next frame; returns the events it causes.
 
-        At a pause this calls ``score`` once before it returns.
+        At a pause this calls ``score`` once, when its short window closes.
 
         Args:
             probability: the VAD's speech probability for the frame, in [0, 1].
 
         Returns:
-            In order, zero to two events (a pause scored complete and the end
-            of its turn can fall on one frame).
+            In order, zero to two events (a pause and the end of its turn can
+            fall on one frame).
         """
-        events: list[TurnEvent] = []
-        for event in self._vad.push(probability):
+        events = self._vad.push(probability)
+        for event in events:
             if isinstance(event, SpeechPaused):
-                if (
-                    self._score(event.audio_start_ms, self._vad.position_ms)
-                    >= self._params.completion_threshold
-                ):
-                    self._complete = event
-                    events.append(event)
-            elif isinstance(event, SpeechResumed):
-                if self._complete is not None:  # only a pause that was reported
-                    events.append(event)
-                self._complete = None
-            else:  # a start, or the eagerness' maximum silence: the turn ends regardless
-                self._complete = None
-                events.append(event)
-        pause = self._complete
-        if pause is not None and self._vad.position_ms - pause.audio_end_ms >= self._complete_silence_ms:
-            events.append(SpeechStopped(audio_start_ms=pause.audio_start_ms, audio_end_ms=pause.audio_end_ms))
-            self.reset()  # the turn is over: the next one starts from here
+                self._pause, self._scored = event, False
+            elif not isinstance(event, SpeechStarted):  # resumed, or the eagerness' longest silence
+                self._pause, self._scored = None, False
+        pause = self._pause
+        silent_ms = 0 if pause is None else self._vad.position_ms - pause.audio_end_ms
+        if pause is not None and not self._scored and silent_ms >= self._complete_silence_ms:
+            self._scored = True
+            if self._score(pause.audio_start_ms, self._vad.position_ms) >= self._params.completion_threshold:
+                events.append(
+                    SpeechStopped(audio_start_ms=pause.audio_start_ms, audio_end_ms=pause.audio_end_ms)
+                )
+                self.reset()  # the turn is over: the next one starts from here
         return events

@@ -73,8 +73,8 @@ async def test_a_complete_turn_ends_after_a_short_silence_scored_off_the_event_l
             transcript.text == "What is the capital of France?"
             and created.input_item_id == transcript.item_id
         )
-        # scored once, at the pause: the turn from its start (20 ms) through 96 ms of silence
-        assert c.models.end_of_turn.heard == [16 * (960 + 96 - 20)]
+        # scored once, as the window closed: the turn from its start (20 ms) through 224 ms of silence
+        assert c.models.end_of_turn.heard == [16 * (960 + 224 - 20)]
         assert all(name.startswith("voice-input") for name in c.models.end_of_turn.threads)
     finally:
         await done(c)

@@ -62,9 +62,9 @@ def test_a_finished_sentence_scores_complete_and_a_pause_mid_way_does_not(
     voice_models: VoiceModels, text: str, pause_after: str | None, complete: bool
 ) -> None:
     # the speech up to the pause (or all of it), then what the detector hears when it
-    # scores: the prefix padding before, 96 ms of silence after
+    # scores: the prefix padding before, auto's short window (224 ms) of silence after
     speech = piper_speech(voice_models.synthesizer, text, pause_after=pause_after, pause_s=None)
-    probability = voice_models.end_of_turn.probability(np.concatenate([silence(0.3), speech, silence(0.096)]))
+    probability = voice_models.end_of_turn.probability(np.concatenate([silence(0.3), speech, silence(0.224)]))
     assert (probability >= 0.5) is complete, probability
 
 

@@ -72,12 +72,13 @@ def test_a_complete_turn_ends_after_the_short_window_of_its_eagerness(eagerness:
     whole_frames = -(-short // FRAME_MS) * FRAME_MS  # a window closes at a frame boundary
     assert events == [
         (ONSET + 64, SpeechStarted(audio_start_ms=start)),
-        # scored at the pause (score_after_ms = 96 ms: three silent frames) and reported
+        # the pause (pause_ms = 96 ms: three silent frames), for a speculative answer
         (END + 96, SpeechPaused(audio_start_ms=start, audio_end_ms=END)),
+        # scored when the short window closes: complete, the turn ends there
         (END + whole_frames, SpeechStopped(audio_start_ms=start, audio_end_ms=END)),
     ]
-    # the model heard the turn from its start through the silence so far, once
-    assert scores.asked == [(start, END + 96)]
+    # the model heard the turn from its start through the window's silence, once
+    assert scores.asked == [(start, END + whole_frames)]
     assert not detector.in_speech and detector.turn_start_ms is None
 
 
@@ -95,8 +96,8 @@ def test_an_incomplete_turn_waits_for_the_maximum_and_then_ends_regardless(eager
     detector = SemanticTurnDetector(SemanticTurnDetection(eagerness=eagerness), scores)  # type: ignore[arg-type]
     longest = EAGERNESS[eagerness].max_silence_ms  # type: ignore[index]
     events = run(detector, turn(-(-longest // FRAME_MS) * FRAME_MS + 640))
-    # no pause reported (nothing to speculate on), then the end at the maximum
-    assert [type(e) for _, e in events] == [SpeechStarted, SpeechStopped]
+    # the pause, scored incomplete, then the end at the maximum
+    assert [type(e) for _, e in events] == [SpeechStarted, SpeechPaused, SpeechStopped]
     stop_at = up_to(events, SpeechStopped)
     assert longest <= stop_at - END < longest + FRAME_MS
     assert events[-1][1] == SpeechStopped(audio_start_ms=ONSET - 300, audio_end_ms=END)
@@ -111,35 +112,38 @@ def test_a_mid_sentence_pause_is_not_cut_and_the_turn_ends_after_its_second_half
     probs = [SILENCE] * frames(320) + [SPEECH] * frames(first) + [SILENCE] * frames(gap)
     probs += [SPEECH] * frames(second) + [SILENCE] * frames(1024)
     events = run(detector, probs)
-    assert [type(e) for _, e in events] == [SpeechStarted, SpeechPaused, SpeechStopped]
+    kinds = [type(e) for _, e in events]
+    assert kinds == [SpeechStarted, SpeechPaused, SpeechResumed, SpeechPaused, SpeechStopped]
     end = 320 + first + gap + second
     (_, stopped) = events[-1]
     assert stopped == SpeechStopped(audio_start_ms=20, audio_end_ms=end)  # one turn, both halves
     assert up_to(events, SpeechStopped) == end + 224
     # scored at each pause: the first half alone, then the whole turn
-    assert scores.asked == [(20, 320 + first + 96), (20, end + 96)]
+    assert scores.asked == [(20, 320 + first + 224), (20, end + 224)]
 
 
-def test_speech_resuming_inside_the_short_window_cancels_the_end() -> None:
-    scores = Scores(0.8, 0.9)
+def test_speech_resuming_inside_the_short_window_goes_on_with_the_turn_unscored() -> None:
+    scores = Scores(0.9)
     detector = SemanticTurnDetector(SemanticTurnDetection(), scores)
     probs = (
         [SPEECH] * frames(640) + [SILENCE] * frames(128) + [SPEECH] * frames(320) + [SILENCE] * frames(640)
     )
     events = run(detector, probs)
     kinds = [type(e) for _, e in events]
-    # complete at the first pause (reported), the user goes on: retracted; the turn ends after the second
+    # a pause (reported), the user goes on before the window closed: retracted, never scored
     assert kinds == [SpeechStarted, SpeechPaused, SpeechResumed, SpeechPaused, SpeechStopped]
     assert events[-1][1] == SpeechStopped(audio_start_ms=0, audio_end_ms=640 + 128 + 320)
+    assert scores.asked == [(0, 640 + 128 + 320 + 224)]
 
 
-def test_speech_resuming_after_an_incomplete_pause_reports_nothing() -> None:
+def test_speech_resuming_after_an_incomplete_pause_goes_on_with_the_turn() -> None:
     scores = Scores(0.2, 0.2)
     detector = SemanticTurnDetector(SemanticTurnDetection(), scores)
     probs = (
         [SPEECH] * frames(640) + [SILENCE] * frames(1024) + [SPEECH] * frames(320) + [SILENCE] * frames(320)
     )
-    assert [type(e) for _, e in run(detector, probs)] == [SpeechStarted]
+    kinds = [type(e) for _, e in run(detector, probs)]
+    assert kinds == [SpeechStarted, SpeechPaused, SpeechResumed, SpeechPaused]  # no end
     assert detector.in_speech and len(scores.asked) == 2
 
 
@@ -152,7 +156,7 @@ def test_the_threshold_decides_and_is_inclusive() -> None:
 
 def test_a_reset_forgets_the_pending_end() -> None:
     detector = SemanticTurnDetector(SemanticTurnDetection(), Scores(0.9))
-    run(detector, [SPEECH] * frames(640) + [SILENCE] * frames(96))
+    run(detector, [SPEECH] * frames(640) + [SILENCE] * frames(128))
     detector.reset()
     assert run(detector, [SILENCE] * frames(1024)) == []
     assert detector.turn_start_ms is None
@@ -172,8 +176,8 @@ def test_the_next_turn_starts_after_the_one_that_ended() -> None:
     [
         {"eagerness": "sometimes"},
         {"completion_threshold": 1.0},
-        {"score_after_ms": 0},
-        {"score_after_ms": 500},
+        {"pause_ms": 0},
+        {"pause_ms": 150},
     ],
 )
 def test_bad_settings_are_refused(fields: dict[str, object]) -> None:
