@@ -42,7 +42,6 @@ from typing import Literal
 from .turns import SpeechPaused, SpeechStarted, SpeechStopped, TurnDetection, TurnDetector, TurnEvent
 
 Eagerness = Literal["low", "medium", "high", "auto"]
-EAGERNESS_VALUES: tuple[Eagerness, ...] = ("low", "medium", "high", "auto")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,8 +49,9 @@ class EagernessTiming:
     """The silences of one eagerness, milliseconds.
 
     Attributes:
-        complete_silence_ms: silence after speech that ends a turn the model
-            scored complete.
+        complete_silence_ms: silence after speech at which the turn is scored
+            (the model hears this much trailing silence); scored complete,
+            it ends there.
         max_silence_ms: silence after speech that ends any turn (OpenAI's
             maximum wait for the eagerness).
     """
@@ -62,9 +62,9 @@ class EagernessTiming:
 
 # OpenAI's maxima (the openai SDK's SemanticVad.eagerness: "low, medium, and
 # high have max timeouts of 8s, 4s, and 2s"; auto is medium). The short
-# windows are 150-250 ms: past the 100-200 ms gaps between a finished
-# question and the silence after it, and short enough that the answer starts
-# within the ~200 ms gap people leave between turns in conversation.
+# windows are 150-250 ms: about the 200 ms of silence after which pipecat
+# scores a turn with Smart Turn (its VAD's stop_secs), and short enough that
+# the answer starts near the ~200 ms gap people leave between turns.
 EAGERNESS: dict[Eagerness, EagernessTiming] = {
     "low": EagernessTiming(complete_silence_ms=250, max_silence_ms=8000),
     "medium": EagernessTiming(complete_silence_ms=200, max_silence_ms=4000),
