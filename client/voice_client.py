@@ -6,7 +6,7 @@ also sends ``input_audio.append`` (pcm16 mono at the session's input rate,
 (docs/protocol.md, "Audio")::
 
     async with VoiceClient("ws://127.0.0.1:8000/v1/realtime") as client:
-        await client.update(audio=voice_settings())
+        await client.update(audio=voice_settings())  # semantic_vad, 16 kHz in, 24 kHz out
         with WavSink("answer.wav", client.output_rate) as sink:
             turn = await client.talk("question.wav", on_audio=sink)
         print(turn.transcript, "->", turn.response.text)
@@ -49,27 +49,34 @@ def voice_settings(
     *,
     input_rate: int = INPUT_RATE,
     output_rate: int = OUTPUT_RATE,
+    detection: str = "semantic_vad",
     create_response: bool = True,
     interrupt_response: bool = True,
     **turn_detection: Any,
 ) -> dict[str, Any]:
-    """``session.audio`` for a voice conversation with server VAD (give it to
-    :meth:`RealtimeClient.update` as ``audio=``).
+    """``session.audio`` for a voice conversation with the server finding the
+    turns (give it to :meth:`RealtimeClient.update` as ``audio=``).
 
     Args:
         input_rate, output_rate: sample rates of the user's and the answers' audio, Hz.
+        detection: ``"semantic_vad"`` (the default: a turn ends when the
+            server's end-of-turn model judges the user done, about 200 ms
+            after a finished sentence, and a pause mid-sentence is waited
+            out) or ``"server_vad"`` (a turn ends after a fixed silence).
         create_response: a turn's end starts a response.
         interrupt_response: the user's speech interrupts an answer (barge-in).
-        turn_detection: ``threshold``, ``prefix_padding_ms``, ``silence_duration_ms``.
+        turn_detection: with ``semantic_vad``, ``eagerness`` (``"low"``,
+            ``"medium"``, ``"high"`` or ``"auto"``); with ``server_vad``,
+            ``threshold``, ``prefix_padding_ms``, ``silence_duration_ms``.
     """
-    detection = {
-        "type": "server_vad",
+    fields = {
+        "type": detection,
         "create_response": create_response,
         "interrupt_response": interrupt_response,
         **turn_detection,
     }
     return {
-        "input": {"sample_rate": input_rate, "turn_detection": detection},
+        "input": {"sample_rate": input_rate, "turn_detection": fields},
         "output": {"sample_rate": output_rate},
     }
 
@@ -159,7 +166,7 @@ class VoiceClient(RealtimeClient):
         *,
         chunk_ms: int = 40,
         realtime: bool = True,
-        trailing_silence_ms: int = 1500,
+        trailing_silence_ms: int = 4500,
         commit_timeout_s: float = 10.0,
         on_transcript: TranscriptSink | None = None,
         on_text: TextSink | None = None,
@@ -173,7 +180,11 @@ class VoiceClient(RealtimeClient):
                 :attr:`input_rate` mono), or pcm16 mono bytes at :attr:`input_rate`.
             chunk_ms, realtime: as :meth:`send_audio`.
             trailing_silence_ms: silence sent after ``audio``; more than the
-                session's ``silence_duration_ms``.
+                silence that ends the session's turns (``server_vad``'s
+                ``silence_duration_ms``; with ``semantic_vad``, the
+                eagerness' longest wait for a sentence that sounds unfinished:
+                4 s for ``auto``). Only what the turn needs is sent: the
+                rest stops once its response is done.
             commit_timeout_s, on_transcript, on_text, on_audio: as :meth:`voice_turn`.
 
         Returns:

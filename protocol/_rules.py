@@ -103,9 +103,27 @@ def _check_audio(audio: AudioSettings) -> None:
         raise _bad(f"'session.audio.output.voice' must be 1 to {MAX_VOICE_CHARS} characters")
 
 
+# the fields of one detection type only (interrupt_response and create_response belong to both)
+_SERVER_VAD_ONLY = ("threshold", "prefix_padding_ms", "silence_duration_ms")
+_SEMANTIC_VAD_ONLY = ("eagerness",)
+
+
 def _check_turn_detection(td: TurnDetectionSettings, path: str) -> None:
     if td.type == "none" and td != TURN_DETECTION_OFF:
         raise _bad(f"'{path}' with type 'none' (detection off) takes no other field")
+    for kind, others, own in (
+        ("semantic_vad", _SERVER_VAD_ONLY, "eagerness"),
+        ("server_vad", _SEMANTIC_VAD_ONLY, "threshold, prefix_padding_ms and silence_duration_ms"),
+    ):
+        given = [name for name in others if getattr(td, name) is not None]
+        if td.type == kind and given:
+            raise _bad(f"'{path}.{given[0]}' does not apply to type '{kind}' (it takes {own})")
+    if (
+        td.type is None
+        and td.eagerness is not None
+        and any(getattr(td, name) is not None for name in _SERVER_VAD_ONLY)
+    ):
+        raise _bad(f"'{path}' mixes eagerness (semantic_vad) with server_vad's fields")
     if td.threshold is not None and not 0 < td.threshold < 1:
         raise _bad(f"'{path}.threshold' must be in (0, 1)")
     for name, value in (

@@ -9,7 +9,7 @@ Sequences are tuples so events stay hashable and immutable.
 
 Enumerated values are :data:`typing.Literal` types (``Role``,
 ``OnDisconnect``, ``FinishReasonName``, ``StreamStatus``, ``Modality``,
-``TurnDetectionType``, ``SampleRate``) except error codes, a ``str`` enum
+``TurnDetectionType``, ``Eagerness``, ``SampleRate``) except error codes, a ``str`` enum
 because each carries a default ``retryable``.
 
 Audio (docs/protocol.md section 8). Audio is pcm16: 16-bit little-endian mono
@@ -52,7 +52,8 @@ OnDisconnect = Literal["continue", "cancel"]
 FinishReasonName = Literal["stop", "length", "interrupted", "cancelled", "error"]
 StreamStatus = Literal["live", "complete"]
 Modality = Literal["text", "audio"]
-TurnDetectionType = Literal["server_vad", "none"]
+TurnDetectionType = Literal["server_vad", "semantic_vad", "none"]
+Eagerness = Literal["low", "medium", "high", "auto"]  # semantic_vad: how soon a turn ends
 SampleRate = Literal[16000, 24000]  # samples per second of pcm16 audio
 
 
@@ -127,12 +128,17 @@ class TurnDetectionSettings:
     ``input_audio.commit``.
 
     Attributes:
-        type: ``"server_vad"`` (voice activity detection) or ``"none"``.
-        threshold: speech probability above which a frame is speech, in (0, 1).
-        prefix_padding_ms: audio kept before the detected start of speech, milliseconds.
-        silence_duration_ms: silence that ends a turn, milliseconds.
+        type: ``"server_vad"`` (voice activity detection: a turn ends after a
+            fixed silence), ``"semantic_vad"`` (a turn ends when a model judges
+            the user done, docs/protocol.md 8.3) or ``"none"``.
+        threshold: ``server_vad`` only: speech probability above which a frame is speech, in (0, 1).
+        prefix_padding_ms: ``server_vad`` only: audio kept before the detected start of speech, milliseconds.
+        silence_duration_ms: ``server_vad`` only: silence that ends a turn, milliseconds.
         interrupt_response: the start of speech interrupts an active response (barge-in by voice).
         create_response: the end of a turn starts a response.
+        eagerness: ``semantic_vad`` only: how soon a turn ends (``low`` waits
+            longest for the user to go on, ``high`` answers soonest; ``auto``
+            is ``medium``).
     """
 
     type: TurnDetectionType | None = None
@@ -141,6 +147,7 @@ class TurnDetectionSettings:
     silence_duration_ms: int | None = None
     interrupt_response: bool | None = None
     create_response: bool | None = None
+    eagerness: Eagerness | None = None
 
 
 TURN_DETECTION_OFF = TurnDetectionSettings(type="none")
@@ -603,6 +610,7 @@ __all__ = [
     "StreamStatus",
     "Modality",
     "TurnDetectionType",
+    "Eagerness",
     "SampleRate",
     "ErrorCode",
     "CloseCode",

@@ -287,7 +287,9 @@ export class ServerVoice extends EventTarget {
         audio: {
           input: {
             sample_rate: INPUT_RATE,
-            turn_detection: { type: "server_vad", create_response: true, interrupt_response: true },
+            // the server ends a turn when its end-of-turn model hears the user done
+            // (about 200 ms after a finished sentence), and waits out a pause mid-sentence
+            turn_detection: { type: "semantic_vad", eagerness: "auto", create_response: true, interrupt_response: true },
           },
           output: { sample_rate: OUTPUT_RATE },
         },

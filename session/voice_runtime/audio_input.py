@@ -2,7 +2,9 @@
 
 :class:`VoiceInput` resamples the appended PCM16 to 16 kHz, keeps the
 uncommitted audio (bounded), runs the VAD frame by frame and the turn
-detector on its probabilities, and returns what the detector saw; the voice
+detector on its probabilities (``server_vad``'s, or ``semantic_vad``'s, which
+scores each pause with the end-of-turn model on the audio held, in the
+input-audio threads), and returns what the detector saw; the voice
 channel (``channel.py``) turns that into protocol events, barge-ins and
 turns. Nothing here sends.
 
@@ -23,12 +25,14 @@ from collections import deque
 
 import numpy as np
 
+from bargein.session.voice_runtime.end_of_turn import EndOfTurnScorer
 from bargein.session.voice_runtime.runtime import VoiceRuntime
-from bargein.session.voice_runtime.settings import SessionAudio
+from bargein.session.voice_runtime.settings import Detection, SessionAudio
 from bargein.voice.audio import Resampler, pcm16_to_float
 from bargein.voice.errors import InputAudioFull
 from bargein.voice.input_buffer import InputAudioBuffer
-from bargein.voice.turns import SpeechPaused, SpeechStopped, TurnDetection, TurnDetector, TurnEvent
+from bargein.voice.semantic_turns import SemanticTurnDetection, SemanticTurnDetector
+from bargein.voice.turns import SpeechPaused, SpeechStopped, TurnDetector, TurnEvent
 from bargein.voice.vad import FRAME_SAMPLES, SAMPLE_RATE
 
 # An append at least this long is resampled and run through the VAD off the
@@ -121,17 +125,18 @@ class VoiceInput:
             self._pending = np.zeros(0, dtype=np.float32)
             self._detector = self._new_detector()
 
-    def _new_detector(self) -> TurnDetector | None:
+    def _new_detector(self) -> TurnDetector | SemanticTurnDetector | None:
         params = self.settings.turn_detection
         if params is None:
             return None
-        return TurnDetector(
-            params, frame_ms=FRAME_SAMPLES * 1000 // SAMPLE_RATE, start_ms=self.buffer.total_ms
-        )
+        if isinstance(params, SemanticTurnDetection):
+            score = EndOfTurnScorer(self._runtime.models.end_of_turn, self.buffer)
+            return SemanticTurnDetector(params, score, frame_ms=self._frame_ms, start_ms=self.buffer.total_ms)
+        return TurnDetector(params, frame_ms=self._frame_ms, start_ms=self.buffer.total_ms)
 
     @property
-    def turn_detection(self) -> TurnDetection | None:
-        """The detector's parameters, or None without server VAD."""
+    def turn_detection(self) -> Detection | None:
+        """The detector's parameters, or None without turn detection."""
         return self.settings.turn_detection
 
     @property
@@ -156,13 +161,17 @@ class VoiceInput:
 
     async def feed(self, pcm: bytes, received_at: float) -> list[tuple[TurnEvent, np.ndarray | None]]:
         """:meth:`append`, in the input-audio threads when ``pcm`` holds at
-        least ``OFF_LOOP_MS`` of audio. The caller holds the connection's
-        lock, so appends are applied in the order they came.
+        least ``OFF_LOOP_MS`` of audio, or always with ``semantic_vad`` (its
+        detector scores a pause with the end-of-turn model as it reaches it,
+        so the audio after the pause waits for the score). The caller holds
+        the connection's lock, so appends are applied in the order they came.
 
         Raises:
             what :meth:`append` raises.
         """
-        if len(pcm) * 500 // self.settings.input_rate < OFF_LOOP_MS:  # 2 bytes a sample
+        # semantic_vad may run the end-of-turn model (~20 ms) on any frame: never on the loop
+        semantic = isinstance(self._detector, SemanticTurnDetector)
+        if not semantic and len(pcm) * 500 // self.settings.input_rate < OFF_LOOP_MS:  # 2 bytes a sample
             return self.append(pcm, received_at)
         return await self._runtime.run_input(lambda: self.append(pcm, received_at))
 

@@ -9,15 +9,19 @@ out of range; :func:`as_event` is how ``session.updated`` reports it.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from bargein.protocol import events as pe
 from bargein.voice.audio import INPUT_RATES, OUTPUT_RATES
+from bargein.voice.semantic_turns import SemanticTurnDetection
 from bargein.voice.turns import TurnDetection
 
 DEFAULT_OUTPUT_RATE = 24000  # OpenAI's realtime default
 DEFAULT_INPUT_RATE = 24000  # OpenAI's too; clients capturing at 16 kHz say so
 DEFAULT_VOICE = "joe"
 VOICES = ("joe",)  # Piper en_US-joe-medium (voice/tts.py)
+# how a session finds its turns: server_vad's fixed silence, or semantic_vad's end-of-turn model
+Detection = TurnDetection | SemanticTurnDetection
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -28,14 +32,15 @@ class SessionAudio:
 
     Attributes:
         input_rate: Hz of ``input_audio.append`` PCM16.
-        turn_detection: server VAD parameters; None: no detection (the client
-            commits its turns with ``input_audio.commit``).
+        turn_detection: ``server_vad`` (:class:`TurnDetection`) or
+            ``semantic_vad`` (:class:`SemanticTurnDetection`) parameters; None:
+            no detection (the client commits its turns with ``input_audio.commit``).
         output_rate: Hz of ``response.audio.delta`` PCM16; None: text only.
         voice: the synthesizer voice.
     """
 
     input_rate: int = DEFAULT_INPUT_RATE
-    turn_detection: TurnDetection | None = TurnDetection()
+    turn_detection: Detection | None = TurnDetection()
     output_rate: int | None = None
     voice: str = DEFAULT_VOICE
 
@@ -56,22 +61,10 @@ def merged(settings: SessionAudio, update: pe.AudioSettings) -> SessionAudio:
     if update.input is not None:
         if update.input.sample_rate is not None:
             new = replace(new, input_rate=update.input.sample_rate)
-        td = update.input.turn_detection
-        if td is not None:
-            if td.type == "none":
-                new = replace(new, turn_detection=None)  # its values are forgotten
-            else:
-                fields = {k: getattr(td, k) for k in _DETECTION_FIELDS if getattr(td, k) is not None}
-                if td.type is None and new.turn_detection is None and fields:
-                    raise ValueError(
-                        "session.audio.input.turn_detection is off: turn it on with type 'server_vad'"
-                    )
-                if "silence_duration_ms" in fields:
-                    # the pause that starts a speculative answer fits in any silence
-                    # window the protocol allows ([0, 10000] ms)
-                    fields["pause_ms"] = min(TurnDetection().pause_ms, fields["silence_duration_ms"])
-                base = new.turn_detection or TurnDetection()
-                new = replace(new, turn_detection=replace(base, **fields))
+        if update.input.turn_detection is not None:
+            new = replace(
+                new, turn_detection=_merged_detection(new.turn_detection, update.input.turn_detection)
+            )
     if update.output is not None:
         out = update.output
         if not out.enabled:
@@ -84,22 +77,63 @@ def merged(settings: SessionAudio, update: pe.AudioSettings) -> SessionAudio:
     return new
 
 
-_DETECTION_FIELDS = (
-    "threshold",
-    "prefix_padding_ms",
-    "silence_duration_ms",
-    "interrupt_response",
-    "create_response",
-)
+_PATH = "session.audio.input.turn_detection"
+_SERVER_VAD_FIELDS = ("threshold", "prefix_padding_ms", "silence_duration_ms")
+_SHARED_FIELDS = ("interrupt_response", "create_response")  # both types have them
+
+
+def _merged_detection(current: Detection | None, td: pe.TurnDetectionSettings) -> Detection | None:
+    """The turn detection in force after an update's ``turn_detection``: off
+    for ``type: "none"``; the fields given merged into the detection in force
+    when it has the same type; on a change of type, the new type's initial
+    values with the shared fields (``interrupt_response``, ``create_response``)
+    carried over.
+
+    Raises:
+        ValueError: fields without ``type`` while detection is off, or fields of
+            the other type than the one in force.
+    """
+    if td.type == "none":
+        return None  # its values are forgotten
+    shared = {k: getattr(td, k) for k in _SHARED_FIELDS if getattr(td, k) is not None}
+    server = {k: getattr(td, k) for k in _SERVER_VAD_FIELDS if getattr(td, k) is not None}
+    if td.type is None and current is None and (shared or server or td.eagerness is not None):
+        raise ValueError(f"{_PATH} is off: turn it on with type 'server_vad' or 'semantic_vad'")
+    semantic = td.type == "semantic_vad" or (td.type is None and isinstance(current, SemanticTurnDetection))
+    carried = {} if current is None else {k: getattr(current, k) for k in _SHARED_FIELDS}
+    if semantic:
+        if server:
+            field = next(iter(server))
+            raise ValueError(f"{_PATH}.{field} does not apply to semantic_vad (it takes eagerness)")
+        base = current if isinstance(current, SemanticTurnDetection) else SemanticTurnDetection(**carried)
+        if td.eagerness is not None:
+            shared["eagerness"] = td.eagerness
+        return replace(base, **shared)
+    if td.eagerness is not None:
+        raise ValueError(f"{_PATH}.eagerness applies to semantic_vad only: set type 'semantic_vad'")
+    fields: dict[str, Any] = {**shared, **server}
+    if "silence_duration_ms" in fields:
+        # the pause that starts a speculative answer fits in any silence
+        # window the protocol allows ([0, 10000] ms)
+        fields["pause_ms"] = min(TurnDetection().pause_ms, server["silence_duration_ms"])
+    base_vad = current if isinstance(current, TurnDetection) else TurnDetection(**carried)
+    return replace(base_vad, **fields)
 
 
 def as_event(settings: SessionAudio) -> pe.AudioSettings:
     """``settings`` as ``session.updated`` reports them."""
     td = settings.turn_detection
-    detection = (
-        pe.TURN_DETECTION_OFF
-        if td is None
-        else pe.TurnDetectionSettings(
+    if td is None:
+        detection = pe.TURN_DETECTION_OFF
+    elif isinstance(td, SemanticTurnDetection):
+        detection = pe.TurnDetectionSettings(
+            type="semantic_vad",
+            interrupt_response=td.interrupt_response,
+            create_response=td.create_response,
+            eagerness=td.eagerness,
+        )
+    else:
+        detection = pe.TurnDetectionSettings(
             type="server_vad",
             threshold=td.threshold,
             prefix_padding_ms=td.prefix_padding_ms,
@@ -107,7 +141,6 @@ def as_event(settings: SessionAudio) -> pe.AudioSettings:
             interrupt_response=td.interrupt_response,
             create_response=td.create_response,
         )
-    )
     return pe.AudioSettings(
         input=pe.AudioInputSettings(sample_rate=settings.input_rate, turn_detection=detection),  # type: ignore[arg-type]
         output=pe.AUDIO_OUTPUT_OFF

@@ -86,10 +86,32 @@ def test_session_update_maps_onto_bargeins_settings() -> None:
         (
             {
                 "type": "session.update",
-                "session": {"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}},
+                "session": {"audio": {"input": {"turn_detection": {"type": "magic_vad"}}}},
             },
-            "unsupported",
+            "invalid_value",
             "session.audio.input.turn_detection.type",
+        ),
+        (
+            {
+                "type": "session.update",
+                "session": {
+                    "audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "eager"}}}
+                },
+            },
+            "invalid_value",
+            "session.audio.input.turn_detection.eagerness",
+        ),
+        (
+            {
+                "type": "session.update",
+                "session": {
+                    "audio": {
+                        "input": {"turn_detection": {"type": "semantic_vad", "silence_duration_ms": 300}}
+                    }
+                },
+            },
+            "unknown_parameter",
+            "session.audio.input.turn_detection.silence_duration_ms",
         ),
         (
             {"type": "response.create", "response": {"conversation": "none"}},
@@ -114,6 +136,29 @@ def test_what_cannot_be_served_is_refused_by_name(
     with pytest.raises(RealtimeError) as refused:
         inbound().translate(event)
     assert (refused.value.code, refused.value.param) == (code, param)
+
+
+def test_semantic_vad_maps_onto_bargeins_settings() -> None:
+    _, (event,) = inbound().translate(
+        {
+            "type": "session.update",
+            "session": {
+                "audio": {
+                    "input": {
+                        "turn_detection": {
+                            "type": "semantic_vad",
+                            "eagerness": "high",
+                            "create_response": False,
+                        }
+                    }
+                }
+            },
+        }
+    )
+    assert isinstance(event, pe.SessionUpdate) and event.session.audio is not None
+    assert event.session.audio.input == pe.AudioInputSettings(
+        turn_detection=pe.TurnDetectionSettings(type="semantic_vad", eagerness="high", create_response=False)
+    )
 
 
 def test_audio_events_need_the_voice_pipeline() -> None:

@@ -3,9 +3,10 @@
 Chromium's fake capture device plays a WAV file made here by espeak-ng (and
 sox, to 48 kHz mono 16-bit, which the fake device takes): 1 s of silence, a
 question, 8 s of silence (``GAP_S``), a second sentence that talks over the
-answer, then a long silence (chromium loops the file). The page sends it to the server at
-16 kHz, shows what the server heard, plays the answer through Web Audio,
-and when the second sentence starts cuts the answer where it was heard.
+answer, then a long silence (chromium loops the file). The page sends it to
+the server at 16 kHz with semantic turn detection (``semantic_vad``, the
+page's default), shows what the server heard, plays the answer through Web
+Audio, and when the second sentence starts cuts the answer where it was heard.
 
 The scripted tests check the client module and the downsampling worklet
 without the server's voice; the end-to-end one needs a server with audio
@@ -245,6 +246,11 @@ def test_spoken_question_is_heard_answered_aloud_and_cut_by_the_second_sentence(
     page.page.wait_for_function(
         "() => document.getElementById('voice-status').textContent.startsWith('Listening')", timeout=30_000
     )
+    # the page asks for semantic turn detection, and the server has it in force
+    (update,) = [u for u in page.of_type(page.sent, "session.update") if u["session"].get("audio")]
+    assert update["session"]["audio"]["input"]["turn_detection"]["type"] == "semantic_vad"
+    in_force = page.of_type(page.received, "session.updated")[-1]["session"]["audio"]["input"]
+    assert in_force["turn_detection"]["type"] == "semantic_vad" and in_force["turn_detection"]["eagerness"]
     # what the server heard of the question, as the user's bubble
     page.page.wait_for_selector('.msg.user[data-status="heard"]', timeout=WAIT_MS)
     heard = page.page.inner_text(".msg.user >> nth=0").lower()

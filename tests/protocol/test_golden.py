@@ -242,6 +242,19 @@ CLIENT_AUDIO_GOLDEN: list[tuple[Any, str]] = [
         '{"type":"session.update","session":{"audio":{"input":{"turn_detection":{"silence_duration_ms":800}},'
         '"output":{}}}}',
     ),
+    (  # semantic_vad: a turn ends when the end-of-turn model hears the user done
+        ev.SessionUpdate(
+            session=ev.SessionSettings(
+                audio=ev.AudioSettings(
+                    input=ev.AudioInputSettings(
+                        turn_detection=ev.TurnDetectionSettings(type="semantic_vad", eagerness="high")
+                    )
+                )
+            )
+        ),
+        '{"type":"session.update","session":{"audio":{"input":{"turn_detection":{"type":"semantic_vad",'
+        '"eagerness":"high"}}}}}',
+    ),
     (
         ev.InputAudioAppend(audio=PCM, event_id="a1"),
         '{"type":"input_audio.append","audio":"AAABAP///38=","event_id":"a1"}',
@@ -303,6 +316,27 @@ SERVER_AUDIO_GOLDEN: list[tuple[Any, str]] = [
         ),
         '{"type":"session.updated","session":{"on_disconnect":"cancel","audio":{"input":{"sample_rate":16000,'
         '"turn_detection":null},"output":null}}}',
+    ),
+    (  # semantic_vad in force: its four fields
+        ev.SessionUpdated(
+            session=ev.SessionSettings(
+                audio=ev.AudioSettings(
+                    input=ev.AudioInputSettings(
+                        sample_rate=16000,
+                        turn_detection=ev.TurnDetectionSettings(
+                            type="semantic_vad",
+                            interrupt_response=True,
+                            create_response=True,
+                            eagerness="auto",
+                        ),
+                    ),
+                    output=ev.AUDIO_OUTPUT_OFF,
+                ),
+            )
+        ),
+        '{"type":"session.updated","session":{"audio":{"input":{"sample_rate":16000,"turn_detection":'
+        '{"type":"semantic_vad","interrupt_response":true,"create_response":true,"eagerness":"auto"}},'
+        '"output":null}}}',
     ),
     (
         ev.ResponseCreated(response_id="r1", stream_id="s1", resume_token="tok", input_item_id="item_1"),

@@ -213,7 +213,15 @@ AUDIO_INVALID_PARAMETER = [
     pytest.param(
         _audio({"output": {"sample_rate": 22050}}), "session.audio.output.sample_rate", id="out-rate"
     ),
-    pytest.param(_turn(type="semantic_vad"), f"{TD}.type", id="turn-type"),
+    pytest.param(_turn(type="magic_vad"), f"{TD}.type", id="turn-type"),
+    pytest.param(_turn(type="semantic_vad", eagerness="eager"), f"{TD}.eagerness", id="eagerness"),
+    pytest.param(_turn(type="semantic_vad", threshold=0.5), f"{TD}.threshold", id="semantic-threshold"),
+    pytest.param(
+        _turn(type="semantic_vad", silence_duration_ms=300),
+        f"{TD}.silence_duration_ms",
+        id="semantic-silence",
+    ),
+    pytest.param(_turn(type="server_vad", eagerness="low"), f"{TD}.eagerness", id="server-eagerness"),
     pytest.param(_turn(threshold=0), f"{TD}.threshold", id="threshold=0"),
     pytest.param(_turn(threshold=1), f"{TD}.threshold", id="threshold=1"),
     pytest.param(_turn(threshold=-0.2), f"{TD}.threshold", id="threshold<0"),

@@ -8,6 +8,7 @@
   raises while ``failures`` lasts.
 - :class:`FakeSynth`: ``samples_per_char`` samples per code point of the
   segment it is given, each word ending where its characters end.
+- :class:`FakeEndOfTurn`: scripted end-of-turn probabilities, one per scoring.
 
 With them a real :class:`~bargein.session.voice_runtime.runtime.VoiceRuntime` (its thread
 pool), a real :class:`~bargein.session.runtime.connection.Connection` and a real
@@ -23,7 +24,7 @@ import re
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -153,11 +154,31 @@ def _words_only(text: str, samples_per_char: int) -> tuple[WordEnd, ...]:
     )
 
 
+class FakeEndOfTurn:
+    """Scores each turn with the next of ``scores`` (then ``default``); notes the samples it heard."""
+
+    def __init__(self, *scores: float, default: float = 0.9) -> None:
+        self.scores: deque[float] = deque(scores)
+        self.default = default
+        self.heard: list[int] = []  # samples of each call, in order
+        self.threads: list[str] = []  # the thread of each call
+        self.failures = 0  # the next calls that raise
+
+    def probability(self, audio: np.ndarray) -> float:
+        self.heard.append(len(audio))
+        self.threads.append(threading.current_thread().name)
+        if self.failures:
+            self.failures -= 1
+            raise RuntimeError("injected end-of-turn failure")
+        return self.scores.popleft() if self.scores else self.default
+
+
 @dataclass
 class FakeModels:
     vad: FakeVad
     transcriber: FakeTranscriber
     synthesizer: FakeSynth
+    end_of_turn: FakeEndOfTurn = field(default_factory=FakeEndOfTurn)
 
 
 class RecordingTemplate:
@@ -220,15 +241,17 @@ class Client:
         for lo in range(0, len(pcm), step):
             await self.conn.handle(pe.InputAudioAppend(audio=pcm[lo : lo + step]))
 
-    async def voice_session(self, *, output: bool = True, **turn_detection: Any) -> None:
-        """16 kHz input, server VAD with ``turn_detection``, 24 kHz output (or text only)."""
+    async def voice_session(
+        self, *, output: bool = True, detection: str = "server_vad", **turn_detection: Any
+    ) -> None:
+        """16 kHz input, ``detection`` (server VAD) with ``turn_detection``, 24 kHz output (or text only)."""
         await self.send(
             type="session.update",
             session={
                 "audio": {
                     "input": {
                         "sample_rate": RATE,
-                        "turn_detection": {"type": "server_vad", **turn_detection},
+                        "turn_detection": {"type": detection, **turn_detection},
                     },
                     "output": {"sample_rate": 24000} if output else None,
                 }

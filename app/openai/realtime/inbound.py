@@ -716,28 +716,25 @@ def _pcm_rate(value: Any, param: str, rates: tuple[int, ...]) -> int | None:
     return int(rate)
 
 
+_SERVER_VAD_FIELDS = {"threshold", "prefix_padding_ms", "silence_duration_ms", "idle_timeout_ms"}
+_SHARED_FIELDS = {"type", "create_response", "interrupt_response"}
+_EAGERNESS = ("low", "medium", "high", "auto")
+
+
 def _turn_detection(value: Any) -> pe.TurnDetectionSettings:
+    """bargein's turn detection from OpenAI's ``server_vad`` or ``semantic_vad`` object (or ``null``)."""
     param = "session.audio.input.turn_detection"
     if value is None:
         return pe.TURN_DETECTION_OFF
     raw = _object(value, param)
-    _only(
-        raw,
-        {
-            "type",
-            "threshold",
-            "prefix_padding_ms",
-            "silence_duration_ms",
-            "create_response",
-            "interrupt_response",
-            "idle_timeout_ms",
-        },
-        f"{param}.",
-    )
-    if raw.get("type") != "server_vad":
+    kind = raw.get("type")
+    if kind not in ("server_vad", "semantic_vad"):
         raise RealtimeError(
-            "unsupported", "turn_detection type must be 'server_vad' (or null)", f"{param}.type"
+            "invalid_value",
+            "turn_detection type must be 'server_vad' or 'semantic_vad' (or null)",
+            f"{param}.type",
         )
+    _only(raw, _SHARED_FIELDS | (_SERVER_VAD_FIELDS if kind == "server_vad" else {"eagerness"}), f"{param}.")
     if raw.get("idle_timeout_ms") is not None:
         raise RealtimeError("unsupported", "idle_timeout_ms is not supported", f"{param}.idle_timeout_ms")
     kinds = {
@@ -750,6 +747,18 @@ def _turn_detection(value: Any) -> pe.TurnDetectionSettings:
         got = raw.get(name)
         if got is not None and (not isinstance(got, types) or (bool not in types and isinstance(got, bool))):
             raise RealtimeError("invalid_type", f"{param}.{name} has the wrong type", f"{param}.{name}")
+    if kind == "semantic_vad":
+        eagerness = raw.get("eagerness")
+        if eagerness is not None and eagerness not in _EAGERNESS:
+            raise RealtimeError(
+                "invalid_value", f"eagerness must be one of {', '.join(_EAGERNESS)}", f"{param}.eagerness"
+            )
+        return pe.TurnDetectionSettings(
+            type="semantic_vad",
+            eagerness=eagerness,
+            create_response=raw.get("create_response"),
+            interrupt_response=raw.get("interrupt_response"),
+        )
     return pe.TurnDetectionSettings(
         type="server_vad",
         threshold=_optional_number(raw.get("threshold"), f"{param}.threshold"),

@@ -149,19 +149,7 @@ class Translator:
         audio = s.audio
         speaks = audio is not None and audio.output is not None and audio.output.enabled
         td = None if audio is None or audio.input is None else audio.input.turn_detection
-        turn_detection = (
-            None
-            if td is None or td.type == "none"
-            else {
-                "type": "server_vad",
-                "threshold": td.threshold,
-                "prefix_padding_ms": td.prefix_padding_ms,
-                "silence_duration_ms": td.silence_duration_ms,
-                "create_response": td.create_response,
-                "interrupt_response": td.interrupt_response,
-                "idle_timeout_ms": None,
-            }
-        )
+        turn_detection = None if td is None or td.type == "none" else _turn_detection(td)
         body: dict[str, Any] = {
             "type": "realtime",
             "object": "realtime.session",
@@ -539,3 +527,23 @@ _HANDLERS: dict[type, Callable[[Translator, Any], list[dict[str, Any]]]] = {
     ItemRetrieved: Translator._on_item_retrieved,
     ItemTruncated: Translator._on_item_truncated,
 }  # pong: OpenAI has no ping; input_audio.clear is answered by the endpoint
+
+
+def _turn_detection(td: pe.TurnDetectionSettings) -> dict[str, Any]:
+    """OpenAI's ``turn_detection`` object for the detection in force (``server_vad`` or ``semantic_vad``)."""
+    if td.type == "semantic_vad":
+        return {
+            "type": "semantic_vad",
+            "eagerness": td.eagerness,
+            "create_response": td.create_response,
+            "interrupt_response": td.interrupt_response,
+        }
+    return {
+        "type": "server_vad",
+        "threshold": td.threshold,
+        "prefix_padding_ms": td.prefix_padding_ms,
+        "silence_duration_ms": td.silence_duration_ms,
+        "create_response": td.create_response,
+        "interrupt_response": td.interrupt_response,
+        "idle_timeout_ms": None,
+    }
