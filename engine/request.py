@@ -86,6 +86,13 @@ class EngineRequest:
             the same salt share KV blocks (e.g. one salt per tenant, so no
             tenant can probe another's prompts through time to first token).
             ``None``: shared with every other unsalted request.
+        prefill_only: only compute the K/V of the prompt's full blocks into
+            the prefix cache, at the lowest priority (dropped by any real
+            work that needs its budget, slot or blocks), and sample nothing;
+            it ends with one finished output without tokens (``stop`` once
+            done, ``cancelled`` when dropped). ``params`` are ignored. A
+            later request whose prompt starts with the same tokens (and
+            salt) hits those blocks (engine/speculative_prefill.py).
     """
 
     request_id: str
@@ -93,6 +100,7 @@ class EngineRequest:
     params: SamplingParams = field(default_factory=SamplingParams)
     arrival_time: float = 0.0
     cache_salt: str | None = None
+    prefill_only: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
