@@ -375,7 +375,7 @@ class Metrics:
         those ended by a shutdown or an engine crash.
         """
         for out in outputs:
-            if out.finished and out.finish_reason is not None:
+            if out.finished and out.finish_reason is not None and not out.prefill_only:
                 self.requests_finished.labels(finish_reason=out.finish_reason.value).inc()
 
     # ---- exposition ------------------------------------------------------------

@@ -510,6 +510,7 @@ class LLMEngine:
             finished=seq.is_finished,
             finish_reason=seq.finish_reason,
             num_cached_tokens=seq.num_cached_tokens or 0,
+            prefill_only=seq.request.prefill_only,
         )
 
     def stats(self) -> EngineStats:

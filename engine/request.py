@@ -125,6 +125,8 @@ class RequestOutput:
         num_cached_tokens: prompt tokens whose K/V came from the prefix cache
             when the request was first scheduled (a multiple of the block
             size, at most ``num_prompt_tokens - 1``); 0 without a hit.
+        prefill_only: the output of a prefill-only request (no response:
+            never tokens, and not counted as a finished request).
     """
 
     request_id: str
@@ -135,3 +137,4 @@ class RequestOutput:
     finished: bool = False
     finish_reason: FinishReason | None = None
     num_cached_tokens: int = 0
+    prefill_only: bool = False

@@ -433,7 +433,8 @@ class VoiceChannel:
         finally:
             pause.known.set()
         td = self.settings.turn_detection
-        if pause.text and self._pause is pause and td is not None and td.create_response:
+        wanted = self.runtime.config.prefill and td is not None and td.create_response
+        if wanted and pause.text and self._pause is pause:
             await self._hooks.on_partial_turn(pause.text)
 
     async def _show_partial(self, text: str) -> None:
