@@ -95,7 +95,7 @@ def test_blocks_past_where_the_final_text_departs_are_not_hit_and_count_as_dropp
 
 
 def test_real_work_comes_first_in_the_step_and_the_prefill_takes_what_is_left() -> None:
-    sched = make(budget=12)
+    sched = make(budget=12, chunk=12)
     sched.add(prefill("p", prompt(16, first=500)))
     sched.add(real("r", prompt(10)))
     assert plan_of(step(sched)) == [("r", 0, 10, True), ("p", 0, 2, False)]
