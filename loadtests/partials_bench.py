@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -74,6 +75,14 @@ TURNS = [
     ("Is there parking near", "Harbour Lights on a Sunday?"),
     ("Please book the private room", "at The Mill for twenty people next Thursday."),
 ]
+
+
+def spoken(text: str) -> bytes:
+    """``text`` by espeak-ng without its leading and trailing silence, so the
+    pause between two parts is the one this script puts there."""
+    x = np.frombuffer(espeak_pcm16(text, RATE), dtype="<i2")
+    loud = np.flatnonzero(np.abs(x) > 300)
+    return x[loud[0] : loud[-1] + 1].tobytes()
 
 
 def chunks(pcm: bytes) -> list[bytes]:
@@ -115,8 +124,8 @@ async def one_session(url: str, turns: int, pause_ms: int) -> list[dict[str, flo
         try:
             for t in range(turns):
                 first, second = TURNS[t % len(TURNS)]
-                head = silence_pcm16(300, RATE) + espeak_pcm16(first, RATE) + silence_pcm16(pause_ms, RATE)
-                tail = espeak_pcm16(second, RATE)
+                head = silence_pcm16(300, RATE) + spoken(first) + silence_pcm16(pause_ms, RATE)
+                tail = spoken(second)
                 audio = chunks(head) + chunks(tail)
                 last_voiced = len(chunks(head)) + len(chunks(tail)) - 1
                 audio += chunks(silence_pcm16(SILENCE_MS + 1500, RATE))
@@ -146,7 +155,15 @@ async def _turn(events: asyncio.Queue[tuple[float, dict[str, Any]]], end: float)
             got["transcript"] = at - end
         elif kind == "response.delta" and "first_token" not in got:
             got["first_token"] = at - end
+        elif kind == "error":
+            print("error:", event, flush=True)
         elif kind == "response.done":
+            if "first_token" not in got:
+                # a response.done without text before the turn's answer (seen
+                # with speculative answers: docs/perf/partials.md): counted, skipped
+                got["empty_done"] = got.get("empty_done", 0) + 1
+                print("response.done without text:", event["finish_reason"], flush=True)
+                continue
             got["stopped_to_first_token"] = got["first_token"] - got["stopped"]
             return got
 
@@ -156,7 +173,8 @@ def engine_stats(url: str) -> dict[str, Any]:
 
 
 def p50(values: list[float]) -> float:
-    return statistics.median(values) * 1000
+    kept = [v for v in values if v == v]  # turns answered without text are left out (NaN)
+    return statistics.median(kept) * 1000 if kept else float("nan")
 
 
 def main() -> None:
@@ -175,10 +193,11 @@ def main() -> None:
         prefilled = after["num_speculative_prefill_tokens"] - before["num_speculative_prefill_tokens"]
         hits = after["num_speculative_prefill_hits"] - before["num_speculative_prefill_hits"]
         raw[mode] = {"turns": turns, "prefilled": prefilled, "hits": hits}
+        empty = sum(int(t.get("empty_done", 0)) for t in turns)
         keys = ("stopped", "transcript", "first_token", "stopped_to_first_token")
         med = {k: p50([t[k] for t in turns]) for k in keys}
-        rows.append((mode, med, prefilled, hits))
-        print(mode, {k: round(v) for k, v in med.items()}, prefilled, hits, flush=True)
+        rows.append((mode, med, prefilled, hits, empty))
+        print(mode, {k: round(v) for k, v in med.items()}, prefilled, hits, empty, flush=True)
     load = os.getloadavg()
     lines = [
         "# Partial transcripts and speculative prefill: end of turn to first token",
@@ -195,14 +214,14 @@ def main() -> None:
         "first `response.delta`), and from `speech_stopped` to the first token.",
         "",
         "| server | speech_stopped | final transcript | first token | speech_stopped -> first token "
-        "| prefilled speculatively (tokens) | of those reused |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| prefilled speculatively (tokens) | of those reused | empty `response.done` |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for mode, med, prefilled, hits in rows:
+    for mode, med, prefilled, hits, empty in rows:
         share = f"{hits} ({hits / prefilled:.0%})" if prefilled else "0"
         lines.append(
             f"| {mode} | {med['stopped']:.0f} | {med['transcript']:.0f} | {med['first_token']:.0f} "
-            f"| {med['stopped_to_first_token']:.0f} | {prefilled} | {share} |"
+            f"| {med['stopped_to_first_token']:.0f} | {prefilled} | {share} | {empty} |"
         )
     args.out.write_text("\n".join(lines) + "\n")
     args.out.with_suffix(".json").write_text(json.dumps(raw, indent=1) + "\n")
