@@ -53,7 +53,7 @@ class VoiceRuntime:
         job.add_done_callback(self._job_done)  # in the thread that ends it (now, if it did)
         return await asyncio.wrap_future(job)
 
-    def _job_done(self, job: Future[object]) -> None:
+    def _job_done(self, job: Future[Any]) -> None:
         with self._jobs_lock:
             self._jobs -= 1
 
