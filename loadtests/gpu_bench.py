@@ -41,8 +41,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 from bargein.engine.config import CacheConfig, ModelConfig, SchedulerConfig  # noqa: E402
 from bargein.engine.engine import LLMEngine  # noqa: E402
 from bargein.engine.kernels.paged_attention import (  # noqa: E402
-    _decode_num_splits,
     _launch_decode,
+    _num_splits,
+    _tiling,
     paged_attention_decode,
     paged_attention_decode_ref,
 )
@@ -182,12 +183,13 @@ def bench_attention(cfg: BenchConfig, batch: int, context: int) -> AttentionRow:
     out = torch.empty_like(args[0])
 
     def unsplit() -> torch.Tensor:
-        return _launch_decode(*args, scale, out, 1, table_tokens)
+        block = _tiling(args[0].device)[0]
+        return _launch_decode(*args, scale, out, 1, -(-table_tokens // block) * block)
 
     ref = paged_attention_decode_ref(*args, scale)
     torch.testing.assert_close(paged_attention_decode(*args, scale), ref, atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(unsplit(), ref, atol=2e-2, rtol=2e-2)
-    splits, _ = _decode_num_splits(table_tokens, args[0].device)
+    splits = _num_splits(table_tokens, _tiling(args[0].device)[1])
     kv_bytes = 2 * batch * context * cfg.num_kv_heads * cfg.head_dim * args[1].element_size()
     return AttentionRow(
         batch=batch,

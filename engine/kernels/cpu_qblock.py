@@ -43,6 +43,7 @@ compiler builds it, and the callers keep torch's kernels.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import functools
 import hashlib
@@ -94,7 +95,8 @@ def _untrusted(path: Path) -> str | None:
 
 def _kernel_folder(cache_dir: str | None) -> Path:
     """``cache_root(cache_dir)/kernels``, made if missing; else, if it cannot be
-    made or trusted, a private temporary folder of this process (a warning says why)."""
+    made or trusted, a private temporary folder of this process, removed at
+    exit (a warning says why)."""
     folder = cache_root(cache_dir) / "kernels"
     try:
         folder.mkdir(mode=0o755, parents=True, exist_ok=True)
@@ -104,6 +106,8 @@ def _kernel_folder(cache_dir: str | None) -> Path:
     if why is None:
         return folder
     private = Path(tempfile.mkdtemp(prefix="bargein-kernels-"))  # mode 0700, this user's
+    # A loaded library outlives its file on Linux: the folder goes at exit.
+    atexit.register(shutil.rmtree, private, ignore_errors=True)
     logger.warning("block kernels: %s; building them in %s for this process instead", why, private)
     return private
 

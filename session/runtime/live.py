@@ -20,12 +20,12 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from bargein.engine.request import FinishReason, RequestOutput
 from bargein.protocol import events as pe
 from bargein.session.conversation.state import GenerationFinished
 from bargein.session.runtime.admission import Admission
+from bargein.session.runtime.engine_handle import EngineHandle
 from bargein.session.streams.log import EndError
 from bargein.session.streams.peers import Peers, StreamContinuation
 
@@ -130,7 +130,7 @@ class LiveStreams:
 
     def __init__(
         self,
-        runner: Any,
+        runner: EngineHandle,
         peers: Peers,
         admission: Admission,
         *,

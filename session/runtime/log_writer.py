@@ -21,12 +21,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from bargein.engine.request import FinishReason, RequestOutput
 from bargein.protocol import events as pe
 from bargein.session.cancel import cancel_and_wait
 from bargein.session.errors import StreamFenced, TokenLogUnavailable
+from bargein.session.runtime.engine_handle import EngineHandle
 from bargein.session.runtime.live import LiveStream, LiveStreams
 from bargein.session.runtime.observer import SessionObserver
 from bargein.session.runtime.step_outputs import StepOutputs
@@ -63,7 +63,7 @@ class LogWriter:
         streams: LiveStreams,
         log: TokenLog,
         peers: Peers,
-        runner: Any,
+        runner: EngineHandle,
         observer: SessionObserver,
         health: TaskHealth,
     ) -> None:

@@ -26,7 +26,6 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, Callable
-from typing import Any
 
 from bargein.engine.request import EngineRequest, FinishReason
 from bargein.session.conversation.config import SessionConfig
@@ -34,6 +33,7 @@ from bargein.session.conversation.state import Submit, SubmitFailed, Submitted
 from bargein.session.errors import TokenLogError
 from bargein.session.runtime.admission import Admission, AdmissionConfig
 from bargein.session.runtime.delivery import Batch, feed
+from bargein.session.runtime.engine_handle import EngineHandle
 from bargein.session.runtime.live import LiveStream, LiveStreams
 from bargein.session.runtime.log_writer import LogWriter
 from bargein.session.runtime.observer import NullObserver, SessionObserver
@@ -52,9 +52,8 @@ class Service:
     """Runs the realtime sessions of one process on one engine runner.
 
     Args:
-        runner: a started :class:`bargein.engine.loop.EngineLoop` (or anything
-            with its ``submit``/``abort``/``add_step_listener``/``tokenizer``/
-            ``max_model_len``/``model_name``/``stats``).
+        runner: the engine: a started :class:`bargein.engine.loop.EngineLoop`
+            (:class:`~bargein.session.runtime.engine_handle.EngineHandle`).
         log: the token log streams are written to and delivered from.
         config: session limits.
         secret: resume/session token key (non-empty).
@@ -72,7 +71,7 @@ class Service:
 
     def __init__(
         self,
-        runner: Any,
+        runner: EngineHandle,
         log: TokenLog,
         config: SessionConfig,
         *,
@@ -128,7 +127,7 @@ class Service:
     @property
     def max_model_len(self) -> int:
         """Prompt plus output tokens of one sequence."""
-        return int(self.runner.max_model_len)
+        return self.runner.max_model_len
 
     @property
     def num_interrupts(self) -> int:
@@ -167,9 +166,7 @@ class Service:
     async def stop(self) -> None:
         """Stop the log writer (after the runner was shut down, or, for a
         runner shared with another service, detach from it)."""
-        remove = getattr(self.runner, "remove_step_listener", None)
-        if remove is not None:
-            remove(self._steps.put)
+        self.runner.remove_step_listener(self._steps.put)
         await self.peers.stop()
         self._steps.stop()  # nobody will make room any more
         await self._writer.stop()
@@ -249,7 +246,7 @@ class Service:
     @property
     def model_name(self) -> str:
         """The served model's name (``model`` of the OpenAI answers)."""
-        return str(self.runner.model_name)
+        return self.runner.model_name
 
     async def stream_info(self, stream_id: str) -> StreamInfo | None:
         """What the log knows of a stream; None when unknown or expired.

@@ -16,9 +16,9 @@ import asyncio
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from bargein.engine.request import RequestOutput
+from bargein.session.runtime.engine_handle import EngineHandle
 
 # How often an engine thread waiting for the writer looks whether the service stopped.
 _STOP_POLL_S = 0.1
@@ -42,7 +42,7 @@ class StepQueue:
         max_pending_steps: steps that may wait before the engine thread does.
     """
 
-    def __init__(self, runner: Any, max_pending_steps: int) -> None:
+    def __init__(self, runner: EngineHandle, max_pending_steps: int) -> None:
         self._runner = runner
         self._steps: asyncio.Queue[Step] = asyncio.Queue()
         # Room for steps between the engine thread and the writer: taken by the

@@ -26,8 +26,8 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
+from bargein.engine.engine import EngineStats
 from bargein.engine.errors import EngineStoppedError, PromptTooLongError
 from bargein.engine.request import EngineRequest, FinishReason
 from bargein.protocol import events as pe
@@ -35,6 +35,7 @@ from bargein.session.conversation.chat import longest_token_bytes, max_prompt_by
 from bargein.session.conversation.state import Submit, SubmitFailed, Submitted
 from bargein.session.errors import TokenLogUnavailable
 from bargein.session.runtime.admission import Admission, Refusal
+from bargein.session.runtime.engine_handle import EngineHandle
 from bargein.session.runtime.live import LiveStream, LiveStreams, OnFinish
 from bargein.session.runtime.observer import SessionObserver
 from bargein.session.runtime.one_at_a_time import OneAtATime
@@ -104,7 +105,7 @@ class Submitter:
 
     def __init__(
         self,
-        runner: Any,
+        runner: EngineHandle,
         log: TokenLog,
         peers: Peers,
         streams: LiveStreams,
@@ -133,11 +134,11 @@ class Submitter:
 
     @property
     def _max_model_len(self) -> int:
-        return int(self._runner.max_model_len)
+        return self._runner.max_model_len
 
     async def start(self) -> None:
         """Measure the tokenizer: the prompt text bound (session/conversation/chat.py)."""
-        token_bytes = await asyncio.to_thread(longest_token_bytes, getattr(self._runner, "tokenizer", None))
+        token_bytes = await asyncio.to_thread(longest_token_bytes, self._runner.tokenizer)
         if token_bytes is not None:
             self._max_prompt_bytes = max_prompt_bytes(token_bytes, self._max_model_len)
 
@@ -206,12 +207,11 @@ class Submitter:
             if not submitted:  # it never reached the engine: not queued after all
                 self._admission.release_load(queued)
 
-    def _engine_load(self) -> Any:
+    def _engine_load(self) -> EngineStats | None:
         """The runner's stats when they carry a step budget (the engine runs
         with an ITL target), for admission's model-based check; else None."""
-        stats = getattr(self._runner, "stats", None)
-        load = stats() if stats is not None else None
-        return load if getattr(load, "step_budget", None) is not None else None
+        load = self._runner.stats()
+        return load if load.step_budget is not None else None
 
     async def _create_and_submit(
         self, action: Submit, owner: Owner, now: float, prompt: _Prompt

@@ -8,7 +8,7 @@ finished before the request arrives or still decoding beside it; and a next
 turn whose cached blocks hold the first turn's answer, whose K/V was
 computed by decode steps, not by a prefill; and a takeover's re-prefill of
 the logged tokens, on a node with and without them cached. The prefill of
-the uncached tail (chunked 1 to 256 tokens) attends over the cached blocks.
+the uncached tail (chunked 1 to 512 tokens) attends over the cached blocks.
 Its tokens, greedy and seeded, and its logits bit for bit must equal the
 run without the cache, in the DEFAULT format (``quantization`` ``auto``),
 like ``test_batch_invariance.py``.
@@ -65,7 +65,9 @@ def prompt(runner: ModelRunner) -> tuple[int, ...]:
 
 
 def scheduler(chunk: int) -> SchedulerConfig:
-    return SchedulerConfig(max_num_batched_tokens=256, prefill_chunk_size=chunk, max_model_len=MAX_MODEL_LEN)
+    return SchedulerConfig(
+        max_num_batched_tokens=max(256, chunk), prefill_chunk_size=chunk, max_model_len=MAX_MODEL_LEN
+    )
 
 
 def run(
@@ -129,6 +131,7 @@ def assert_same(got: Result, want: Result) -> None:
         (47, 16, True),  # one token short of three blocks, the other request still decoding
         (None, 33, False),  # the whole prompt: all its blocks but the last token's
         (None, 7, True),
+        (40, 512, False),  # the tail in one chunk of up to 512
     ],
 )
 def test_a_cached_prefix_changes_no_token_nor_logit(

@@ -36,7 +36,10 @@ class ChatTemplate:
 
 @dataclass
 class Stats:
+    """The fields of ``EngineStats`` the runtime reads."""
+
     last_step_s: float = 0.001
+    step_budget: None = None  # no ITL target: admission does not model the load
 
 
 class ThreadedEngine:
@@ -54,6 +57,10 @@ class ThreadedEngine:
 
     def add_step_listener(self, fn: Any) -> None:
         self.listeners.append(fn)
+
+    def remove_step_listener(self, fn: Any) -> None:
+        if fn in self.listeners:
+            self.listeners.remove(fn)
 
     def submit(self, request: EngineRequest) -> None:
         self.requests.append(request)

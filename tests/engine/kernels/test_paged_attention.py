@@ -193,3 +193,25 @@ def test_prefill_does_not_depend_on_the_chunking(chunk: int, device: torch.devic
     whole = run(0, n)
     chunked = torch.cat([run(a, min(a + chunk, n)) for a in range(0, n, chunk)])
     assert torch.equal(chunked, whole)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 16, 64, 200])
+def test_a_decoded_position_has_the_bits_of_the_same_position_prefilled(
+    chunk: int, device: torch.device
+) -> None:
+    """Decode is the prefill kernel with one query: the last query of a prompt
+    prefilled in chunks of ``chunk`` and the same query decoded give equal
+    bits, at lengths inside the first split, on a split's edge and past it
+    (a preemption's recompute or a takeover's re-prefill then writes the K/V
+    the decode wrote)."""
+    hq, hk, d, bs = 9, 3, 64, 16
+    for n in (5, 63, 64, 65, 130, 200):
+        gen = torch.Generator().manual_seed(n * 31 + chunk)
+        k_cache, v_cache, tables = paged_kv([n], hk, d, bs, torch.float32, device, gen)
+        q = torch.randn(n, hq, d, generator=gen).to(device)
+        lens = torch.tensor([n], dtype=torch.int32, device=device)
+        a = max(0, n - chunk)  # the chunk that holds the last position
+        starts = torch.tensor([0, n - a], dtype=torch.int32, device=device)
+        prefilled = paged_attention_prefill(q[a:], k_cache, v_cache, tables, starts, lens, 0.125)[-1]
+        decoded = paged_attention_decode(q[-1:], k_cache, v_cache, tables, lens, 0.125)[0]
+        assert torch.equal(decoded, prefilled), n
