@@ -314,6 +314,19 @@ class Metrics:
             "Prompt tokens whose KV was reused from the prefix cache.",
             registry=r,
         )
+        # hits / prefilled is the share of speculative prefill that was used
+        self.speculative_prefill_tokens = Counter(
+            "bargein_speculative_prefill_tokens",
+            "Tokens prefilled into the prefix cache by prefill-only requests (a voice turn's "
+            "conversation and partial transcript, at a pause), at the lowest priority.",
+            registry=r,
+        )
+        self.speculative_prefill_hits = Counter(
+            "bargein_speculative_prefill_hits",
+            "Of the speculatively prefilled tokens, those a later real request reused from the "
+            "prefix cache (each block counted once).",
+            registry=r,
+        )
 
     # ---- feeding ---------------------------------------------------------------
 
@@ -337,6 +350,8 @@ class Metrics:
         _inc(self.generated_tokens, step.num_generated_tokens)
         _inc(self.prefix_cache_queries, step.num_prefix_cache_queries)
         _inc(self.prefix_cache_hits, step.num_prefix_cache_hits)
+        _inc(self.speculative_prefill_tokens, step.num_speculative_prefill_tokens)
+        _inc(self.speculative_prefill_hits, step.num_speculative_prefill_hits)
         if step.predicted_s:
             self.step_cost_error.observe(step.duration_s / step.predicted_s)
         self._set_engine_gauges(step.engine)
@@ -360,7 +375,7 @@ class Metrics:
         those ended by a shutdown or an engine crash.
         """
         for out in outputs:
-            if out.finished and out.finish_reason is not None:
+            if out.finished and out.finish_reason is not None and not out.prefill_only:
                 self.requests_finished.labels(finish_reason=out.finish_reason.value).inc()
 
     # ---- exposition ------------------------------------------------------------

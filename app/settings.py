@@ -297,6 +297,7 @@ SERVE_FLAG_RULES: Mapping[str, FlagRule] = {
     "voice.mode": FlagRule(name="--voice"),
     "voice.max_turns": FlagRule(name="--max-voice-turns"),
     "voice.speculate": FlagRule(name="--voice-speculation"),
+    "voice.prefill": FlagRule(name="--voice-prefill"),
 }
 
 # Fields that are no flag: constants tuned with the code they pace (measured

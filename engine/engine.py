@@ -76,6 +76,12 @@ class EngineStats:
         step_cost_samples: the fit's forgotten sample weight (0: the prior).
         step_budget: the next step's time budget; None without
             ``target_itl_s`` (admission then does not use the model).
+        num_speculative_prefill_tokens: counter, tokens computed by
+            prefill-only requests (engine/speculative_prefill.py).
+        num_speculative_prefill_hits: counter, of those the tokens a later
+            real request reused from the prefix cache.
+        num_speculative_prefills: gauge, prefill-only requests waiting or running
+            (not in ``num_running`` / ``num_waiting``).
     """
 
     num_free_blocks: int
@@ -97,6 +103,9 @@ class EngineStats:
     step_cost: StepCostCoefficients | None = None
     step_cost_samples: float = 0.0
     step_budget: StepBudget | None = None
+    num_speculative_prefill_tokens: int = 0
+    num_speculative_prefill_hits: int = 0
+    num_speculative_prefills: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -128,6 +137,8 @@ class StepStats:
             planning (None without a target).
         prefill_budget: prefill tokens the budget allowed after the step's
             decodes (None without a target).
+        num_speculative_prefill_tokens / num_speculative_prefill_hits: the
+            step's share of the :class:`EngineStats` counters of the same names.
     """
 
     duration_s: float
@@ -148,6 +159,8 @@ class StepStats:
     num_model_prefill_tokens: int = 0
     predicted_s: float | None = None
     prefill_budget: int | None = None
+    num_speculative_prefill_tokens: int = 0
+    num_speculative_prefill_hits: int = 0
 
 
 @dataclass(slots=True)
@@ -237,12 +250,14 @@ class LLMEngine:
         """Refuse a request the engine could never run.
 
         Raises:
-            ValueError: empty prompt.
+            ValueError: empty prompt; a prefill-only request without prefix caching.
             PromptTooLongError: no room for one new token within the context.
         """
         num_prompt = len(request.prompt_token_ids)
         if num_prompt == 0:
             raise ValueError(f"request {request.request_id!r} has an empty prompt")
+        if request.prefill_only and not self.config.enable_prefix_caching:
+            raise ValueError("a prefill-only request needs prefix caching (enable_prefix_caching)")
         if num_prompt >= self.config.max_model_len:
             raise PromptTooLongError(num_prompt, self.config.max_model_len)
 
@@ -258,9 +273,10 @@ class LLMEngine:
         if self.scheduler.get(request_id) is not None:
             raise DuplicateRequestError(request_id)
         params = request.params
-        self._detoks[request_id] = IncrementalDetokenizer(
-            self.runner.tokenizer, request.prompt_token_ids, params.stop, min_tokens=params.min_tokens
-        )
+        if not request.prefill_only:  # it produces no text
+            self._detoks[request_id] = IncrementalDetokenizer(
+                self.runner.tokenizer, request.prompt_token_ids, params.stop, min_tokens=params.min_tokens
+            )
         seq = self.scheduler.add(request)
         if params.grammar is not None:
             self._start_grammar(seq)
@@ -317,7 +333,8 @@ class LLMEngine:
 
     def finish_all(self, reason: FinishReason) -> list[RequestOutput]:
         """End every live request now (shutdown); returns their final outputs."""
-        live = [*self.scheduler.running, *self.scheduler.waiting]
+        spec = self.scheduler.speculative
+        live = [*self.scheduler.running, *self.scheduler.waiting, *spec.running, *spec.waiting]
         for seq in live:
             self.abort_request(seq.request_id, reason)
         return self._drain_aborts()
@@ -335,7 +352,10 @@ class LLMEngine:
         start = time.perf_counter()
         outputs = self._drain_aborts()
         queries, hits = self.scheduler.num_prefix_cache_queries, self.scheduler.num_prefix_cache_hits
+        spec = self.scheduler.speculative
+        spec_tokens, spec_hits = spec.num_prefilled_tokens, spec.num_hit_tokens
         plan = self.scheduler.schedule()
+        outputs.extend(self._prefill_ended(seq) for seq in spec.take_ended())  # dropped, or all cached
         self._note_first_scheduled(plan)
         t_sched = time.perf_counter()
         if not plan.is_empty:
@@ -343,6 +363,7 @@ class LLMEngine:
             t_model = time.perf_counter()
             updated = self.scheduler.update(plan, sampled)
             outputs.extend(self._output(seq) for seq in updated)
+            outputs.extend(self._prefill_ended(seq) for seq in spec.take_ended())
             self._num_steps += 1
             self.time_by_phase["schedule"] += t_sched - start
             self.time_by_phase["postprocess"] += time.perf_counter() - t_model
@@ -355,6 +376,8 @@ class LLMEngine:
             plan,
             num_prefix_cache_queries=self.scheduler.num_prefix_cache_queries - queries,
             num_prefix_cache_hits=self.scheduler.num_prefix_cache_hits - hits,
+            num_speculative_prefill_tokens=spec.num_prefilled_tokens - spec_tokens,
+            num_speculative_prefill_hits=spec.num_hit_tokens - spec_hits,
         )
         self._record = _StepRecord()
         return outputs
@@ -369,7 +392,7 @@ class LLMEngine:
         """Queue time ends when a request is scheduled for the first time."""
         now = time.monotonic()
         for item in plan.scheduled:
-            if item.seq.first_scheduled_time is None:
+            if item.seq.first_scheduled_time is None and not item.seq.request.prefill_only:
                 item.seq.first_scheduled_time = now
                 self._record.queue_times_s.append(now - item.seq.request.arrival_time)
 
@@ -384,7 +407,13 @@ class LLMEngine:
         seq.last_token_time = now
 
     def _step_stats(
-        self, plan: SchedulerOutput, *, num_prefix_cache_queries: int, num_prefix_cache_hits: int
+        self,
+        plan: SchedulerOutput,
+        *,
+        num_prefix_cache_queries: int,
+        num_prefix_cache_hits: int,
+        num_speculative_prefill_tokens: int,
+        num_speculative_prefill_hits: int,
     ) -> StepStats:
         """The step's :class:`StepStats` (a decode computes one output token)."""
         record = self._record
@@ -412,6 +441,8 @@ class LLMEngine:
             num_model_prefill_tokens=plan.num_prefill_tokens,
             predicted_s=plan.predicted_s,
             prefill_budget=plan.prefill_budget,
+            num_speculative_prefill_tokens=num_speculative_prefill_tokens,
+            num_speculative_prefill_hits=num_speculative_prefill_hits,
         )
 
     def _execute(self, plan: SchedulerOutput) -> list[int]:
@@ -501,9 +532,19 @@ class LLMEngine:
                 outputs.append(self._make_output(seq, (), self._close(seq)))
         return outputs
 
+    def _prefill_ended(self, seq: Sequence) -> RequestOutput:
+        """The one finished output of a prefill-only request (no tokens, no text)."""
+        return self._make_output(seq, (), self._close(seq))
+
     def _close(self, seq: Sequence) -> str:
-        """Forget a finished sequence's per-request state; return held-back text."""
+        """Forget a finished sequence's per-request state; return held-back text.
+
+        A prefill-only request has none, and is left out of the finish
+        counters (it is no response).
+        """
         assert seq.finish_reason is not None
+        if seq.request.prefill_only:
+            return ""
         self._finished[seq.finish_reason.value] += 1
         self._record.e2e_s.append(time.monotonic() - seq.request.arrival_time)
         return self._detoks.pop(seq.request_id).flush()
@@ -519,6 +560,7 @@ class LLMEngine:
             finished=seq.is_finished,
             finish_reason=seq.finish_reason,
             num_cached_tokens=seq.num_cached_tokens or 0,
+            prefill_only=seq.request.prefill_only,
         )
 
     def stats(self) -> EngineStats:
@@ -550,6 +592,9 @@ class LLMEngine:
             step_cost=self.step_cost.current,
             step_cost_samples=self.step_cost.effective_samples,
             step_budget=self.scheduler.step_budget(),
+            num_speculative_prefill_tokens=self.scheduler.speculative.num_prefilled_tokens,
+            num_speculative_prefill_hits=self.scheduler.speculative.num_hit_tokens,
+            num_speculative_prefills=len(self.scheduler.speculative),
         )
 
 

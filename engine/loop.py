@@ -376,6 +376,7 @@ def _final(live: _Live, reason: FinishReason) -> RequestOutput:
         num_output_tokens=live.num_output_tokens,
         finished=True,
         finish_reason=reason,
+        prefill_only=live.request.prefill_only,
     )
 
 

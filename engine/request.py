@@ -96,6 +96,13 @@ class EngineRequest:
             the same salt share KV blocks (e.g. one salt per tenant, so no
             tenant can probe another's prompts through time to first token).
             ``None``: shared with every other unsalted request.
+        prefill_only: only compute the K/V of the prompt's full blocks into
+            the prefix cache, at the lowest priority (dropped by any real
+            work that needs its budget, slot or blocks), and sample nothing;
+            it ends with one finished output without tokens (``stop`` once
+            done, ``cancelled`` when dropped). ``params`` are ignored. A
+            later request whose prompt starts with the same tokens (and
+            salt) hits those blocks (engine/speculative_prefill.py).
     """
 
     request_id: str
@@ -104,6 +111,7 @@ class EngineRequest:
     arrival_time: float = 0.0
     cache_salt: str | None = None
     num_replayed_tokens: int = 0
+    prefill_only: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -128,6 +136,8 @@ class RequestOutput:
         num_cached_tokens: prompt tokens whose K/V came from the prefix cache
             when the request was first scheduled (a multiple of the block
             size, at most ``num_prompt_tokens - 1``); 0 without a hit.
+        prefill_only: the output of a prefill-only request (no response:
+            never tokens, and not counted as a finished request).
     """
 
     request_id: str
@@ -138,3 +148,4 @@ class RequestOutput:
     finished: bool = False
     finish_reason: FinishReason | None = None
     num_cached_tokens: int = 0
+    prefill_only: bool = False

@@ -37,6 +37,12 @@ first looks up the longest registered chain of the sequence's full blocks
 token), takes those blocks and starts the prefill after them; a preempted
 sequence may hit its own blocks. After each step every block a sequence's
 computed tokens filled is registered, prompt and output alike.
+
+Prefill-only requests (``EngineRequest.prefill_only``) fill the prefix cache
+at the lowest priority: they live in their own queues
+(engine/speculative_prefill.py), take only the budget, slots and blocks the
+real requests left, and are dropped, never preempted and requeued, when a
+real sequence needs their blocks.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ from bargein.engine.config import SchedulerConfig
 from bargein.engine.kv_cache import BlockPool, extend_block_hashes
 from bargein.engine.request import EngineRequest, FinishReason
 from bargein.engine.sequence import Sequence, SequenceStatus
+from bargein.engine.speculative_prefill import SpeculativePrefills
 from bargein.engine.step_budget import StepBudget, StepCostCoefficients
 
 
@@ -158,6 +165,7 @@ class Scheduler:
         num_prefix_cache_queries: tokens of admitted sequences looked up in
             the prefix cache (a prompt; prompt plus output after a preemption).
         num_prefix_cache_hits: of those, tokens whose K/V were reused.
+        speculative: the prefill-only sequences, their queues and counters.
     """
 
     def __init__(
@@ -179,6 +187,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_prefix_cache_queries = 0
         self.num_prefix_cache_hits = 0
+        self.speculative = SpeculativePrefills(pool.block_size, max_tracked_blocks=2 * pool.num_total_blocks)
 
     # ---- requests in and out -------------------------------------------
 
@@ -191,7 +200,11 @@ class Scheduler:
         if self.caching:
             seq.hash_root = self.pool.root_hash(request.cache_salt)
         self._live[request.request_id] = seq
-        self.waiting.append(seq)
+        if request.prefill_only:
+            assert self.caching, "a prefill-only request needs prefix caching"
+            self.speculative.waiting.append(seq)
+        else:
+            self.waiting.append(seq)
         return seq
 
     def finish(
@@ -211,7 +224,10 @@ class Scheduler:
         seq = self._live.get(request_id)
         if seq is None:
             return None
-        if seq.status is SequenceStatus.RUNNING:
+        if seq.request.prefill_only:
+            spec = self.speculative
+            (spec.running if seq.status is SequenceStatus.RUNNING else spec.waiting).remove(seq)
+        elif seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
         else:
             self.waiting.remove(seq)
@@ -268,6 +284,8 @@ class Scheduler:
         self._schedule_running(plan, decodes=False)
         if not plan.preempted:
             self._schedule_waiting(plan)
+        if not plan.preempted and not self.waiting:  # a real request waiting is never overtaken
+            self._schedule_speculative(plan)
         scheduled = tuple(self._slice(seq, n) for seq, n in plan.num_tokens.items())
         return SchedulerOutput(
             scheduled=scheduled,
@@ -299,6 +317,8 @@ class Scheduler:
         Returns ``False`` when ``seq`` itself was the newest and got preempted.
         """
         while not self.pool.append_slots(seq.block_table, num_tokens):
+            if self._drop_speculative():
+                continue  # a prefill-only sequence gave its blocks back first
             victim = self.running[-1]
             self._preempt(victim, plan)
             if victim is seq:
@@ -335,25 +355,34 @@ class Scheduler:
             hits = self._cache_hits(seq)
             num_cached = len(hits) * self.pool.block_size
             num_new = min(seq.num_tokens - num_cached, self.config.prefill_chunk_size, plan.budget)
-            if not self._allocate(seq, hits, num_cached + num_new):
-                return  # FIFO: nobody overtakes the head of the queue
+            while not self._allocate(seq, hits, num_cached + num_new):
+                if not self._drop_speculative():
+                    return  # FIFO: nobody overtakes the head of the queue
+                hits = self._cache_hits(seq)  # a dropped prefill's blocks may have been evicted
+                num_cached = len(hits) * self.pool.block_size
+                num_new = min(seq.num_tokens - num_cached, self.config.prefill_chunk_size, plan.budget)
             seq.num_computed_tokens = num_cached
             self._count_hits(seq, num_cached)
+            self.speculative.count_hits(seq.block_hashes[: len(hits)])
+            self._drop_overtaken(seq)
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             plan.num_tokens[seq] = num_new
             plan.budget -= num_new
 
-    def _cache_hits(self, seq: Sequence) -> list[int]:
-        """Blocks of the longest cached prefix of ``seq`` (no reference taken).
+    def _cache_hits(self, seq: Sequence, num_blocks: int | None = None) -> list[int]:
+        """Blocks of the longest cached prefix of ``seq`` (no reference taken),
+        among its first ``num_blocks`` blocks.
 
-        Never covers the last token: at least one token is computed, so the
-        step has logits to sample from (vLLM caps the hit the same way).
+        By default never covers the last token: at least one token is
+        computed, so the step has logits to sample from (vLLM caps the hit
+        the same way).
         """
         if seq.hash_root is None:
             return []
-        num_blocks = (seq.num_tokens - 1) // self.pool.block_size
+        if num_blocks is None:
+            num_blocks = (seq.num_tokens - 1) // self.pool.block_size
         extend_block_hashes(seq.block_hashes, seq.hash_root, seq.token_ids, self.pool.block_size, num_blocks)
         return self.pool.lookup(seq.block_hashes[:num_blocks])
 
@@ -390,7 +419,9 @@ class Scheduler:
             return
         extend_block_hashes(seq.block_hashes, seq.hash_root, seq.token_ids, self.pool.block_size, num_full)
         for index in range(seq.num_registered_blocks, num_full):
-            self.pool.register(seq.block_table[index], seq.block_hashes[index])
+            registered = self.pool.register(seq.block_table[index], seq.block_hashes[index])
+            if registered and seq.request.prefill_only:
+                self.speculative.filled(seq.block_hashes[index])
         seq.num_registered_blocks = num_full
 
     @staticmethod
@@ -402,8 +433,74 @@ class Scheduler:
             token_ids=tuple(seq.token_ids[start:end]),
             start_pos=start,
             block_table=tuple(seq.block_table),
-            sample=end == seq.num_tokens,
+            sample=end == seq.num_tokens and not seq.request.prefill_only,
         )
+
+    # ---- prefill-only sequences (engine/speculative_prefill.py) -------------
+
+    def _schedule_speculative(self, plan: _StepPlan) -> None:
+        """Prefill-only sequences take what the real ones left: chunks of the
+        admitted ones, then admissions while slots allow. No preemption for
+        them: one that cannot get blocks, or whose slot real sequences took
+        (newest first), is dropped."""
+        spec = self.speculative
+        chunk = self.config.prefill_chunk_size
+        while spec.running and len(self.running) + len(spec.running) > self.config.max_num_seqs:
+            self._end_speculative(spec.running[-1], FinishReason.CANCELLED)
+        for seq in list(spec.running):
+            if plan.budget == 0:
+                return
+            num_new = min(spec.target(seq) - seq.num_computed_tokens, chunk, plan.budget)
+            if not self.pool.append_slots(seq.block_table, seq.num_computed_tokens + num_new):
+                self._end_speculative(seq, FinishReason.CANCELLED)
+                continue
+            plan.num_tokens[seq] = num_new
+            plan.budget -= num_new
+        while spec.waiting and plan.budget > 0:
+            if len(self.running) + len(spec.running) >= self.config.max_num_seqs:
+                return
+            seq = spec.waiting[0]
+            target = spec.target(seq)
+            hits = self._cache_hits(seq, target // self.pool.block_size)
+            num_cached = len(hits) * self.pool.block_size
+            if num_cached >= target:
+                self._end_speculative(seq, FinishReason.STOP)  # all of it is cached already
+                continue
+            num_new = min(target - num_cached, chunk, plan.budget)
+            if not self._allocate(seq, hits, num_cached + num_new):
+                self._end_speculative(seq, FinishReason.CANCELLED)
+                continue
+            spec.waiting.popleft()
+            seq.num_computed_tokens = num_cached
+            seq.status = SequenceStatus.RUNNING
+            spec.running.append(seq)
+            plan.num_tokens[seq] = num_new
+            plan.budget -= num_new
+
+    def _drop_overtaken(self, seq: Sequence) -> None:
+        """A real ``seq`` was admitted: a running prefill-only sequence whose
+        computed blocks it starts with is dropped (the real one computes the
+        rest of what they share; the prefill would compute it twice)."""
+        for spec in list(self.speculative.running):
+            num_done = spec.num_computed_tokens // self.pool.block_size
+            if num_done and num_done <= len(seq.block_hashes):
+                if seq.block_hashes[num_done - 1] == spec.block_hashes[num_done - 1]:
+                    self._end_speculative(spec, FinishReason.CANCELLED)
+
+    def _drop_speculative(self) -> bool:
+        """A real sequence needs blocks: drop the newest running prefill-only
+        sequence (its filled blocks stay cached). Returns whether one was."""
+        if not self.speculative.running:
+            return False
+        self._end_speculative(self.speculative.running[-1], FinishReason.CANCELLED)
+        return True
+
+    def _end_speculative(self, seq: Sequence, reason: FinishReason) -> None:
+        """End a prefill-only sequence: done (``STOP``) or dropped (``CANCELLED``)."""
+        spec = self.speculative
+        (spec.running if seq.status is SequenceStatus.RUNNING else spec.waiting).remove(seq)
+        self._release(seq, reason)
+        spec.ended.append(seq)
 
     # ---- after the step ---------------------------------------------------
 
@@ -429,6 +526,11 @@ class Scheduler:
             assert seq.status is SequenceStatus.RUNNING, seq
             seq.num_computed_tokens += len(item.token_ids)
             self._register_full_blocks(seq)  # their K/V are written now
+            if seq.request.prefill_only:
+                self.speculative.computed(len(item.token_ids))
+                if seq.num_computed_tokens >= self.speculative.target(seq):
+                    self._end_speculative(seq, FinishReason.STOP)
+                continue
             if not item.sample:
                 continue
             token_id = next(rows)

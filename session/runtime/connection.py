@@ -49,6 +49,7 @@ from bargein.session.runtime.restore import SessionRestorer
 from bargein.session.runtime.resume import StreamResumer
 from bargein.session.runtime.service import Service
 from bargein.session.runtime.tokens import make_session_token
+from bargein.session.runtime.turn_prefill import TurnPrefill
 from bargein.session.runtime.voice_port import (
     ApplyAudio,
     TextOnly,
@@ -132,6 +133,7 @@ class Connection:
             clock=self._clock,
         )
         self._restorer = SessionRestorer(service, principal=principal, on_finish=self._live.finished)
+        self._prefill = TurnPrefill(service.runner, service.cache_salt(principal), self._clock)
         service.sessions[self.session_id] = self
 
     # ---- what the app and the OpenAI Realtime codec ask ---------------------------
@@ -334,6 +336,15 @@ class Connection:
         """A turn answered at its pause, unseen, unless another response is active."""
         await self._dispatch_if(create, self._clock(), lambda: self.active_response_id is None and claim())
 
+    async def on_partial_turn(self, text: str) -> bool:
+        """Prefill the conversation plus the turn's words so far into the
+        prefix cache (session/runtime/turn_prefill.py), unless a response is
+        active (its answer will join the conversation before the turn's)."""
+        if self.active_response_id is not None or self._live.closed:
+            return False
+        messages = (*self._live.current.messages(), Message(role="user", content=text))
+        return await self._prefill.prefill(messages)
+
     async def on_speculation_adopted(self, held: Sequence[Action]) -> None:
         """Show a speculative answer: carry out its held actions."""
         async with self._lock:
@@ -373,6 +384,7 @@ class Connection:
         save the conversation (its retention starts now) unless a newer
         connection on this node took it over."""
         await self._voice.close(self._clock())
+        self._prefill.drop()
         await cancel_and_wait([*self._deliveries.tasks, *self._restorer.tasks])
         last = self._live.snapshot()  # the active response included
         if not self._live.closed:

@@ -14,8 +14,9 @@ implements these protocols.
   response's delivery).
 - :class:`VoiceHooks`: what the voice side reports to the connection, its
   one owner, which decides what to do (after LiveKit agents' recognition
-  hooks): speech over the assistant, a user turn to answer, a turn answered
-  speculatively at a pause, adopted or dropped.
+  hooks): speech over the assistant, a user turn to answer, a turn's words
+  so far at a pause (to prefill), a turn answered speculatively at a pause,
+  adopted or dropped.
 """
 
 from __future__ import annotations
@@ -101,6 +102,15 @@ class VoiceHooks(Protocol):
         """A turn is transcribed at a pause, before it ends: the owner applies
         ``create`` unseen if no response is active and ``claim()`` agrees
         (both asked under the lock)."""
+
+    async def on_partial_turn(self, text: str) -> bool:
+        """A turn's words so far (a partial transcript at a pause): the owner
+        may prefill the conversation plus them into the engine's prefix
+        cache, so the turn's response has only its last words to prefill.
+
+        Returns:
+            whether a prefill was submitted.
+        """
 
     async def on_speculation_adopted(self, held: Sequence[Action]) -> None:
         """The turn ended at the speculation's pause: the owner carries out

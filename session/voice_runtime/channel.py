@@ -19,6 +19,17 @@ what the turn detector saw to the connection, its owner
   handed a response to create with the transcript as its user item; without
   it the item waits for the client's next ``response.create``.
 
+Partial transcripts (``partials.py``): at a pause inside a turn the audio
+so far is transcribed, by the speculative answer's transcription when one
+starts there, else by a partial transcription of its own (at most one in
+flight per connection, started only while a voice thread stays idle beside
+it, so it never queues in front of a turn's final transcription); the text
+is shown as ``input_audio.transcript`` with ``final: false`` while it extends
+the last one shown, and, where no speculative answer runs, the conversation
+plus that text is prefilled into the engine's prefix cache (the owner's
+``on_partial_turn``). A turn that ends at that pause reuses the pause's
+transcript as its final one instead of transcribing the audio again.
+
 It also keeps each voice response's speaker, which subscribes to the
 response's delivery, so ``response.cancel`` with ``audio_end_ms`` maps
 milliseconds to characters, and a resume with ``audio_from_ms`` re-derives
@@ -58,6 +69,7 @@ from bargein.session.runtime.voice_port import (
     VoiceRefusal,
 )
 from bargein.session.voice_runtime.audio_input import VoiceInput
+from bargein.session.voice_runtime.partials import PartialTranscript
 from bargein.session.voice_runtime.runtime import VoiceRuntime
 from bargein.session.voice_runtime.settings import DEFAULT_OUTPUT_RATE, SessionAudio, as_event, merged
 from bargein.session.voice_runtime.speaker import Speaker
@@ -95,6 +107,16 @@ class _Speculation:
     failed: bool = False  # its transcription raised
 
 
+@dataclass(slots=True, kw_only=True)
+class _PauseTranscript:
+    """A partial transcription of a turn at a pause (no speculative answer runs)."""
+
+    audio_end_ms: int  # where the pause began
+    task: asyncio.Task[None] | None = None
+    text: str | None = None  # once known; None after a failure
+    known: asyncio.Event = field(default_factory=asyncio.Event)  # set once text is final or failed
+
+
 class VoiceChannel:
     """The voice side of one connection.
 
@@ -130,6 +152,8 @@ class VoiceChannel:
         # the user item the turn being spoken becomes, announced at its start
         self._turn_item_id: str | None = None
         self._unshown: list[_Speculation] = []  # speculations whose answer is held back
+        self._partial: PartialTranscript | None = None  # of the turn being spoken
+        self._pause: _PauseTranscript | None = None  # the partial transcription in flight or last done
 
     @property
     def max_input_audio_ms(self) -> int:
@@ -171,6 +195,8 @@ class VoiceChannel:
         started at its pause."""
         if new.turn_detection != self.settings.turn_detection:
             await self.drop_speculation(now, unless=None)
+            await self._end_pause(None)
+            self._partial = None
         self.settings = new
         if self._input is not None:
             self._input.apply(new)
@@ -202,6 +228,8 @@ class VoiceChannel:
                 await self._on_turn_event(what, audio, inp, received_at)
         elif isinstance(event, pe.InputAudioCommit):
             await self.drop_speculation(received_at, unless=None)  # the turn ends here instead
+            await self._end_pause(None)
+            self._partial = None
             # a commit of nothing runs no transcription: nothing to bound
             held = inp.buffer.duration_ms > 0
             refusal = self._refuse_turn(inp.buffer.duration_ms / 1000, received_at) if held else None
@@ -213,6 +241,8 @@ class VoiceChannel:
             self._start_turn(audio, start, end, speech_end_at=received_at)
         elif isinstance(event, pe.InputAudioClear):
             await self.drop_speculation(received_at, unless=None)  # with the turn it answered
+            await self._end_pause(None)
+            self._partial = None
             inp.clear()
 
     async def _on_turn_event(self, what: object, audio: Any, inp: VoiceInput, now: float) -> None:
@@ -222,6 +252,7 @@ class VoiceChannel:
             if td.interrupt_response:
                 await self._barge_in(now)
             self._turn_item_id = f"item_{uuid.uuid4().hex}"
+            self._partial = PartialTranscript(self._turn_item_id)
             await self._send(
                 pe.InputAudioSpeechStarted(audio_start_ms=what.audio_start_ms, item_id=self._turn_item_id)
             )
@@ -229,6 +260,8 @@ class VoiceChannel:
             await self._send(
                 pe.InputAudioSpeechStopped(audio_end_ms=what.audio_end_ms, item_id=self._turn_item_id)
             )
+            self._partial = None  # the final transcript follows: no partial after it
+            pause = await self._end_pause(what.audio_end_ms)
             speculation, self._speculation = self._speculation, None
             if speculation is not None and speculation.audio_end_ms == what.audio_end_ms:
                 self._turn_item_id = None
@@ -242,7 +275,11 @@ class VoiceChannel:
                 await self._refused(refusal, None, f"the turn ending at {what.audio_end_ms} ms was dropped")
                 return
             self._start_turn(
-                audio, what.audio_start_ms, what.audio_end_ms, speech_end_at=inp.arrival_of(what.audio_end_ms)
+                audio,
+                what.audio_start_ms,
+                what.audio_end_ms,
+                speech_end_at=inp.arrival_of(what.audio_end_ms),
+                reuse=pause,
             )
         elif isinstance(what, SpeechPaused):
             if (
@@ -265,6 +302,9 @@ class VoiceChannel:
                 speculation.task = self._spawn(
                     self._speculate(speculation, audio), f"speculate-{speculation.item_id}", transcribes=True
                 )
+            elif self._may_transcribe_partial():
+                pause = self._pause = _PauseTranscript(audio_end_ms=what.audio_end_ms)
+                pause.task = self._spawn(self._transcribe_pause(pause, audio), f"partial-{what.audio_end_ms}")
         elif isinstance(what, SpeechResumed) and self._speculation is not None:
             speculation, self._speculation = self._speculation, None
             await self._drop(speculation, now)
@@ -351,6 +391,7 @@ class VoiceChannel:
             speculation.failed = True
             return
         speculation.text = text
+        await self._show_partial(text)
         if not text:
             return
         response_id = f"resp_{uuid.uuid4().hex}"
@@ -368,6 +409,55 @@ class VoiceChannel:
         item = pe.InputItem(role="user", content=text, item_id=speculation.item_id)
         create = pe.ResponseCreate(response_id=response_id, input=(item,))
         await self._hooks.on_speculative_turn(create, claim)
+
+    # ---- partial transcripts (partials.py) ----------------------------------------
+
+    def _may_transcribe_partial(self) -> bool:
+        """Whether a pause without a speculative answer gets a partial
+        transcription: none in flight for this connection, and a voice thread
+        stays idle beside it for a turn's final transcription (a busy pool
+        skips partials: they are a preview, a final is the turn)."""
+        in_flight = self._pause is not None and not self._pause.known.is_set()
+        return self._partial is not None and not in_flight and self.runtime.idle_threads >= 2
+
+    async def _transcribe_pause(self, pause: _PauseTranscript, audio: Any) -> None:
+        """Transcribe the turn so far at a pause: show it as a partial, then
+        prefill the conversation plus it (unless the turn ended meanwhile:
+        its real request comes at once)."""
+        try:
+            pause.text = await self._transcribe(audio)
+            await self._show_partial(pause.text)
+        except Exception:
+            logger.exception("partial transcription at %d ms failed", pause.audio_end_ms)
+            return  # the turn's end transcribes it all again
+        finally:
+            pause.known.set()
+        td = self.settings.turn_detection
+        wanted = self.runtime.config.prefill and td is not None and td.create_response
+        if wanted and pause.text and self._pause is pause:
+            await self._hooks.on_partial_turn(pause.text)
+
+    async def _show_partial(self, text: str) -> None:
+        """Send ``text`` (the turn so far) as a partial transcript if it
+        extends the last one shown (PartialTranscript.next)."""
+        partial = self._partial
+        shown = partial.next(text) if partial is not None else None
+        if partial is not None and shown is not None:
+            await self._send(pe.InputAudioTranscript(item_id=partial.item_id, text=shown, final=False))
+
+    async def _end_pause(self, audio_end_ms: int | None) -> _PauseTranscript | None:
+        """The turn ends (at ``audio_end_ms``; None: a commit, a clear, new
+        settings): the pause transcription that heard all of it is returned
+        for the final transcript to reuse; any other is stopped (a queued one
+        leaves the queue; one running finishes unread)."""
+        pause, self._pause = self._pause, None
+        if pause is None:
+            return None
+        if audio_end_ms is not None and pause.audio_end_ms == audio_end_ms:
+            return pause
+        if pause.task is not None:
+            await cancel_and_wait([pause.task])
+        return None
 
     async def _adopt(self, speculation: _Speculation) -> None:
         """The turn ended where the speculation's pause began: show its answer."""
@@ -471,23 +561,38 @@ class VoiceChannel:
             self._barged = False
             self._observer.barge_in_judged(real=bool(text))
 
-    def _start_turn(self, audio: Any, start_ms: int, end_ms: int, *, speech_end_at: float | None) -> None:
+    def _start_turn(
+        self,
+        audio: Any,
+        start_ms: int,
+        end_ms: int,
+        *,
+        speech_end_at: float | None,
+        reuse: _PauseTranscript | None = None,
+    ) -> None:
         item_id, self._turn_item_id = self._turn_item_id or f"item_{uuid.uuid4().hex}", None
         self._spawn(
-            self._turn(item_id, audio, start_ms, end_ms, speech_end_at),
+            self._turn(item_id, audio, start_ms, end_ms, speech_end_at, reuse),
             f"turn-{item_id}",
             transcribes=len(audio) > 0,
         )
 
     async def _turn(
-        self, item_id: str, audio: Any, start_ms: int, end_ms: int, speech_end_at: float | None
+        self,
+        item_id: str,
+        audio: Any,
+        start_ms: int,
+        end_ms: int,
+        speech_end_at: float | None,
+        reuse: _PauseTranscript | None = None,
     ) -> None:
-        """Commit, transcribe, and answer one user turn."""
+        """Commit, transcribe, and answer one user turn; ``reuse``: the
+        transcription of a pause where the turn ended (it heard all of it)."""
         await self._send(
             pe.InputAudioCommitted(item_id=item_id, audio_start_ms=start_ms, audio_end_ms=end_ms)
         )
         try:
-            text = await self._transcribe(audio) if len(audio) else ""  # no audio, no words
+            text = await self._final_text(audio, reuse)
         except Exception:
             logger.exception("transcribing voice turn %s failed", item_id)
             await self._transcription_failed(item_id)
@@ -513,6 +618,16 @@ class VoiceChannel:
         create = pe.ResponseCreate(input=(item,), interrupt_active=True)
         # without interrupt_response the turn waits for the active response
         await self._hooks.on_user_turn(create, claim, after_active=not td.interrupt_response)
+
+    async def _final_text(self, audio: Any, reuse: _PauseTranscript | None) -> str:
+        """The turn's final transcript: the pause's, when it heard the whole
+        turn and succeeded, else ``audio`` transcribed now."""
+        if reuse is not None:
+            await reuse.known.wait()
+            if reuse.text is not None:
+                self._transcribing.discard(asyncio.current_task())  # nothing queued for this turn
+                return reuse.text
+        return await self._transcribe(audio) if len(audio) else ""  # no audio, no words
 
     async def _transcription_failed(self, item_id: str) -> None:
         """Tell the client the turn has no transcript (so no item, no

@@ -25,6 +25,10 @@ class VoiceConfig:
         speculate: answer a turn at its first short pause (transcribed and
             submitted during the silence window; dropped, its KV blocks
             freed, when the user goes on), so the answer starts sooner.
+        prefill: at a pause where no speculative answer starts, prefill the
+            conversation plus the turn's partial transcript into the
+            prefix cache (prefill-only, at the lowest priority), so the
+            turn's answer has only its last words to prefill.
         max_input_audio_speed: a connection's input audio may arrive at most
             this many times faster than real time (beyond its burst): more is
             refused with ``rate_limited``. 0: no bound.
@@ -38,6 +42,7 @@ class VoiceConfig:
     workers: int = 2
     max_turns: int = 2
     speculate: bool = True
+    prefill: bool = True
     max_input_audio_speed: float = 4.0
     input_audio_burst_ms: int = 10_000
 

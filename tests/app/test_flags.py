@@ -90,6 +90,7 @@ CASES: dict[str, tuple[str, str, Any]] = {
     "--max-input-audio-ms": ("voice.max_input_audio_ms", "2000", 2000),
     "--max-voice-turns": ("voice.max_turns", "1", 1),
     "--voice-speculation": ("voice.speculate", "false", False),
+    "--voice-prefill": ("voice.prefill", "false", False),
     "--max-input-audio-speed": ("voice.max_input_audio_speed", "0", 0.0),
     "--input-audio-burst-ms": ("voice.input_audio_burst_ms", "0", 0),
 }

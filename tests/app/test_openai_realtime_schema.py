@@ -3,6 +3,8 @@ client events mapped onto bargein's, or refused naming the field."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pydantic
 import pytest
 from openai.types.realtime import RealtimeServerEvent
@@ -202,4 +204,29 @@ def test_a_failed_transcription_is_openais_failed_event_and_the_item_leaves() ->
     }
     assert deleted["type"] == "conversation.item.deleted" and deleted["item_id"] == "item_1"
     for event in (failed, deleted):
+        pydantic.TypeAdapter(RealtimeServerEvent).validate_python(event)
+
+
+def test_partial_transcripts_are_deltas_that_never_restate_text() -> None:
+    """bargein's partials (the whole text so far) become OpenAI's
+    ``input_audio_transcription.delta`` events: each only what extends the
+    text sent, none for a revision, and ``.completed`` carries the final
+    text; every event fits the SDK's schema."""
+    translator = Translator(session=OpenAISession(audio_output=False), model="m", conversation=list)
+
+    def partial(text: str) -> list[dict[str, Any]]:
+        return translator.translate(pe.InputAudioTranscript(item_id="item_1", text=text, final=False))
+
+    (first,) = partial("Book a table")
+    (second,) = partial("Book a table for two")
+    assert partial("Book a table for two") == [] and partial("Look, a table") == []
+    assert [first["delta"], second["delta"]] == ["Book a table", " for two"]
+    assert first["type"] == "conversation.item.input_audio_transcription.delta"
+    assert (first["item_id"], first["content_index"]) == ("item_1", 0)
+    translator.translate(pe.InputAudioCommitted(item_id="item_1", audio_start_ms=0, audio_end_ms=900))
+    completed, _ = translator.translate(
+        pe.InputAudioTranscript(item_id="item_1", text="Book a table for two at seven.", final=True)
+    )
+    assert completed["transcript"] == "Book a table for two at seven."
+    for event in (first, second, completed):
         pydantic.TypeAdapter(RealtimeServerEvent).validate_python(event)

@@ -477,15 +477,20 @@ async def test_an_answer_started_at_a_pause_is_shown_when_the_turn_ends_there() 
         (created,) = await c.wait_for(pe.ResponseCreated)
         assert created.stream_id == stream_id
         names = kinds(c.events)
+        final = index(c.events, pe.InputAudioTranscript, lambda e: e.final)
         assert (
             names.index("InputAudioSpeechStopped")
             < names.index("InputAudioCommitted")
-            < names.index("InputAudioTranscript")
+            < final
             < names.index("ResponseCreated")
             < names.index("ResponseDelta")
         )
+        # the pause's transcript was shown as a partial while the turn went on
+        partial = c.of(pe.InputAudioTranscript)[0]
+        assert (partial.text, partial.final) == ("Tell me a joke", False)
+        assert names.index("InputAudioTranscript") < names.index("InputAudioSpeechStopped")
         committed = c.of(pe.InputAudioCommitted)[0]
-        assert created.input_item_id == committed.item_id == c.of(pe.InputAudioTranscript)[0].item_id
+        assert created.input_item_id == committed.item_id == c.events[final].item_id == partial.item_id
         c.generate(stream_id, finish=FinishReason.STOP)
         await c.wait_for(pe.ResponseDone)
         assert "".join(e.text for e in c.of(pe.ResponseDelta)) == "Why not?"

@@ -90,6 +90,7 @@ class Translator:
     _spoken_items: set[str] = field(default_factory=set)  # assistant items that were audio
     _committed_ms: dict[str, int] = field(default_factory=dict)  # user turns' audio, until transcribed
     _empty_commits: set[str] = field(default_factory=set)  # commits of no audio, answered with error
+    _partials: dict[str, str] = field(default_factory=dict)  # partial transcript sent per item, until final
     _settings: pe.SessionSettings | None = None
 
     def translate(self, event: object) -> list[dict[str, Any]]:
@@ -411,7 +412,8 @@ class Translator:
     def _on_transcript(self, event: pe.InputAudioTranscript) -> list[dict[str, Any]]:
         ids = {"item_id": event.item_id, "content_index": 0}
         if not event.final:
-            return [{"type": "conversation.item.input_audio_transcription.delta", **ids, "delta": event.text}]
+            return self._transcript_delta(event, ids)
+        self._partials.pop(event.item_id, None)
         if event.item_id in self._empty_commits:
             self._empty_commits.discard(event.item_id)
             return []
@@ -442,6 +444,25 @@ class Translator:
         return [
             completed,
             {"type": "conversation.item.done", "item": _spoken_user_item(event.item_id, event.text)},
+        ]
+
+    def _transcript_delta(self, event: pe.InputAudioTranscript, ids: dict[str, Any]) -> list[dict[str, Any]]:
+        """A partial transcript (the turn's whole text so far) as the delta
+        that extends the text already sent: deltas never restate text. One
+        that revises sent text is not sent (bargein's partials only extend
+        the last one; ``.completed`` carries the final text)."""
+        sent = self._partials.get(event.item_id, "")
+        if len(event.text) <= len(sent) or not event.text.startswith(sent):
+            return []
+        self._partials[event.item_id] = event.text
+        while len(self._partials) > 64:  # a final that never came
+            self._partials.pop(next(iter(self._partials)))
+        return [
+            {
+                "type": "conversation.item.input_audio_transcription.delta",
+                **ids,
+                "delta": event.text[len(sent) :],
+            }
         ]
 
     # ---- items ---------------------------------------------------------------
