@@ -193,7 +193,7 @@ async def test_a_resume_past_the_audio_sends_only_the_audio_done() -> None:
 async def test_a_resume_synthesizes_only_from_the_segment_that_holds_audio_from_ms() -> None:
     first_synth = FakeSynth()
     first = (await speak(TEXT, [], synth=first_synth)).audio()
-    segments = first_synth.texts  # "Paris is the", " capital of France.", ...
+    segments = first_synth.texts  # "Paris", " is the capital of France.", ...
     starts_ms = [sum(map(len, segments[:i])) * MS_PER_CHAR for i in range(len(segments))]
     for from_ms in (0, starts_ms[1] - 1, starts_ms[1], starts_ms[2] + 5):
         synth = FakeSynth()
