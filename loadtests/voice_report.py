@@ -46,12 +46,13 @@ def question_rows(server: str, questions: dict[str, dict[int, dict[str, Any]]]) 
     for mode, levels in questions.items():
         for n, level in levels.items():
             turns = level["turns"]
-            answered = sum(1 for t in turns if not t["lost"])
+            answered = sum(1 for t in turns if not t["lost"] and t["refused"] is None)
+            refused = sum(1 for t in turns if t["refused"] is not None)
             errors = sum(len(t["errors"]) for t in turns)
             spec = level.get("speculations", {})
             cells = [_p50_p95(turns, name) for name, _ in BREAKDOWN]
             rows.append(
-                f"| {server} | {mode} | {n} | {answered}/{len(turns)} | {errors} | "
+                f"| {server} | {mode} | {n} | {answered}/{len(turns)} | {refused} | {errors} | "
                 + " | ".join(cells)
                 + f" | {_p50_p95(turns, 'stall')} | {_p50_p95(turns, 'barge_started')} | "
                 f"{_p50_p95(turns, 'barge_done')} | {spec.get('adopted', 0):.0f} / {spec.get('dropped', 0):.0f} |"
@@ -93,13 +94,14 @@ def render(results: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
         "spoken at 24 kHz. Times in ms at the client, p50 / p95, from the capture of the "
         "question's last voiced sample (barge-in: of the interruption's first). End of turn: "
         "`input_audio.committed`; stall: time a client playing the answer from its first audio "
-        "waits for audio not arrived yet. Answered: turns whose answer ended (the others are lost: "
-        "no answer, refusal or error within the time limit).",
+        "waits for audio not arrived yet. Answered: turns whose answer ended; refused: turns answered "
+        "by an `error` instead (admission); the rest are lost (no answer, refusal or error within "
+        "the time limit).",
         "",
-        "| server | mode | sessions | answered | errors | "
+        "| server | mode | sessions | answered | refused | errors | "
         + " | ".join(label for _, label in BREAKDOWN)
         + " | stall | barge-in → speech_started | barge-in → response.done | speculations adopted / dropped |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for server, result in results.items():
         lines += question_rows(server, result["questions"])

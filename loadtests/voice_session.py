@@ -139,7 +139,9 @@ class Turn:
         stall: seconds a client playing the answer from its first audio
             waited for audio that had not arrived yet (0: no gap).
         finish: the answer's ``finish_reason``.
-        lost: no answer ended within the turn's time limit.
+        lost: no answer ended, and no refusal came, within the turn's time limit.
+        refused: the code of the ``error`` that came instead of the answer
+            (after the turn's transcript, before any ``response.created`` of it).
         errors: ``code: message`` of each ``error`` meanwhile.
         cut_off: (mid-sentence-pause set) an answer was shown before the
             user finished: a ``response.created`` or audio arrived before the
@@ -159,6 +161,7 @@ class Turn:
     stall: float | None = None
     finish: str | None = None
     lost: bool = False
+    refused: str | None = None
     errors: list[str] = field(default_factory=list)
     cut_off: bool = False
     split: bool = False
@@ -312,6 +315,9 @@ class _Follow:
         self.trace.append(f"{since:+.3f} {kind}")
         if kind == "error":
             turn.errors.append(f"{data.get('code')}: {data.get('message')}")
+            if turn.transcript is not None and self.response_id is None:
+                turn.refused = str(data.get("code"))  # the turn's response.create was refused
+                self.done = True
         elif kind == "input_audio.speech_stopped" and turn.stopped is None and self.is_final(event):
             turn.stopped = since
         elif kind == "input_audio.committed" and self.item_id is None and self.is_final(event):
