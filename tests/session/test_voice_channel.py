@@ -691,6 +691,31 @@ async def test_a_resume_with_audio_from_ms_of_a_text_stream_has_no_audio() -> No
         await done(c)
 
 
+async def test_an_interrupted_answer_the_engine_does_not_end_in_time_ends_with_an_error() -> None:
+    """A loaded engine that has not ended the interrupted answer when the next
+    one's announcement can wait no longer: that answer's delivery stops, and
+    its client is told so (an ``error`` naming it) instead of waiting for a
+    ``response.done`` that will not come (issue 38's turn without an end)."""
+    c = await client(session=SessionConfig(drain_timeout_s=0.05))  # the wait itself is what is tested
+    try:
+        await c.voice_session()
+        await spoken_story(c)
+        create = {"type": "response.create", "response_id": "next", "interrupt_active": True}
+        sending = asyncio.create_task(c.send(**create, input=[{"role": "user", "content": "Shorter."}]))
+        # the engine never ends "story" (its next step does not come)
+        (created,) = await c.wait_for(pe.ResponseCreated, where=lambda e: e.response_id == "next")
+        await asyncio.wait_for(sending, HANG_GUARD_S)
+        (error,) = c.of(pe.ErrorEvent) or [None]
+        assert error is not None, "the stopped answer ended in silence"
+        error_at = c.events.index(error)
+        assert error.code is pe.ErrorCode.OVERLOADED and error.retryable and error.response_id == "story"
+        assert error_at < c.events.index(created)
+        after = c.events[error_at + 1 :]
+        assert not [e for e in after if getattr(e, "response_id", None) == "story"], "story after its error"
+    finally:
+        await done(c)
+
+
 async def test_a_resume_without_audio_from_ms_has_no_audio_events() -> None:
     c = await client()
     try:
