@@ -82,6 +82,7 @@ class Mic:
         """Queue ``pcm``; ``marks``: name -> sample index in it to time."""
         base = self._sent + self._queued
         for name, sample in marks.items():
+            self.marks.pop(name, None)  # an earlier utterance's mark of the same name
             self._pending.append((base + 2 * sample, name))
         for lo in range(0, len(pcm), CHUNK_BYTES):
             self.queue.put_nowait(pcm[lo : lo + CHUNK_BYTES])
@@ -141,7 +142,8 @@ class Turn:
         finish: the answer's ``finish_reason``.
         lost: no answer ended, and no refusal came, within the turn's time limit.
         refused: the code of the ``error`` that came instead of the answer
-            (after the turn's transcript, before any ``response.created`` of it).
+            (after the turn's transcript, before any ``response.created`` of
+            it) or instead of its ``response.done`` (naming its response).
         errors: ``code: message`` of each ``error`` meanwhile.
         cut_off: (mid-sentence-pause set) an answer was shown before the
             user finished: a ``response.created`` or audio arrived before the
@@ -315,8 +317,9 @@ class _Follow:
         self.trace.append(f"{since:+.3f} {kind}")
         if kind == "error":
             turn.errors.append(f"{data.get('code')}: {data.get('message')}")
-            if turn.transcript is not None and self.response_id is None:
-                turn.refused = str(data.get("code"))  # the turn's response.create was refused
+            refused = turn.transcript is not None and self.response_id is None  # its response.create
+            if refused or (self.response_id is not None and data.get("response_id") == self.response_id):
+                turn.refused = str(data.get("code"))  # an error instead of the answer, or of its end
                 self.done = True
         elif kind == "input_audio.speech_stopped" and turn.stopped is None and self.is_final(event):
             turn.stopped = since
