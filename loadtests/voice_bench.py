@@ -24,8 +24,9 @@ Two sets (``loadtests/voice_utterances.py``):
 - **Mid-sentence pauses**: 30 sentences with a 400-900 ms pause inside,
   in bargein's own voice (Piper) and espeak-ng's, alternating. An answer
   shown before the user finished (``response.created`` or audio before the
-  sentence's last chunk went out) is a **false cut-off**; a turn committed
-  before the sentence ended is counted as a split.
+  sentence's last chunk went out, or the part before the pause answered
+  as a turn of its own) is a **false cut-off**; a turn committed before the
+  sentence ended is counted as a split.
 
 Every turn that ends must get an answer, a refusal or an error: a turn
 whose answer has not ended after ``--turn-timeout`` is counted as **lost**
@@ -217,6 +218,9 @@ def main() -> None:
     )
     parser.add_argument("--pause-sessions", type=int, default=2, help="sessions sharing the pause set")
     parser.add_argument("--no-pause-set", action="store_true")
+    parser.add_argument(
+        "--pause-count", type=int, default=30, help="the first N of the pause set (a quick check)"
+    )
     parser.add_argument("--turn-timeout", type=float, default=60.0, help="s until an unanswered turn is lost")
     parser.add_argument("--url", help="a running server's HTTP base URL (default: start one)")
     parser.add_argument(
@@ -227,7 +231,7 @@ def main() -> None:
     args = parser.parse_args()
     load_before = os.getloadavg()
     speech = questions(RATE)
-    paused = [] if args.no_pause_set else paused_set(Voices(RATE))
+    paused = [] if args.no_pause_set else paused_set(Voices(RATE))[: args.pause_count]
     servers: dict[str, list[str]] = {"given" if args.url else "default": []}
     if args.speculation_baseline and not args.url:
         servers["--voice-speculation false"] = ["--voice-speculation", "false"]

@@ -111,8 +111,9 @@ def render(results: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
         "",
         f"{len(meta['pause_set'])} sentences with a pause of 400-900 ms inside (Piper's joe and "
         "espeak-ng's en-us, alternating; `loadtests/voice_utterances.py`). False cut-off: an answer "
-        "(`response.created` or audio) arrived before the sentence's last chunk was sent. Split: a "
-        "turn was committed before the sentence ended (answered or not). End of turn and first "
+        "(`response.created` or audio) arrived before the sentence's last chunk was sent, or the "
+        "part before the pause was answered as a turn of its own (however late). Split: a turn was "
+        "committed before the sentence ended (answered or not). End of turn and first "
         "audio: ms from the sentence's last voiced sample, p50 / p95.",
         "",
         "| server | mode | sentences | false cut-offs | splits | lost | end of turn | first audio |",

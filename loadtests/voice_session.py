@@ -145,9 +145,11 @@ class Turn:
             (after the turn's transcript, before any ``response.created`` of
             it) or instead of its ``response.done`` (naming its response).
         errors: ``code: message`` of each ``error`` meanwhile.
-        cut_off: (mid-sentence-pause set) an answer was shown before the
-            user finished: a ``response.created`` or audio arrived before the
-            utterance's last chunk went out.
+        cut_off: (mid-sentence-pause set) the user was answered before
+            finishing: a ``response.created`` or audio arrived before the
+            utterance's last chunk went out, or a turn that ended before the
+            utterance did got a ``response.created`` (on a loaded server that
+            answer may come after the user finished: a cut all the same).
         split: (same) the turn detector committed a turn that ended before the
             utterance did.
         barge_started: ``input_audio.speech_started`` of a barge-in.
@@ -273,6 +275,7 @@ class VoiceSession:
         turn = Turn()
         deadline = time.monotonic() + self.turn_timeout_s
         follow = _Follow(self, "end", turn)
+        split_items = set()  # turns committed before the sentence ended
         while not follow.done:
             event = await self._next(deadline)
             if event is None:
@@ -285,6 +288,9 @@ class VoiceSession:
                 turn.cut_off = True
             if event.type == "input_audio.committed" and not follow.is_final(event):
                 turn.split = True
+                split_items.add(event.data.get("item_id"))
+            if event.type == "response.created" and event.data.get("input_item_id") in split_items:
+                turn.cut_off = True  # the part before the pause was answered, however late
             follow.see(event)
         self.mic.say(silence_pcm16(BREATH_MS, RATE), {})
         return turn
