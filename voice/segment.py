@@ -3,10 +3,12 @@
 A text-to-speech model speaks a sentence best as a whole, but waiting for
 whole sentences delays the first audio. :class:`Segmenter` cuts the growing
 text at sentence ends, at line breaks, and at clause punctuation once a
-segment is long enough; the first segment of a response is allowed to be
-shorter, so that the first audio starts early. A cut is made only once the
-character after it is known ("3." may become "3.5"), so the segments never
-depend on how the text was chunked.
+segment is long enough. The first segment of a response is a word or two:
+it ends at the first word end once it holds a few characters, so the first
+audio waits for two or three tokens and one short synthesis, not for a
+clause (the rest of the answer is generated while it plays). A cut is made
+only once the character after it is known ("3." may become "3.5", "Par" may
+become "Paris"), so the segments never depend on how the text was chunked.
 
 Segments carry offsets in code points of the response text and cover it
 exactly, whitespace included: a segment starts with the whitespace that
@@ -48,12 +50,13 @@ class Segmenter:
     """Cuts one response's streaming text into :class:`Segment` s.
 
     Args:
-        first_min_chars: the first segment is cut at a clause boundary once it
-            holds this many code points (early first audio).
+        first_min_chars: the first segment is cut at the first word end (a
+            word followed by whitespace) or clause boundary once it holds
+            this many code points: a word or two ("Paris", "The capital",
+            "I think"), for early first audio.
         first_max_chars: ... and at its last space once it would pass this
-            many, clause or not (within ``[first_min_chars, max_chars]``):
-            the first audio waits for a few words of text and their
-            synthesis, not for a whole sentence.
+            many without a word end (a long word, a URL; within
+            ``[first_min_chars, max_chars]``).
         min_chars: later segments are cut at a clause boundary once they hold this many.
         max_chars: no segment is longer: one that would be is cut at its last
             space (or, with none, at ``max_chars``).
@@ -69,7 +72,7 @@ class Segmenter:
     def __init__(
         self,
         *,
-        first_min_chars: int = 8,
+        first_min_chars: int = 4,
         first_max_chars: int = 16,
         min_chars: int = 60,
         max_chars: int = 200,
@@ -146,6 +149,8 @@ class Segmenter:
         min_chars = self._first_min_chars if s == 0 else self._min_chars
         if b - s < min_chars:
             return False
+        if s == 0 and after.isspace() and not before.isspace():
+            return True  # the first segment: a word or two
         return (before in _CLAUSE and after.isspace()) or before in _DASHES
 
     def _limit(self) -> int:

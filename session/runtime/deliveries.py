@@ -113,12 +113,29 @@ class Deliveries:
         names (the session's earlier responses) sent their ``response.done``,
         so no event of theirs follows the ``response.created`` of
         ``stream_id``; after ``timeout_s`` the laggards are stopped instead
-        (a log that never ends them); their client can still
-        ``stream.resume`` them."""
-        waiting = [task for sid, (_, task) in self._running.items() if sid != stream_id and earlier(sid)]
+        (a log that never ends them, or an engine too loaded to end an
+        interrupted one in time). Each stopped one ends with an ``error``
+        ``overloaded`` naming its response, so a client waiting for its
+        ``response.done`` is told it will not come; it can still
+        ``stream.resume`` it."""
+        waiting = {
+            task: delivery.response_id
+            for sid, (delivery, task) in self._running.items()
+            if sid != stream_id and earlier(sid)
+        }
         if not waiting:
             return
         _, pending = await asyncio.wait(waiting, timeout=timeout_s)
         for task in pending:
             logger.warning("delivery %s did not end before the next response; stopped", task.get_name())
         await cancel_and_wait(pending)
+        for task in pending:
+            await self._send(
+                pe.ErrorEvent(
+                    code=pe.ErrorCode.OVERLOADED,
+                    message=f"the response did not end within {timeout_s:g} s of the next one; "
+                    "its delivery stopped here (resume it with stream.resume)",
+                    retryable=True,
+                    response_id=waiting[task],
+                )
+            )

@@ -480,8 +480,14 @@ class VoiceChannel:
             pe.InputAudioTranscript(item_id=speculation.item_id, text=speculation.text or "", final=True)
         )
         self._judge_barge_in(speculation.text or "")
-        if speculation.held:
+        if any(_shows_response(action) for action in speculation.held):
             await self._hooks.on_speculation_adopted(speculation.held)
+        else:
+            # No answer started at the pause (a response was still active, or
+            # the start was refused: its error held back, unseen): the turn
+            # is answered now, as one without speculation is, so it gets an
+            # answer or a refusal, never silence.
+            await self._answer(speculation.item_id, speculation.text or "", speculation.speech_end_at)
 
     async def _drop(self, speculation: _Speculation, now: float) -> None:
         """The user went on speaking: retract the speculative answer (the
@@ -511,16 +517,17 @@ class VoiceChannel:
             await self._drop(speculation, now)
 
     def holds(self, action: Action) -> bool:
-        """Keep ``action`` back if it shows a speculative response not adopted yet."""
+        """Keep ``action`` back if it shows a speculative response not adopted
+        yet, or the ``error`` that refused one (the client never saw it asked)."""
         for speculation in self._unshown:
             if speculation.response_id is None:
                 continue
-            shows = (isinstance(action, StartDelivery) and action.response_id == speculation.response_id) or (
+            refused = (
                 isinstance(action, Send)
-                and isinstance(action.event, pe.ResponseCreated)
+                and isinstance(action.event, pe.ErrorEvent)
                 and action.event.response_id == speculation.response_id
             )
-            if shows:
+            if refused or _response_of(action) == speculation.response_id:
                 speculation.held.append(action)
                 return True
         return False
@@ -599,6 +606,11 @@ class VoiceChannel:
             return
         await self._send(pe.InputAudioTranscript(item_id=item_id, text=text, final=True))
         self._judge_barge_in(text)
+        await self._answer(item_id, text, speech_end_at)
+
+    async def _answer(self, item_id: str, text: str, speech_end_at: float | None) -> None:
+        """Answer a transcribed turn (or keep it for the client's next
+        ``response.create``)."""
         if not text:
             return  # silence or noise: no words, no item
         item = pe.InputItem(role="user", content=text, item_id=item_id)
@@ -756,3 +768,17 @@ class VoiceChannel:
                 event_id=getattr(event, "event_id", None),
             )
         )
+
+
+def _response_of(action: Action) -> str | None:
+    """The response whose ``response.created`` or delivery ``action`` is, if either."""
+    if isinstance(action, StartDelivery):
+        return action.response_id
+    if isinstance(action, Send) and isinstance(action.event, pe.ResponseCreated):
+        return action.event.response_id
+    return None
+
+
+def _shows_response(action: Action) -> bool:
+    """Whether ``action`` shows a response to the client (its ``response.created``)."""
+    return isinstance(action, Send) and isinstance(action.event, pe.ResponseCreated)

@@ -3,8 +3,8 @@
 A speaker subscribes to its response's delivery
 (:class:`~bargein.session.runtime.delivery.DeliverySubscriber`): each delta's
 text reaches :meth:`Speaker.feed` once it is sent;
-the speaker cuts the text into segments (sentences, or clauses: the first one
-short, for early first audio), synthesizes each in a worker thread as soon as
+the speaker cuts the text into segments (sentences, or clauses: the first one a
+word or two, for early first audio), synthesizes each in a worker thread as soon as
 it is complete, and sends its audio in chunks of at most ``chunk_ms``. Each
 chunk carries ``start_ms``/``end_ms`` on the response's output timeline and
 ``text_end``, the code points of the response text spoken by ``end_ms``, from

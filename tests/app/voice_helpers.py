@@ -15,6 +15,7 @@ import httpx
 from bargein.app.embedded import EmbeddedServer
 from bargein.app.settings import ServerConfig, Settings
 from bargein.session.conversation.config import SessionConfig
+from bargein.session.runtime.admission import AdmissionConfig
 from bargein.session.voice_runtime.config import VoiceConfig
 from bargein.session.voice_runtime.runtime import VoiceRuntime
 from loadtests.bare_client import Conn
@@ -26,10 +27,12 @@ CHUNK_MS = 40
 
 
 @contextlib.contextmanager
-def voice_server(live_server: LiveServer, config: VoiceConfig) -> Iterator[EmbeddedServer]:
+def voice_server(
+    live_server: LiveServer, config: VoiceConfig, admission: AdmissionConfig | None = None
+) -> Iterator[EmbeddedServer]:
     """A second server on live_server's engine and voice models with voice
-    settings ``config`` (short answers); the test is skipped (failed in CI)
-    without the voice stack."""
+    settings ``config`` (short answers) and ``admission`` (default: the
+    library's); the test is skipped (failed in CI) without the voice stack."""
     if live_server.state.voice is None:
         from tests.needs import missing
 
@@ -39,6 +42,7 @@ def voice_server(live_server: LiveServer, config: VoiceConfig) -> Iterator[Embed
         Settings(
             session=SessionConfig(max_tokens=64, default_max_tokens=32, max_frame_bytes=MAX_FRAME_BYTES),
             server=ServerConfig(port=0, log_level="warning"),
+            admission=admission or AdmissionConfig(),
         ),
         runner=live_server.state.runner,
         voice=voice,

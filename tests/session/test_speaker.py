@@ -105,6 +105,38 @@ async def test_audio_is_contiguous_and_text_end_grows_within_the_text_fed() -> N
     assert audio[-1].end_ms == len(TEXT) * MS_PER_CHAR
 
 
+async def test_the_first_word_is_spoken_alone_and_a_cut_in_it_keeps_that_word() -> None:
+    """Fed token by token, the first audio is the first word's, synthesized
+    once the next token shows the word ended; what the user heard maps to
+    characters across the first segment's end as everywhere else."""
+    wire = Wire()
+    synth = FakeSynth()
+    s = speaker(wire, synth)
+    for token in ("Par", "is"):
+        s.feed(token)
+        wire.fed += len(token)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert synth.texts == []  # "Paris" may still go on
+    s.feed(" is")
+    wire.fed += 3
+    await wait_until(lambda: wire.audio(), "the first word's audio")
+    assert synth.texts == ["Paris"]
+    first = wire.audio()[0]
+    assert (first.start_ms, first.end_ms, first.text_end) == (0, 5 * MS_PER_CHAR, len("Paris"))
+    assert s.cut_chars(40) == len("Paris")  # heard inside the first word: cut after it
+    rest = TEXT[len("Paris is") :]
+    s.feed(rest)
+    wire.fed += len(rest)
+    await asyncio.wait_for(s.finish(), HANG_GUARD_S)
+    assert synth.texts[1] == " is the capital of France."  # then clause by clause
+    assert "".join(synth.texts) == TEXT
+    at_second = 5 * MS_PER_CHAR + len(" is") * MS_PER_CHAR
+    assert s.cut_chars(5 * MS_PER_CHAR) == len("Paris")  # heard the first segment exactly
+    assert s.cut_chars(at_second - 1) == len("Paris is")  # one word into the second
+    assert wire.audio()[-1].text_end == len(TEXT)
+
+
 async def test_the_audio_does_not_depend_on_how_the_text_was_chunked() -> None:
     one = await speak(TEXT, [])
     many = await speak(TEXT, list(range(1, len(TEXT))))
@@ -193,7 +225,7 @@ async def test_a_resume_past_the_audio_sends_only_the_audio_done() -> None:
 async def test_a_resume_synthesizes_only_from_the_segment_that_holds_audio_from_ms() -> None:
     first_synth = FakeSynth()
     first = (await speak(TEXT, [], synth=first_synth)).audio()
-    segments = first_synth.texts  # "Paris is the", " capital of France.", ...
+    segments = first_synth.texts  # "Paris", " is the capital of France.", ...
     starts_ms = [sum(map(len, segments[:i])) * MS_PER_CHAR for i in range(len(segments))]
     for from_ms in (0, starts_ms[1] - 1, starts_ms[1], starts_ms[2] + 5):
         synth = FakeSynth()
@@ -297,11 +329,10 @@ async def test_an_interrupted_response_sends_its_audio_done_then_its_done() -> N
             on_delivered=fed.append,
         ).run()
     )
-    for i in range(3):
-        await log.write_step(step(i))
-    await wait_until(lambda: "".join(fed) == "".join(WORDS[:3]), "three words fed to the speaker")
-    s.stop()  # a barge-in, before the sentence ends: nothing of it spoken
-    for i in range(3, len(WORDS)):
+    await log.write_step(step(0))
+    await wait_until(lambda: "".join(fed) == WORDS[0], "the first word fed to the speaker")
+    s.stop()  # a barge-in, before the first word is known to end: nothing of it spoken
+    for i in range(1, len(WORDS)):
         await log.write_step(step(i))
     end = StreamEnd(end=7, finish_reason="interrupted", prompt_tokens=9, completion_tokens=7, cached_tokens=0)
     await log.write_step([StreamWrite(stream_id="s1", entry=None, finish=end)])

@@ -308,10 +308,10 @@ async def spoken_story(c: VoiceClient, **create: Any) -> pe.ResponseCreated:
     """A spoken response with some of STORY generated and spoken."""
     await c.send(type="response.create", response_id="story", input=[{"role": "user", "content": "A story."}])
     (created,) = await c.wait_for(pe.ResponseCreated)
-    c.generate(created.stream_id, *STORY[:7])
-    # "Once upon a time," is spoken (340 ms: two deltas); " a dragon slept." waits
-    # for the character after it
-    await c.wait_for(pe.ResponseAudioDelta, 2)
+    c.generate(created.stream_id, *STORY[:8])
+    # "Once" is spoken alone (the first word: 80 ms, one delta), then " upon a
+    # time, a dragon slept." (580 ms: three deltas); " It" waits for a sentence end
+    await c.wait_for(pe.ResponseAudioDelta, 4)
     return created
 
 
@@ -321,8 +321,8 @@ async def test_speech_over_a_spoken_answer_cancels_it_cut_at_the_audio_sent() ->
         await c.voice_session()
         created = await spoken_story(c)
         c.models.synthesizer.gate.clear()  # the rest of the text is not spoken yet
-        c.generate(created.stream_id, *STORY[7:9])
-        await c.wait_until(lambda: text_of(c) == "".join(STORY[:9]), "delivered")
+        c.generate(created.stream_id, *STORY[8:10])
+        await c.wait_until(lambda: text_of(c) == "".join(STORY[:10]), "delivered")
         await c.audio(speech(200))
         await c.wait_for(pe.InputAudioSpeechStarted)
         barge_at = index(c.events, pe.InputAudioSpeechStarted)
@@ -414,7 +414,7 @@ async def test_interrupting_a_spoken_answer_with_a_response_create_keeps_what_wa
         await c.voice_session()
         created = await spoken_story(c)
         c.models.synthesizer.gate.clear()
-        c.generate(created.stream_id, *STORY[7:])
+        c.generate(created.stream_id, *STORY[8:])
         await c.wait_until(lambda: text_of(c) == "".join(STORY), "delivered")
         spoken = c.of(pe.ResponseAudioDelta)[-1].text_end
         shorter = asyncio.create_task(
@@ -696,6 +696,31 @@ async def test_a_resume_with_audio_from_ms_of_a_text_stream_has_no_audio() -> No
         await done(c)
 
 
+async def test_an_interrupted_answer_the_engine_does_not_end_in_time_ends_with_an_error() -> None:
+    """A loaded engine that has not ended the interrupted answer when the next
+    one's announcement can wait no longer: that answer's delivery stops, and
+    its client is told so (an ``error`` naming it) instead of waiting for a
+    ``response.done`` that will not come (issue 38's turn without an end)."""
+    c = await client(session=SessionConfig(drain_timeout_s=0.05))  # the wait itself is what is tested
+    try:
+        await c.voice_session()
+        await spoken_story(c)
+        create = {"type": "response.create", "response_id": "next", "interrupt_active": True}
+        sending = asyncio.create_task(c.send(**create, input=[{"role": "user", "content": "Shorter."}]))
+        # the engine never ends "story" (its next step does not come)
+        (created,) = await c.wait_for(pe.ResponseCreated, where=lambda e: e.response_id == "next")
+        await asyncio.wait_for(sending, HANG_GUARD_S)
+        (error,) = c.of(pe.ErrorEvent) or [None]
+        assert error is not None, "the stopped answer ended in silence"
+        error_at = c.events.index(error)
+        assert error.code is pe.ErrorCode.OVERLOADED and error.retryable and error.response_id == "story"
+        assert error_at < c.events.index(created)
+        after = c.events[error_at + 1 :]
+        assert not [e for e in after if getattr(e, "response_id", None) == "story"], "story after its error"
+    finally:
+        await done(c)
+
+
 async def test_a_resume_without_audio_from_ms_has_no_audio_events() -> None:
     c = await client()
     try:
@@ -741,7 +766,7 @@ async def test_a_disconnect_while_an_answer_is_spoken_stops_its_delivery() -> No
         await c.voice_session()
         created = await spoken_story(c)
         c.models.synthesizer.gate.clear()
-        c.generate(created.stream_id, *STORY[7:], finish=FinishReason.STOP)
+        c.generate(created.stream_id, *STORY[8:], finish=FinishReason.STOP)
         await c.wait_until(lambda: text_of(c) == "".join(STORY), "delivered")
         # used to wait for the synthesis (whose gate outlasts this guard)
         await asyncio.wait_for(c.conn.close(), HANG_GUARD_S)

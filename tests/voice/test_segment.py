@@ -34,10 +34,10 @@ def test_a_boundary_waits_for_the_next_character() -> None:
 
 
 def test_a_decimal_split_across_chunks_is_not_a_sentence_end() -> None:
-    segmenter = Segmenter(first_max_chars=200)  # sentence rules alone
+    segmenter = Segmenter(first_min_chars=200)  # sentence rules alone
     assert segmenter.feed("It costs 3.") == []
     assert segmenter.feed("5 dollars. Then") == [Segment(start=0, end=21, text="It costs 3.5 dollars.")]
-    assert segment_all("I counted to 3. Then") == ["I counted to 3.", " Then"]
+    assert segment_all("I counted to 3. Then", first_min_chars=200) == ["I counted to 3.", " Then"]
 
 
 @pytest.mark.parametrize(
@@ -57,7 +57,7 @@ def test_periods_that_end_no_sentence(text: str) -> None:
 
 
 def test_closing_quotes_and_brackets_stay_with_their_sentence() -> None:
-    assert segment_all('He said "stop." Then (see above). Then') == [
+    assert segment_all('He said "stop." Then (see above). Then', first_min_chars=200) == [
         'He said "stop."',
         " Then (see above).",
         " Then",
@@ -75,7 +75,8 @@ def test_the_first_segment_is_cut_at_the_first_clause_after_first_min_chars() ->
 
 def test_clause_punctuation_needs_whitespace_after_it_but_dashes_do_not() -> None:
     assert segment_all("It is 12:30 now, 3,000 people, well—maybe", first_min_chars=1, min_chars=1) == [
-        "It is 12:30 now,",
+        "It",  # the first segment: a word
+        " is 12:30 now,",
         " 3,000 people,",
         " well—",
         "maybe",
@@ -200,11 +201,45 @@ def test_segments_cover_the_text_and_do_not_depend_on_the_chunking(
     assert segments == one_shot.feed(text) + one_shot.flush()
 
 
-def test_the_first_segment_is_cut_at_a_space_after_a_few_words_without_a_clause() -> None:
+@pytest.mark.parametrize(
+    ("text", "first"),
+    [
+        ("Paris is the capital of France.", "Paris"),  # one word of four or more characters
+        ("The capital of France is Paris.", "The capital"),  # a short word takes the next one along
+        ("I think it is Paris.", "I think"),
+        ("Yes, it is.", "Yes,"),  # a clause end ends a word too
+        ("Hi! How are you?", "Hi!"),  # a sentence end cuts at any length
+        ("Sure", "Sure"),  # a one-word answer is its own first segment (flushed)
+    ],
+)
+def test_the_first_segment_is_a_word_or_two(text: str, first: str) -> None:
+    segments = segment_all(text)
+    assert segments[0] == first
+    assert "".join(segments) == text
+
+
+def test_the_first_word_is_cut_the_moment_the_next_token_starts() -> None:
+    """Token by token, as a model writes: the first segment goes to the
+    synthesizer as soon as the token after its last word arrives, and not
+    before (the word might go on: "Par" + "is")."""
+    segmenter = Segmenter()
+    assert segmenter.feed("Par") == []
+    assert segmenter.feed("is") == []
+    assert segmenter.feed(" is") == [Segment(start=0, end=5, text="Paris")]
+    # the rest goes clause by clause, as before: not word by word
+    assert segmenter.feed(" the capital of") == []
+    assert segmenter.feed(" France. It") == [Segment(start=5, end=31, text=" is the capital of France.")]
+
+
+def test_after_the_first_segment_cuts_wait_for_a_clause_or_a_sentence() -> None:
     segmenter = Segmenter(first_min_chars=12, first_max_chars=24, min_chars=60, max_chars=200)
     text = "The quick brown fox jumps over the lazy dog and keeps running far away"
     first = segmenter.feed(text)
-    assert [s.text for s in first] == ["The quick brown fox"]  # the last space within 24 characters
+    assert [s.text for s in first] == ["The quick brown"]  # the first word end at 12 characters or more
     rest = segmenter.flush()
     assert "".join(s.text for s in first + rest) == text
     assert len(rest) == 1  # later segments wait for a clause or a sentence end
+
+
+def test_a_first_word_longer_than_first_max_chars_is_cut_there() -> None:
+    assert segment_all("x" * 20 + " y", first_min_chars=4, first_max_chars=16) == ["x" * 16, "x" * 4 + " y"]
