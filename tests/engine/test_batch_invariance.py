@@ -69,11 +69,12 @@ class Recorder(Sampler):
         params: Sequence[SamplingParams],
         positions: Sequence[int],
         banned: Sequence[Collection[int]] | None = None,
+        allowed: tuple[Sequence[int], torch.Tensor] | None = None,
     ) -> list[int]:
         for row, (p, position) in enumerate(zip(params, positions, strict=True)):
             if p is self.mine:
                 self.logits[position] = logits[row].clone()
-        return super().__call__(logits, params, positions, banned)
+        return super().__call__(logits, params, positions, banned, allowed)
 
 
 class SmallPool:
