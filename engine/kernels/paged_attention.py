@@ -354,7 +354,7 @@ def paged_attention_decode(
     out = torch.empty_like(q)
     if num_seqs == 0:
         return out
-    block, tokens_per_split = _tiling(q.device)
+    _, tokens_per_split = _tiling(q.device)
     num_splits = _num_splits(block_tables.shape[1] * k_cache.shape[1], tokens_per_split)
     return _launch_decode(
         q, k_cache, v_cache, block_tables, seq_lens, scale, out, num_splits, tokens_per_split

@@ -30,6 +30,7 @@ from tests.session.voice_fakes import (
     FakeSynth,
     FakeTranscriber,
     FakeVad,
+    done,
     silence,
     speech,
     stop,
@@ -49,11 +50,6 @@ async def client(config: VoiceConfig = NO_SPECULATION, **kwargs: Any) -> VoiceCl
     )
     service, engine, models = await voice_service(models, config=config, **kwargs)
     return VoiceClient(service, engine, models)
-
-
-async def done(c: VoiceClient) -> None:
-    await c.close()
-    await stop(c.service)
 
 
 def kinds(events: list[Any]) -> list[str]:

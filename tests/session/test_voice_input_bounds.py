@@ -19,9 +19,9 @@ from tests.session.voice_fakes import (
     FakeTranscriber,
     FakeVad,
     FakeVadStream,
+    done,
     silence,
     speech,
-    stop,
     voice_service,
 )
 
@@ -30,11 +30,6 @@ async def client(config: VoiceConfig, vad: FakeVad | None = None) -> Client:
     models = FakeModels(vad=vad or FakeVad(), transcriber=FakeTranscriber(), synthesizer=FakeSynth())
     service, engine, models = await voice_service(models, config=config)
     return Client(service, engine, models)
-
-
-async def done(c: Client) -> None:
-    await c.close()
-    await stop(c.service)
 
 
 def test_the_pace_allows_a_burst_then_the_speed_and_says_when_to_retry() -> None:

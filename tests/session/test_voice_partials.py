@@ -16,9 +16,9 @@ from tests.session.voice_fakes import (
     FakeSynth,
     FakeTranscriber,
     FakeVad,
+    done,
     silence,
     speech,
-    stop,
     voice_service,
 )
 
@@ -30,11 +30,6 @@ async def client(*texts: str, config: VoiceConfig = NO_SPECULATION) -> VoiceClie
     models = FakeModels(vad=FakeVad(), transcriber=FakeTranscriber(*texts), synthesizer=FakeSynth())
     service, engine, models = await voice_service(models, config=config)
     return VoiceClient(service, engine, models)
-
-
-async def done(c: VoiceClient) -> None:
-    await c.close()
-    await stop(c.service)
 
 
 def transcripts(c: VoiceClient) -> list[tuple[str, bool]]:

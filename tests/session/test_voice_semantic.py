@@ -22,9 +22,9 @@ from tests.session.voice_fakes import (
     FakeSynth,
     FakeTranscriber,
     FakeVad,
+    done,
     silence,
     speech,
-    stop,
     voice_service,
     wire,
 )
@@ -41,11 +41,6 @@ async def client(*scores: float, config: VoiceConfig | None = None) -> Client:
     )
     service, engine, models = await voice_service(models, config=config or VoiceConfig(speculate=False))
     return Client(service, engine, models)
-
-
-async def done(c: Client) -> None:
-    await c.close()
-    await stop(c.service)
 
 
 def detection(updated: pe.SessionUpdated) -> dict[str, Any]:

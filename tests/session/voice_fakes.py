@@ -323,3 +323,9 @@ async def voice_service(
 async def stop(service: VoiceService) -> None:
     await service.stop()
     service.voice.close()
+
+
+async def done(c: Client) -> None:
+    """Close ``c``'s connection, then stop its service and voice runtime."""
+    await c.close()
+    await stop(c.service)
