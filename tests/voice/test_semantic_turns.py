@@ -20,14 +20,7 @@ from bargein.voice.turns import (
     SpeechStopped,
     TurnEvent,
 )
-
-FRAME_MS = 32
-SPEECH, SILENCE = 0.9, 0.05
-
-
-def frames(ms: int) -> int:
-    assert ms % FRAME_MS == 0
-    return ms // FRAME_MS
+from tests.voice.test_turns import FRAME_MS, SILENCE, SPEECH, frames
 
 
 class Scores:
