@@ -47,6 +47,7 @@ from bargein.session.runtime.error_events import error_for, log_failed
 from bargein.session.runtime.live_conversation import LiveConversation
 from bargein.session.runtime.restore import SessionRestorer
 from bargein.session.runtime.resume import StreamResumer
+from bargein.session.runtime.saved import SavedSession
 from bargein.session.runtime.service import Service
 from bargein.session.runtime.tokens import make_session_token
 from bargein.session.runtime.turn_prefill import TurnPrefill
@@ -134,6 +135,7 @@ class Connection:
         )
         self._restorer = SessionRestorer(service, principal=principal, on_finish=self._live.finished)
         self._prefill = TurnPrefill(service.runner, service.cache_salt(principal), self._clock)
+        self._last: SavedSession | None = None  # the conversation as the connection ended
         service.sessions[self.session_id] = self
 
     # ---- what the app and the OpenAI Realtime codec ask ---------------------------
@@ -377,6 +379,12 @@ class Connection:
         connection's admission key (``--rate-limit-audio``)."""
         return self.service.admission.charge_audio(self._limit_key, seconds, now)
 
+    def snapshot(self) -> SavedSession:
+        """The conversation as its save would hold it now (SessionHolder): a
+        ``session.resume`` on this node takes it from here, not from a save
+        that may predate the last turn."""
+        return self._live.snapshot() if self._last is None else self._last
+
     # ---- the end ---------------------------------------------------------------
 
     async def close(self) -> None:
@@ -386,13 +394,15 @@ class Connection:
         await self._voice.close(self._clock())
         self._prefill.drop()
         await cancel_and_wait([*self._deliveries.tasks, *self._restorer.tasks])
-        last = self._live.snapshot()  # the active response included
+        last = self._last = self._live.snapshot()  # the active response included
         if not self._live.closed:
             await self._actions.run(self._live.apply(Disconnected(), self._clock()))
         self._actions.release()
         if self.service.sessions.get(self.session_id) is self:
-            del self.service.sessions[self.session_id]
             await self._live.close(last)
+            # held until saved: a session.resume meanwhile takes ``last``, not an older save
+            if self.service.sessions.get(self.session_id) is self:
+                del self.service.sessions[self.session_id]
 
 
 def _refused(refusal: VoiceRefusal, event: object) -> pe.ErrorEvent:

@@ -74,7 +74,7 @@ class SessionRestorer:
             message = "session.resume must come before this connection's first response"
             return error_for(pe.ErrorCode.CONFLICT, message, event)
         try:
-            saved = await load_session(service.log, event.session_id, self._principal)
+            saved = await self._saved(event.session_id)
             if saved is None:
                 return error_for(pe.ErrorCode.NOT_FOUND, "session not found", event)
             conversation, active = await self._rebuild(saved)
@@ -82,6 +82,16 @@ class SessionRestorer:
             return error_for(pe.ErrorCode.INTERNAL_ERROR, "token log unavailable", event)
         answer = pe.SessionResumed(session_id=saved.session_id, turns=len(conversation.turns), active=active)
         return conversation, answer
+
+    async def _saved(self, session_id: str) -> SavedSession | None:
+        """The session as its connection on this node holds it now, if one
+        still does (a client that reconnects before the server noticed the
+        drop: the last save may predate its last turn), else as saved."""
+        holder = self._service.sessions.get(session_id)
+        if holder is not None:
+            live = holder.snapshot()
+            return live if live.principal == self._principal else None
+        return await load_session(self._service.log, session_id, self._principal)
 
     async def _rebuild(self, saved: SavedSession) -> tuple[Conversation, pe.ActiveStream | None]:
         """``saved`` as a conversation, and its active stream.

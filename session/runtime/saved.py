@@ -29,7 +29,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from bargein.session.conversation.actions import Message
 from bargein.session.conversation.config import SessionConfig
@@ -135,6 +135,14 @@ class SavedSession:
             )
         except (KeyError, TypeError, IndexError, json.JSONDecodeError) as exc:
             raise ValueError(f"not a saved session: {exc}") from exc
+
+
+class SessionHolder(Protocol):
+    """A connection that holds a session on this node (``Service.sessions``)."""
+
+    def snapshot(self) -> SavedSession:
+        """The session as it would be saved now (its active response included)."""
+        ...
 
 
 def snapshot(session: Conversation, principal: str) -> SavedSession:

@@ -37,6 +37,7 @@ from bargein.session.runtime.engine_handle import EngineHandle
 from bargein.session.runtime.live import LiveStream, LiveStreams
 from bargein.session.runtime.log_writer import LogWriter
 from bargein.session.runtime.observer import NullObserver, SessionObserver
+from bargein.session.runtime.saved import SessionHolder
 from bargein.session.runtime.step_outputs import StepOutputs
 from bargein.session.runtime.step_queue import StepQueue
 from bargein.session.runtime.submit import Owner, Submitter
@@ -94,7 +95,7 @@ class Service:
         self.clock = clock
         self.recent_requests: deque[EngineRequest] = deque(maxlen=256 if debug else 0)
         # session id -> the connection on this node that holds it (the last to attach)
-        self.sessions: dict[str, object] = {}
+        self.sessions: dict[str, SessionHolder] = {}
         # Supervised tasks failing now (the writer here; the peers have their own): /readyz lists them.
         self.health = TaskHealth()
         self._streams = LiveStreams(

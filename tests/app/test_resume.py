@@ -13,10 +13,11 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
+from redis.asyncio import Redis
 
 from bargein.app.embedded import EmbeddedServer
 from bargein.app.settings import ServerConfig, Settings
@@ -25,6 +26,7 @@ from bargein.session.conversation.chat import render_prompt
 from bargein.session.conversation.config import SessionConfig
 from bargein.session.runtime.saved import SavedSession
 from bargein.session.runtime.tokens import make_session_token
+from bargein.session.streams.log.redis_format import Keys
 from loadtests.bare_client import Conn, Received, assert_tiles
 from tests.app.conftest import MAX_FRAME_BYTES, LiveServer
 from tests.waiting import wait_until_async
@@ -253,11 +255,25 @@ async def test_drop_in_second_turn_then_session_resume(live_server: LiveServer) 
     )
 
 
-async def _saved_delivered(service: Any, session_id: str) -> str | None:
-    """The delivered text of the saved session's active response, if any."""
-    data = await service.log.load_session(session_id)
-    active = None if data is None else SavedSession.from_bytes(data).active
-    return None if active is None else active.delivered
+async def wait_saved_at_close(
+    load: Callable[[str], Awaitable[bytes | None]], session_id: str, before: Received
+) -> None:
+    """Wait until the node saved the dropped connection's end: its active
+    response counts at least the deltas the client read (``before``).
+
+    Until the node notices the drop, the last save may be older than the
+    turn (saves come at most every ``save_interval_s``), and the node may
+    have written deltas past those the client read before the socket went:
+    the close's save counts what reached the socket, a prefix-extension of
+    what the client read.
+    """
+
+    async def saved() -> bool:
+        data = await load(session_id)
+        active = None if data is None else SavedSession.from_bytes(data).active
+        return active is not None and active.delivered.startswith(before.text)
+
+    await wait_until_async(saved, "the dropped connection's state to be saved")
 
 
 async def test_barge_in_after_a_resume_from_before_the_delivered_end(live_server: LiveServer) -> None:
@@ -271,13 +287,8 @@ async def test_barge_in_after_a_resume_from_before_the_delivered_end(live_server
     created = await dropped.create(question, temperature=0.0, max_tokens=64)
     before = await dropped.read(Received(), max_deltas=2)
     dropped.drop()
-    # once the server noticed the drop, the saved session counts those deltas
     service = live_server.state.service  # type: ignore[union-attr]
-
-    async def saved() -> bool:
-        return await _saved_delivered(service, dropped.created["session_id"]) == before.text
-
-    await wait_until_async(saved, "the dropped connection's state to be saved")
+    await wait_saved_at_close(service.log.load_session, dropped.created["session_id"], before)
     conn = await Conn.open(live_server.ws_url)
     await conn.send(
         type="session.resume",
@@ -391,10 +402,20 @@ def redis_nodes(
 
 @pytest.mark.redis
 async def test_session_resume_on_another_node_over_redis(
-    live_server: LiveServer, redis_nodes: tuple[EmbeddedServer, EmbeddedServer]
+    live_server: LiveServer, redis_nodes: tuple[EmbeddedServer, EmbeddedServer], redis_server: str
 ) -> None:
     node_a, node_b = redis_nodes
     dropped, first, created, before = await _second_turn_dropped(node_a.ws_url)
+    # a client that resumes on node b before node a saved turn two resumes turn one
+    raw = Redis.from_url(redis_server)
+    try:
+        await wait_saved_at_close(
+            lambda session_id: raw.get(Keys("bargein:").session(session_id)),
+            dropped.created["session_id"],
+            before,
+        )
+    finally:
+        await raw.aclose()
     second = await _resume_second_turn(node_b.ws_url, dropped, created, before)
     assert node_b.state.service is not None
     prompt_ids = node_b.state.service.recent_requests[-1].prompt_token_ids

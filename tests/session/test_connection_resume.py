@@ -89,6 +89,41 @@ async def test_a_resumed_session_gets_the_turn_that_finished_after_the_drop() ->
     await service.stop()
 
 
+async def test_a_resume_before_the_drop_is_noticed_gets_the_last_turn() -> None:
+    """A client that reconnects to the same node before the server noticed
+    its drop (no FIN on a bad network) resumes the conversation as that
+    connection holds it, not as last saved: saves are at most one per
+    ``save_interval_s`` (an hour here, so the save of turn two never lands)."""
+    engine = ThreadedEngine()
+    config = SessionConfig(save_interval_s=3600.0)
+    service = Service(engine, CountingLog(), config, secret=b"k")
+    await service.start()
+    first = Client(service)
+    await first.conn.handle(create("hi"))
+    one = (await first.wait_for(pe.ResponseCreated))[0].stream_id
+    engine.run_steps([[output(one, 0, "Hello", finished=True)]])
+    await first.wait_for(pe.ResponseDone)
+    await first.conn.handle(create("again"))
+    two = (await first.wait_for(pe.ResponseCreated, 2))[1].stream_id
+    engine.run_steps([[output(two, 0, "Hi")]])
+    await first.wait_for(pe.ResponseDelta, 2)
+    second = Client(service)  # the first connection is still open
+    await second.conn.handle(
+        pe.SessionResume(session_id=first.created.session_id, session_token=first.created.session_token)
+    )
+    resumed = (await second.wait_for(pe.SessionResumed))[0]
+    assert resumed.turns == 3 and resumed.active.stream_id == two
+    assert second.conn.conversation.turns[:3] == [
+        Message(role="user", content="hi"),
+        Message(role="assistant", content="Hello"),
+        Message(role="user", content="again"),
+    ]
+    await first.conn.close()  # taken over: its close saves nothing over the new connection's
+    assert service.sessions[first.created.session_id] is second.conn
+    await second.conn.close()
+    await service.stop()
+
+
 async def test_wrong_principal_and_token_are_refused() -> None:
     _, service = await started()
     first = Client(service)
