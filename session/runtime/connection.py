@@ -95,7 +95,9 @@ class Connection:
         self._limit_key = limit_key or principal
         self._send = send
         self._clock = clock or service.clock
-        self._live = LiveConversation(service, principal, clock=self._clock)
+        self._live = LiveConversation(
+            service, principal, clock=self._clock, audio=lambda: self._voice.audio_settings()
+        )
         # One event at a time, from the client or from a voice turn ending
         # (transcribed off the loop): the conversation sees them in order.
         self._lock = asyncio.Lock()
@@ -309,12 +311,17 @@ class Connection:
         if isinstance(restored, pe.ErrorEvent):
             await self._send(restored)
             return
-        conversation, answer = restored
+        conversation, answer, audio = restored
         self.service.sessions.pop(self.session_id, None)
         self._live.replace(conversation)
         self.service.sessions[self.session_id] = self
         self._live.save()  # restarts the retention; the turn of an ended stream
         await self._send(answer)
+        in_force = self._voice.audio_settings()
+        if audio is not None and in_force is not None and audio != in_force:
+            # the session's voice as it was (its rate, voice, turn detection),
+            # announced by session.updated as if the client had asked for it
+            await self._dispatch(pe.SessionUpdate(session=pe.SessionSettings(audio=audio)), self._clock())
 
     # ---- the voice side's owner (VoiceHooks) ------------------------------------
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from bargein.protocol import events as pe
 from bargein.session.conversation.actions import Action, Delivered, GenerationFinished
 from bargein.session.conversation.state import Conversation, State
 from bargein.session.runtime.saved import SavedSession, SessionSaver, max_saved_bytes, snapshot
@@ -29,17 +30,27 @@ class LiveConversation:
         service: the process's service (its config, its log).
         principal: whose conversation it is (saved with it).
         clock: monotonic seconds (the ``now`` of the events it applies itself).
+        audio: the audio settings in force, saved with the conversation (None:
+            a session without voice).
     """
 
-    def __init__(self, service: Service, principal: str, *, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        service: Service,
+        principal: str,
+        *,
+        clock: Callable[[], float],
+        audio: Callable[[], pe.AudioSettings | None] = lambda: None,
+    ) -> None:
         self.current = Conversation(service.config)
         self._principal = principal
+        self._audio = audio
         self._clock = clock
         self._idle = asyncio.Event()  # set while no response is active (or it is closed)
         self._idle.set()
         self._saver = SessionSaver(
             service.log,
-            lambda: snapshot(self.current, principal),
+            lambda: snapshot(self.current, principal, audio()),
             min_interval_s=service.config.save_interval_s,
             max_bytes=max_saved_bytes(service.config),
         )
@@ -94,7 +105,7 @@ class LiveConversation:
 
     def snapshot(self) -> SavedSession:
         """The conversation as it would be saved now (its active response included)."""
-        return snapshot(self.current, self._principal)
+        return snapshot(self.current, self._principal, self._audio())
 
     async def close(self, last: SavedSession) -> None:
         """Save ``last`` now, the connection's end (its retention starts)."""

@@ -34,8 +34,9 @@ from bargein.session.streams.log import StreamEnd, TokenLog
 
 logger = logging.getLogger(__name__)
 
-Restored = tuple[Conversation, pe.SessionResumed]
-"""The conversation that replaces the connection's, and the answer to send once it does."""
+Restored = tuple[Conversation, pe.SessionResumed, pe.AudioSettings | None]
+"""The conversation that replaces the connection's, the answer to send once
+it does, and the session's saved audio settings (None: none saved)."""
 
 
 class SessionRestorer:
@@ -81,7 +82,7 @@ class SessionRestorer:
         except TokenLogError:
             return error_for(pe.ErrorCode.INTERNAL_ERROR, "token log unavailable", event)
         answer = pe.SessionResumed(session_id=saved.session_id, turns=len(conversation.turns), active=active)
-        return conversation, answer
+        return conversation, answer, saved.audio
 
     async def _saved(self, session_id: str) -> SavedSession | None:
         """The session as its connection on this node holds it now, if one

@@ -2,8 +2,9 @@
 
 What is kept (:class:`SavedSession`, JSON through
 :meth:`~bargein.session.streams.log.TokenLog.save_session`): the principal, the
-settings, the turns, and the active response (the one still generating, or
-not fully delivered, when the state was saved) with the text delivered of it.
+settings, the audio settings (a voice session's), the turns, and the active
+response (the one still generating, or not fully delivered, when the state
+was saved) with the text delivered of it.
 The resume token of the active stream is not kept: it is derived again from
 the stream id and the principal. The log keeps a saved state for its
 retention time after the last save; a connection asks for a save on every
@@ -31,6 +32,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from bargein.protocol import events as pe
+from bargein.protocol.codec import Decoder, encode
+from bargein.protocol.errors import ProtocolError
 from bargein.session.conversation.actions import Message
 from bargein.session.conversation.config import SessionConfig
 from bargein.session.conversation.state import Conversation, ConversationSettings
@@ -77,6 +81,8 @@ class SavedSession:
     settings: ConversationSettings
     turns: tuple[Message, ...]
     active: SavedActive | None
+    # the audio settings in force (complete), None for a session without voice
+    audio: pe.AudioSettings | None = None
 
     def to_bytes(self) -> bytes:
         """Compact UTF-8 JSON (turns as ``[role, content, item_id]`` triples)."""
@@ -92,6 +98,7 @@ class SavedSession:
                 "include_token_ids": s.include_token_ids,
             },
             "turns": [[t.role, t.content, t.item_id] for t in self.turns],
+            "audio": None if self.audio is None else audio_to_wire(self.audio),
             "active": None
             if self.active is None
             else [
@@ -132,9 +139,45 @@ class SavedSession:
                     delivered=active[2],
                     num_input_turns=active[3] if len(active) > 3 else 0,
                 ),
+                audio=_saved_audio(body.get("audio"), body["session_id"]),  # absent in older saves
             )
         except (KeyError, TypeError, IndexError, json.JSONDecodeError) as exc:
             raise ValueError(f"not a saved session: {exc}") from exc
+
+
+def audio_to_wire(audio: pe.AudioSettings) -> dict[str, Any]:
+    """``audio`` as the wire's ``session.audio`` object (JSON-able)."""
+    frame = encode(pe.SessionUpdate(session=pe.SessionSettings(audio=audio)), "json")
+    wire: dict[str, Any] = json.loads(frame)["session"]["audio"]
+    return wire
+
+
+def audio_from_wire(wire: Any) -> pe.AudioSettings:
+    """The inverse of :func:`audio_to_wire`, validated as a ``session.update``'s ``audio``.
+
+    Raises:
+        ValueError: ``wire`` is not valid audio settings.
+    """
+    frame = json.dumps({"type": "session.update", "session": {"audio": wire}})
+    try:
+        event = Decoder(max_frame_bytes=len(frame.encode()) + 1).decode(frame)
+    except ProtocolError as exc:
+        raise ValueError(f"not audio settings: {exc}") from exc
+    if not isinstance(event, pe.SessionUpdate) or event.session.audio is None:
+        raise ValueError("not audio settings: empty")
+    return event.session.audio
+
+
+def _saved_audio(wire: Any, session_id: str) -> pe.AudioSettings | None:
+    """A save's audio settings; None if it has none, or ones this build
+    cannot read (logged: the session resumes with the connection's)."""
+    if wire is None:
+        return None
+    try:
+        return audio_from_wire(wire)
+    except ValueError as exc:
+        logger.warning("saved session %s: its audio settings are dropped: %s", session_id, exc)
+        return None
 
 
 class SessionHolder(Protocol):
@@ -145,8 +188,8 @@ class SessionHolder(Protocol):
         ...
 
 
-def snapshot(session: Conversation, principal: str) -> SavedSession:
-    """The state of ``session`` now, to save."""
+def snapshot(session: Conversation, principal: str, audio: pe.AudioSettings | None = None) -> SavedSession:
+    """The state of ``session`` now, to save, with the ``audio`` settings in force."""
     active = session.active_response
     return SavedSession(
         session_id=session.session_id,
@@ -158,6 +201,7 @@ def snapshot(session: Conversation, principal: str) -> SavedSession:
         else SavedActive(
             response_id=active[0], stream_id=active[1], delivered=active[2], num_input_turns=active[3]
         ),
+        audio=audio,
     )
 
 

@@ -188,6 +188,9 @@ class VoicePort(Protocol):
     def updated(self, event: pe.SessionUpdated) -> pe.SessionUpdated:
         """``session.updated`` as the client is told it (the audio settings in force)."""
 
+    def audio_settings(self) -> pe.AudioSettings | None:
+        """The audio settings in force, complete (saved with the session); None without voice."""
+
     def speaks_on_resume(self, response_id: str, audio_from_ms: int | None) -> bool:
         """Whether a ``stream.resume`` with ``audio_from_ms`` speaks ``response_id`` again."""
 
@@ -262,6 +265,10 @@ class TextOnly:
     def updated(self, event: pe.SessionUpdated) -> pe.SessionUpdated:
         """Unchanged."""
         return event
+
+    def audio_settings(self) -> pe.AudioSettings | None:
+        """None: no voice."""
+        return None
 
     def speaks_on_resume(self, response_id: str, audio_from_ms: int | None) -> bool:
         """Never."""

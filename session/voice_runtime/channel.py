@@ -205,6 +205,10 @@ class VoiceChannel:
         """``session.updated`` with the audio settings in force."""
         return replace(event, session=replace(event.session, audio=as_event(self.settings)))
 
+    def audio_settings(self) -> pe.AudioSettings:
+        """The audio settings in force (saved with the session)."""
+        return as_event(self.settings)
+
     # ---- input -------------------------------------------------------------------
 
     async def handle_input(self, event: object, received_at: float) -> None:

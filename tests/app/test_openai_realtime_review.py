@@ -284,10 +284,9 @@ async def test_nothing_of_a_deleted_item_follows_its_deletion(live_server: LiveS
 
 @pytest.mark.xfail(
     strict=True,
-    reason="bargein.resume restores bargein's settings (instructions, max tokens) but not the "
-    "OpenAI-only ones kept per connection (OpenAISession.audio_output, max_output_tokens) nor the "
-    "voice channel's audio settings, and sends no session.updated: a resumed text session speaks "
-    "on a server with voice, and session.created's settings (the new connection's) are stale",
+    reason="bargein.resume restores bargein's settings (instructions, max tokens, the audio "
+    "settings) but not the OpenAI-only ones kept per connection (OpenAISession.audio_output, "
+    "max_output_tokens): a resumed text session speaks on a server with voice",
 )
 async def test_a_resumed_text_session_answers_in_text(voice_server: LiveServer) -> None:
     async with realtime(voice_server) as first:

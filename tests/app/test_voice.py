@@ -283,3 +283,26 @@ async def test_an_answer_started_at_a_pause_is_dropped_unseen_when_the_user_goes
         )
     finally:
         await conn.close()
+
+
+async def test_a_resumed_voice_session_gets_its_audio_settings_back(voice_server: LiveServer) -> None:
+    """A voice session that reconnects comes back with its rate, voice and
+    turn detection: session.resumed, then session.updated with the audio
+    settings it had (a new connection starts with the server's defaults)."""
+    first = await Conn.open(voice_server.ws_url)
+    updated = await voice_session(first, max_tokens=MAX_TOKENS, silence_duration_ms=700)
+    await first.create("Hi.", temperature=0, max_tokens=2)
+    await until(first, "response.done", [])
+    await first.close()
+    conn = await Conn.open(voice_server.ws_url)
+    try:
+        session = {"session_id": first.created["session_id"], "session_token": first.created["session_token"]}
+        await conn.send(type="session.resume", **session)
+        assert (await conn.expect("session.resumed"))["turns"] == 2
+        restored = await conn.expect("session.updated")
+        assert restored["session"]["audio"] == updated["session"]["audio"]
+        assert restored["session"]["audio"]["input"]["turn_detection"]["silence_duration_ms"] == 700
+        await conn.send(type="ping")
+        assert (await conn.recv())["type"] == "pong"  # nothing else came
+    finally:
+        await conn.close()

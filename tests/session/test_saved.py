@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -37,6 +38,26 @@ def saved(active: SavedActive | None = None, turns: int = 2) -> SavedSession:
 def test_round_trip(active: SavedActive | None) -> None:
     original = saved(active)
     assert SavedSession.from_bytes(original.to_bytes()) == original
+
+
+AUDIO = pe.AudioSettings(
+    input=pe.AudioInputSettings(sample_rate=16000, turn_detection=pe.TURN_DETECTION_OFF),
+    output=pe.AudioOutputSettings(sample_rate=24000, voice="joe"),
+)
+
+
+@pytest.mark.parametrize("audio", [AUDIO, pe.AudioSettings(input=AUDIO.input, output=pe.AUDIO_OUTPUT_OFF)])
+def test_a_voice_session_keeps_its_audio_settings(audio: pe.AudioSettings) -> None:
+    original = replace(saved(), audio=audio)
+    assert SavedSession.from_bytes(original.to_bytes()) == original
+
+
+def test_audio_settings_this_build_cannot_read_are_dropped_not_the_session() -> None:
+    """A save of another build (a newer node's setting, a value out of this
+    build's range) resumes with the connection's audio settings."""
+    data = replace(saved(), audio=AUDIO).to_bytes().replace(b'"sample_rate":24000', b'"sample_rate":7')
+    restored = SavedSession.from_bytes(data)
+    assert restored.audio is None and restored.turns == saved().turns
 
 
 def test_a_save_from_before_the_input_count_still_loads() -> None:
