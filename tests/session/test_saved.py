@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
 import pytest
 
