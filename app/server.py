@@ -235,7 +235,12 @@ async def load_voice(settings: Settings) -> VoiceRuntime | None:
         logger.info("voice: off (--voice off): text only")
         return None
     try:
-        models = await asyncio.to_thread(load_voice_models)
+        folder = None
+        if config.text_turn:  # the served model's folder (converted from its GGUF once, cached)
+            from bargein.engine.model.loader import resolve_folder
+
+            folder = Path(resolve_folder(settings.engine.model)[0])
+        models = await asyncio.to_thread(load_voice_models, text_model_folder=folder)
     except VoiceUnavailable as exc:
         if config.mode == "on":
             raise

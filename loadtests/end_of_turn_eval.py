@@ -19,11 +19,9 @@ pause), and scored by:
 
 - **audio**: Smart Turn v3.2 (voice/end_of_turn.py), complete at >= 0.5;
 - **text**: the bundled chat model on Whisper tiny.en's transcript of the
-  same audio: the probability that the user's message ends after these
-  words (sentence-final punctuation or the end-of-message token next,
-  after ``<|im_start|>user\\n`` and the transcript without its trailing
-  punctuation; the idea of LiveKit's text turn detector), complete at
-  >= ``--text-threshold``;
+  same audio (voice/text_end_of_turn.py: the probability that the user's
+  message ends after these words), complete at >= ``--text-threshold``;
+  ``--truth`` scores the sentences' own text instead of the transcript;
 - **both**: complete only if both say so.
 
 Prints one table (rows: signal x voice; columns: heads scored complete, the
@@ -37,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import platform
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,41 +48,12 @@ from bargein.engine.config import ModelConfig  # noqa: E402
 from bargein.engine.model.loader import resolve_folder  # noqa: E402
 from bargein.voice.end_of_turn import EndOfTurnModel  # noqa: E402
 from bargein.voice.stt import Transcriber  # noqa: E402
+from bargein.voice.text_end_of_turn import TextEndOfTurnModel  # noqa: E402
 from loadtests.voice_utterances import PAUSED, QUESTIONS, Voices, _trimmed  # noqa: E402
 
 RATE = 16000
 PREFIX_MS = 300  # the VAD's prefix padding: what a turn's audio starts with
 VOICES = ("piper", "espeak")
-# What may follow a complete user message in SmolLM2's chat format.
-_ENDINGS = (".", "?", "!", "<|im_end|>")
-_TRAILING = re.compile(r"[\s.,!?;:\u2026\-]+$")
-
-
-class TextEndOfTurn:
-    """P(the user's message ends here | its words), from the bundled chat model.
-
-    Args:
-        folder: the model's transformers folder (fp32).
-    """
-
-    def __init__(self, folder: Path) -> None:
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        self._torch = torch
-        self._tokenizer = AutoTokenizer.from_pretrained(folder)
-        self._model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-        self._endings = [self._tokenizer.convert_tokens_to_ids(t) for t in _ENDINGS]
-
-    def probability(self, text: str) -> float:
-        """The probability, in [0, 1], that a user message ``text`` (its
-        trailing punctuation dropped: Whisper adds a full stop to any pause)
-        is complete: the next token's mass on :data:`_ENDINGS`."""
-        words = _TRAILING.sub("", text.strip())
-        ids = self._tokenizer("<|im_start|>user\n" + words, return_tensors="pt").input_ids
-        with self._torch.no_grad():
-            logits = self._model(ids).logits[0, -1].float()
-        return float(self._torch.softmax(logits, -1)[self._endings].sum())
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,9 +78,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--silence", type=int, default=200, help="ms of the pause the models hear")
     p.add_argument("--text-threshold", type=float, default=0.05)
+    p.add_argument("--truth", action="store_true", help="score the text said, not the transcript")
     args = p.parse_args()
     voices, audio_model, stt = Voices(RATE), EndOfTurnModel(), Transcriber()
-    text_model = TextEndOfTurn(resolve_folder(ModelConfig())[0])
+    text_model = TextEndOfTurnModel(resolve_folder(ModelConfig())[0])
     sets = {
         "heads": [head for head, _ in PAUSED],
         "fulls": [f"{head} {tail}" for head, tail in PAUSED],
@@ -124,7 +93,7 @@ def main() -> None:
             rows = []
             for text in texts:
                 audio = with_silence(_trimmed(voices.speak(text, voice)), args.silence)
-                transcript = stt.transcribe(audio)
+                transcript = text if args.truth else stt.transcribe(audio)
                 rows.append(
                     Scored(transcript, audio_model.probability(audio), text_model.probability(transcript))
                 )

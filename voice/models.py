@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
+from pathlib import Path
 
 from .end_of_turn import EndOfTurnModel, smart_turn_model_path
 from .errors import VoiceUnavailable
 from .espeak import espeak_binary
 from .stt import Transcriber
+from .text_end_of_turn import TextEndOfTurnModel
 from .tts import Synthesizer
 from .vad import SileroVad, silero_model_path
 
@@ -41,12 +43,15 @@ class VoiceModels:
         transcriber: Whisper tiny.en.
         synthesizer: Piper's voice.
         end_of_turn: Smart Turn v3.2, whether a turn is complete (``semantic_vad``).
+        text_end_of_turn: the chat model reading a turn's words, whether they
+            end a message (``semantic_vad``'s second signal); None: not loaded.
     """
 
     vad: SileroVad
     transcriber: Transcriber
     synthesizer: Synthesizer
     end_of_turn: EndOfTurnModel
+    text_end_of_turn: TextEndOfTurnModel | None = None
 
 
 def voice_stack_status() -> str | None:
@@ -67,12 +72,14 @@ def voice_stack_status() -> str | None:
     return None
 
 
-def load_voice_models(num_threads: int = 2) -> VoiceModels:
-    """Load the VAD, the transcriber, the synthesizer and the end-of-turn model (a few seconds).
+def load_voice_models(num_threads: int = 2, text_model_folder: Path | None = None) -> VoiceModels:
+    """Load the VAD, the transcriber, the synthesizer and the end-of-turn models (a few seconds).
 
     Args:
         num_threads: CPU threads for the transcriber and the synthesizer
-            each; the VAD and the end-of-turn model use the calling thread.
+            each; the VAD and the end-of-turn models use the calling thread.
+        text_model_folder: a chat model's transformers folder for the text
+            end-of-turn model (:class:`TextEndOfTurnModel`); None: not loaded.
 
     Raises:
         VoiceUnavailable: a package, model file or binary is missing (its
@@ -86,4 +93,5 @@ def load_voice_models(num_threads: int = 2) -> VoiceModels:
         transcriber=Transcriber(num_threads=num_threads),
         synthesizer=Synthesizer(num_threads=num_threads),
         end_of_turn=EndOfTurnModel(),
+        text_end_of_turn=None if text_model_folder is None else TextEndOfTurnModel(text_model_folder),
     )

@@ -131,9 +131,11 @@ class SemanticTurnDetection:
         )
 
 
-# (audio_start_ms, audio_end_ms) of the turn so far on the input timeline ->
-# the probability that it is complete, in [0, 1]
-Score = Callable[[int, int], float]
+# (audio_start_ms, speech_end_ms, audio_end_ms) of the turn so far on the
+# input timeline (where it starts, where its speech paused, the audio heard
+# through the pause's silence so far) -> the probability that it is
+# complete, in [0, 1]
+Score = Callable[[int, int, int], float]
 
 
 class SemanticTurnDetector:
@@ -144,10 +146,11 @@ class SemanticTurnDetector:
 
     Args:
         params: the ``semantic_vad`` settings.
-        score: scores the turn so far: called with its ``audio_start_ms`` and
-            the current position (the audio through the pause's silence so
-            far, ``complete_silence_ms`` of it), during :meth:`push`; returns
-            the probability it is complete.
+        score: scores the turn so far: called with its ``audio_start_ms``,
+            where its speech paused (the end of the turn's audio if it ends
+            here) and the current position (the audio through the pause's
+            silence so far, ``complete_silence_ms`` of it), during
+            :meth:`push`; returns the probability it is complete.
         frame_ms: the duration of one VAD frame, ms.
         start_ms: where the first frame starts on the input timeline, ms.
 
@@ -217,7 +220,8 @@ class SemanticTurnDetector:
         silent_ms = 0 if pause is None else self._vad.position_ms - pause.audio_end_ms
         if pause is not None and not self._scored and silent_ms >= self._complete_silence_ms:
             self._scored = True
-            if self._score(pause.audio_start_ms, self._vad.position_ms) >= self._params.completion_threshold:
+            score = self._score(pause.audio_start_ms, pause.audio_end_ms, self._vad.position_ms)
+            if score >= self._params.completion_threshold:
                 events.append(
                     SpeechStopped(audio_start_ms=pause.audio_start_ms, audio_end_ms=pause.audio_end_ms)
                 )

@@ -28,6 +28,7 @@ import numpy as np
 from bargein.session.voice_runtime.end_of_turn import EndOfTurnScorer
 from bargein.session.voice_runtime.runtime import VoiceRuntime
 from bargein.session.voice_runtime.settings import Detection, SessionAudio
+from bargein.session.voice_runtime.span_transcripts import SpanTranscripts
 from bargein.voice.audio import Resampler, pcm16_to_float
 from bargein.voice.errors import InputAudioFull
 from bargein.voice.input_buffer import InputAudioBuffer
@@ -99,6 +100,8 @@ class VoiceInput:
         self._vad = runtime.models.vad.stream()
         self.settings = settings
         self.buffer = InputAudioBuffer(sample_rate=SAMPLE_RATE, max_ms=runtime.config.max_input_audio_ms)
+        # each span of this input transcribed once, for the channel and the end-of-turn score
+        self.transcripts = SpanTranscripts()
         self._frame_ms = FRAME_SAMPLES * 1000 // SAMPLE_RATE
         self._resampler = Resampler(settings.input_rate, SAMPLE_RATE)
         self._pending = np.zeros(0, dtype=np.float32)  # samples short of a VAD frame
@@ -130,7 +133,14 @@ class VoiceInput:
         if params is None:
             return None
         if isinstance(params, SemanticTurnDetection):
-            score = EndOfTurnScorer(self._runtime.models.end_of_turn, self.buffer)
+            models = self._runtime.models
+            text = models.text_end_of_turn
+            score = EndOfTurnScorer(
+                models.end_of_turn,
+                self.buffer,
+                words=None if text is None else (text, self.transcripts, models.transcriber.transcribe),
+                completion_threshold=params.completion_threshold,
+            )
             return SemanticTurnDetector(params, score, frame_ms=self._frame_ms, start_ms=self.buffer.total_ms)
         return TurnDetector(params, frame_ms=self._frame_ms, start_ms=self.buffer.total_ms)
 

@@ -72,6 +72,7 @@ from bargein.session.voice_runtime.audio_input import VoiceInput
 from bargein.session.voice_runtime.partials import PartialTranscript
 from bargein.session.voice_runtime.runtime import VoiceRuntime
 from bargein.session.voice_runtime.settings import DEFAULT_OUTPUT_RATE, SessionAudio, as_event, merged
+from bargein.session.voice_runtime.span_transcripts import Span
 from bargein.session.voice_runtime.speaker import Speaker
 from bargein.session.voice_runtime.spoken import SpokenResponses, VoiceResponse
 from bargein.voice.audio import Resampler, pcm16_to_float
@@ -111,6 +112,7 @@ class _Speculation:
 class _PauseTranscript:
     """A partial transcription of a turn at a pause (no speculative answer runs)."""
 
+    audio_start_ms: int  # where the turn's audio starts
     audio_end_ms: int  # where the pause began
     task: asyncio.Task[None] | None = None
     text: str | None = None  # once known; None after a failure
@@ -307,7 +309,9 @@ class VoiceChannel:
                     self._speculate(speculation, audio), f"speculate-{speculation.item_id}", transcribes=True
                 )
             elif self._may_transcribe_partial():
-                pause = self._pause = _PauseTranscript(audio_end_ms=what.audio_end_ms)
+                pause = self._pause = _PauseTranscript(
+                    audio_start_ms=what.audio_start_ms, audio_end_ms=what.audio_end_ms
+                )
                 pause.task = self._spawn(self._transcribe_pause(pause, audio), f"partial-{what.audio_end_ms}")
         elif isinstance(what, SpeechResumed) and self._speculation is not None:
             speculation, self._speculation = self._speculation, None
@@ -346,16 +350,30 @@ class VoiceChannel:
             retry_ms = max(100, round(1000 * self._transcribe_s))
             return VoiceRefusal(pe.ErrorCode.INTERNAL_ERROR, TRANSCRIPTION_FAILED, retry_ms)
 
-    async def _transcribe(self, audio: Any) -> str:
+    async def _transcribe(self, audio: Any, span: Span | None = None) -> str:
         """A turn's text (``audio``: float32 at 16 kHz), in the voice threads;
         timed. The calling task leaves :attr:`_transcribing` when it is done.
+        ``span``: where ``audio`` lies on the input timeline: a span already
+        transcribed, or being transcribed by the end-of-turn score, is not
+        transcribed again (span_transcripts.py).
 
         Raises:
             Exception: whatever the transcriber raises.
         """
         started = self._clock()
+        inp = self._input
+
+        def transcribe() -> str:
+            text: str = self.runtime.models.transcriber.transcribe(audio)
+            return text
+
+        def shared() -> str:
+            if span is None or inp is None:
+                return transcribe()
+            return inp.transcripts.text(span, transcribe)
+
         try:
-            text: str = await self.runtime.run(lambda: self.runtime.models.transcriber.transcribe(audio))
+            text: str = await self.runtime.run(shared)
         finally:
             self._transcribing.discard(asyncio.current_task())
         self._transcribe_s = self._clock() - started
@@ -388,7 +406,7 @@ class VoiceChannel:
 
     async def _speculate(self, speculation: _Speculation, audio: Any) -> None:
         try:
-            text = await self._transcribe(audio)
+            text = await self._transcribe(audio, (speculation.audio_start_ms, speculation.audio_end_ms))
         except Exception:
             # nothing was shown; the turn's end says so if it ends here (_adopt)
             logger.exception("transcribing speculative turn %s failed", speculation.item_id)
@@ -429,7 +447,7 @@ class VoiceChannel:
         prefill the conversation plus it (unless the turn ended meanwhile:
         its real request comes at once)."""
         try:
-            pause.text = await self._transcribe(audio)
+            pause.text = await self._transcribe(audio, (pause.audio_start_ms, pause.audio_end_ms))
             await self._show_partial(pause.text)
         except Exception:
             logger.exception("partial transcription at %d ms failed", pause.audio_end_ms)
@@ -603,7 +621,7 @@ class VoiceChannel:
             pe.InputAudioCommitted(item_id=item_id, audio_start_ms=start_ms, audio_end_ms=end_ms)
         )
         try:
-            text = await self._final_text(audio, reuse)
+            text = await self._final_text(audio, (start_ms, end_ms), reuse)
         except Exception:
             logger.exception("transcribing voice turn %s failed", item_id)
             await self._transcription_failed(item_id)
@@ -635,15 +653,16 @@ class VoiceChannel:
         # without interrupt_response the turn waits for the active response
         await self._hooks.on_user_turn(create, claim, after_active=not td.interrupt_response)
 
-    async def _final_text(self, audio: Any, reuse: _PauseTranscript | None) -> str:
+    async def _final_text(self, audio: Any, span: Span, reuse: _PauseTranscript | None) -> str:
         """The turn's final transcript: the pause's, when it heard the whole
-        turn and succeeded, else ``audio`` transcribed now."""
+        turn and succeeded, else ``audio`` (the input's ``span``) transcribed
+        now, or by the end-of-turn score that read its words."""
         if reuse is not None:
             await reuse.known.wait()
             if reuse.text is not None:
                 self._transcribing.discard(asyncio.current_task())  # nothing queued for this turn
                 return reuse.text
-        return await self._transcribe(audio) if len(audio) else ""  # no audio, no words
+        return await self._transcribe(audio, span) if len(audio) else ""  # no audio, no words
 
     async def _transcription_failed(self, item_id: str) -> None:
         """Tell the client the turn has no transcript (so no item, no

@@ -35,6 +35,11 @@ class VoiceConfig:
         input_audio_burst_ms: input audio a connection may send ahead of
             ``max_input_audio_speed``, ms (a client catching up after a
             network stall sends what it held at once).
+        text_turn: ``semantic_vad`` also reads a turn's words where the audio
+            says it is over (the transcript at the pause, shared with the
+            speculative answer, scored by the served chat model loaded a
+            second time in fp32: about 540 MB for the bundled model): words
+            that do not end a message keep the turn open.
     """
 
     mode: str = "auto"
@@ -45,6 +50,7 @@ class VoiceConfig:
     prefill: bool = True
     max_input_audio_speed: float = 4.0
     input_audio_burst_ms: int = 10_000
+    text_turn: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in ("auto", "on", "off"):

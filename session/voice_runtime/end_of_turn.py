@@ -1,4 +1,5 @@
-"""One connection's end-of-turn scores: the turn so far, read out of its input buffer, scored by Smart Turn.
+"""One connection's end-of-turn scores: the turn so far, read out of its input
+buffer, scored by Smart Turn and, where it says the turn is over, by its words.
 
 :class:`EndOfTurnScorer` is the ``score`` a
 :class:`~bargein.voice.semantic_turns.SemanticTurnDetector` is given. It runs
@@ -7,19 +8,37 @@ where the detector runs, in the input-audio threads
 time per connection, since a connection's appends are applied one at a time,
 beside the VAD rather than queued behind seconds of Whisper in the speech
 threads (a turn's end waits for it).
+
+Two signals, in order (docs/perf/end-of-turn.md measured both):
+
+1. The audio (Smart Turn): below the threshold the turn is incomplete, and
+   nothing more is computed.
+2. The words, when a text model is given: the turn's transcript up to where
+   its speech paused (:class:`SpanTranscripts`: the transcription the voice
+   channel started at the pause, shared, or made here) and the probability
+   that a message ending with those words is complete. Below
+   ``text_threshold`` the words veto the audio ("I'd like to book a table
+   for" is not over, however it sounds) and the turn waits like an
+   incomplete one; otherwise the audio's score stands.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
+from bargein.session.voice_runtime.span_transcripts import SpanTranscripts
 from bargein.voice.input_buffer import InputAudioBuffer
 
 logger = logging.getLogger(__name__)
+
+# A transcription another thread runs is waited for this long at most: past
+# it the audio's score stands (a turn end never waits on a stuck transcriber).
+WORDS_TIMEOUT_S = 5.0
 
 
 class EndOfTurn(Protocol):
@@ -30,25 +49,68 @@ class EndOfTurn(Protocol):
         ...
 
 
+class TextEndOfTurn(Protocol):
+    """The text model (:class:`bargein.voice.text_end_of_turn.TextEndOfTurnModel`)."""
+
+    def probability(self, text: str) -> float:
+        """The probability that a user message ``text`` is complete."""
+        ...
+
+
 class EndOfTurnScorer:
-    """Scores the turn held in ``buffer`` between two input-timeline positions.
+    """Scores the turn held in ``buffer`` between input-timeline positions.
 
     Args:
-        model: the process's end-of-turn model.
+        model: the process's end-of-turn model (audio).
         buffer: the connection's uncommitted input audio (16 kHz).
+        words: the text signal: the text model, the connection's shared
+            transcripts and the transcriber (float32 16 kHz audio -> text);
+            None: the audio alone decides.
+        text_threshold: the text model's probability under which the words
+            veto a complete score, in (0, 1).
+        completion_threshold: the score at or above which the detector ends
+            the turn (the words are only read for such a score).
     """
 
-    def __init__(self, model: EndOfTurn, buffer: InputAudioBuffer) -> None:
+    def __init__(
+        self,
+        model: EndOfTurn,
+        buffer: InputAudioBuffer,
+        *,
+        words: tuple[TextEndOfTurn, SpanTranscripts, Callable[[npt.NDArray[np.float32]], str]] | None = None,
+        text_threshold: float = 0.05,
+        completion_threshold: float = 0.5,
+    ) -> None:
         self._model = model
         self._buffer = buffer
+        self._words = words
+        self._text_threshold = text_threshold
+        self._completion_threshold = completion_threshold
 
-    def __call__(self, start_ms: int, end_ms: int) -> float:
-        """The probability, in [0, 1], that the turn in ``[start_ms, end_ms)`` is
-        complete. A model that fails scores 0 (logged): the turn then ends at
-        its eagerness' longest silence, as an incomplete one does, and the
-        connection goes on."""
+    def __call__(self, start_ms: int, speech_end_ms: int, end_ms: int) -> float:
+        """The probability, in [0, 1], that the turn in ``[start_ms, end_ms)``
+        (its speech paused at ``speech_end_ms``) is complete.
+
+        A model that fails scores 0 (logged): the turn then ends at its
+        eagerness' longest silence, as an incomplete one does, and the
+        connection goes on. A failed transcription or text model leaves the
+        audio's score (logged).
+        """
         try:
-            return self._model.probability(self._buffer.read(start_ms, end_ms))
+            audio_score = self._model.probability(self._buffer.read(start_ms, end_ms))
         except Exception:
             logger.exception("scoring the end of turn [%d, %d) ms failed", start_ms, end_ms)
             return 0.0
+        if self._words is None or audio_score < self._completion_threshold:
+            return audio_score
+        text_model, transcripts, transcribe = self._words
+        try:
+            span = (start_ms, speech_end_ms)
+            text = transcripts.text(
+                span, lambda: transcribe(self._buffer.read(*span)), timeout_s=WORDS_TIMEOUT_S
+            )
+            text_score = text_model.probability(text)
+        except Exception:
+            logger.exception("reading the words of the turn [%d, %d) ms failed", start_ms, speech_end_ms)
+            return audio_score
+        return audio_score if text_score >= self._text_threshold else text_score

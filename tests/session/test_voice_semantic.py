@@ -20,6 +20,7 @@ from tests.session.voice_fakes import (
     FakeEndOfTurn,
     FakeModels,
     FakeSynth,
+    FakeTextEndOfTurn,
     FakeTranscriber,
     FakeVad,
     done,
@@ -136,6 +137,63 @@ async def test_a_turn_scored_complete_is_answered_at_its_pause_and_the_answer_ad
         (created,) = await c.wait_for(pe.ResponseCreated)
         assert len(c.engine.requests) == 1  # the answer started at the pause is the one shown
         assert created.input_item_id == c.of(pe.InputAudioCommitted)[0].item_id
+    finally:
+        await done(c)
+
+
+async def words_client(*texts: str, speculate: bool) -> Client:
+    """A client whose turns are scored complete by the audio (0.9) and read
+    by a text model that finds "...for" unfinished."""
+    models = FakeModels(
+        vad=FakeVad(),
+        transcriber=FakeTranscriber(*texts),
+        synthesizer=FakeSynth(),
+        end_of_turn=FakeEndOfTurn(default=0.9),
+        text_end_of_turn=FakeTextEndOfTurn("for"),
+    )
+    service, engine, models = await voice_service(models, config=VoiceConfig(speculate=speculate))
+    return Client(service, engine, models)
+
+
+@pytest.mark.parametrize("speculate", [False, True])
+async def test_words_that_do_not_end_a_message_keep_a_turn_the_audio_calls_over_open(speculate: bool) -> None:
+    """ "I'd like to book a table for" sounds finished to the audio model; its
+    words keep the turn open until the next pause, and each pause's audio is
+    transcribed once, whoever reads it (the score, the speculative answer,
+    the partial transcript, the final transcript)."""
+    c = await words_client(
+        "I'd like to book a table for.", "I'd like to book a table for two.", speculate=speculate
+    )
+    try:
+        await c.voice_session(output=False, detection="semantic_vad")
+        await c.audio(silence(320) + speech(640) + silence(896))
+        await c.send(type="ping")
+        await c.wait_for(pe.Pong)
+        assert not c.of(pe.InputAudioSpeechStopped)  # the words vetoed the audio's 0.9
+        await c.audio(speech(320) + silence(256))
+        (stopped,) = await c.wait_for(pe.InputAudioSpeechStopped)
+        assert stopped.audio_end_ms == 320 + 640 + 896 + 320
+        await c.wait_for(pe.ResponseCreated)
+        (final,) = [t for t in c.of(pe.InputAudioTranscript) if t.final]
+        assert final.text == "I'd like to book a table for two."
+        assert c.models.text_end_of_turn is not None
+        assert c.models.text_end_of_turn.read == [
+            "I'd like to book a table for.",
+            "I'd like to book a table for two.",
+        ]
+        assert len(c.models.transcriber.heard) == 2  # one transcription per pause
+    finally:
+        await done(c)
+
+
+async def test_the_words_are_not_read_where_the_audio_says_the_turn_goes_on() -> None:
+    c = await words_client(speculate=False)
+    c.models.end_of_turn.scores.extend([0.1, 0.9])
+    try:
+        await c.voice_session(output=False, detection="semantic_vad")
+        await c.audio(silence(320) + speech(640) + silence(896) + speech(320) + silence(256))
+        await c.wait_for(pe.InputAudioSpeechStopped)
+        assert c.models.text_end_of_turn is not None and len(c.models.text_end_of_turn.read) == 1
     finally:
         await done(c)
 

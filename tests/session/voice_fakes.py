@@ -173,12 +173,26 @@ class FakeEndOfTurn:
         return self.scores.popleft() if self.scores else self.default
 
 
+class FakeTextEndOfTurn:
+    """The text end-of-turn model: words ending with one of ``open_endings``
+    score 0.01 (not the end of a message), any other 0.9; notes what it read."""
+
+    def __init__(self, *open_endings: str) -> None:
+        self.open_endings = open_endings
+        self.read: list[str] = []
+
+    def probability(self, text: str) -> float:
+        self.read.append(text)
+        return 0.01 if text.rstrip(" .").endswith(self.open_endings) else 0.9
+
+
 @dataclass
 class FakeModels:
     vad: FakeVad
     transcriber: FakeTranscriber
     synthesizer: FakeSynth
     end_of_turn: FakeEndOfTurn = field(default_factory=FakeEndOfTurn)
+    text_end_of_turn: FakeTextEndOfTurn | None = None
 
 
 class RecordingTemplate:

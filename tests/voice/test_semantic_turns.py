@@ -28,10 +28,12 @@ class Scores:
 
     def __init__(self, *probabilities: float) -> None:
         self.script = list(probabilities)
-        self.asked: list[tuple[int, int]] = []
+        self.asked: list[tuple[int, int]] = []  # (start, position)
+        self.paused_at: list[int] = []  # where the speech paused
 
-    def __call__(self, start_ms: int, end_ms: int) -> float:
+    def __call__(self, start_ms: int, speech_end_ms: int, end_ms: int) -> float:
         self.asked.append((start_ms, end_ms))
+        self.paused_at.append(speech_end_ms)
         return self.script.pop(0)
 
 
@@ -72,6 +74,7 @@ def test_a_complete_turn_ends_after_the_short_window_of_its_eagerness(eagerness:
     ]
     # the model heard the turn from its start through the window's silence, once
     assert scores.asked == [(start, END + whole_frames)]
+    assert scores.paused_at == [END]  # the turn's words end there (its end if it ends)
     assert not detector.in_speech and detector.turn_start_ms is None
 
 
