@@ -298,6 +298,7 @@ SERVE_FLAG_RULES: Mapping[str, FlagRule] = {
     "voice.max_turns": FlagRule(name="--max-voice-turns"),
     "voice.speculate": FlagRule(name="--voice-speculation"),
     "voice.prefill": FlagRule(name="--voice-prefill"),
+    "voice.text_turn": FlagRule(name="--voice-text-turn"),
 }
 
 # Fields that are no flag: constants tuned with the code they pace (measured
