@@ -20,8 +20,10 @@ after it is a new turn, never a refusal.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -105,6 +107,10 @@ class VoiceInput:
         self._frame_ms = FRAME_SAMPLES * 1000 // SAMPLE_RATE
         self._resampler = Resampler(settings.input_rate, SAMPLE_RATE)
         self._pending = np.zeros(0, dtype=np.float32)  # samples short of a VAD frame
+        # semantic_vad reading the words waits for a transcription at a pause:
+        # on a thread of this connection's own, never holding a shared input thread
+        # (another connection's barge-in waits for none)
+        self._own_thread: ThreadPoolExecutor | None = None
         self._detector = self._new_detector()
         config = runtime.config
         self._pace = InputPace(speed=config.max_input_audio_speed, burst_ms=config.input_audio_burst_ms)
@@ -135,6 +141,8 @@ class VoiceInput:
         if isinstance(params, SemanticTurnDetection):
             models = self._runtime.models
             text = models.text_end_of_turn
+            if text is not None and self._own_thread is None:
+                self._own_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="voice-input-turn")
             score = EndOfTurnScorer(
                 models.end_of_turn,
                 self.buffer,
@@ -183,7 +191,15 @@ class VoiceInput:
         semantic = isinstance(self._detector, SemanticTurnDetector)
         if not semantic and len(pcm) * 500 // self.settings.input_rate < OFF_LOOP_MS:  # 2 bytes a sample
             return self.append(pcm, received_at)
+        if semantic and self._own_thread is not None:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._own_thread, lambda: self.append(pcm, received_at))
         return await self._runtime.run_input(lambda: self.append(pcm, received_at))
+
+    def close(self) -> None:
+        """The connection is gone: its own input thread ends (after what it runs)."""
+        if self._own_thread is not None:
+            self._own_thread.shutdown(wait=False, cancel_futures=True)
 
     def append(self, pcm: bytes, received_at: float) -> list[tuple[TurnEvent, np.ndarray | None]]:
         """Append PCM16 at the input rate; return what the detector saw in it,

@@ -763,6 +763,8 @@ class VoiceChannel:
         started at a pause that the client never saw (whatever the
         disconnect policy keeps, it keeps what the client was shown)."""
         await cancel_and_wait(list(self._turns))
+        if self._input is not None:
+            self._input.close()
         self._speculation = None
         for speculation in list(self._unshown):
             await self._drop(speculation, now)

@@ -182,6 +182,8 @@ async def test_words_that_do_not_end_a_message_keep_a_turn_the_audio_calls_over_
             "I'd like to book a table for two.",
         ]
         assert len(c.models.transcriber.heard) == 2  # one transcription per pause
+        # waiting for the words holds a thread of this connection's own, not a shared input thread
+        assert all(name.startswith("voice-input-turn") for name in c.models.end_of_turn.threads)
     finally:
         await done(c)
 
