@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from redis.asyncio import Redis
 
 from bargein.engine.request import EngineRequest, FinishReason, SamplingParams
 from bargein.session.errors import TokenLogUnavailable
@@ -386,9 +387,12 @@ async def test_a_tick_that_crashes_in_the_watched_check_still_takes_over(
     await wait_until(lambda: on_b.runner.submitted, "a later tick's check to continue the stream")
 
 
-async def test_an_abort_listener_that_crashes_resubscribes(
-    deployment: Callable[[str], Any], monkeypatch: pytest.MonkeyPatch
+async def test_an_abort_that_fails_to_apply_leaves_the_listener_listening(
+    deployment: Callable[[str], Any], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """A listener that left the channel on such a failure lost the aborts sent
+    before it resubscribed: a PUBLISH may still count a closing subscriber,
+    so their sender took them as delivered."""
     owner, on_owner = await deployment("owner")
     asker, _ = await deployment("asker")
     await asyncio.wait_for(owner.forwarder.subscribed.wait(), HANG_GUARD_S)
@@ -402,7 +406,26 @@ async def test_an_abort_listener_that_crashes_resubscribes(
 
     monkeypatch.setattr(owner.forwarder, "_on_abort", on_abort)
     assert await asker.forwarder.forward("s9", FinishReason.INTERRUPTED, "owner") == 1
-    # resent until someone listens again
+    assert await asker.forwarder.forward("s10", FinishReason.INTERRUPTED, "owner") == 1
+    await wait_until(lambda: aborted == ["s10"], "the next abort to reach the owner")
+    assert "abort of stream s9 failed" in caplog.text
+    assert not owner.health.not_ready()
+
+
+async def test_an_abort_listener_whose_connection_is_killed_resubscribes(
+    deployment: Callable[[str], Any], monkeypatch: pytest.MonkeyPatch, redis_server: str
+) -> None:
+    owner, on_owner = await deployment("owner")
+    asker, _ = await deployment("asker")
+    await asyncio.wait_for(owner.forwarder.subscribed.wait(), HANG_GUARD_S)
+    aborted: list[str] = []
+    monkeypatch.setattr(owner.forwarder, "_on_abort", lambda stream_id, reason: aborted.append(stream_id))
+    raw = Redis.from_url(redis_server)
+    try:
+        await raw.client_kill_filter(_type="pubsub")  # the server drops the subscriptions at once
+    finally:
+        await raw.aclose()
+    # resent until the listener is subscribed again (0: nobody got it)
     await wait_until_async(
         lambda: asker.forwarder.forward("s10", FinishReason.INTERRUPTED, "owner"),
         "the abort listener to come back",

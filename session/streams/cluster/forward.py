@@ -173,7 +173,13 @@ class Forwarder:
         except (TypeError, ValueError, KeyError) as exc:
             log.warning("abort channel: bad message %r (%s)", data, exc)
             return
-        self._on_abort(stream_id, reason)
+        try:
+            self._on_abort(stream_id, reason)
+        except Exception:
+            # the subscription stays: leaving the channel to resubscribe would lose
+            # the aborts sent meanwhile (a PUBLISH can still count the closing
+            # subscriber, so its sender would think them delivered)
+            log.exception("abort of stream %s failed (a bug in bargein); still listening", stream_id)
 
 
 def _message(stream_id: str, reason: FinishReason) -> str:
