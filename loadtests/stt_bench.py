@@ -35,7 +35,9 @@ lowercase; ``7:00`` becomes ``7``, ``6:40`` and ``6.40`` become ``6 40``,
 ``$20`` becomes ``20 dollars`` and ``5%`` ``5 percent``; thousands
 separators go; hyphens and slashes become spaces; every other character
 that is not a letter, a digit or a space goes (``a.m.`` becomes ``am``,
-``I'd`` becomes ``id``), ``7pm`` becomes ``7 pm``, ``dr`` becomes ``doctor``;
+``I'd`` becomes ``id``), ``7pm`` becomes ``7 pm``, ``730`` and ``1015``
+(Whisper's way of writing some clock times; the set has no other number of
+three or four digits) become ``7 30`` and ``10 15``, ``dr`` becomes ``doctor``;
 then number words become digits with a small table:
 ``zero`` to ``nineteen``, the tens, a ten followed by a unit (``forty five``
 becomes ``45``), and ordinals up to the twentieth (``fifth`` and ``5th``
@@ -76,7 +78,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from bargein.voice.stt import SAMPLE_RATE, Transcriber, whisper_model_path  # noqa: E402
 from loadtests.speech import noise_pcm16, silence_pcm16  # noqa: E402
-from loadtests.voice_utterances import AUDIBLE, Voices, voiced_bounds  # noqa: E402
+from loadtests.voice_utterances import AUDIBLE, PAUSED, Voices, voiced_bounds  # noqa: E402
 
 SENTENCES = (
     "Book a table for two at seven tonight.",
@@ -133,6 +135,7 @@ SENTENCES = (
 VOICES = ("piper", "espeak")
 CONDITIONS = ("clean", "pre300", "post500", "noise30")
 PRE_MS, POST_MS, NOISE_DBFS = 300, 500, -30.0
+HEAD_INDEX = 100  # a head's Clip.index: 100 + its place in PAUSED
 SHORT_S = 2.5  # the "short utterance" median's bound: the voice path's ~2 s turn
 
 _UNITS = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen nineteen".split()
@@ -169,6 +172,7 @@ def normalize(text: str) -> list[str]:
     t = re.sub(r"[-/]", " ", t)
     t = re.sub(r"[^a-z0-9 ]", "", t)
     t = re.sub(r"(\d)(am|pm)\b", r"\1 \2", t)
+    t = re.sub(r"\b(1[0-2]|[1-9])([0-5]\d)\b", r"\1 \2", t)  # 730: a clock time (the set has no such number)
     words = t.split()
     out: list[str] = []
     i = 0
@@ -231,15 +235,29 @@ def _to_float(pcm: bytes) -> np.ndarray:
     return np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768
 
 
-def build_set(sentences: tuple[str, ...]) -> list[Clip]:
+def _trimmed(pcm: bytes) -> bytes:
+    """PCM16 ``pcm`` from its first audible sample to its last."""
+    first, last = voiced_bounds(pcm, AUDIBLE)
+    return pcm[2 * first : 2 * (last + 1)]
+
+
+def build_heads(voices: Voices) -> list[Clip]:
+    """The first halves of the mid-sentence-pause set (:data:`PAUSED`) in both voices, trimmed, with
+    :data:`POST_MS` of silence after: what a turn cut at the pause hands to speech-to-text."""
+    tail = silence_pcm16(POST_MS, SAMPLE_RATE)
+    return [
+        Clip(HEAD_INDEX + i, head, voice, "head", _to_float(_trimmed(voices.speak(head, voice)) + tail))
+        for i, (head, _) in enumerate(PAUSED)
+        for voice in VOICES
+    ]
+
+
+def build_set(sentences: tuple[str, ...], voices: Voices) -> list[Clip]:
     """Every sentence in every voice and condition (:data:`VOICES`, :data:`CONDITIONS`)."""
-    voices = Voices(SAMPLE_RATE)
     clips = []
     for i, text in enumerate(sentences):
         for voice in VOICES:
-            pcm = voices.speak(text, voice)
-            first, last = voiced_bounds(pcm, AUDIBLE)
-            speech = pcm[2 * first : 2 * (last + 1)]
+            speech = _trimmed(voices.speak(text, voice))
             ms = len(speech) // 2 * 1000 // SAMPLE_RATE
             noise = _to_float(noise_pcm16(ms, SAMPLE_RATE, dbfs=NOISE_DBFS, seed=i))
             clean = _to_float(speech)
@@ -292,7 +310,6 @@ def run_model(label: str, spec: str, path: Path, clips: list[Clip], threads: int
         start = time.perf_counter()
         text = transcriber.transcribe(clip.audio)
         seconds = time.perf_counter() - start
-        ref, hyp = normalize(clip.text), normalize(text)
         result.rows.append(
             {
                 "index": clip.index,
@@ -300,8 +317,6 @@ def run_model(label: str, spec: str, path: Path, clips: list[Clip], threads: int
                 "condition": clip.condition,
                 "reference": clip.text,
                 "transcript": text,
-                "edits": word_edits(ref, hyp),
-                "words": len(ref),
                 "seconds": seconds,
                 "audio_s": len(clip.audio) / SAMPLE_RATE,
             }
@@ -315,8 +330,8 @@ def run_model(label: str, spec: str, path: Path, clips: list[Clip], threads: int
 
 def wer(rows: list[dict[str, object]]) -> float:
     """Summed word edits over summed reference words, %."""
-    words = sum(int(str(r["words"])) for r in rows)
-    return 100 * sum(int(str(r["edits"])) for r in rows) / max(1, words)
+    pairs = [(normalize(str(r["reference"])), normalize(str(r["transcript"]))) for r in rows]
+    return 100 * sum(word_edits(ref, hyp) for ref, hyp in pairs) / max(1, sum(len(ref) for ref, _ in pairs))
 
 
 def margin_changes(rows: list[dict[str, object]]) -> int:
@@ -328,8 +343,21 @@ def margin_changes(rows: list[dict[str, object]]) -> int:
     return sum(len(v) > 1 for v in seen.values())
 
 
+def heads_table(results: list[Result]) -> str:
+    """The cut-sentence markdown table: one row a model."""
+    lines = [
+        "| model | heads | completed (transcript longer than the head) | WER % of heads |",
+        "|---|---|---|---|",
+    ]
+    for res in results:
+        rows = [r for r in res.rows if r["condition"] == "head"]
+        longer = sum(len(normalize(str(r["transcript"]))) > len(normalize(str(r["reference"]))) for r in rows)
+        lines.append(f"| {res.label} | {len(rows)} | {longer} | {wer(rows):.1f} |")
+    return "\n".join(lines)
+
+
 def table(results: list[Result]) -> str:
-    """The markdown table: one row a model."""
+    """The markdown table of the sentence set: one row a model."""
     head = (
         ["model", "WER %"]
         + [f"{v}" for v in VOICES]
@@ -338,7 +366,7 @@ def table(results: list[Result]) -> str:
     )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for res in results:
-        rows = res.rows
+        rows = [r for r in res.rows if r["condition"] != "head"]
         secs = sorted(float(str(r["seconds"])) for r in rows)
         short = [float(str(r["seconds"])) for r in rows if float(str(r["audio_s"])) <= SHORT_S]
         rtf = sum(secs) / sum(float(str(r["audio_s"])) for r in rows)
@@ -358,6 +386,26 @@ def table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def load_results(paths: list[Path]) -> list[Result]:
+    """The results in ``--json`` files, the rows of one model label merged across files."""
+    merged: dict[str, Result] = {}
+    for path in paths:
+        for r in json.loads(path.read_text()):
+            res = merged.setdefault(r["label"], Result(r["label"], r["spec"], r["load_s"]))
+            res.rows += r["rows"]
+    return list(merged.values())
+
+
+def print_tables(results: list[Result]) -> None:
+    """The sentence set's table and the heads' table, each where its rows exist."""
+    if any(r["condition"] != "head" for res in results for r in res.rows):
+        print()
+        print(table(results))
+    if any(r["condition"] == "head" for res in results for r in res.rows):
+        print()
+        print(heads_table(results))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", action="append", default=[], help="LABEL=SPEC (repeatable; module docstring)")
@@ -369,22 +417,40 @@ def main() -> None:
         "--cache", type=Path, default=Path("/tmp/stt-bench-models"), help="where split models are joined"
     )
     p.add_argument("--json", type=Path, help="write every transcript and time here")
+    p.add_argument(
+        "--sets",
+        choices=("both", "sentences", "heads"),
+        default="both",
+        help="the sentence set, the cut-sentence heads, or both",
+    )
+    p.add_argument(
+        "--report",
+        type=Path,
+        nargs="+",
+        help="print the tables of earlier runs' --json files (their rows merged by model) and exit",
+    )
     args = p.parse_args()
+    if args.report:
+        print_tables(load_results(args.report))
+        return
     models = [m.split("=", 1) for m in (args.model or ["tiny.en=default"])]
     print(
         f"stt_bench, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.machine()}, "
         f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}, {args.threads} threads"
     )
-    clips = build_set(SENTENCES[: args.limit])
+    voices = Voices(SAMPLE_RATE)
+    clips = build_set(SENTENCES[: args.limit], voices) if args.sets != "heads" else []
+    heads = build_heads(voices) if args.sets != "sentences" else []
     print(
-        f"{len(clips)} utterances: {args.limit} sentences x {len(VOICES)} voices x {len(CONDITIONS)} conditions"
+        f"{len(clips)} utterances: {len(clips) // len(VOICES) // len(CONDITIONS)} sentences x {len(VOICES)} "
+        f"voices x {len(CONDITIONS)} conditions; {len(heads)} cut-sentence heads"
     )
     results = []
     for label, spec in models:
-        results.append(run_model(label, spec, resolve(label, spec, args.cache), clips, args.threads))
+        path = resolve(label, spec, args.cache)
+        results.append(run_model(label, spec, path, clips + heads, args.threads))
         print(f"{label}: done, load average {os.getloadavg()[0]:.2f}", flush=True)
-    print()
-    print(table(results))
+    print_tables(results)
     if args.json:
         args.json.write_text(
             json.dumps(
