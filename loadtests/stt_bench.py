@@ -369,6 +369,8 @@ def heads_table(results: list[Result]) -> str:
     ]
     for res in results:
         rows = [r for r in res.rows if r["condition"] == "head"]
+        if not rows:
+            continue
         longer = sum(len(normalize(str(r["transcript"]))) > len(normalize(str(r["reference"]))) for r in rows)
         lines.append(f"| {res.label} | {len(rows)} | {longer} | {wer(rows):.1f} |")
     return "\n".join(lines)
@@ -385,6 +387,8 @@ def table(results: list[Result]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for res in results:
         rows = [r for r in res.rows if r["condition"] != "head"]
+        if not rows:
+            continue
         secs = sorted(float(str(r["seconds"])) for r in rows)
         short = [float(str(r["seconds"])) for r in rows if float(str(r["audio_s"])) <= SHORT_S]
         rtf = sum(secs) / sum(float(str(r["audio_s"])) for r in rows)
