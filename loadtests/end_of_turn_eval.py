@@ -34,9 +34,10 @@ Usage: ``python loadtests/end_of_turn_eval.py [--silence 200]``
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -79,6 +80,7 @@ def main() -> None:
     p.add_argument("--silence", type=int, default=200, help="ms of the pause the models hear")
     p.add_argument("--text-threshold", type=float, default=0.05)
     p.add_argument("--truth", action="store_true", help="score the text said, not the transcript")
+    p.add_argument("--json", type=Path, help="also write every utterance's scores here")
     args = p.parse_args()
     voices, audio_model, stt = Voices(RATE), EndOfTurnModel(), Transcriber()
     text_model = TextEndOfTurnModel(resolve_folder(ModelConfig())[0])
@@ -98,6 +100,10 @@ def main() -> None:
                     Scored(transcript, audio_model.probability(audio), text_model.probability(transcript))
                 )
             scored[voice, name] = rows
+
+    if args.json is not None:
+        rows = {f"{voice}/{name}": [asdict(s) for s in scored[voice, name]] for voice, name in scored}
+        args.json.write_text(json.dumps(rows, indent=1))
 
     def complete(s: Scored, signal: str) -> bool:
         audio, text = s.audio >= 0.5, s.text >= args.text_threshold

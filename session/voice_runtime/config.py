@@ -35,11 +35,11 @@ class VoiceConfig:
         input_audio_burst_ms: input audio a connection may send ahead of
             ``max_input_audio_speed``, ms (a client catching up after a
             network stall sends what it held at once).
-        text_turn: ``semantic_vad`` also reads a turn's words where the audio
-            says it is over (the transcript at the pause, shared with the
-            speculative answer, scored by the served chat model loaded a
-            second time in fp32: about 540 MB for the bundled model): words
-            that do not end a message keep the turn open.
+        text_turn: ``semantic_vad`` also reads a turn's words at each scored
+            pause (the transcript at the pause, shared with the speculative
+            answer, scored by the served chat model loaded a second time in
+            fp32: about 540 MB for the bundled model): words that do not end
+            a message keep the turn open, words that clearly do end it.
     """
 
     mode: str = "auto"
