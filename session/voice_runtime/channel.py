@@ -362,8 +362,10 @@ class VoiceChannel:
         """
         started = self._clock()
         inp = self._input
+        ran: list[bool] = []  # whether Whisper ran for this call (not a shared span's text)
 
         def transcribe() -> str:
+            ran.append(True)
             text: str = self.runtime.models.transcriber.transcribe(audio)
             return text
 
@@ -376,8 +378,9 @@ class VoiceChannel:
             text: str = await self.runtime.run(shared)
         finally:
             self._transcribing.discard(asyncio.current_task())
-        self._transcribe_s = self._clock() - started
-        self._observer.transcribed(seconds=self._transcribe_s, audio_s=len(audio) / SAMPLE_RATE)
+        if ran:  # the time of a transcription, for retry hints and the metric
+            self._transcribe_s = self._clock() - started
+            self._observer.transcribed(seconds=self._transcribe_s, audio_s=len(audio) / SAMPLE_RATE)
         return text
 
     def _refuse_turn(self, audio_s: float, now: float) -> Refusal | None:
