@@ -50,6 +50,7 @@ import contextlib
 import json
 import os
 import platform
+import shlex
 import sys
 import time
 from collections.abc import Iterator
@@ -227,7 +228,12 @@ def main() -> None:
         "--speculation-baseline", action="store_true", help="also a --voice-speculation false server"
     )
     parser.add_argument("--out", type=Path, default=Path("docs/perf/voice.md"))
-    parser.add_argument("--flags", nargs="*", default=[], help="extra bargein serve flags")
+    parser.add_argument(
+        "--flags",
+        type=shlex.split,
+        default=[],
+        help='extra bargein serve flags, one quoted string: --flags "--voice-text-turn false"',
+    )
     args = parser.parse_args()
     load_before = os.getloadavg()
     speech = questions(RATE)
