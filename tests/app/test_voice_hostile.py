@@ -56,6 +56,14 @@ def plain_server(live_server: LiveServer) -> Iterator[EmbeddedServer]:
         yield server
 
 
+@pytest.fixture(scope="module")
+def long_answer_server(live_server: LiveServer) -> Iterator[EmbeddedServer]:
+    """live_server's engine and voice models behind a server that allows
+    answers of 400 tokens (live_server allows 64; its context is 512)."""
+    with voice_server(live_server, VoiceConfig(), max_tokens=400) as server:
+        yield server
+
+
 @contextlib.contextmanager
 def clean_server_log() -> Iterator[Records]:
     """Fails if the server logs a warning, an error or a task exception meanwhile."""
@@ -430,20 +438,25 @@ async def test_a_socket_lost_while_an_answer_is_spoken_leaves_nothing_behind(
 
 
 async def test_a_socket_lost_during_a_pause_cancels_the_answer_started_there(
-    voice_server: LiveServer,
+    long_answer_server: EmbeddedServer,
 ) -> None:
-    free = voice_server.stats().num_free_blocks
-    finished = dict(voice_server.stats().num_finished_by_reason)
+    server = LiveServer(
+        host=long_answer_server.host, port=long_answer_server.port, state=long_answer_server.state
+    )
+    free = server.stats().num_free_blocks
+    finished = dict(server.stats().num_finished_by_reason)
     with clean_server_log():
-        conn = await Conn.open(voice_server.ws_url)
+        conn = await Conn.open(server.ws_url)
         await voice_session(conn, max_tokens=MAX_TOKENS, silence_duration_ms=6000)
-        await conn.send(type="session.update", session={"defaults": {"temperature": 0, "max_tokens": 64}})
+        # an answer far longer than the drop takes to be seen, even on a loaded box
+        # (64 tokens could end by length first, and the test would not show the cancel)
+        await conn.send(type="session.update", session={"defaults": {"temperature": 0, "max_tokens": 400}})
         await conn.expect("session.updated")
         # by id: recent_requests keeps the last 256 only, so its length stops growing
-        before = {r.request_id for r in voice_server.recent_requests()}
+        before = {r.request_id for r in server.recent_requests()}
 
         def new() -> list[str]:
-            return [r.request_id for r in voice_server.recent_requests() if r.request_id not in before]
+            return [r.request_id for r in server.recent_requests() if r.request_id not in before]
 
         await send_audio(conn, silence_pcm16(300, RATE) + espeak_pcm16("Tell me a long story about", RATE))
         # A pause: well past pause_ms (200 ms) of silence, far short of the 6 s window;
@@ -454,7 +467,7 @@ async def test_a_socket_lost_during_a_pause_cancels_the_answer_started_there(
         conn.drop()
 
         def ended() -> dict[str, int] | None:  # a submit reaches the engine's counts at its next step
-            now = dict(voice_server.stats().num_finished_by_reason)
+            now = dict(server.stats().num_finished_by_reason)
             return now if sum(now.values()) > sum(finished.values()) else None
 
         now = await wait_until(ended, "the answer at the pause to end", poll_s=0.05)
@@ -462,7 +475,7 @@ async def test_a_socket_lost_during_a_pause_cancels_the_answer_started_there(
         assert {k: v - finished.get(k, 0) for k, v in now.items() if v != finished.get(k, 0)} == {
             "cancelled": 1
         }
-        await settled(voice_server, free)
+        await settled(server, free)
 
 
 # ---- many at once ----------------------------------------------------------------------------------

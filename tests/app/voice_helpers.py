@@ -28,11 +28,16 @@ CHUNK_MS = 40
 
 @contextlib.contextmanager
 def voice_server(
-    live_server: LiveServer, config: VoiceConfig, admission: AdmissionConfig | None = None
+    live_server: LiveServer,
+    config: VoiceConfig,
+    admission: AdmissionConfig | None = None,
+    *,
+    max_tokens: int = 64,
 ) -> Iterator[EmbeddedServer]:
     """A second server on live_server's engine and voice models with voice
-    settings ``config`` (short answers) and ``admission`` (default: the
-    library's); the test is skipped (failed in CI) without the voice stack."""
+    settings ``config``, answers of at most ``max_tokens`` (short by default)
+    and ``admission`` (default: the library's); the test is skipped (failed
+    in CI) without the voice stack."""
     if live_server.state.voice is None:
         from tests.needs import missing
 
@@ -40,8 +45,11 @@ def voice_server(
     voice = VoiceRuntime(live_server.state.voice.models, config)
     server = EmbeddedServer(
         Settings(
-            session=SessionConfig(max_tokens=64, default_max_tokens=32, max_frame_bytes=MAX_FRAME_BYTES),
-            server=ServerConfig(port=0, log_level="warning"),
+            session=SessionConfig(
+                max_tokens=max_tokens, default_max_tokens=32, max_frame_bytes=MAX_FRAME_BYTES
+            ),
+            # debug endpoints: the service keeps its recent requests for the tests to read
+            server=ServerConfig(port=0, log_level="warning", debug_endpoints=True),
             admission=admission or AdmissionConfig(),
         ),
         runner=live_server.state.runner,
