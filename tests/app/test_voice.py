@@ -93,7 +93,8 @@ async def test_speaking_over_the_answer_interrupts_it_and_cuts_the_turn_at_what_
 ) -> None:
     conn = await Conn.open(voice_server.ws_url)
     try:
-        await voice_session(conn, max_tokens=MAX_TOKENS)
+        # immediate: speech interrupts at once (confirm mode: test_voice_interruptions.py)
+        await voice_session(conn, max_tokens=MAX_TOKENS, interruption={"mode": "immediate"})
         await conn.send(
             type="response.create",
             response_id="story",
