@@ -25,6 +25,7 @@ import numpy as np
 import openai
 import pytest
 
+from bargein.voice.interruption import DEFAULT_BACKCHANNELS
 from loadtests.bare_client import Conn
 from loadtests.speech import silence_pcm16
 from tests.app.conftest import LiveServer
@@ -86,6 +87,12 @@ async def test_a_complete_question_ends_its_turn_before_server_vads_window_could
             "eagerness": "auto",
             "interrupt_response": True,
             "create_response": False,
+            "interruption": {
+                "mode": "confirm",
+                "min_words": 2,
+                "backchannels": list(DEFAULT_BACKCHANNELS),
+                "max_pause_ms": 500,
+            },
         }
         await send_audio(conn, audio)
         events: list[dict[str, Any]] = []
