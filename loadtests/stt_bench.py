@@ -88,7 +88,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
+from bargein.voice.speech_span import SpanParams  # noqa: E402
 from bargein.voice.stt import SAMPLE_RATE, Transcriber, whisper_model_path  # noqa: E402
+from bargein.voice.vad import SileroVad  # noqa: E402
 from loadtests.speech import noise_pcm16, silence_pcm16  # noqa: E402
 from loadtests.voice_utterances import AUDIBLE, PAUSED, Voices, voiced_bounds  # noqa: E402
 
@@ -145,7 +147,18 @@ SENTENCES = (
     "Can you book a taxi to the airport for 5 am?",
 )
 VOICES = ("piper", "espeak")
-CONDITIONS = ("clean", "pre300", "post500", "noise30")
+# condition -> (ms of digital silence before, after); noise30 is the one with noise
+MARGINS_MS = {
+    "clean": (0, 0),
+    "pre100": (100, 0),
+    "pre300": (300, 0),
+    "pre500": (500, 0),
+    "post100": (0, 100),
+    "post300": (0, 300),
+    "post500": (0, 500),
+    "pre300post500": (300, 500),
+}
+CONDITIONS = (*MARGINS_MS, "noise30")
 PRE_MS, POST_MS, NOISE_DBFS = 300, 500, -30.0
 HEAD_INDEX = 100  # a head's Clip.index: 100 + its place in PAUSED
 SHORT_S = 2.5  # the "short utterance" median's bound: the voice path's ~2 s turn
@@ -270,7 +283,9 @@ def build_heads(voices: Voices) -> list[Clip]:
     ]
 
 
-def build_set(sentences: tuple[str, ...], voices: Voices) -> list[Clip]:
+def build_set(
+    sentences: tuple[str, ...], voices: Voices, conditions: tuple[str, ...] = CONDITIONS
+) -> list[Clip]:
     """Every sentence in every voice and condition (:data:`VOICES`, :data:`CONDITIONS`)."""
     clips = []
     for i, text in enumerate(sentences):
@@ -282,12 +297,11 @@ def build_set(sentences: tuple[str, ...], voices: Voices) -> list[Clip]:
             noisy = clean.copy()
             noisy[: len(noise)] += noise
             audio = {
-                "clean": clean,
-                "pre300": _to_float(silence_pcm16(PRE_MS, SAMPLE_RATE) + speech),
-                "post500": _to_float(speech + silence_pcm16(POST_MS, SAMPLE_RATE)),
-                "noise30": np.clip(noisy, -1, 1),
+                c: _to_float(silence_pcm16(pre, SAMPLE_RATE) + speech + silence_pcm16(post, SAMPLE_RATE))
+                for c, (pre, post) in MARGINS_MS.items()
             }
-            clips += [Clip(i, text, voice, c, audio[c]) for c in CONDITIONS]
+            audio["noise30"] = np.clip(noisy, -1, 1)
+            clips += [Clip(i, text, voice, c, audio[c]) for c in conditions]
     return clips
 
 
@@ -318,10 +332,18 @@ def resolve(label: str, spec: str, cache: Path) -> Path:
     return out
 
 
-def run_model(label: str, spec: str, path: Path, clips: list[Clip], threads: int) -> Result:
-    """Load the model at ``path``, warm it up, then transcribe and time every clip."""
+def run_model(
+    label: str, spec: str, path: Path, clips: list[Clip], threads: int, span: SpanParams | None = None
+) -> Result:
+    """Load the model at ``path``, warm it up, then transcribe and time every clip.
+
+    ``span``: hear only the speech Silero finds, with these margins (the voice
+    path's way, ``voice/speech_span.py``; the VAD's time is in the times);
+    None: the raw buffer.
+    """
     start = time.perf_counter()
-    transcriber = Transcriber(model_path=path, num_threads=threads)
+    vad = SileroVad() if span is not None else None
+    transcriber = Transcriber(model_path=path, num_threads=threads, vad=vad, span=span)
     result = Result(label, spec, time.perf_counter() - start)
     transcriber.transcribe(clips[0].audio)
     for clip in clips:
@@ -352,13 +374,26 @@ def wer(rows: list[dict[str, object]]) -> float:
     return 100 * sum(word_edits(ref, hyp) for ref, hyp in pairs) / max(1, sum(len(ref) for ref, _ in pairs))
 
 
-def margin_changes(rows: list[dict[str, object]]) -> int:
-    """(sentence, voice) pairs whose normalized transcript differs between clean, pre300 and post500."""
+def margin_changes(rows: list[dict[str, object]], exact: bool = False) -> int:
+    """(sentence, voice) pairs whose transcript differs between the silence conditions (every one
+    of :data:`MARGINS_MS` the rows hold): normalized, or as written with ``exact``."""
     seen: dict[tuple[object, object], set[str]] = {}
     for r in rows:
-        if r["condition"] in ("clean", "pre300", "post500"):
-            seen.setdefault((r["index"], r["voice"]), set()).add(" ".join(normalize(str(r["transcript"]))))
+        if r["condition"] in MARGINS_MS:
+            text = str(r["transcript"]) if exact else " ".join(normalize(str(r["transcript"])))
+            seen.setdefault((r["index"], r["voice"]), set()).add(text)
     return sum(len(v) > 1 for v in seen.values())
+
+
+def sentences_unchanged(rows: list[dict[str, object]]) -> int:
+    """Sentences whose transcript, as written, is the same in every silence condition and both voices'
+    each (the issue's "the same transcript with and without the silence margins")."""
+    changed = {
+        index
+        for index in {r["index"] for r in rows}
+        if margin_changes([r for r in rows if r["index"] == index], exact=True)
+    }
+    return len({r["index"] for r in rows}) - len(changed)
 
 
 def heads_table(results: list[Result]) -> str:
@@ -378,11 +413,20 @@ def heads_table(results: list[Result]) -> str:
 
 def table(results: list[Result]) -> str:
     """The markdown table of the sentence set: one row a model."""
+    present = [c for c in CONDITIONS if any(r["condition"] == c for res in results for r in res.rows)]
     head = (
         ["model", "WER %"]
         + [f"{v}" for v in VOICES]
-        + list(CONDITIONS)
-        + ["changed by margins", "median s", "p90 s", f"median s (<= {SHORT_S} s)", "RTF", "load s"]
+        + present
+        + [
+            "changed by margins",
+            "same words, exact (sentences)",
+            "median s",
+            "p90 s",
+            f"median s (<= {SHORT_S} s)",
+            "RTF",
+            "load s",
+        ]
     )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for res in results:
@@ -395,9 +439,11 @@ def table(results: list[Result]) -> str:
         pairs = len({(r["index"], r["voice"]) for r in rows})
         cells = [res.label, f"{wer(rows):.1f}"]
         cells += [f"{wer([r for r in rows if r['voice'] == v]):.1f}" for v in VOICES]
-        cells += [f"{wer([r for r in rows if r['condition'] == c]):.1f}" for c in CONDITIONS]
+        cells += [f"{wer([r for r in rows if r['condition'] == c]):.1f}" for c in present]
+        sentences = len({r["index"] for r in rows})
         cells += [
             f"{margin_changes(rows)}/{pairs}",
+            f"{sentences_unchanged(rows)}/{sentences}",
             f"{statistics.median(secs):.2f}",
             f"{secs[int(0.9 * (len(secs) - 1))]:.2f}",
             f"{statistics.median(short):.2f} ({len(short)})" if short else "-",
@@ -440,6 +486,18 @@ def main() -> None:
     )
     p.add_argument("--json", type=Path, help="write every transcript and time here")
     p.add_argument(
+        "--trim-ms",
+        default="",
+        help="comma-separated margins, ms: each model also runs as LABEL+vadMS, hearing only the speech "
+        "Silero finds with that margin (voice/speech_span.py), after its raw-buffer run",
+    )
+    p.add_argument("--no-raw", action="store_true", help="skip the raw-buffer runs (only the --trim-ms ones)")
+    p.add_argument(
+        "--conditions",
+        default=",".join(CONDITIONS),
+        help=f"comma-separated subset of {','.join(CONDITIONS)}",
+    )
+    p.add_argument(
         "--sets",
         choices=("both", "sentences", "heads"),
         default="both",
@@ -461,26 +519,40 @@ def main() -> None:
         f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}, {args.threads} threads"
     )
     voices = Voices(SAMPLE_RATE)
-    clips = build_set(SENTENCES[: args.limit], voices) if args.sets != "heads" else []
+    conditions = tuple(args.conditions.split(","))
+    assert set(conditions) <= set(CONDITIONS), conditions
+    clips = build_set(SENTENCES[: args.limit], voices, conditions) if args.sets != "heads" else []
     heads = build_heads(voices) if args.sets != "sentences" else []
     print(
-        f"{len(clips)} utterances: {len(clips) // len(VOICES) // len(CONDITIONS)} sentences x {len(VOICES)} "
-        f"voices x {len(CONDITIONS)} conditions; {len(heads)} cut-sentence heads"
+        f"{len(clips)} utterances: {len(clips) // len(VOICES) // len(conditions)} sentences x {len(VOICES)} "
+        f"voices x {len(conditions)} conditions; {len(heads)} cut-sentence heads"
     )
     results = []
     for label, spec in models:
         path = resolve(label, spec, args.cache)
-        results.append(run_model(label, spec, path, clips + heads, args.threads))
-        print(f"{label}: done, load average {os.getloadavg()[0]:.2f}", flush=True)
+        variants: list[tuple[str, SpanParams | None]] = [] if args.no_raw else [(label, None)]
+        variants += [
+            (f"{label}+vad{ms}", SpanParams(margin_ms=int(ms))) for ms in args.trim_ms.split(",") if ms
+        ]
+        for name, span in variants:
+            results.append(run_model(name, spec, path, clips + heads, args.threads, span))
+            print(f"{name}: done, load average {os.getloadavg()[0]:.2f}", flush=True)
+            if args.json:  # after each model: a long run's finished part is kept
+                write_json(args.json, results)
     print_tables(results)
     if args.json:
-        args.json.write_text(
-            json.dumps(
-                [{"label": r.label, "spec": r.spec, "load_s": r.load_s, "rows": r.rows} for r in results],
-                indent=1,
-            )
-            + "\n"
+        write_json(args.json, results)
+
+
+def write_json(path: Path, results: list[Result]) -> None:
+    """Every model's transcripts and times, as ``--report`` reads them."""
+    path.write_text(
+        json.dumps(
+            [{"label": r.label, "spec": r.spec, "load_s": r.load_s, "rows": r.rows} for r in results],
+            indent=1,
         )
+        + "\n"
+    )
 
 
 if __name__ == "__main__":
