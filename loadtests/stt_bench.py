@@ -471,6 +471,25 @@ def table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def voice_table(results: list[Result]) -> str:
+    """WER per voice and condition, and per voice the (sentence) pairs whose words, as written, are
+    the same in every silence condition: one row a model and voice."""
+    present = [c for c in CONDITIONS if any(r["condition"] == c for res in results for r in res.rows)]
+    head = ["model", "voice", *present, "same words, exact"]
+    lines = ["| " + " | ".join(head) + " |", "| --- | --- |" + " ---: |" * (len(head) - 2)]
+    for res in results:
+        for voice in VOICES:
+            rows = [r for r in res.rows if r["voice"] == voice and r["condition"] != "head"]
+            if not rows:
+                continue
+            pairs = len({r["index"] for r in rows})
+            cells = [res.label, voice]
+            cells += [f"{wer([r for r in rows if r['condition'] == c]):.1f}" for c in present]
+            cells.append(f"{pairs - margin_changes(rows, exact=True)}/{pairs}")
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def load_results(paths: list[Path]) -> list[Result]:
     """The results in ``--json`` files, the rows of one model label merged across files."""
     merged: dict[str, Result] = {}
@@ -486,6 +505,8 @@ def print_tables(results: list[Result]) -> None:
     if any(r["condition"] != "head" for res in results for r in res.rows):
         print()
         print(table(results))
+        print()
+        print(voice_table(results))
     if any(r["condition"] == "head" for res in results for r in res.rows):
         print()
         print(heads_table(results))
