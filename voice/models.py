@@ -40,7 +40,8 @@ class VoiceModels:
 
     Attributes:
         vad: Silero, speech probability per 32 ms frame.
-        transcriber: Whisper tiny.en.
+        transcriber: Whisper tiny.en, hearing the speech ``vad`` finds with
+            fixed margins (``voice/speech_span.py``).
         synthesizer: Piper's voice.
         end_of_turn: Smart Turn v3.2, whether a turn is complete (``semantic_vad``).
         text_end_of_turn: the chat model reading a turn's words, whether they
@@ -88,9 +89,10 @@ def load_voice_models(num_threads: int = 2, text_model_folder: Path | None = Non
     reason = voice_stack_status()
     if reason is not None:
         raise VoiceUnavailable(reason)
+    vad = SileroVad()
     return VoiceModels(
-        vad=SileroVad(),
-        transcriber=Transcriber(num_threads=num_threads),
+        vad=vad,
+        transcriber=Transcriber(num_threads=num_threads, vad=vad),
         synthesizer=Synthesizer(num_threads=num_threads),
         end_of_turn=EndOfTurnModel(),
         text_end_of_turn=None if text_model_folder is None else TextEndOfTurnModel(text_model_folder),

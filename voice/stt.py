@@ -11,6 +11,10 @@ return ``""`` instead: audio whose RMS is below ``SILENCE_RMS``, and windows
 Whisper itself judges non-speech, with the rule of openai/whisper's
 ``transcribe()``: no-speech probability above ``NO_SPEECH_THRESHOLD`` and
 mean token log-probability below ``LOGPROB_THRESHOLD``.
+
+Given the VAD, a transcriber hears only the speech the VAD finds, with fixed
+silence margins (``voice/speech_span.py``), not the raw buffer: Whisper's
+words otherwise move with the silence around them.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ import numpy.typing as npt
 
 from .errors import VoiceUnavailable
 from .own_thread import on_own_thread
+from .speech_span import SpanParams, speech_with_margins
+from .vad import SileroVad
 
 SAMPLE_RATE = 16000
 WINDOW_SAMPLES = 30 * SAMPLE_RATE  # Whisper hears 30 s at a time
@@ -77,10 +83,26 @@ def whisper_model_path() -> Path:
 class Transcriber:
     """A Whisper model loaded once; :meth:`transcribe` turns an utterance into text.
 
-    Thread-safe: CTranslate2 queues concurrent calls to its worker.
+    Thread-safe: CTranslate2 queues concurrent calls to its worker, and each
+    call runs its own VAD stream.
+
+    Args:
+        model_path: a CTranslate2 Whisper directory; None: the bundled tiny.en.
+        num_threads: CTranslate2's intra-op threads.
+        vad: the Silero model; given, Whisper hears only the speech it finds,
+            with ``span``'s fixed margins (``voice/speech_span.py``); None: the
+            whole buffer, as it comes.
+        span: the speech threshold and margins used with ``vad``.
     """
 
-    def __init__(self, model_path: Path | None = None, num_threads: int = 2) -> None:
+    def __init__(
+        self,
+        model_path: Path | None = None,
+        num_threads: int = 2,
+        *,
+        vad: SileroVad | None = None,
+        span: SpanParams | None = None,
+    ) -> None:
         import tokenizers
         from transformers import WhisperFeatureExtractor
 
@@ -94,16 +116,25 @@ class Transcriber:
         self._features = WhisperFeatureExtractor(feature_size=self._model.n_mels, sampling_rate=SAMPLE_RATE)
         self._prompt = self._prompt_ids()
         self._eot = self._token_id("<|endoftext|>")
+        self._vad = vad
+        self._span = span if span is not None else SpanParams()
 
     def transcribe(self, audio: npt.NDArray[np.float32]) -> str:
         """The words spoken in ``audio`` (float32 ``[num_samples]``, 16 kHz mono, in [-1, 1]), stripped.
 
-        ``""`` for empty, silent or non-speech audio. Audio over 30 s is heard
-        in consecutive 30 s windows, their texts joined by a space.
+        ``""`` for empty, silent or non-speech audio. With the VAD, Whisper
+        hears the span from its first speech frame to its last with the fixed
+        margins (audio in which it finds no speech frame is heard whole, as
+        without it). Audio over 30 s is heard in consecutive 30 s windows,
+        their texts joined by a space.
         """
         audio = np.asarray(audio, dtype=np.float32).reshape(-1)
         if audio.size == 0 or float(np.sqrt(np.mean(np.square(audio)))) < SILENCE_RMS:
             return ""
+        if self._vad is not None:
+            speech = speech_with_margins(self._vad, audio, self._span)
+            if speech is not None:
+                audio = speech
         windows = [audio[i : i + WINDOW_SAMPLES] for i in range(0, audio.size, WINDOW_SAMPLES)]
         texts = [self._decode(result) for result in self._generate(windows)]
         return " ".join(t for t in texts if t)
