@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal
 
-from bargein.client.pcm import SAMPLE_BYTES, samples_in
+from bargein.client.pcm import SAMPLE_BYTES
 
 InterruptionMode = Literal["confirm", "immediate"]
 
@@ -133,7 +133,7 @@ class Playback:
     @property
     def received_samples(self) -> int:
         """Samples pushed (after a cut: the ones played)."""
-        return samples_in(self._audio)
+        return len(self._audio) // SAMPLE_BYTES
 
     @property
     def buffered_samples(self) -> int:
@@ -161,7 +161,7 @@ class Playback:
         now = self._clock()
         # + 1e-6: a clock's float sum (100.3 - 100 = 0.29999...) still counts the sample it reached
         due = self._played + int((now - self._mark_s) * self.sample_rate + 1e-6)
-        received = samples_in(self._audio)
+        received = len(self._audio) // SAMPLE_BYTES
         if due >= received:  # ran dry (or just finished): wait from now for the next push
             self._played, self._mark_s = received, now
         elif due > self._played:  # keep the fraction of a sample in the mark
@@ -191,7 +191,7 @@ class AnswerPlayer:
       ``response.done`` with ``finish_reason: "interrupted"``, or, for an
       answer whose audio had all been sent (the server no longer pauses it,
       the client still plays it), the speech's final transcript with words
-      (resumed when it has none) or a response started for its item.
+      (resumed when it has none) or a response that starts.
 
     Each cut answers :meth:`take` with the ``response.cancel`` to send, with
     ``audio_end_ms`` of what was played (the server keeps those words).
@@ -240,8 +240,8 @@ class AnswerPlayer:
         kind = event.get("type")
         if kind == "response.created":
             self._playback(event["response_id"])
-            if self._held_item is not None and event.get("input_item_id") == self._held_item:
-                return self._cut_held()  # the speech was a turn: it is answered
+            if self._held is not None:  # the speech was a turn (or another began): the held answer ends
+                return self._cut_held()
         elif kind == "input_audio.speech_started":
             self._speech_item = event.get("item_id")
             playing = self._playing()
@@ -272,8 +272,8 @@ class AnswerPlayer:
                 return self._cut_held()
             self._release()  # nothing was heard: no turn
         elif kind == "response.done" and event.get("finish_reason") == "interrupted":
-            playback = self.playbacks.get(event["response_id"])
-            if playback is not None and playback.cut_at is None and (playback.pending or playback.paused):
+            done = self.playbacks.get(event["response_id"])
+            if done is not None and done.cut_at is None and (done.pending or done.paused):
                 return self._cut(event["response_id"])
         return None
 

@@ -359,3 +359,13 @@ async def test_the_mode_in_force_comes_from_session_updated(announced: Any, mode
     client = ScriptedVoiceClient([updated], Clock(), {})
     await client.update(audio=voice_settings())
     assert client.interruption_mode == mode and client.player().mode == mode
+
+
+def test_a_response_that_starts_while_held_ends_the_held_answer() -> None:
+    player, clock = scripted_answer()
+    player.take({"type": "response.done", "response_id": "r_1", "finish_reason": "stop"})
+    player.take({"type": "input_audio.speech_started", "item_id": "item_2"})
+    clock.tick(100)
+    cancel = player.take(created("r_2", "item_2"))
+    assert cancel == {"type": "response.cancel", "response_id": "r_1", "audio_end_ms": 300}
+    assert not player.paused and player.current is player.playbacks["r_2"]
