@@ -88,6 +88,9 @@ class Metrics:
             self.voice_speculations.labels(outcome=outcome)
         for outcome in ("real", "false"):
             self.voice_barge_ins.labels(outcome=outcome)
+        self.voice_interruptions.labels(decision="cut", reason="words")
+        for reason in ("backchannel", "no_words", "echo"):
+            self.voice_interruptions.labels(decision="resumed", reason=reason)
         for term in STEP_COST_TERMS:
             self.step_cost.labels(term=term)
 
@@ -152,7 +155,14 @@ class Metrics:
         self.barge_in = Histogram(
             "bargein_barge_in_seconds",
             "Arrival of the audio in which speech was detected over the assistant to its audio "
-            "stopped and its request aborted.",
+            "stopped (paused, in confirm mode) and, in immediate mode, its request aborted.",
+            buckets=STEP_BUCKETS_S,
+            registry=r,
+        )
+        self.interruption_decision = Histogram(
+            "bargein_voice_interruption_decision_seconds",
+            "Confirm mode: the end of the speech over an answer (or of its pause window) to the "
+            "decision to cut or resume it (mostly its transcription).",
             buckets=STEP_BUCKETS_S,
             registry=r,
         )
@@ -295,6 +305,13 @@ class Metrics:
             "Barge-ins by voice, judged once the interrupting turn is transcribed: real (it held "
             "words) or false (none: a cough, noise, the assistant's echo).",
             ["outcome"],
+            registry=r,
+        )
+        self.voice_interruptions = Counter(
+            "bargein_voice_interruptions",
+            "Speech over a spoken answer in confirm mode, judged by its words: cut (a real "
+            "interruption) or resumed (reason: backchannel, no_words, echo).",
+            ["decision", "reason"],
             registry=r,
         )
         self.voice_speculations = Counter(

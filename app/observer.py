@@ -75,6 +75,10 @@ class Observer:
     def barge_in_judged(self, *, real: bool) -> None:
         self.metrics.voice_barge_ins.labels(outcome="real" if real else "false").inc()
 
+    def interruption_decided(self, *, real: bool, reason: str, seconds: float) -> None:
+        self.metrics.voice_interruptions.labels(decision="cut" if real else "resumed", reason=reason).inc()
+        self.metrics.interruption_decision.observe(seconds)
+
     def speculation(self, *, adopted: bool) -> None:
         self.metrics.voice_speculations.labels(outcome="adopted" if adopted else "dropped").inc()
 

@@ -50,6 +50,7 @@ from bargein.session.streams.peers import NoPeers
 from bargein.session.voice_runtime.channel import plug
 from bargein.session.voice_runtime.runtime import VoiceRuntime
 from bargein.session.voice_runtime.settings import VOICES
+from bargein.voice.interruption import DEFAULT_INTERRUPTION, IMMEDIATE_INTERRUPTION
 from bargein.voice.models import VoiceUnavailable, load_voice_models
 
 if TYPE_CHECKING:
@@ -467,7 +468,11 @@ async def realtime(ws: WebSocket) -> None:
         writer.send if adapter is None else adapter.send,
         principal=scope_state.get("principal", "anonymous"),
         limit_key=scope_state.get("limit_key"),
-        voice=None if state.voice is None else plug(state.voice),
+        # OpenAI's clients expect speech to interrupt at once (they clear their
+        # playback at speech_started); bargein's own default is to confirm it
+        voice=None
+        if state.voice is None
+        else plug(state.voice, interruption=IMMEDIATE_INTERRUPTION if openai else DEFAULT_INTERRUPTION),
     )
     set_ids(session_id=connection.session_id)  # on this connection's log lines
     state.observer.connected()

@@ -20,6 +20,7 @@ from bargein.protocol.events import (
     ClientEvent,
     ErrorCode,
     InputAudioAppend,
+    InterruptionSettings,
     ResponseCancel,
     ResponseCreate,
     SessionUpdate,
@@ -34,6 +35,11 @@ MAX_STOP_STRINGS = 4
 MAX_SEED = 2**63 - 1  # fits an int64 everywhere (torch generators, Redis, msgpack)
 MAX_VOICE_CHARS = 64
 MAX_TURN_DETECTION_MS = 10_000  # prefix padding and silence window: 10 s is far past any use
+# turn_detection.interruption (voice/interruption.py holds the same bounds; a test checks them)
+MAX_INTERRUPTION_WORDS = 16
+INTERRUPTION_PAUSE_MS = (100, 2000)
+MAX_BACKCHANNELS = 64
+MAX_BACKCHANNEL_CHARS = 64
 PCM16_SAMPLE_BYTES = 2
 
 
@@ -132,6 +138,21 @@ def _check_turn_detection(td: TurnDetectionSettings, path: str) -> None:
     ):
         if value is not None and not 0 <= value <= MAX_TURN_DETECTION_MS:
             raise _bad(f"'{path}.{name}' must be in [0, {MAX_TURN_DETECTION_MS}] milliseconds")
+    if td.interruption is not None:
+        _check_interruption(td.interruption, f"{path}.interruption")
+
+
+def _check_interruption(it: InterruptionSettings, path: str) -> None:
+    if it.min_words is not None and not 1 <= it.min_words <= MAX_INTERRUPTION_WORDS:
+        raise _bad(f"'{path}.min_words' must be in [1, {MAX_INTERRUPTION_WORDS}]")
+    low, high = INTERRUPTION_PAUSE_MS
+    if it.max_pause_ms is not None and not low <= it.max_pause_ms <= high:
+        raise _bad(f"'{path}.max_pause_ms' must be in [{low}, {high}] milliseconds")
+    if it.backchannels is not None:
+        if len(it.backchannels) > MAX_BACKCHANNELS:
+            raise _bad(f"'{path}.backchannels' holds at most {MAX_BACKCHANNELS} phrases")
+        if any(not 0 < len(p.strip()) <= MAX_BACKCHANNEL_CHARS for p in it.backchannels):
+            raise _bad(f"'{path}.backchannels' phrases must be 1 to {MAX_BACKCHANNEL_CHARS} characters")
 
 
 def _check_cancel(event: ResponseCancel) -> None:

@@ -54,6 +54,8 @@ StreamStatus = Literal["live", "complete"]
 Modality = Literal["text", "audio"]
 TurnDetectionType = Literal["server_vad", "semantic_vad", "none"]
 Eagerness = Literal["low", "medium", "high", "auto"]  # semantic_vad: how soon a turn ends
+InterruptionMode = Literal["immediate", "confirm"]  # how speech over a spoken answer interrupts it
+DiscardReason = Literal["backchannel", "no_words", "echo"]  # why speech over an answer was no turn
 SampleRate = Literal[16000, 24000]  # samples per second of pcm16 audio
 
 
@@ -120,6 +122,28 @@ class SamplingDefaults:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class InterruptionSettings:
+    """How speech over a spoken answer interrupts it (``turn_detection.interruption``, docs/protocol.md 8.7).
+
+    Attributes:
+        mode: ``confirm``: the answer's audio pauses and the speech's words
+            decide (cut, or resume from the paused millisecond);
+            ``immediate``: the answer is interrupted as soon as speech starts.
+        min_words: words of the user's own (not backchannels, not the
+            answer's echo) that make a real interruption, in [1, 16].
+        backchannels: phrases that never interrupt ("mm-hm", "yeah"); the
+            list replaces the server's.
+        max_pause_ms: the longest the answer stays paused before the words
+            decide, milliseconds of the user's audio, in [100, 2000].
+    """
+
+    mode: InterruptionMode | None = None
+    min_words: int | None = None
+    backchannels: tuple[str, ...] | None = None
+    max_pause_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TurnDetectionSettings:
     """How the server finds the user's turns in the input audio (``session.audio.input.turn_detection``).
 
@@ -139,6 +163,8 @@ class TurnDetectionSettings:
         eagerness: ``semantic_vad`` only: how soon a turn ends (``low`` waits
             longest for the user to go on, ``high`` answers soonest; ``auto``
             is ``medium``).
+        interruption: how speech over a spoken answer interrupts it (with
+            ``interrupt_response``); merged field by field.
     """
 
     type: TurnDetectionType | None = None
@@ -148,6 +174,7 @@ class TurnDetectionSettings:
     interrupt_response: bool | None = None
     create_response: bool | None = None
     eagerness: Eagerness | None = None
+    interruption: InterruptionSettings | None = None
 
 
 TURN_DETECTION_OFF = TurnDetectionSettings(type="none")
@@ -548,6 +575,49 @@ class ResponseAudioDone:
     end_ms: int
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResponseAudioPaused:
+    """Speech started over the response's audio (``confirm`` interruptions):
+    no ``response.audio.delta`` of it follows until ``response.audio.resumed``
+    or its end; ``end_ms`` is the end of its audio sent so far. The client
+    pauses playback, keeping what it has not played."""
+
+    type: ClassVar[str] = "response.audio.paused"
+    response_id: str
+    stream_id: str
+    end_ms: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResponseAudioResumed:
+    """The speech over the response was no interruption: its audio goes on
+    from ``from_ms`` (the paused ``end_ms``); the client resumes playback."""
+
+    type: ClassVar[str] = "response.audio.resumed"
+    response_id: str
+    stream_id: str
+    from_ms: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InputAudioDiscarded:
+    """The speech ``item_id`` (its ``input_audio.speech_started``) paused an
+    answer and was judged no interruption: it is no turn (no committed
+    event, no final transcript, nothing in the conversation).
+
+    Attributes:
+        reason: ``backchannel`` ("mm-hm", or fewer words than ``min_words``),
+            ``no_words`` (a cough, a knock, music) or ``echo`` (the answer's
+            own words, heard back).
+        transcript: what was heard, for display or logs.
+    """
+
+    type: ClassVar[str] = "input_audio.discarded"
+    item_id: str
+    reason: DiscardReason
+    transcript: str
+
+
 ServerEvent: TypeAlias = (
     SessionCreated
     | SessionUpdated
@@ -564,6 +634,9 @@ ServerEvent: TypeAlias = (
     | InputAudioTranscript
     | ResponseAudioDelta
     | ResponseAudioDone
+    | ResponseAudioPaused
+    | ResponseAudioResumed
+    | InputAudioDiscarded
 )
 
 CLIENT_EVENTS: dict[str, type[ClientEvent]] = {
@@ -598,6 +671,9 @@ SERVER_EVENTS: dict[str, type[ServerEvent]] = {
         InputAudioTranscript,
         ResponseAudioDelta,
         ResponseAudioDone,
+        ResponseAudioPaused,
+        ResponseAudioResumed,
+        InputAudioDiscarded,
     )
 }
 
@@ -611,11 +687,14 @@ __all__ = [
     "Modality",
     "TurnDetectionType",
     "Eagerness",
+    "InterruptionMode",
+    "DiscardReason",
     "SampleRate",
     "ErrorCode",
     "CloseCode",
     "InputItem",
     "SamplingDefaults",
+    "InterruptionSettings",
     "TurnDetectionSettings",
     "TURN_DETECTION_OFF",
     "AudioInputSettings",
@@ -652,6 +731,9 @@ __all__ = [
     "InputAudioTranscript",
     "ResponseAudioDelta",
     "ResponseAudioDone",
+    "ResponseAudioPaused",
+    "ResponseAudioResumed",
+    "InputAudioDiscarded",
     "ServerEvent",
     "CLIENT_EVENTS",
     "SERVER_EVENTS",

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from .interruption import Interruption
 from .turns import SpeechPaused, SpeechStarted, SpeechStopped, TurnDetection, TurnDetector, TurnEvent
 
 Eagerness = Literal["low", "medium", "high", "auto"]
@@ -83,6 +84,8 @@ class SemanticTurnDetection:
             (:data:`EAGERNESS`).
         interrupt_response: a turn start interrupts the active response (barge-in).
         create_response: a turn end starts a response.
+        interruption: how speech over a spoken answer interrupts it, with
+            ``interrupt_response`` (:mod:`bargein.voice.interruption`).
         completion_threshold: the end-of-turn probability at or above which a
             turn counts as complete, in (0, 1); 0.5, as pipecat's Smart Turn
             analyzer decides.
@@ -98,6 +101,7 @@ class SemanticTurnDetection:
     eagerness: Eagerness = "auto"
     interrupt_response: bool = True
     create_response: bool = True
+    interruption: Interruption = Interruption()
     completion_threshold: float = 0.5
     pause_ms: int = 96
     vad: TurnDetection = TurnDetection()
@@ -125,6 +129,7 @@ class SemanticTurnDetection:
             silence_duration_ms=self.timing.max_silence_ms,
             interrupt_response=self.interrupt_response,
             create_response=self.create_response,
+            interruption=self.interruption,
             min_speech_ms=self.vad.min_speech_ms,
             pause_ms=self.pause_ms,
             hysteresis=self.vad.hysteresis,

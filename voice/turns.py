@@ -24,6 +24,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from .interruption import Interruption
+
 # The lowest stop threshold: Silero's iterator floors ``threshold - 0.15`` the
 # same way, so that a low threshold cannot make speech go on for ever.
 _MIN_STOP_THRESHOLD = 0.01
@@ -53,6 +55,8 @@ class TurnDetection:
             one frame).
         hysteresis: once speech started it continues while the probability is
             ``>= threshold - hysteresis`` (Silero's convention: 0.15), in [0, 1].
+        interruption: how speech over a spoken answer interrupts it, with
+            ``interrupt_response`` (:mod:`bargein.voice.interruption`).
     """
 
     threshold: float = 0.5
@@ -63,6 +67,7 @@ class TurnDetection:
     min_speech_ms: int = 64
     pause_ms: int = 200
     hysteresis: float = 0.15
+    interruption: Interruption = Interruption()
 
     def __post_init__(self) -> None:
         if not 0.0 < self.threshold < 1.0:

@@ -333,6 +333,14 @@ class Connection:
         await self._cancel_active(self._voice.cut(active, None, None), now)
         return True
 
+    async def on_interruption_confirmed(self, response_ids: Sequence[str], now: float) -> bool:
+        """Speech that paused the answer interrupts it: cancel the active
+        response, if it is one of ``response_ids``, cut at the audio heard."""
+        async with self._lock:
+            if self._live.closed or self.active_response_id not in response_ids:
+                return False
+            return await self.on_barge_in(now)
+
     async def on_user_turn(
         self, create: pe.ResponseCreate, claim: Callable[[], bool], *, after_active: bool
     ) -> None:

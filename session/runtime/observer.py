@@ -96,6 +96,12 @@ class SessionObserver(Protocol):
         """The turn that barged in was transcribed: with words (real) or
         without (false: a cough, noise, echo)."""
 
+    def interruption_decided(self, *, real: bool, reason: str, seconds: float) -> None:
+        """Speech that paused a spoken answer (``confirm`` mode) was judged:
+        a real interruption (cut) or not (resumed; ``reason``: backchannel,
+        no_words, echo); ``seconds``: from the speech's end (or the end of
+        the pause window) to the decision."""
+
     def speculation(self, *, adopted: bool) -> None:
         """A voice turn answered at a pause was shown (the turn ended there) or
         dropped (the user went on speaking; its KV blocks were freed)."""
@@ -164,6 +170,9 @@ class NullObserver:
         pass
 
     def barge_in_judged(self, *, real: bool) -> None:
+        pass
+
+    def interruption_decided(self, *, real: bool, reason: str, seconds: float) -> None:
         pass
 
     def speculation(self, *, adopted: bool) -> None:

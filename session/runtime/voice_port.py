@@ -14,7 +14,8 @@ implements these protocols.
   response's delivery).
 - :class:`VoiceHooks`: what the voice side reports to the connection, its
   one owner, which decides what to do (after LiveKit agents' recognition
-  hooks): speech over the assistant, a user turn to answer, a turn's words
+  hooks): speech over the assistant (and, in ``confirm`` mode, its
+  confirmation as an interruption), a user turn to answer, a turn's words
   so far at a pause (to prefill), a turn answered speculatively at a pause,
   adopted or dropped.
 """
@@ -88,6 +89,16 @@ class VoiceHooks(Protocol):
 
         Returns:
             whether a response was active.
+        """
+
+    async def on_interruption_confirmed(self, response_ids: Sequence[str], now: float) -> bool:
+        """Speech that paused the answer is a real interruption (``confirm``
+        mode): as :meth:`on_barge_in`, if the active response is one of
+        ``response_ids`` (the ones paused; a later response is not the one
+        the user spoke over). Takes the connection's lock.
+
+        Returns:
+            whether the active response was cancelled.
         """
 
     async def on_user_turn(

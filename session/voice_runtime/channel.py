@@ -52,6 +52,7 @@ import functools
 import logging
 import math
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -69,6 +70,7 @@ from bargein.session.runtime.voice_port import (
     VoiceRefusal,
 )
 from bargein.session.voice_runtime.audio_input import VoiceInput
+from bargein.session.voice_runtime.interruptions import ConfirmedInterruptions
 from bargein.session.voice_runtime.partials import PartialTranscript
 from bargein.session.voice_runtime.runtime import VoiceRuntime
 from bargein.session.voice_runtime.settings import DEFAULT_OUTPUT_RATE, SessionAudio, as_event, merged
@@ -77,7 +79,8 @@ from bargein.session.voice_runtime.speaker import Speaker
 from bargein.session.voice_runtime.spoken import SpokenResponses, VoiceResponse
 from bargein.voice.audio import Resampler, pcm16_to_float
 from bargein.voice.errors import InputAudioFull
-from bargein.voice.turns import SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped
+from bargein.voice.interruption import DEFAULT_INTERRUPTION, Interruption
+from bargein.voice.turns import SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped, TurnDetection
 from bargein.voice.vad import SAMPLE_RATE
 
 logger = logging.getLogger(__name__)
@@ -85,10 +88,11 @@ FIRST_TRANSCRIBE_S = 1.0  # the retry hint of a refused turn before any transcri
 TRANSCRIPTION_FAILED = "the turn's audio could not be transcribed (a server fault); say it again"
 
 
-def plug(runtime: VoiceRuntime) -> VoiceFactory:
+def plug(runtime: VoiceRuntime, *, interruption: Interruption = DEFAULT_INTERRUPTION) -> VoiceFactory:
     """What a :class:`~bargein.session.runtime.connection.Connection` is given
-    to have a voice side on ``runtime``'s models and threads."""
-    return functools.partial(VoiceChannel, runtime)
+    to have a voice side on ``runtime``'s models and threads; ``interruption``:
+    the endpoint's default (turn detection turned on starts with it)."""
+    return functools.partial(VoiceChannel, runtime, interruption=interruption)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -128,11 +132,20 @@ class VoiceChannel:
             owner told of what the channel sees, its ``send``, its clock, the
             observer (voice metrics), the bound on waiting turns, and the
             charge of each turn's audio to its audio rate limit.
+        interruption: the endpoint's default interruption settings (a turn
+            detection turned on, or of a new type, starts with them).
     """
 
-    def __init__(self, runtime: VoiceRuntime, context: VoiceContext) -> None:
+    def __init__(
+        self,
+        runtime: VoiceRuntime,
+        context: VoiceContext,
+        *,
+        interruption: Interruption = DEFAULT_INTERRUPTION,
+    ) -> None:
         self.runtime = runtime
-        self.settings = SessionAudio()
+        self.settings = SessionAudio(turn_detection=TurnDetection(interruption=interruption))
+        self._default_interruption = interruption
         self._hooks = context.hooks
         self._send = context.send
         self._observer = context.observer
@@ -156,6 +169,14 @@ class VoiceChannel:
         self._unshown: list[_Speculation] = []  # speculations whose answer is held back
         self._partial: PartialTranscript | None = None  # of the turn being spoken
         self._pause: _PauseTranscript | None = None  # the partial transcription in flight or last done
+        self._interruptions = ConfirmedInterruptions(
+            send=self._send,
+            transcribe=self._transcribe,
+            cut=self._cut_confirmed,
+            spawn=self._spawn,
+            clock=self._clock,
+            observer=self._observer,
+        )
 
     @property
     def max_input_audio_ms(self) -> int:
@@ -181,7 +202,7 @@ class VoiceChannel:
         of the update may still be refused, and a refused update changes
         nothing)."""
         try:
-            new = merged(self.settings, audio)
+            new = merged(self.settings, audio, interruption=self._default_interruption)
         except ValueError as exc:
             return VoiceRefusal(pe.ErrorCode.INVALID_PARAMETER, str(exc))
         held = self._input is not None and self._input.buffer.duration_ms > 0
@@ -198,6 +219,7 @@ class VoiceChannel:
         if new.turn_detection != self.settings.turn_detection:
             await self.drop_speculation(now, unless=None)
             await self._end_pause(None)
+            self._interruptions.forget()
             self._partial = None
         self.settings = new
         if self._input is not None:
@@ -232,9 +254,12 @@ class VoiceChannel:
                 return
             for what, audio in seen:
                 await self._on_turn_event(what, audio, inp, received_at)
+            # speech over an answer that goes on past max_pause_ms is judged there
+            self._interruptions.heard(inp.buffer.total_ms, inp.buffer.read, in_speech=inp.in_speech)
         elif isinstance(event, pe.InputAudioCommit):
             await self.drop_speculation(received_at, unless=None)  # the turn ends here instead
             await self._end_pause(None)
+            self._interruptions.forget()
             self._partial = None
             # a commit of nothing runs no transcription: nothing to bound
             held = inp.buffer.duration_ms > 0
@@ -248,6 +273,7 @@ class VoiceChannel:
         elif isinstance(event, pe.InputAudioClear):
             await self.drop_speculation(received_at, unless=None)  # with the turn it answered
             await self._end_pause(None)
+            self._interruptions.forget()
             self._partial = None
             inp.clear()
 
@@ -255,14 +281,37 @@ class VoiceChannel:
         td = inp.turn_detection
         assert td is not None
         if isinstance(what, SpeechStarted):
-            if td.interrupt_response:
+            item_id = self._turn_item_id = f"item_{uuid.uuid4().hex}"
+            speakers = self._spoken.audible(now) if td.interruption.mode == "confirm" else []
+            if td.interrupt_response and speakers:
+                # confirm: the answer pauses; its words decide (interruptions.py)
+                padding = td.prefix_padding_ms if isinstance(td, TurnDetection) else td.vad.prefix_padding_ms
+                self._interruptions.pause(
+                    speakers,
+                    item_id=item_id,
+                    audio_start_ms=what.audio_start_ms,
+                    onset_ms=min(what.audio_start_ms + padding, inp.buffer.total_ms),
+                    config=td.interruption,
+                    now=now,
+                )
+                self._observer.barge_in(self._clock() - now)
+            elif td.interrupt_response:
                 await self._barge_in(now)
-            self._turn_item_id = f"item_{uuid.uuid4().hex}"
-            self._partial = PartialTranscript(self._turn_item_id)
-            await self._send(
-                pe.InputAudioSpeechStarted(audio_start_ms=what.audio_start_ms, item_id=self._turn_item_id)
+            self._partial = PartialTranscript(item_id)
+            await self._send(pe.InputAudioSpeechStarted(audio_start_ms=what.audio_start_ms, item_id=item_id))
+            await self._interruptions.announce()
+        elif isinstance(what, SpeechStopped) and self._interruptions.judging:
+            # speech over an answer: a turn only if its words interrupt it
+            item_id = self._turn_item_id or f"item_{uuid.uuid4().hex}"
+            self._turn_item_id, self._partial = None, None
+            await self._send(pe.InputAudioSpeechStopped(audio_end_ms=what.audio_end_ms, item_id=item_id))
+            await self._end_pause(what.audio_end_ms)
+            self._spawn(
+                self._overlapped_turn(item_id, audio, what, speech_end_at=inp.arrival_of(what.audio_end_ms)),
+                f"overlapped-{item_id}",
             )
         elif isinstance(what, SpeechStopped):
+            self._interruptions.forget()  # confirmed (or none): the turn goes on as any
             await self._send(
                 pe.InputAudioSpeechStopped(audio_end_ms=what.audio_end_ms, item_id=self._turn_item_id)
             )
@@ -287,6 +336,8 @@ class VoiceChannel:
                 speech_end_at=inp.arrival_of(what.audio_end_ms),
                 reuse=pause,
             )
+        elif isinstance(what, SpeechPaused) and self._interruptions.judging:
+            self._interruptions.paused(audio, (what.audio_start_ms, what.audio_end_ms))
         elif isinstance(what, SpeechPaused):
             if (
                 self.runtime.config.speculate
@@ -313,6 +364,8 @@ class VoiceChannel:
                     audio_start_ms=what.audio_start_ms, audio_end_ms=what.audio_end_ms
                 )
                 pause.task = self._spawn(self._transcribe_pause(pause, audio), f"partial-{what.audio_end_ms}")
+        elif isinstance(what, SpeechResumed) and self._interruptions.judging:
+            self._interruptions.resumed()
         elif isinstance(what, SpeechResumed) and self._speculation is not None:
             speculation, self._speculation = self._speculation, None
             await self._drop(speculation, now)
@@ -586,6 +639,27 @@ class VoiceChannel:
             self._observer.barge_in(self._clock() - now)
             self._barged = True
 
+    async def _cut_confirmed(self, response_ids: Sequence[str], now: float) -> None:
+        """Speech that paused the answer is a real interruption: cut it as a
+        barge-in does (interruptions.py)."""
+        self._spoken.stop_all()
+        await self._hooks.on_interruption_confirmed(response_ids, now)
+        self._barged = True
+
+    async def _overlapped_turn(
+        self, item_id: str, audio: Any, what: SpeechStopped, *, speech_end_at: float | None
+    ) -> None:
+        """The end of speech that started over an answer: the user's turn if
+        its words interrupt the answer, else nothing (it was discarded)."""
+        span = (what.audio_start_ms, what.audio_end_ms)
+        if not await self._interruptions.ended(audio, span):
+            return
+        refusal = self._refuse_turn((what.audio_end_ms - what.audio_start_ms) / 1000, self._clock())
+        if refusal is not None:
+            await self._refused(refusal, None, f"the turn ending at {what.audio_end_ms} ms was dropped")
+            return
+        self._start_turn(audio, *span, speech_end_at=speech_end_at, item_id=item_id)
+
     def _judge_barge_in(self, text: str) -> None:
         """The turn that barged in is transcribed: without words (a cough,
         noise, the assistant's own echo) the barge-in was a false one."""
@@ -601,8 +675,12 @@ class VoiceChannel:
         *,
         speech_end_at: float | None,
         reuse: _PauseTranscript | None = None,
+        item_id: str | None = None,
     ) -> None:
-        item_id, self._turn_item_id = self._turn_item_id or f"item_{uuid.uuid4().hex}", None
+        """Commit, transcribe and answer a turn in a task of its own; its
+        ``item_id`` is the one announced at its start unless given."""
+        if item_id is None:
+            item_id, self._turn_item_id = self._turn_item_id or f"item_{uuid.uuid4().hex}", None
         self._spawn(
             self._turn(item_id, audio, start_ms, end_ms, speech_end_at, reuse),
             f"turn-{item_id}",
@@ -765,6 +843,7 @@ class VoiceChannel:
         """The connection is gone: stop its turns, and retract the answers
         started at a pause that the client never saw (whatever the
         disconnect policy keeps, it keeps what the client was shown)."""
+        self._interruptions.forget(resume=False)
         await cancel_and_wait(list(self._turns))
         if self._input is not None:
             self._input.close()

@@ -13,6 +13,7 @@ from typing import Any
 
 from bargein.protocol import events as pe
 from bargein.voice.audio import INPUT_RATES, OUTPUT_RATES
+from bargein.voice.interruption import DEFAULT_INTERRUPTION, Interruption
 from bargein.voice.semantic_turns import SemanticTurnDetection
 from bargein.voice.turns import TurnDetection
 
@@ -51,8 +52,11 @@ class SessionAudio:
             raise ValueError(f"output sample_rate={self.output_rate} must be one of {list(OUTPUT_RATES)}")
 
 
-def merged(settings: SessionAudio, update: pe.AudioSettings) -> SessionAudio:
-    """``settings`` with a ``session.update``'s ``audio`` merged field by field.
+def merged(
+    settings: SessionAudio, update: pe.AudioSettings, *, interruption: Interruption = DEFAULT_INTERRUPTION
+) -> SessionAudio:
+    """``settings`` with a ``session.update``'s ``audio`` merged field by field;
+    ``interruption``: the endpoint's default, for a detection turned on from off.
 
     Raises:
         ValueError: a value is out of range (the message names the field).
@@ -63,7 +67,10 @@ def merged(settings: SessionAudio, update: pe.AudioSettings) -> SessionAudio:
             new = replace(new, input_rate=update.input.sample_rate)
         if update.input.turn_detection is not None:
             new = replace(
-                new, turn_detection=_merged_detection(new.turn_detection, update.input.turn_detection)
+                new,
+                turn_detection=_merged_detection(
+                    new.turn_detection, update.input.turn_detection, interruption
+                ),
             )
     if update.output is not None:
         out = update.output
@@ -82,7 +89,9 @@ _SERVER_VAD_FIELDS = ("threshold", "prefix_padding_ms", "silence_duration_ms")
 _SHARED_FIELDS = ("interrupt_response", "create_response")  # both types have them
 
 
-def _merged_detection(current: Detection | None, td: pe.TurnDetectionSettings) -> Detection | None:
+def _merged_detection(
+    current: Detection | None, td: pe.TurnDetectionSettings, default_interruption: Interruption
+) -> Detection | None:
     """The turn detection in force after an update's ``turn_detection``: off
     for ``type: "none"``; the fields given merged into the detection in force
     when it has the same type; on a change of type, the new type's initial
@@ -95,12 +104,16 @@ def _merged_detection(current: Detection | None, td: pe.TurnDetectionSettings) -
     """
     if td.type == "none":
         return None  # its values are forgotten
-    shared = {k: getattr(td, k) for k in _SHARED_FIELDS if getattr(td, k) is not None}
+    shared: dict[str, Any] = {k: getattr(td, k) for k in _SHARED_FIELDS if getattr(td, k) is not None}
     server = {k: getattr(td, k) for k in _SERVER_VAD_FIELDS if getattr(td, k) is not None}
-    if td.type is None and current is None and (shared or server or td.eagerness is not None):
+    if td.type is None and current is None and (shared or server or td.eagerness or td.interruption):
         raise ValueError(f"{_PATH} is off: turn it on with type 'server_vad' or 'semantic_vad'")
     semantic = td.type == "semantic_vad" or (td.type is None and isinstance(current, SemanticTurnDetection))
-    carried = {} if current is None else {k: getattr(current, k) for k in _SHARED_FIELDS}
+    carried: dict[str, Any] = {"interruption": default_interruption}
+    if current is not None:
+        carried = {k: getattr(current, k) for k in (*_SHARED_FIELDS, "interruption")}
+    if td.interruption is not None:
+        shared["interruption"] = _merged_interruption(carried["interruption"], td.interruption)
     if semantic:
         if server:
             field = next(iter(server))
@@ -120,6 +133,29 @@ def _merged_detection(current: Detection | None, td: pe.TurnDetectionSettings) -
     return replace(base_vad, **fields)
 
 
+def _merged_interruption(current: Interruption, update: pe.InterruptionSettings) -> Interruption:
+    """``current`` with the fields ``update`` gives (a list of backchannels replaces the list).
+
+    Raises:
+        ValueError: a value out of range (the message names it).
+    """
+    fields = {
+        k: getattr(update, k)
+        for k in ("mode", "min_words", "backchannels", "max_pause_ms")
+        if getattr(update, k) is not None
+    }
+    try:
+        return replace(current, **fields)
+    except ValueError as exc:
+        raise ValueError(f"{_PATH}.{exc}") from None
+
+
+def _interruption_event(it: Interruption) -> pe.InterruptionSettings:
+    return pe.InterruptionSettings(
+        mode=it.mode, min_words=it.min_words, backchannels=it.backchannels, max_pause_ms=it.max_pause_ms
+    )
+
+
 def as_event(settings: SessionAudio) -> pe.AudioSettings:
     """``settings`` as ``session.updated`` reports them."""
     td = settings.turn_detection
@@ -131,6 +167,7 @@ def as_event(settings: SessionAudio) -> pe.AudioSettings:
             interrupt_response=td.interrupt_response,
             create_response=td.create_response,
             eagerness=td.eagerness,
+            interruption=_interruption_event(td.interruption),
         )
     else:
         detection = pe.TurnDetectionSettings(
@@ -140,6 +177,7 @@ def as_event(settings: SessionAudio) -> pe.AudioSettings:
             silence_duration_ms=td.silence_duration_ms,
             interrupt_response=td.interrupt_response,
             create_response=td.create_response,
+            interruption=_interruption_event(td.interruption),
         )
     return pe.AudioSettings(
         input=pe.AudioInputSettings(sample_rate=settings.input_rate, turn_detection=detection),  # type: ignore[arg-type]

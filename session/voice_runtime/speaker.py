@@ -23,7 +23,10 @@ at the end of the audio synthesizes nothing. Synthesis is cheap next to generati
 in the token log of every stream.
 
 A barge-in calls :meth:`Speaker.stop`: no audio chunk of the response is sent
-after it. :meth:`Speaker.finish` speaks what is left (unless stopped) and
+after it. Speech over the answer that is not confirmed yet as an interruption
+(``confirm`` mode, :mod:`bargein.voice.interruption`) calls :meth:`Speaker.pause`:
+no chunk is sent until :meth:`Speaker.resume` (synthesis goes on), so a false
+interruption resumes at the paused millisecond, nothing lost or repeated. :meth:`Speaker.finish` speaks what is left (unless stopped) and
 sends ``response.audio.done``; the delivery awaits it (``on_end``, or
 ``on_failure``) before ``response.done`` or the ``error`` that ends it.
 """
@@ -112,6 +115,14 @@ class Speaker:
         self.sent_text_end = 0
         self.stopped = False
         self.done = False  # response.audio.done was sent
+        self._playing = asyncio.Event()  # cleared while paused
+        self._playing.set()
+        self._text: list[str] = []  # the response text fed so far
+        # the client's playback, as the server sees it: it starts at the first
+        # chunk sent and runs in real time, paused while the speaker is paused
+        self._first_sent_at: float | None = None
+        self._paused_at: float | None = None
+        self._paused_s = 0.0
         self._synth = synth
         self._send = send
         self._run_blocking = run_blocking
@@ -130,6 +141,7 @@ class Speaker:
         """The delivery sent ``text``, the next characters of the response."""
         if self.stopped or not text:
             return
+        self._text.append(text)
         for segment in self._segmenter.feed(text):
             self._enqueue(segment)
 
@@ -138,6 +150,53 @@ class Speaker:
         self.stopped = True
         if self._worker is not None:
             self._worker.cancel()
+
+    @property
+    def paused(self) -> bool:
+        """Paused by :meth:`pause` and not resumed yet."""
+        return not self._playing.is_set()
+
+    def pause(self) -> None:
+        """Speech over the answer: send no chunk until :meth:`resume`
+        (:attr:`sent_end_ms` is where the audio paused)."""
+        if self._playing.is_set():
+            self._playing.clear()
+            self._paused_at = self._clock()
+
+    def resume(self) -> None:
+        """The speech was no interruption: the audio goes on from where it paused."""
+        if not self._playing.is_set():
+            self._playing.set()
+            if self._paused_at is not None:
+                self._paused_s += self._clock() - self._paused_at
+                self._paused_at = None
+
+    def played_ms(self, now: float) -> int:
+        """The output-timeline ms the client has played by ``now`` (monotonic
+        s), estimated: playback starts as the first chunk is sent and runs in
+        real time, stopped while paused, never past the audio sent."""
+        if self._first_sent_at is None:
+            return 0
+        until = now if self._paused_at is None else self._paused_at
+        return max(0, min(self.sent_end_ms, int(1000 * (until - self._first_sent_at - self._paused_s))))
+
+    def audible(self, now: float) -> bool:
+        """Whether the client may still be playing (or about to play) this
+        answer at ``now``: not stopped, and audio is still to come or not
+        played yet (:meth:`played_ms`)."""
+        return not self.stopped and (not self.done or self.played_ms(now) < self.sent_end_ms)
+
+    def heard_text(self, now: float, *, before_ms: int, after_ms: int) -> str:
+        """The response text spoken from ``before_ms`` before to ``after_ms``
+        after the estimated playback position (:meth:`played_ms`): the words
+        the user's microphone may pick up as echo."""
+        played = self.played_ms(now)
+        text = "".join(self._text)
+        lo = self.alignment.cut_at(max(0, played - before_ms))
+        # cut_at keeps the word in progress: start after it, at the word boundary before
+        lo = text.rfind(" ", 0, max(0, lo - 1)) + 1 if lo else 0
+        hi = self.alignment.cut_at(min(self.sent_end_ms, played + after_ms))
+        return text[lo:hi]
 
     async def finish(self) -> None:
         """The response's text is complete (or was cut): speak the rest, unless
@@ -285,6 +344,7 @@ class Speaker:
         self._samples += length
 
     async def _send_chunk(self, piece: np.ndarray, end_sample: int) -> None:
+        await self._playing.wait()  # a paused answer's next chunk waits here
         start_ms = (end_sample - len(piece)) * 1000 // self.sample_rate
         end_ms = end_sample * 1000 // self.sample_rate
         # at the exact end, not the rounded-down ms: a segment's last word ends there
@@ -304,6 +364,8 @@ class Speaker:
                 text_end=text_end,
             )
         )
+        if first:
+            self._first_sent_at = self._clock()
         if first and self._on_first_audio is not None:
             self._on_first_audio()
 

@@ -141,6 +141,12 @@ class SpokenResponses:
         response.speaker.stop()
         return cut if heard_chars is None else min(cut, heard_chars)
 
+    def audible(self, now: float) -> list[Speaker]:
+        """The speakers the client may still be playing at ``now`` (:meth:`Speaker.audible`)."""
+        return [
+            r.speaker for r in self._responses.values() if r.speaker is not None and r.speaker.audible(now)
+        ]
+
     def stop_all(self) -> bool:
         """A barge-in: every speaker still speaking stops (a response whose
         generation ended may still be speaking). Returns whether one was."""

@@ -387,6 +387,18 @@ SERVER_AUDIO_GOLDEN: list[tuple[Any, str]] = [
         ev.ResponseAudioDone(response_id="r1", stream_id="s1", end_ms=1730),
         '{"type":"response.audio.done","response_id":"r1","stream_id":"s1","end_ms":1730}',
     ),
+    (
+        ev.ResponseAudioPaused(response_id="r1", stream_id="s1", end_ms=2400),
+        '{"type":"response.audio.paused","response_id":"r1","stream_id":"s1","end_ms":2400}',
+    ),
+    (
+        ev.ResponseAudioResumed(response_id="r1", stream_id="s1", from_ms=2400),
+        '{"type":"response.audio.resumed","response_id":"r1","stream_id":"s1","from_ms":2400}',
+    ),
+    (
+        ev.InputAudioDiscarded(item_id="item_2", reason="backchannel", transcript="Mm-hmm."),
+        '{"type":"input_audio.discarded","item_id":"item_2","reason":"backchannel","transcript":"Mm-hmm."}',
+    ),
 ]
 
 # The fields that hold audio bytes, by event type: base64 in JSON, bin in msgpack.

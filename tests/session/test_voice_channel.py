@@ -314,7 +314,7 @@ async def spoken_story(c: VoiceClient, **create: Any) -> pe.ResponseCreated:
 async def test_speech_over_a_spoken_answer_cancels_it_cut_at_the_audio_sent() -> None:
     c = await client()
     try:
-        await c.voice_session()
+        await c.voice_session(interruption={"mode": "immediate"})
         created = await spoken_story(c)
         c.models.synthesizer.gate.clear()  # the rest of the text is not spoken yet
         c.generate(created.stream_id, *STORY[8:10])

@@ -15,6 +15,7 @@ import pytest
 from bargein.protocol import events as pe
 from bargein.protocol.errors import ProtocolError
 from bargein.session.voice_runtime.config import VoiceConfig
+from bargein.voice.interruption import DEFAULT_BACKCHANNELS
 from tests.session.voice_fakes import (
     Client,
     FakeEndOfTurn,
@@ -30,7 +31,15 @@ from tests.session.voice_fakes import (
     wire,
 )
 
-SEMANTIC = {"type": "semantic_vad", "eagerness": "auto", "interrupt_response": True, "create_response": True}
+SEMANTIC = {
+    "type": "semantic_vad",
+    "eagerness": "auto",
+    "interrupt_response": True,
+    "create_response": True,
+    "interruption": pe.InterruptionSettings(
+        mode="confirm", min_words=2, backchannels=DEFAULT_BACKCHANNELS, max_pause_ms=500
+    ),
+}
 
 
 async def client(*scores: float, config: VoiceConfig | None = None) -> Client:
@@ -229,6 +238,7 @@ async def test_session_updated_echoes_semantic_vad_and_a_change_of_type_keeps_th
             "silence_duration_ms": 500,
             "interrupt_response": True,
             "create_response": False,
+            "interruption": SEMANTIC["interruption"],  # carried over, as the shared fields
         }
     finally:
         await done(c)

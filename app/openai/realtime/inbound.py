@@ -717,7 +717,9 @@ def _pcm_rate(value: Any, param: str, rates: tuple[int, ...]) -> int | None:
 
 
 _SERVER_VAD_FIELDS = {"threshold", "prefix_padding_ms", "silence_duration_ms", "idle_timeout_ms"}
-_SHARED_FIELDS = {"type", "create_response", "interrupt_response"}
+# interruption: bargein's extension (docs/protocol.md 11.x); OpenAI has no such field
+_SHARED_FIELDS = {"type", "create_response", "interrupt_response", "interruption"}
+_INTERRUPTION_FIELDS = {"mode": (str,), "min_words": (int,), "backchannels": (list,), "max_pause_ms": (int,)}
 _EAGERNESS = ("low", "medium", "high", "auto")
 
 
@@ -747,6 +749,7 @@ def _turn_detection(value: Any) -> pe.TurnDetectionSettings:
         got = raw.get(name)
         if got is not None and (not isinstance(got, types) or (bool not in types and isinstance(got, bool))):
             raise RealtimeError("invalid_type", f"{param}.{name} has the wrong type", f"{param}.{name}")
+    interruption = _interruption(raw.get("interruption"), f"{param}.interruption")
     if kind == "semantic_vad":
         eagerness = raw.get("eagerness")
         if eagerness is not None and eagerness not in _EAGERNESS:
@@ -758,6 +761,7 @@ def _turn_detection(value: Any) -> pe.TurnDetectionSettings:
             eagerness=eagerness,
             create_response=raw.get("create_response"),
             interrupt_response=raw.get("interrupt_response"),
+            interruption=interruption,
         )
     return pe.TurnDetectionSettings(
         type="server_vad",
@@ -766,4 +770,28 @@ def _turn_detection(value: Any) -> pe.TurnDetectionSettings:
         silence_duration_ms=raw.get("silence_duration_ms"),
         create_response=raw.get("create_response"),
         interrupt_response=raw.get("interrupt_response"),
+        interruption=interruption,
+    )
+
+
+def _interruption(value: Any, param: str) -> pe.InterruptionSettings | None:
+    """bargein's ``interruption`` extension of ``turn_detection`` (None: not given)."""
+    if value is None:
+        return None
+    raw = _object(value, param)
+    _only(raw, set(_INTERRUPTION_FIELDS), f"{param}.")
+    for name, types in _INTERRUPTION_FIELDS.items():
+        got = raw.get(name)
+        if got is not None and (not isinstance(got, types) or isinstance(got, bool)):
+            raise RealtimeError("invalid_type", f"{param}.{name} has the wrong type", f"{param}.{name}")
+    if raw.get("mode") not in (None, "immediate", "confirm"):
+        raise RealtimeError("invalid_value", "mode must be 'immediate' or 'confirm'", f"{param}.mode")
+    phrases = raw.get("backchannels")
+    if phrases is not None and not all(isinstance(p, str) for p in phrases):
+        raise RealtimeError("invalid_type", f"{param}.backchannels must be strings", f"{param}.backchannels")
+    return pe.InterruptionSettings(
+        mode=raw.get("mode"),
+        min_words=raw.get("min_words"),
+        backchannels=None if phrases is None else tuple(phrases),
+        max_pause_ms=raw.get("max_pause_ms"),
     )

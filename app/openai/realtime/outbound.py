@@ -383,6 +383,30 @@ class Translator:
             }
         ]
 
+    def _on_audio_paused(self, event: pe.ResponseAudioPaused) -> list[dict[str, Any]]:
+        response = self._responses.get(event.response_id)
+        if response is None:
+            return []
+        return [{"type": "output_audio_buffer.paused", **self._ids(response), "audio_end_ms": event.end_ms}]
+
+    def _on_audio_resumed(self, event: pe.ResponseAudioResumed) -> list[dict[str, Any]]:
+        response = self._responses.get(event.response_id)
+        if response is None:
+            return []
+        return [
+            {"type": "output_audio_buffer.resumed", **self._ids(response), "audio_start_ms": event.from_ms}
+        ]
+
+    def _on_discarded(self, event: pe.InputAudioDiscarded) -> list[dict[str, Any]]:
+        return [
+            {
+                "type": "input_audio_buffer.discarded",
+                "item_id": event.item_id,
+                "reason": event.reason,
+                "transcript": event.transcript,
+            }
+        ]
+
     def _on_speech_stopped(self, event: pe.InputAudioSpeechStopped) -> list[dict[str, Any]]:
         return [
             {
@@ -540,6 +564,9 @@ _HANDLERS: dict[type, Callable[[Translator, Any], list[dict[str, Any]]]] = {
     pe.StreamResumed: Translator._on_stream_resumed,
     pe.ErrorEvent: Translator._on_error,
     pe.InputAudioSpeechStarted: Translator._on_speech_started,
+    pe.ResponseAudioPaused: Translator._on_audio_paused,
+    pe.ResponseAudioResumed: Translator._on_audio_resumed,
+    pe.InputAudioDiscarded: Translator._on_discarded,
     pe.InputAudioSpeechStopped: Translator._on_speech_stopped,
     pe.InputAudioCommitted: Translator._on_committed,
     pe.InputAudioTranscript: Translator._on_transcript,
@@ -551,20 +578,32 @@ _HANDLERS: dict[type, Callable[[Translator, Any], list[dict[str, Any]]]] = {
 
 
 def _turn_detection(td: pe.TurnDetectionSettings) -> dict[str, Any]:
-    """OpenAI's ``turn_detection`` object for the detection in force (``server_vad`` or ``semantic_vad``)."""
+    """OpenAI's ``turn_detection`` object for the detection in force (``server_vad``
+    or ``semantic_vad``); bargein's ``interruption`` only when not OpenAI's
+    ``immediate`` (a client that never asked for it sees OpenAI's object)."""
     if td.type == "semantic_vad":
-        return {
+        out: dict[str, Any] = {
             "type": "semantic_vad",
             "eagerness": td.eagerness,
             "create_response": td.create_response,
             "interrupt_response": td.interrupt_response,
         }
-    return {
-        "type": "server_vad",
-        "threshold": td.threshold,
-        "prefix_padding_ms": td.prefix_padding_ms,
-        "silence_duration_ms": td.silence_duration_ms,
-        "create_response": td.create_response,
-        "interrupt_response": td.interrupt_response,
-        "idle_timeout_ms": None,
-    }
+    else:
+        out = {
+            "type": "server_vad",
+            "threshold": td.threshold,
+            "prefix_padding_ms": td.prefix_padding_ms,
+            "silence_duration_ms": td.silence_duration_ms,
+            "create_response": td.create_response,
+            "interrupt_response": td.interrupt_response,
+            "idle_timeout_ms": None,
+        }
+    it = td.interruption
+    if it is not None and it.mode != "immediate":
+        out["interruption"] = {
+            "mode": it.mode,
+            "min_words": it.min_words,
+            "backchannels": list(it.backchannels or ()),
+            "max_pause_ms": it.max_pause_ms,
+        }
+    return out
