@@ -185,9 +185,11 @@ class AnswerPlayer:
       cuts it at once.
     - ``confirm`` mode: that speech only *pauses* the playback, keeping the
       buffered audio; so does ``response.audio.paused``. The playback resumes
-      from the paused sample on ``response.audio.resumed``, or on
-      ``input_audio.discarded`` for the speech's item (a cough, an "mm-hm",
-      the answer's own echo), and is cut by a real interruption:
+      from the paused sample on ``response.audio.resumed`` (the speech is
+      still judged again at its end: "yeah, but what about Tuesday?" cuts
+      it then), or on ``input_audio.discarded`` for the speech's item (a
+      cough, an "mm-hm", the answer's own echo: the verdict), and is cut by
+      a real interruption:
       ``response.done`` with ``finish_reason: "interrupted"``, or, for an
       answer whose audio had all been sent (the server no longer pauses it,
       the client still plays it), the speech's final transcript with words
@@ -217,8 +219,10 @@ class AnswerPlayer:
         self.playbacks: dict[str, Playback] = {}
         self.discarded: list[dict[str, Any]] = []
         self.cancels: list[dict[str, Any]] = []
-        self._held_item: str | None = None  # the speech that paused playback, awaiting its verdict
-        self._held: str | None = None  # the response it paused
+        # speech over an answer, awaiting its verdict (its item, and the answer it
+        # paused); the answer may play on meanwhile (resumed at a pause in the speech)
+        self._overlap_item: str | None = None
+        self._overlap: str | None = None
         self._speech_item: str | None = None  # the item of the last speech_started
 
     def sink(self, response_id: str) -> Callable[[bytes], None]:
@@ -235,13 +239,18 @@ class AnswerPlayer:
         """Whether a playback is paused, awaiting the server's verdict."""
         return any(p.paused for p in self.playbacks.values())
 
+    @property
+    def judging(self) -> str | None:
+        """The item of the speech over an answer whose verdict is still to come, if any."""
+        return self._overlap_item if self._overlap is not None else None
+
     def take(self, event: dict[str, Any]) -> dict[str, Any] | None:
         """Apply one server event; returns a ``response.cancel`` to send, if it cut an answer."""
         kind = event.get("type")
         if kind == "response.created":
             self._playback(event["response_id"])
-            if self._held is not None:  # the speech was a turn (or another began): the held answer ends
-                return self._cut_held()
+            if self._overlap is not None:  # the speech was a turn (or another began): the held answer ends
+                return self._cut_overlapped()
         elif kind == "input_audio.speech_started":
             self._speech_item = event.get("item_id")
             playing = self._playing()
@@ -250,26 +259,26 @@ class AnswerPlayer:
             if self.mode == "immediate":
                 return self._cut(playing)
             self.playbacks[playing].pause()
-            self._held_item, self._held = self._speech_item, playing
+            self._overlap_item, self._overlap = self._speech_item, playing
         elif kind == "response.audio.paused":
             playback = self._playback(event["response_id"])
             if playback.cut_at is None:
                 playback.pause()
-                self._held_item, self._held = self._speech_item, event["response_id"]
+                self._overlap_item, self._overlap = self._speech_item, event["response_id"]
         elif kind == "response.audio.resumed":
-            if event["response_id"] == self._held:
-                self._release()
+            if event["response_id"] == self._overlap:  # the speech is judged again at its end: still held
+                self.playbacks[self._overlap].resume()
         elif kind == "input_audio.discarded":
             self.discarded.append(event)
-            if event.get("item_id") == self._held_item:
+            if event.get("item_id") == self._overlap_item:
                 self._release()
         elif (
             kind == "input_audio.transcript"
             and event.get("final")
-            and event.get("item_id") == self._held_item
+            and event.get("item_id") == self._overlap_item
         ):
             if str(event.get("text", "")).strip():
-                return self._cut_held()
+                return self._cut_overlapped()
             self._release()  # nothing was heard: no turn
         elif kind == "response.done" and event.get("finish_reason") == "interrupted":
             done = self.playbacks.get(event["response_id"])
@@ -291,20 +300,20 @@ class AnswerPlayer:
         return None
 
     def _release(self) -> None:
-        """A false interruption: the held playback plays on from where it paused."""
-        if self._held is not None:
-            self.playbacks[self._held].resume()
-        self._held_item = self._held = None
+        """A false interruption: the answer plays on from where it paused (if it still is)."""
+        if self._overlap is not None:
+            self.playbacks[self._overlap].resume()
+        self._overlap_item = self._overlap = None
 
-    def _cut_held(self) -> dict[str, Any] | None:
-        held = self._held
-        self._held_item = self._held = None
+    def _cut_overlapped(self) -> dict[str, Any] | None:
+        held = self._overlap
+        self._overlap_item = self._overlap = None
         return self._cut(held) if held is not None else None
 
     def _cut(self, response_id: str) -> dict[str, Any] | None:
         """Barge-in: drop the rest of the answer; the cancel that says what was heard."""
-        if response_id == self._held:
-            self._held_item = self._held = None
+        if response_id == self._overlap:
+            self._overlap_item = self._overlap = None
         playback = self.playbacks[response_id]
         if playback.cut_at is not None:
             return None

@@ -392,9 +392,11 @@ function renderedSamples(seg, t) {
  *   answer cuts it at once, as a barge-in.
  * - `confirm`: that speech pauses the playback, keeping its buffered audio
  *   (`response.audio.paused` says the server paused the response too). The
- *   playback resumes from the same sample on `response.audio.resumed`, or on
- *   `input_audio.discarded` for the speech's item (a cough, an "mm-hm", echo:
- *   no user turn; its partial transcript, if shown, is taken back). A real
+ *   playback resumes from the same sample on `response.audio.resumed` (the
+ *   speech is still judged again at its end: "yeah, but what about Tuesday?"
+ *   cuts it then), or on `input_audio.discarded` for the speech's item (a
+ *   cough, an "mm-hm", echo: the verdict, no user turn; its partial
+ *   transcript, if shown, is taken back). A real
  *   interruption cuts it as a barge-in: `response.done` with `finish_reason:
  *   "interrupted"`, or, for an answer whose audio had all been sent (the server
  *   no longer pauses it; it still plays here), the speech's final transcript
@@ -427,8 +429,12 @@ export class ServerVoice extends EventTarget {
     this._audioOn = false; // the session.update that turned audio on was accepted
     this._followed = new WeakSet();
     this._speechItem = null; // the item of the last speech_started
-    /** @type {{itemId: string | null, responseId: string} | null} the speech that holds the playback */
-    this._held = null;
+    /**
+     * Speech over an answer whose verdict is still to come (its item, and the
+     * answer): the playback is held, or plays on after a resume at a pause.
+     * @type {{itemId: string | null, responseId: string} | null}
+     */
+    this._overlap = null;
     this._onEvent = (event) => this._serverEvent(event.detail);
     this._onResponse = (event) => this._follow(event.detail);
   }
@@ -440,7 +446,12 @@ export class ServerVoice extends EventTarget {
 
   /** Whether the playback is held, waiting for the server's verdict on speech over it. */
   get paused() {
-    return this._held !== null;
+    return Boolean(this.player?.paused);
+  }
+
+  /** The item of the speech over an answer whose verdict is still to come, or null. */
+  get judging() {
+    return this._overlap?.itemId ?? null;
   }
 
   /** Turns server audio on for the session and opens the microphone. */
@@ -479,7 +490,7 @@ export class ServerVoice extends EventTarget {
     this.client.removeEventListener("response", this._onResponse);
     this.microphone?.stop();
     this.player?.stop();
-    this._held = null;
+    this._overlap = null;
     const context = this.context;
     this.context = this.microphone = this.player = null;
     this._setState("off");
@@ -506,7 +517,7 @@ export class ServerVoice extends EventTarget {
     if (response !== active && !this.player.pending(response.id)) return null; // heard to its end
     const { ms, textEnd } = this.player.played(response.id);
     this.player.stop();
-    this._held = null;
+    this._overlap = null;
     response.cancel({ audioEndMs: ms });
     const cut = { response, ms, textEnd };
     this.dispatchEvent(new CustomEvent("bargein", { detail: cut }));
@@ -528,36 +539,39 @@ export class ServerVoice extends EventTarget {
 
   _serverEvent(event) {
     switch (event.type) {
-      case "input_audio.speech_started":
+      case "input_audio.speech_started": {
         this._speechItem = event.item_id ?? null;
-        if (this.interruptionMode === "confirm") this._hold(this._playingId());
-        else this.interrupt();
+        const playing = this._playingId();
+        if (this.interruptionMode !== "confirm") this.interrupt();
+        else if (playing) this._hold(playing);
         this._setState("listening");
         break;
+      }
       case "response.audio.paused":
         this._hold(event.response_id);
         break;
       case "response.audio.resumed":
-        if (this._held?.responseId === event.response_id) this._release();
+        // the speech is judged again at its end ("yeah, but what about Tuesday?"): still overlapping
+        if (this._overlap?.responseId === event.response_id) this._playOn();
         break;
       case "input_audio.discarded":
-        if (this._held && this._held.itemId === event.item_id) this._release();
+        if (this._overlap && this._overlap.itemId === event.item_id) this._release();
         this.dispatchEvent(new CustomEvent("discarded", { detail: event }));
         break;
       case "input_audio.transcript":
-        if (event.final && this._held && this._held.itemId === event.item_id) {
-          if (String(event.text ?? "").trim()) this._cutHeld();
+        if (event.final && this._overlap && this._overlap.itemId === event.item_id) {
+          if (String(event.text ?? "").trim()) this._cutOverlapped();
           else this._release(); // nothing heard: no turn
         }
         break;
       case "response.created":
-        if (this._held) this._cutHeld(); // the speech was a turn (or another turn began): the held answer ends
+        if (this._overlap) this._cutOverlapped(); // the speech was a turn (or another began): the answer ends
         break;
       case "response.done": {
         if (event.finish_reason !== "interrupted") break;
         const response = this.client.responses.get(event.response_id);
         if (response && !response.cancelled && this.player?.pending(response.id)) this.interrupt(response);
-        else if (this._held?.responseId === event.response_id) this._held = null;
+        else if (this._overlap?.responseId === event.response_id) this._overlap = null;
         break;
       }
       case "response.audio.delta":
@@ -574,25 +588,30 @@ export class ServerVoice extends EventTarget {
     return id && this.player.pending(id) ? id : null;
   }
 
-  /** Holds the playback of `responseId` for the last speech (confirm mode). */
+  /** Speech over the answer `responseId` (confirm mode): hold its playback until the verdict. */
   _hold(responseId) {
     if (!this.player || !responseId) return;
-    this._held = { itemId: this._speechItem, responseId };
-    if (this.player.pause()) this.dispatchEvent(new CustomEvent("pause", { detail: { ...this._held } }));
+    this._overlap = { itemId: this._speechItem, responseId };
+    if (this.player.pause()) this.dispatchEvent(new CustomEvent("pause", { detail: { ...this._overlap } }));
   }
 
-  /** A false interruption: the playback goes on from where it paused. */
+  /** The playback goes on from where it paused. */
+  _playOn() {
+    const detail = { ...this._overlap };
+    if (this.player?.resume()) this.dispatchEvent(new CustomEvent("resume", { detail }));
+  }
+
+  /** A false interruption, for good: the playback goes on (if still held). */
   _release() {
-    const held = this._held;
-    this._held = null;
-    if (held && this.player?.resume()) this.dispatchEvent(new CustomEvent("resume", { detail: held }));
+    this._playOn();
+    this._overlap = null;
   }
 
-  /** A real interruption of the held answer: cut it where it paused. */
-  _cutHeld() {
-    const held = this._held;
-    this._held = null;
-    const response = held ? this.client.responses.get(held.responseId) : null;
+  /** A real interruption of the answer the speech was over: cut it where it was heard. */
+  _cutOverlapped() {
+    const overlap = this._overlap;
+    this._overlap = null;
+    const response = overlap ? this.client.responses.get(overlap.responseId) : null;
     if (response) this.interrupt(response);
   }
 

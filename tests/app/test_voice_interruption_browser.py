@@ -117,7 +117,9 @@ def open_page(browser: Any, live_server: Any) -> Iterator[Any]:
 # A scripted server in confirm mode: an answer r1 of 1.5 s (a constant level),
 # "mm-hm" over it at about 300 ms (paused, then resumed: a false interruption),
 # then a second answer r2 that a real interruption cuts while paused, then an
-# answer r3 whose audio had all been sent, cut by the words of a new turn. A
+# answer r3 whose audio had all been sent, cut by the words of a new turn,
+# and an answer r4 resumed at the pause of a "yeah" that turns into a question
+# (cut at its end). A
 # worklet behind the player counts the frames rendered at the level.
 SCRIPTED = """async () => {
   const { BargeinClient } = await import('/bargein.js');
@@ -223,6 +225,22 @@ SCRIPTED = """async () => {
   socket.push({ type: 'input_audio.transcript', item_id: 'item5', text: 'Wait, stop.', final: true });
   out.r3 = { heldAt: r3HeldAt, cancel: socket.sent.find((e) => e.type === 'response.cancel' && e.response_id === 'r3'),
              pending: player.pending('r3') };
+  // r4: "yeah" resumed at a pause, then "but what about Tuesday?": cut at the speech's end
+  answer('r4', 'item5');
+  for (let ms = 0; ms < 1000; ms += 100) socket.push(audio('r4', ms, ms + 100));
+  await until(() => played('r4') >= 100);
+  socket.push({ type: 'input_audio.speech_started', item_id: 'item6', audio_start_ms: 15000 });
+  socket.push({ type: 'response.audio.paused', response_id: 'r4', stream_id: 'sr4', end_ms: 1000 });
+  await sleep(200);
+  const r4HeldAt = played('r4');
+  socket.push({ type: 'response.audio.resumed', response_id: 'r4', stream_id: 'sr4', from_ms: 1000 });
+  out.r4PlaysOn = !player.paused && voice.judging === 'item6';
+  await sleep(300);
+  socket.push({ type: 'input_audio.speech_stopped', item_id: 'item6', audio_end_ms: 16000 });
+  socket.push({ type: 'input_audio.committed', item_id: 'item6', audio_start_ms: 15000, audio_end_ms: 16000 });
+  socket.push({ type: 'input_audio.transcript', item_id: 'item6', text: 'Yeah, but what about Tuesday?', final: true });
+  out.r4 = { heldAt: r4HeldAt, cancel: socket.sent.find((e) => e.type === 'response.cancel' && e.response_id === 'r4'),
+             judging: voice.judging };
   out.cancels = socket.sent.filter((e) => e.type === 'response.cancel').map((e) => e.response_id);
   out.events = events;
   voice.stop().catch(() => {});  // its session.update is never answered here
@@ -249,7 +267,10 @@ def test_scripted_confirmed_interruptions_pause_resume_and_cut_the_playback(open
     # r3: held by the client (its audio all sent), cut by the new turn's words
     assert out["r3paused"] is True
     assert out["r3"]["cancel"]["audio_end_ms"] == out["r3"]["heldAt"] >= 200
-    assert out["cancels"] == ["r2", "r3"]  # none for the false interruption
+    # r4: resumed at the speech's pause, played on, cut when its end made it a turn
+    assert out["r4PlaysOn"] is True and out["r4"]["judging"] is None
+    assert out["r4"]["cancel"]["audio_end_ms"] > out["r4"]["heldAt"] >= 100
+    assert out["cancels"] == ["r2", "r3", "r4"]  # none for the false interruption
     assert out["events"] == [
         ["pause", "r1"],
         ["resume", "r1"],
@@ -258,6 +279,9 @@ def test_scripted_confirmed_interruptions_pause_resume_and_cut_the_playback(open
         ["bargein", "r2"],
         ["pause", "r3"],
         ["bargein", "r3"],
+        ["pause", "r4"],
+        ["resume", "r4"],
+        ["bargein", "r4"],
     ]
 
 

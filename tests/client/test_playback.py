@@ -369,3 +369,28 @@ def test_a_response_that_starts_while_held_ends_the_held_answer() -> None:
     cancel = player.take(created("r_2", "item_2"))
     assert cancel == {"type": "response.cancel", "response_id": "r_1", "audio_end_ms": 300}
     assert not player.paused and player.current is player.playbacks["r_2"]
+
+
+def test_a_backchannel_that_turns_into_a_question_is_cut_at_its_end_after_the_resume() -> None:
+    player, clock = scripted_answer()
+    player.take({"type": "response.done", "response_id": "r_1", "finish_reason": "stop"})
+    player.take({"type": "input_audio.speech_started", "item_id": "item_2"})
+    player.take({"type": "response.audio.paused", "response_id": "r_1", "end_ms": 1000})
+    clock.tick(300)
+    player.take(
+        {"type": "response.audio.resumed", "response_id": "r_1", "from_ms": 1000}
+    )  # "yeah" at a pause
+    assert not player.paused and player.judging == "item_2"
+    clock.tick(200)  # plays on while the user goes on: "but what about Tuesday?"
+    player.take({"type": "input_audio.speech_stopped", "item_id": "item_2"})
+    player.take(
+        {"type": "input_audio.committed", "item_id": "item_2", "audio_start_ms": 0, "audio_end_ms": 900}
+    )
+    final = {
+        "type": "input_audio.transcript",
+        "item_id": "item_2",
+        "text": "Yeah, but Tuesday?",
+        "final": True,
+    }
+    assert player.take(final) == {"type": "response.cancel", "response_id": "r_1", "audio_end_ms": 500}
+    assert player.judging is None
