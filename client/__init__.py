@@ -9,15 +9,21 @@ and never loads torch.
   cancel (barge-in), auto-resume of a dropped stream, a response's audio.
 - :mod:`~bargein.client.voice_client`: :class:`VoiceClient`: the user's
   audio in real-time chunks, the turns the server's VAD finds followed.
+- :mod:`~bargein.client.playback`: :class:`AnswerPlayer`: answers played in
+  real time as the user hears them, paused and resumed by the server's
+  confirmed interruptions, cut by a barge-in.
 - :mod:`~bargein.client.pcm`: pcm16 audio: WAV files in and out, resampling, chunks.
 - :mod:`~bargein.client.console`: terminal lines for ``bargein chat``.
 """
 
 from bargein.client.pcm import WavSink, read_wav
+from bargein.client.playback import AnswerPlayer, Playback
 from bargein.client.realtime_client import RealtimeClient, Response, ServerError
 from bargein.client.voice_client import VoiceClient, VoiceTurn, voice_settings
 
 __all__ = [
+    "AnswerPlayer",
+    "Playback",
     "RealtimeClient",
     "Response",
     "ServerError",

@@ -40,6 +40,7 @@ SUBPROTOCOL = "bargein.v1.json"
 INPUT_RATE = 16000  # the server's default input_audio sample rate, Hz
 OUTPUT_RATE = 24000  # the server's default response.audio sample rate, Hz
 AudioSink = Callable[[bytes], None]
+EventSink = Callable[[dict[str, Any]], None]
 
 
 class ServerError(Exception):
@@ -71,7 +72,14 @@ class Response:
             (``audio_from_ms`` for a resume).
         text_end: code points of :attr:`text` spoken by ``audio_end_ms``.
         audio_done: the ``response.audio.done`` event once it arrived.
+        paused: the server paused its audio (``response.audio.paused``: speech
+            started over it, and a confirmed interruption is being decided);
+            False again once ``response.audio.resumed`` came (docs/protocol.md 8.7).
+        num_pauses, num_resumes: ``response.audio.paused`` and ``.resumed`` events taken.
         on_audio: called with each new piece of :attr:`audio`.
+        on_pause, on_resume: called with each ``response.audio.paused`` and
+            ``response.audio.resumed`` event: pause the playback there, keeping
+            what is buffered, and play on from where it paused.
     """
 
     response_id: str = ""
@@ -86,7 +94,12 @@ class Response:
     audio_end_ms: int = 0
     text_end: int = 0
     audio_done: dict[str, Any] | None = None
+    paused: bool = False
+    num_pauses: int = 0
+    num_resumes: int = 0
     on_audio: AudioSink | None = field(default=None, repr=False)
+    on_pause: EventSink | None = field(default=None, repr=False)
+    on_resume: EventSink | None = field(default=None, repr=False)
 
     def take_created(self, created: dict[str, Any]) -> None:
         """Fill in the ids from the ``response.created`` event."""
@@ -246,7 +259,9 @@ class RealtimeClient:
         """Take one event of ``response`` into it; returns the new text of a delta.
 
         A delta or audio replayed after a resume is taken only past what the
-        response holds.
+        response holds. ``response.audio.paused`` and ``.resumed`` (a
+        confirmed interruption being decided) set :attr:`Response.paused` and
+        call its ``on_pause`` and ``on_resume``.
 
         Raises:
             ServerError: an ``error`` about this response.
@@ -266,8 +281,19 @@ class RealtimeClient:
             response.text_end = event["text_end"]
             if response.on_audio is not None:
                 response.on_audio(pcm)
+        elif kind == "response.audio.paused" and not response.paused:
+            response.paused = True
+            response.num_pauses += 1
+            if response.on_pause is not None:
+                response.on_pause(event)
+        elif kind == "response.audio.resumed" and response.paused:
+            response.paused = False
+            response.num_resumes += 1
+            if response.on_resume is not None:
+                response.on_resume(event)
         elif kind == "response.audio.done":
             response.audio_done = event
+            response.paused = False
         elif kind == "response.done":
             response.done = event
         elif kind == "error":

@@ -17,6 +17,15 @@ microphone would: a chunk once its last sample "was recorded"), while
 committed user item and its transcript, then the response the server started
 for it (its text and audio), until that response is done. ``send_audio`` and
 ``voice_turn`` are the two halves, for a live source.
+
+Playing the answers as a user hears them (barge-in, and confirmed
+interruptions: speech over an answer pauses it until the server says whether
+it interrupts, docs/protocol.md 8.7) is :class:`~bargein.client.playback.AnswerPlayer`'s::
+
+    player = client.player()  # the session's output rate and interruption mode
+    turn = await client.talk("question.wav", player=player)
+    # later turns: speech over the answer pauses it; an "mm-hm" resumes it,
+    # a real interruption cuts it and sends response.cancel with what was played
 """
 
 from __future__ import annotations
@@ -25,12 +34,13 @@ import asyncio
 import base64
 import os
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from websockets.exceptions import ConnectionClosed
 
 from bargein.client.pcm import Rechunker, read_wav, silence
+from bargein.client.playback import AnswerPlayer, Clock, InterruptionMode
 from bargein.client.realtime_client import (
     INPUT_RATE,
     OUTPUT_RATE,
@@ -52,6 +62,7 @@ def voice_settings(
     detection: str = "semantic_vad",
     create_response: bool = True,
     interrupt_response: bool = True,
+    interruption: InterruptionMode | dict[str, Any] | None = None,
     **turn_detection: Any,
 ) -> dict[str, Any]:
     """``session.audio`` for a voice conversation with the server finding the
@@ -65,6 +76,15 @@ def voice_settings(
             out) or ``"server_vad"`` (a turn ends after a fixed silence).
         create_response: a turn's end starts a response.
         interrupt_response: the user's speech interrupts an answer (barge-in).
+        interruption: how (``turn_detection.interruption``, docs/protocol.md
+            8.7): ``"confirm"`` (the server's default: speech over an answer
+            pauses its audio, and only words that are not a backchannel
+            such as "mm-hm" cut it; otherwise it resumes), ``"immediate"``
+            (any speech cuts it at once), or the whole object, e.g.
+            ``{"mode": "confirm", "min_words": 2, "backchannels": ["mm-hm",
+            "yeah"], "max_pause_ms": 500}``. None: not sent (the server's
+            setting stays; a server without confirmed interruptions refuses
+            the field).
         turn_detection: with ``semantic_vad``, ``eagerness`` (``"low"``,
             ``"medium"``, ``"high"`` or ``"auto"``); with ``server_vad``,
             ``threshold``, ``prefix_padding_ms``, ``silence_duration_ms``.
@@ -75,6 +95,8 @@ def voice_settings(
         "interrupt_response": interrupt_response,
         **turn_detection,
     }
+    if interruption is not None:
+        fields["interruption"] = {"mode": interruption} if isinstance(interruption, str) else interruption
     return {
         "input": {"sample_rate": input_rate, "turn_detection": fields},
         "output": {"sample_rate": output_rate},
@@ -91,6 +113,9 @@ class VoiceTurn:
         transcript: what the server heard (the last ``input_audio.transcript``).
         final: whether that transcript was the final one.
         response: the response the server started for the turn.
+        discarded: ``input_audio.discarded`` events seen while following it:
+            speech the server judged no turn (a cough, an "mm-hm", echo), whose
+            item never becomes a user item.
     """
 
     item_id: str | None = None
@@ -99,11 +124,36 @@ class VoiceTurn:
     transcript: str = ""
     final: bool = False
     response: Response | None = None
+    discarded: list[dict[str, Any]] = field(default_factory=list)
 
 
 class VoiceClient(RealtimeClient):
     """A realtime session that talks: see the module docstring; arguments as
-    :class:`RealtimeClient`'s."""
+    :class:`RealtimeClient`'s.
+
+    Attributes:
+        interruption_mode: ``turn_detection.interruption.mode`` in force
+            (``session.updated``): ``"confirm"`` or ``"immediate"``;
+            ``"immediate"`` also for a server that does not announce it
+            (today's barge-in) or with turn detection off.
+    """
+
+    interruption_mode: InterruptionMode = "immediate"
+
+    async def update(self, **session: Any) -> dict[str, Any]:
+        """:meth:`RealtimeClient.update`, noting :attr:`interruption_mode`."""
+        updated = await super().update(**session)
+        audio = updated.get("session", {}).get("audio")
+        if audio is not None:
+            detection = (audio.get("input") or {}).get("turn_detection") or {}
+            self.interruption_mode = (detection.get("interruption") or {}).get("mode", "immediate")
+        return updated
+
+    def player(self, *, clock: Clock | None = None) -> AnswerPlayer:
+        """An :class:`AnswerPlayer` for this session's answers (its output rate
+        and :attr:`interruption_mode`), for :meth:`voice_turn` and :meth:`talk`."""
+        kwargs = {} if clock is None else {"clock": clock}
+        return AnswerPlayer(self.output_rate, mode=self.interruption_mode, **kwargs)
 
     async def append_audio(self, pcm: bytes) -> None:
         """One ``input_audio.append`` of pcm16 mono at :attr:`input_rate`."""
@@ -171,6 +221,7 @@ class VoiceClient(RealtimeClient):
         on_transcript: TranscriptSink | None = None,
         on_text: TextSink | None = None,
         on_audio: AudioSink | None = None,
+        player: AnswerPlayer | None = None,
     ) -> VoiceTurn:
         """Speak one turn: send ``audio`` and then silence (the server's VAD ends
         the turn on it), and follow the turn until its response is done.
@@ -185,7 +236,7 @@ class VoiceClient(RealtimeClient):
                 eagerness' longest wait for a sentence that sounds unfinished:
                 4 s for ``auto``). Only what the turn needs is sent: the
                 rest stops once its response is done.
-            commit_timeout_s, on_transcript, on_text, on_audio: as :meth:`voice_turn`.
+            commit_timeout_s, on_transcript, on_text, on_audio, player: as :meth:`voice_turn`.
 
         Returns:
             the turn; the audio still being sent when its response is done is
@@ -211,6 +262,7 @@ class VoiceClient(RealtimeClient):
                 on_transcript=on_transcript,
                 on_text=on_text,
                 on_audio=on_audio,
+                player=player,
             )
         finally:
             sender.cancel()
@@ -224,6 +276,7 @@ class VoiceClient(RealtimeClient):
         on_transcript: TranscriptSink | None = None,
         on_text: TextSink | None = None,
         on_audio: AudioSink | None = None,
+        player: AnswerPlayer | None = None,
     ) -> VoiceTurn:
         """Follow the next turn the server finds in the input audio, until the
         response it started is done (resuming it if the connection drops).
@@ -235,6 +288,12 @@ class VoiceClient(RealtimeClient):
             on_transcript: gets each ``input_audio.transcript`` (text, final).
             on_text: gets each new piece of the response's text.
             on_audio: gets each new piece of the response's pcm16 (at :attr:`output_rate`).
+            player: plays the answers (:meth:`player`): it sees every event,
+                gets the response's audio, pauses and resumes it as the server
+                says, and the ``response.cancel`` of each answer it cuts
+                (with ``audio_end_ms`` of what it played) is sent from here.
+                It keeps playing after this returns (the audio outlasts the
+                response): call :meth:`voice_turn` again to follow the next turn.
 
         Raises:
             TimeoutError: see ``sender``.
@@ -251,6 +310,8 @@ class VoiceClient(RealtimeClient):
                     raise
                 await self._resume(turn.response)
                 continue
+            if player is not None and (cancel := player.take(event)) is not None:
+                await self.send(cancel)
             response = turn.response
             if response is not None and event.get("response_id") == response.response_id:
                 text = self._apply(response, event)
@@ -261,7 +322,7 @@ class VoiceClient(RealtimeClient):
             elif event["type"] == "error":
                 raise ServerError(event)
             else:
-                self._take_turn_event(turn, event, on_transcript, on_audio)
+                self._take_turn_event(turn, event, on_transcript, on_audio, player)
 
     def _take_turn_event(
         self,
@@ -269,10 +330,15 @@ class VoiceClient(RealtimeClient):
         event: dict[str, Any],
         on_transcript: TranscriptSink | None,
         on_audio: AudioSink | None,
+        player: AnswerPlayer | None = None,
     ) -> None:
         """Note an input audio event, or the ``response.created`` of the turn, in ``turn``."""
         kind, item_id = event["type"], event.get("item_id")
-        if kind == "input_audio.committed" and turn.item_id in (None, item_id):
+        if kind == "input_audio.discarded":
+            turn.discarded.append(event)
+            if turn.item_id == item_id and turn.audio_end_ms is None:  # its partial transcript was not a turn
+                turn.item_id, turn.transcript, turn.final = None, "", False
+        elif kind == "input_audio.committed" and turn.item_id in (None, item_id):
             turn.item_id = item_id
             turn.audio_start_ms, turn.audio_end_ms = event["audio_start_ms"], event["audio_end_ms"]
         elif kind == "input_audio.transcript" and turn.item_id in (None, item_id):
@@ -287,6 +353,8 @@ class VoiceClient(RealtimeClient):
                 turn.item_id = turn.item_id or started_by
                 turn.response = self.current = Response(on_audio=on_audio)
                 turn.response.take_created(event)
+                if player is not None:
+                    turn.response.on_audio = _both(player.sink(turn.response.response_id), on_audio)
 
     async def _next_event(
         self, turn: VoiceTurn, sender: asyncio.Task[int] | None, commit_timeout_s: float
@@ -313,6 +381,18 @@ class VoiceClient(RealtimeClient):
             ) from None
 
 
+def _both(first: AudioSink, second: AudioSink | None) -> AudioSink:
+    """One sink that feeds ``first``, then ``second`` if any."""
+    if second is None:
+        return first
+
+    def sink(pcm: bytes) -> None:
+        first(pcm)
+        second(pcm)
+
+    return sink
+
+
 async def _pieces(audio: bytes | Iterable[bytes] | AsyncIterable[bytes]) -> AsyncIterator[bytes]:
     """The pieces of ``audio``, whichever of its three forms it has."""
     if isinstance(audio, (bytes, bytearray, memoryview)):
@@ -325,4 +405,4 @@ async def _pieces(audio: bytes | Iterable[bytes] | AsyncIterable[bytes]) -> Asyn
             yield bytes(piece)
 
 
-__all__ = ("VoiceClient", "VoiceTurn", "voice_settings")
+__all__ = ("AnswerPlayer", "VoiceClient", "VoiceTurn", "voice_settings")

@@ -35,6 +35,8 @@ let listener = null;
 let serverVoice = null;
 /** User bubbles of spoken turns, by item id (filled in by their transcripts). */
 const spokenTurns = new Map();
+/** Items the server discarded (no turn: a cough, an "mm-hm", echo): their late events show nothing. */
+const discardedItems = new Set();
 let audioTicker = 0;
 
 const client = new BargeinClient(realtimeUrl(), {
@@ -136,6 +138,7 @@ function markCut({ response, ms, textEnd }, status) {
   const shown = turns.get(response.id);
   if (!shown) return;
   Object.assign(shown, { cutStatus: status, heardChars: textEnd, playedMs: ms });
+  if (shown.item.dataset.paused) shown.item.dataset.paused = "false";
   shown.item.dataset.playedMs = String(ms);
   shown.item.dataset.heardChars = String(textEnd);
   const heard = headOf(shown.shown, textEnd);
@@ -274,6 +277,7 @@ client.addEventListener("event", (event) => {
   if (detail.type === "stream.resumed") setText("stat-resumes", `${client.resumes} (from ${detail.from})`);
   else if (detail.type === "input_audio.committed") spokenTurn(detail.item_id);
   else if (detail.type === "input_audio.transcript") onTranscript(detail);
+  else if (detail.type === "input_audio.discarded") onDiscarded(detail);
 });
 // Answers the server starts by itself: the replies to spoken turns.
 client.addEventListener("response", (event) => {
@@ -290,6 +294,21 @@ client.addEventListener("sessionlost", () => {
 
 // ---- voice ---------------------------------------------------------------------
 
+/**
+ * Speech the server judged no turn and no interruption (`input_audio.discarded`):
+ * its bubble, if a partial transcript made one, goes; the voice line says what was ignored.
+ */
+function onDiscarded({ item_id: itemId, reason, transcript }) {
+  discardedItems.add(itemId);
+  const bubble = spokenTurns.get(itemId);
+  if (bubble) {
+    bubble.item.remove();
+    spokenTurns.delete(itemId);
+  }
+  const what = transcript ? `"${transcript}"` : { no_words: "a sound", echo: "the answer's echo" }[reason] ?? reason;
+  if (serverVoice) ui.voiceStatus.textContent = `(ignored: ${what}) Speaking. Talk over the answer to interrupt it.`;
+}
+
 /** The user bubble of a spoken turn, made when the server commits the turn. */
 function spokenTurn(itemId) {
   let bubble = spokenTurns.get(itemId);
@@ -303,6 +322,7 @@ function spokenTurn(itemId) {
 }
 
 function onTranscript({ item_id: itemId, text, final }) {
+  if (discardedItems.has(itemId)) return;
   const bubble = spokenTurn(itemId);
   bubble.node.data = text || (final ? "(nothing heard)" : "…");
   if (final) bubble.item.dataset.status = "heard";
@@ -348,9 +368,13 @@ function toggleVoice() {
 }
 
 async function startServerVoice() {
-  const voice = new ServerVoice(client);
+  // ?interruption=immediate|confirm asks for that mode; else the server's default
+  const voice = new ServerVoice(client, { interruption: params.get("interruption") ?? undefined });
   serverVoice = voice;
+  globalThis.bargeinVoice = voice; // for the developer console
   voice.addEventListener("bargein", (event) => markCut(event.detail, "interrupted"));
+  voice.addEventListener("pause", (event) => markPaused(event.detail.responseId, true));
+  voice.addEventListener("resume", (event) => markPaused(event.detail.responseId, false));
   voice.addEventListener("state", (event) => {
     const notes = { listening: "Hearing you…", speaking: "Speaking. Talk over the answer to interrupt it." };
     if (notes[event.detail]) ui.voiceStatus.textContent = notes[event.detail];
@@ -369,6 +393,19 @@ async function startServerVoice() {
   }
   ui.voiceStatus.textContent = "Listening (server voice). Talk over the answer to interrupt it.";
   audioTicker = setInterval(showPlayed, 100);
+}
+
+/**
+ * An answer's playback held (speech over it, the server deciding) or resumed:
+ * `data-paused`, and the counts `data-pauses` and `data-resumes`, on its bubble.
+ */
+function markPaused(responseId, paused) {
+  const shown = turns.get(responseId);
+  if (paused) ui.voiceStatus.textContent = "Paused: hearing you…";
+  if (!shown) return;
+  const key = paused ? "pauses" : "resumes";
+  shown.item.dataset[key] = String(Number(shown.item.dataset[key] ?? 0) + 1);
+  shown.item.dataset.paused = String(paused);
 }
 
 function stopServerVoice() {

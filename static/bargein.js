@@ -14,6 +14,17 @@
 // announces `limits.max_input_audio_ms`) works the same way in milliseconds:
 // `appendAudio(pcm16)` sends the user's audio, a response's `audio` events
 // carry its spoken answer, and a resume asks for the audio from `audioEndMs`.
+//
+// Confirmed interruptions (`session.audio.input.turn_detection.interruption`,
+// mode `confirm`, PROTOCOL.md 8.7): speech over a spoken answer first pauses
+// its audio (`response.audio.paused`: the response's `audiopaused` event, and
+// `paused` is true); the server then either resumes it from the same
+// millisecond (`response.audio.resumed`: `audioresumed`; an
+// `input_audio.discarded` event for the speech's item follows, seen by
+// `event` listeners: that speech is no user turn) or interrupts it as a
+// barge-in (`response.done` with `finish_reason: "interrupted"`). A player
+// holds its buffered audio while paused and plays on after the resume; see
+// server_voice.js.
 
 /** The WebSocket subprotocol for JSON frames. */
 export const SUBPROTOCOL = "bargein.v1.json";
@@ -117,9 +128,12 @@ export function base64ToPcm(text) {
 /**
  * One assistant turn. Async-iterable over its deltas; also an EventTarget:
  * `created`, `delta` (detail: Delta), `audio` (detail: AudioChunk), `audiodone`
- * (detail: the `response.audio.done` event), `resumed` (detail: the
- * `stream.resumed` event), `done` (detail: the `response.done` event), `error`
- * (detail: BargeinError).
+ * (detail: the `response.audio.done` event), `audiopaused` (detail: the
+ * `response.audio.paused` event: speech started over it; hold the playback,
+ * keeping what is buffered), `audioresumed` (detail: the
+ * `response.audio.resumed` event: play on from where it paused; its audio
+ * goes on from `from_ms`), `resumed` (detail: the `stream.resumed` event),
+ * `done` (detail: the `response.done` event), `error` (detail: BargeinError).
  *
  * After `cancel()` no further deltas or audio are handed out (what is on screen
  * stays what was heard) although late ones are still counted in `text`, `end`
@@ -156,6 +170,10 @@ export class BargeinResponse extends EventTarget {
     /** Code points of `text` spoken by `audioEndMs`. */
     this.textEnd = 0;
     this.audioDone = false;
+    /** True between `response.audio.paused` and `response.audio.resumed` (or its end). */
+    this.paused = false;
+    /** Number of `response.audio.paused` events taken. */
+    this.pauses = 0;
     /** True for a response the server started (a voice turn's), not `send()`. */
     this.fromServer = false;
     /** @type {string | null} the user item of the voice turn that started it */
@@ -221,10 +239,26 @@ export class BargeinResponse extends EventTarget {
     this._emit("audio", { pcm, startMs, endMs: event.end_ms, textEnd: event.text_end });
   }
 
+  /** @param {Record<string, any>} event  `response.audio.paused` */
+  _onAudioPaused(event) {
+    if (this.paused || this.finished) return;
+    this.paused = true;
+    this.pauses += 1;
+    this._emit("audiopaused", event);
+  }
+
+  /** @param {Record<string, any>} event  `response.audio.resumed` */
+  _onAudioResumed(event) {
+    if (!this.paused) return;
+    this.paused = false;
+    this._emit("audioresumed", event);
+  }
+
   /** @param {Record<string, any>} event  `response.audio.done` */
   _onAudioDone(event) {
     if (this.audioDone) return;
     this.audioDone = true;
+    this.paused = false;
     this._emit("audiodone", event);
   }
 
@@ -263,6 +297,7 @@ export class BargeinResponse extends EventTarget {
   _onDone(event) {
     if (this.finished) return;
     this.finished = true;
+    this.paused = false;
     this.finishReason = event.finish_reason ?? null;
     this.usage = event.usage ?? null;
     this._emit("done", event);
@@ -394,7 +429,8 @@ export class BargeinClient extends EventTarget {
    * Changes the session (`session.update`); once accepted, it is also applied
    * to a new session after a reconnect.
    * @param {Record<string, any>} session  any of instructions, defaults, on_disconnect,
-   *   include_token_ids, audio
+   *   include_token_ids, audio (e.g. `{input: {turn_detection: {interruption: {mode:
+   *   "confirm"}}}}`: speech over an answer pauses it until the server decides)
    * @returns {Promise<Record<string, any>>} the settings now in force
    */
   updateSession(session) {
@@ -664,6 +700,14 @@ export class BargeinClient extends EventTarget {
       response._onAudioDone(event);
       return;
     }
+    if (event.type === "response.audio.paused") {
+      response._onAudioPaused(event);
+      return;
+    }
+    if (event.type === "response.audio.resumed") {
+      response._onAudioResumed(event);
+      return;
+    }
     this._pending.delete(response._eventId); // answered: created, resumed or done
     if (event.type === "response.created") response._onCreated(event);
     else if (event.type === "stream.resumed") {
@@ -785,6 +829,8 @@ const SERVER_EVENTS = {
   "stream.resumed": BargeinClient.prototype._onResponseEvent,
   "response.audio.delta": BargeinClient.prototype._onResponseEvent,
   "response.audio.done": BargeinClient.prototype._onResponseEvent,
+  "response.audio.paused": BargeinClient.prototype._onResponseEvent,
+  "response.audio.resumed": BargeinClient.prototype._onResponseEvent,
   error: BargeinClient.prototype._onError,
 };
 

@@ -4,7 +4,10 @@
 // here through Web Audio. When the user starts talking over an answer
 // (`input_audio.speech_started`), playback stops at once and the client tells
 // the server how much of the answer was heard (`response.cancel` with
-// `audio_end_ms`), so the conversation keeps exactly that.
+// `audio_end_ms`), so the conversation keeps exactly that. With confirmed
+// interruptions (`turn_detection.interruption.mode` "confirm", the server's
+// default) the playback only pauses at first, and resumes where it stopped
+// when the server finds the speech was no interruption (a cough, an "mm-hm").
 //
 // Positions are the protocol's: milliseconds of a response's output timeline,
 // counted from samples; "played" is what the audio output has rendered, read
@@ -18,6 +21,15 @@ export const OUTPUT_RATE = 24000;
 export const CHUNK_MS = 40;
 /** Lead before a response's first chunk plays: room for the next one to arrive. */
 const START_LEAD_S = 0.08;
+/** Lead before a resumed answer plays on: the kept chunks are scheduled again. */
+const RESUME_LEAD_S = 0.02;
+/**
+ * Lead of a pause: the audio thread renders ahead of the `currentTime` the page
+ * reads, so playback stops this much later, at a time not yet rendered, and
+ * what is kept starts exactly there (stopping "now" would replay what was
+ * already rendered).
+ */
+const PAUSE_LEAD_S = 0.05;
 
 // The AudioWorklet, as a module of its own (loaded from a Blob URL): it runs on
 // the audio thread at the context's rate (usually 48 kHz), low-pass filters
@@ -160,19 +172,39 @@ export class Microphone extends EventTarget {
  * chunk keeps its place on both clocks, so the played position of a response
  * is exact across gaps: the output timeline millisecond at the AudioContext time
  * being rendered by the output device, capped at what was received.
+ *
+ * `pause()` holds the playback without suspending the AudioContext (the
+ * microphone runs on it too, and the server must go on hearing the user): every
+ * chunk not yet rendered is unscheduled and kept, the one being rendered is
+ * split at the sample the context has reached, and chunks that arrive while
+ * paused are kept too. `resume()` schedules what was kept from that sample on,
+ * so nothing is lost and nothing is played twice. `stop()` (barge-in) drops
+ * everything not played.
  */
 export class Player {
-  /** @param {AudioContext} context */
-  constructor(context) {
+  /**
+   * @param {AudioContext} context
+   * @param {AudioNode} [output]  where the audio goes (default: the context's destination)
+   */
+  constructor(context, output = context.destination) {
     this.context = context;
-    /** @type {Map<string, {heard?: {ms: number, textEnd: number}, segments: Array<{at: number, until: number, startMs: number, endMs: number, textEnd: number, source: AudioBufferSourceNode}>}>} */
+    this.output = output;
+    /**
+     * @type {Map<string, {heard?: {ms: number, textEnd: number}, stoppedSamples?: number,
+     *   segments: Array<Segment>, held: Array<Segment>}>}
+     *   segments: scheduled (or played) chunks, in timeline order; held: chunks kept while paused
+     */
     this.responses = new Map();
     this.nextAt = 0; // context time where the next chunk starts
     this.lastId = null; // the response whose audio came last
+    this.paused = false;
+    this.pausedAt = 0; // context time of the pause (the sample where playback stopped)
+    this.pauses = 0;
+    this.resumes = 0;
   }
 
   /**
-   * Schedules one `response.audio.delta`.
+   * Schedules one `response.audio.delta` (keeps it, while paused).
    * @param {string} responseId
    * @param {{pcm: Int16Array, startMs: number, endMs: number, textEnd: number}} chunk
    * @param {number} rate  samples per second of `pcm`
@@ -180,27 +212,34 @@ export class Player {
   play(responseId, chunk, rate = OUTPUT_RATE) {
     let record = this.responses.get(responseId);
     if (!chunk.pcm.length || record?.heard) return; // heard stays frozen once stopped
-    const buffer = this.context.createBuffer(1, chunk.pcm.length, rate);
-    const samples = buffer.getChannelData(0);
-    for (let i = 0; i < chunk.pcm.length; i += 1) samples[i] = chunk.pcm[i] / 32768;
-    const source = this.context.createBufferSource();
-    source.buffer = buffer;
-    source.connect(this.context.destination);
-    const now = this.context.currentTime;
     if (!record) {
-      record = { segments: [] };
+      record = { segments: [], held: [] };
       this.responses.set(responseId, record);
-      this.nextAt = Math.max(this.nextAt, now + START_LEAD_S);
+      this.nextAt = Math.max(this.nextAt, this.context.currentTime + START_LEAD_S);
     }
-    const at = Math.max(this.nextAt, now);
-    source.start(at);
-    this.nextAt = at + buffer.duration;
-    record.segments.push({ at, until: this.nextAt, startMs: chunk.startMs, endMs: chunk.endMs, textEnd: chunk.textEnd, source });
     this.lastId = responseId;
+    const segment = { pcm: chunk.pcm, rate, startMs: chunk.startMs, endMs: chunk.endMs, textEnd: chunk.textEnd };
+    if (this.paused) record.held.push(segment);
+    else this._schedule(record, segment);
   }
 
-  /** The context time of the sample the output device renders now. */
+  /** Starts `segment` where the previous chunk ends (or now). */
+  _schedule(record, segment) {
+    const buffer = this.context.createBuffer(1, segment.pcm.length, segment.rate);
+    const samples = buffer.getChannelData(0);
+    for (let i = 0; i < segment.pcm.length; i += 1) samples[i] = segment.pcm[i] / 32768;
+    const source = this.context.createBufferSource();
+    source.buffer = buffer;
+    source.connect(this.output);
+    const at = Math.max(this.nextAt, this.context.currentTime);
+    source.start(at);
+    this.nextAt = at + buffer.duration;
+    record.segments.push({ ...segment, at, until: this.nextAt, source });
+  }
+
+  /** The context time of the sample the output device renders now (while paused: the pause's). */
   heardAt() {
+    if (this.paused) return this.pausedAt;
     const stamp = this.context.getOutputTimestamp?.();
     return stamp && stamp.contextTime > 0 ? stamp.contextTime : this.context.currentTime;
   }
@@ -229,47 +268,190 @@ export class Player {
     return { ms: Math.floor(ms), textEnd };
   }
 
-  /** Whether audio of `responseId` is still to be heard. */
+  /**
+   * Samples of a response the context has rendered (played) so far: after its
+   * end, all its audio when nothing was lost or repeated.
+   * @param {string} responseId
+   */
+  samplesPlayed(responseId) {
+    const record = this.responses.get(responseId);
+    if (!record) return 0;
+    if (record.heard) return record.stoppedSamples;
+    const t = this.paused ? this.pausedAt : this.context.currentTime;
+    let total = 0;
+    for (const seg of record.segments) total += renderedSamples(seg, t);
+    return total;
+  }
+
+  /** Whether audio of `responseId` is still to be heard (held while paused, or scheduled). */
   pending(responseId) {
-    const segments = this.responses.get(responseId)?.segments ?? [];
-    return segments.length > 0 && this.heardAt() < segments.at(-1).until;
+    const record = this.responses.get(responseId);
+    if (!record || record.heard) return false;
+    if (record.held.length > 0) return true;
+    return record.segments.length > 0 && this.heardAt() < record.segments.at(-1).until;
+  }
+
+  /**
+   * Holds the playback where it is (a confirmed interruption being decided):
+   * what is not yet rendered is kept for `resume()`.
+   * @returns {boolean} whether it was playing (false when already paused)
+   */
+  pause() {
+    if (this.paused) return false;
+    const cut = this.context.currentTime + PAUSE_LEAD_S; // not rendered yet: the samples before it play
+    for (const record of this.responses.values()) {
+      if (record.heard) continue;
+      const kept = [];
+      const held = [];
+      for (const seg of record.segments) {
+        if (seg.until <= cut) {
+          kept.push(seg);
+          continue;
+        }
+        seg.source.stop(cut); // before its start: it never plays
+        const done = renderedSamples(seg, cut);
+        const msAt = seg.startMs + (done * 1000) / seg.rate;
+        if (done > 0) kept.push({ ...seg, pcm: seg.pcm.subarray(0, done), endMs: msAt, until: cut });
+        if (done < seg.pcm.length) {
+          held.push({ pcm: seg.pcm.subarray(done), rate: seg.rate, startMs: msAt, endMs: seg.endMs, textEnd: seg.textEnd });
+        }
+      }
+      record.segments = kept;
+      record.held = held.concat(record.held);
+    }
+    this.paused = true;
+    this.pausedAt = cut;
+    this.pauses += 1;
+    this.nextAt = 0;
+    return true;
+  }
+
+  /**
+   * Plays on from the sample where `pause()` stopped, with what arrived meanwhile.
+   * @returns {boolean} whether it was paused
+   */
+  resume() {
+    if (!this.paused) return false;
+    this.paused = false;
+    this.resumes += 1;
+    // after the pause's own end: the sources play up to `pausedAt`
+    this.nextAt = Math.max(this.context.currentTime + RESUME_LEAD_S, this.pausedAt);
+    for (const record of this.responses.values()) {
+      const held = record.held;
+      record.held = [];
+      for (const seg of held) this._schedule(record, seg);
+    }
+    return true;
   }
 
   /** Stops every scheduled chunk at once (barge-in); what was heard of each response stays as it was. */
   stop() {
     for (const [responseId, record] of this.responses) {
-      record.heard = this.played(responseId);
+      if (!record.heard) {
+        record.heard = this.played(responseId);
+        record.stoppedSamples = this.samplesPlayed(responseId);
+      }
       for (const seg of record.segments) {
         seg.source.stop(); // allowed after its end too: every source here was started
         seg.source.disconnect();
       }
       record.segments = [];
+      record.held = [];
     }
+    this.paused = false;
     this.nextAt = 0;
   }
+}
+
+/**
+ * @typedef {object} Segment  a chunk of a response's audio in the Player
+ * @property {Int16Array} pcm  its samples
+ * @property {number} rate  samples per second
+ * @property {number} startMs  output timeline ms of its first sample
+ * @property {number} endMs  ms after its last sample
+ * @property {number} textEnd  code points spoken by `endMs`
+ * @property {number} [at]  context time it starts (scheduled only)
+ * @property {number} [until]  context time it ends
+ * @property {AudioBufferSourceNode} [source]
+ */
+
+/** Samples of a scheduled segment rendered by context time `t`. */
+function renderedSamples(seg, t) {
+  if (t <= seg.at) return 0;
+  if (t >= seg.until) return seg.pcm.length;
+  return Math.min(seg.pcm.length, Math.round((t - seg.at) * seg.rate));
 }
 
 /**
  * The whole server voice mode on one BargeinClient: microphone to server, audio
  * of every response to the Player, barge-in on `input_audio.speech_started`.
  *
+ * Interruptions follow `session.audio.input.turn_detection.interruption.mode`
+ * in force (PROTOCOL.md 8.7):
+ * - `immediate` (and a server that announces no `interruption`): speech over an
+ *   answer cuts it at once, as a barge-in.
+ * - `confirm`: that speech pauses the playback, keeping its buffered audio
+ *   (`response.audio.paused` says the server paused the response too). The
+ *   playback resumes from the same sample on `response.audio.resumed` (the
+ *   speech is still judged again at its end: "yeah, but what about Tuesday?"
+ *   cuts it then), or on `input_audio.discarded` for the speech's item (a
+ *   cough, an "mm-hm", echo: the verdict, no user turn; its partial
+ *   transcript, if shown, is taken back). A real
+ *   interruption cuts it as a barge-in: `response.done` with `finish_reason:
+ *   "interrupted"`, or, for an answer whose audio had all been sent (the server
+ *   no longer pauses it; it still plays here), the speech's final transcript
+ *   with words (resumed when it has none) or a response that starts.
+ *
  * Events (CustomEvent): `state` (detail: "listening" when the user speaks,
  * "speaking" while an answer's audio arrives, "off"), `bargein` (detail:
- * {response, ms, textEnd}: the answer the user talked over, cut at what was heard).
+ * {response, ms, textEnd}: the answer the user talked over, cut at what was heard),
+ * `pause` (detail: {responseId, itemId}: playback held for the speech `itemId`),
+ * `resume` (detail: {responseId, itemId}: playback goes on: a false
+ * interruption), `discarded` (detail: the `input_audio.discarded` event).
  */
 export class ServerVoice extends EventTarget {
-  /** @param {import("./bargein.js").BargeinClient} client */
-  constructor(client) {
+  /**
+   * @param {import("./bargein.js").BargeinClient} client
+   * @param {{interruption?: "confirm" | "immediate" | Record<string, any>}} [options]
+   *   `interruption`: the session's `turn_detection.interruption` to ask for (a
+   *   mode, or the whole object); absent: the server's default (`confirm` on a
+   *   server with confirmed interruptions) and nothing sent, so older servers
+   *   do not refuse it
+   */
+  constructor(client, options = {}) {
     super();
     this.client = client;
+    this.options = options;
     this.context = null;
     this.microphone = null;
     this.player = null;
     this.active = false;
     this._audioOn = false; // the session.update that turned audio on was accepted
     this._followed = new WeakSet();
+    this._speechItem = null; // the item of the last speech_started
+    /**
+     * Speech over an answer whose verdict is still to come (its item, and the
+     * answer): the playback is held, or plays on after a resume at a pause.
+     * @type {{itemId: string | null, responseId: string} | null}
+     */
+    this._overlap = null;
     this._onEvent = (event) => this._serverEvent(event.detail);
     this._onResponse = (event) => this._follow(event.detail);
+  }
+
+  /** `turn_detection.interruption.mode` in force: `confirm` or `immediate`. */
+  get interruptionMode() {
+    return this.client.audio?.input?.turn_detection?.interruption?.mode ?? "immediate";
+  }
+
+  /** Whether the playback is held, waiting for the server's verdict on speech over it. */
+  get paused() {
+    return Boolean(this.player?.paused);
+  }
+
+  /** The item of the speech over an answer whose verdict is still to come, or null. */
+  get judging() {
+    return this._overlap?.itemId ?? null;
   }
 
   /** Turns server audio on for the session and opens the microphone. */
@@ -282,17 +464,14 @@ export class ServerVoice extends EventTarget {
     this.client.addEventListener("event", this._onEvent);
     this.client.addEventListener("response", this._onResponse);
     this.active = true;
+    // the server ends a turn when its end-of-turn model hears the user done
+    // (about 200 ms after a finished sentence), and waits out a pause mid-sentence
+    const turnDetection = { type: "semantic_vad", eagerness: "auto", create_response: true, interrupt_response: true };
+    const { interruption } = this.options;
+    if (interruption) turnDetection.interruption = typeof interruption === "string" ? { mode: interruption } : interruption;
     try {
       await this.client.updateSession({
-        audio: {
-          input: {
-            sample_rate: INPUT_RATE,
-            // the server ends a turn when its end-of-turn model hears the user done
-            // (about 200 ms after a finished sentence), and waits out a pause mid-sentence
-            turn_detection: { type: "semantic_vad", eagerness: "auto", create_response: true, interrupt_response: true },
-          },
-          output: { sample_rate: OUTPUT_RATE },
-        },
+        audio: { input: { sample_rate: INPUT_RATE, turn_detection: turnDetection }, output: { sample_rate: OUTPUT_RATE } },
       });
       this._audioOn = true;
       await this.microphone.start();
@@ -311,6 +490,7 @@ export class ServerVoice extends EventTarget {
     this.client.removeEventListener("response", this._onResponse);
     this.microphone?.stop();
     this.player?.stop();
+    this._overlap = null;
     const context = this.context;
     this.context = this.microphone = this.player = null;
     this._setState("off");
@@ -322,18 +502,22 @@ export class ServerVoice extends EventTarget {
   }
 
   /**
-   * Barge-in: silence the answer being played and tell the server what was heard
-   * (`audio_end_ms`); also for an answer whose text (and audio) had all arrived.
+   * Barge-in: silence the answer being played (or held) and tell the server
+   * what was heard (`audio_end_ms`); also for an answer whose text (and audio)
+   * had all arrived.
+   * @param {import("./bargein.js").BargeinResponse} [target]  the answer to cut
+   *   (default: the active one, else the one whose audio came last)
    * @returns {{response: import("./bargein.js").BargeinResponse, ms: number, textEnd: number} | null}
    */
-  interrupt() {
+  interrupt(target) {
     if (!this.player) return null;
     const active = this.client.activeResponse;
-    const response = active ?? (this.player.lastId ? this.client.responses.get(this.player.lastId) : null);
+    const response = target ?? active ?? (this.player.lastId ? this.client.responses.get(this.player.lastId) : null);
     if (!response || response.cancelled) return null;
     if (response !== active && !this.player.pending(response.id)) return null; // heard to its end
     const { ms, textEnd } = this.player.played(response.id);
     this.player.stop();
+    this._overlap = null;
     response.cancel({ audioEndMs: ms });
     const cut = { response, ms, textEnd };
     this.dispatchEvent(new CustomEvent("bargein", { detail: cut }));
@@ -354,12 +538,81 @@ export class ServerVoice extends EventTarget {
   }
 
   _serverEvent(event) {
-    if (event.type === "input_audio.speech_started") {
-      this.interrupt();
-      this._setState("listening");
-    } else if (event.type === "response.audio.delta") {
-      this._setState("speaking");
+    switch (event.type) {
+      case "input_audio.speech_started": {
+        this._speechItem = event.item_id ?? null;
+        const playing = this._playingId();
+        if (this.interruptionMode !== "confirm") this.interrupt();
+        else if (playing) this._hold(playing);
+        this._setState("listening");
+        break;
+      }
+      case "response.audio.paused":
+        this._hold(event.response_id);
+        break;
+      case "response.audio.resumed":
+        // the speech is judged again at its end ("yeah, but what about Tuesday?"): still overlapping
+        if (this._overlap?.responseId === event.response_id) this._playOn();
+        break;
+      case "input_audio.discarded":
+        if (this._overlap && this._overlap.itemId === event.item_id) this._release();
+        this.dispatchEvent(new CustomEvent("discarded", { detail: event }));
+        break;
+      case "input_audio.transcript":
+        if (event.final && this._overlap && this._overlap.itemId === event.item_id) {
+          if (String(event.text ?? "").trim()) this._cutOverlapped();
+          else this._release(); // nothing heard: no turn
+        }
+        break;
+      case "response.created":
+        if (this._overlap) this._cutOverlapped(); // the speech was a turn (or another began): the answer ends
+        break;
+      case "response.done": {
+        if (event.finish_reason !== "interrupted") break;
+        const response = this.client.responses.get(event.response_id);
+        if (response && !response.cancelled && this.player?.pending(response.id)) this.interrupt(response);
+        else if (this._overlap?.responseId === event.response_id) this._overlap = null;
+        break;
+      }
+      case "response.audio.delta":
+        this._setState("speaking");
+        break;
+      default:
+        break;
     }
+  }
+
+  /** The response whose audio is still to be heard, if any. */
+  _playingId() {
+    const id = this.player?.lastId;
+    return id && this.player.pending(id) ? id : null;
+  }
+
+  /** Speech over the answer `responseId` (confirm mode): hold its playback until the verdict. */
+  _hold(responseId) {
+    if (!this.player || !responseId) return;
+    this._overlap = { itemId: this._speechItem, responseId };
+    if (this.player.pause()) this.dispatchEvent(new CustomEvent("pause", { detail: { ...this._overlap } }));
+  }
+
+  /** The playback goes on from where it paused. */
+  _playOn() {
+    const detail = { ...this._overlap };
+    if (this.player?.resume()) this.dispatchEvent(new CustomEvent("resume", { detail }));
+  }
+
+  /** A false interruption, for good: the playback goes on (if still held). */
+  _release() {
+    this._playOn();
+    this._overlap = null;
+  }
+
+  /** A real interruption of the answer the speech was over: cut it where it was heard. */
+  _cutOverlapped() {
+    const overlap = this._overlap;
+    this._overlap = null;
+    const response = overlap ? this.client.responses.get(overlap.responseId) : null;
+    if (response) this.interrupt(response);
   }
 
   _setState(state) {
