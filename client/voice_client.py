@@ -324,6 +324,18 @@ class VoiceClient(RealtimeClient):
             else:
                 self._take_turn_event(turn, event, on_transcript, on_audio, player)
 
+    async def events(self, player: AnswerPlayer | None = None) -> AsyncIterator[dict[str, Any]]:
+        """Every server event as it comes, given to ``player`` first (the
+        ``response.cancel`` of an answer it cuts is sent): to keep a player
+        informed between turns, e.g. until an ``input_audio.discarded``. A
+        dropped connection ends it (``ConnectionClosed``); nothing is resumed.
+        """
+        while True:
+            event = await self._recv()
+            if player is not None and (cancel := player.take(event)) is not None:
+                await self.send(cancel)
+            yield event
+
     def _take_turn_event(
         self,
         turn: VoiceTurn,
