@@ -1,0 +1,152 @@
+"""A simulated speaker-to-microphone echo, for the echo canceller's tests and benchmark.
+
+The server sends a spoken answer (float32 chunks at the output rate, faster
+than real time); the simulated client plays it from when its first chunk
+arrives, and its microphone hears it back ``delay_ms`` later than the
+server's reference places it (the round trip and the devices' latencies, which
+the canceller does not know), ``gain_db`` quieter, through a little reverb,
+over a noise floor, and optionally with the user talking over it. The input
+goes to the server in ``chunk_ms`` appends, each arriving (with jitter) when
+its last sample was captured.
+
+The echo is made independently of the code under test: one-shot libsoxr
+resampling of the whole answer and a numpy delay, not ``PlaybackReference``'s
+streaming resampler and placement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import soxr
+
+RATE = 16000
+
+
+@dataclass(frozen=True)
+class Scene:
+    """One simulated room.
+
+    Attributes:
+        delay_ms: how much later the echo comes than the reference places it, ms.
+        gain_db: the echo's level relative to what was sent, dB (negative).
+        reverb_ms: RT60 of an exponentially decaying reverb tail, ms; 0: none.
+        noise_dbfs: the microphone's white-noise floor, dBFS RMS; None: none.
+        jitter_ms: each append arrives up to this much later than captured, ms (uniform).
+        chunk_ms: input append size, ms.
+        send_chunk_ms: output chunk size, ms.
+        send_speed: the output is sent this many times faster than real time.
+        seed: the noise's, the jitter's and the reverb's random seed.
+    """
+
+    delay_ms: int = 100
+    gain_db: float = -10.0
+    reverb_ms: int = 150
+    noise_dbfs: float | None = -60.0
+    jitter_ms: float = 10.0
+    chunk_ms: int = 20
+    send_chunk_ms: int = 200
+    send_speed: float = 4.0
+    seed: int = 0
+
+
+def room_echo(played: npt.NDArray[np.float32], scene: Scene) -> npt.NDArray[np.float32]:
+    """What the microphone hears of ``played`` (float32 [n] at 16 kHz, on the reference's
+    placement): delayed, attenuated and reverberated, float32 [n]."""
+    d = scene.delay_ms * RATE // 1000
+    x = np.concatenate([np.zeros(d, np.float32), played])[: len(played)]
+    if scene.reverb_ms:
+        rng = np.random.default_rng(scene.seed + 1)
+        n = scene.reverb_ms * RATE // 1000
+        tail = rng.standard_normal(n) * np.exp(-6.9 * np.arange(n) / n)  # -60 dB at reverb_ms
+        ir = np.concatenate([[1.0], 0.3 * tail / np.sqrt(np.sum(tail**2))])
+        x = np.convolve(x, ir)[: len(played)]
+    return (x * 10 ** (scene.gain_db / 20)).astype(np.float32)
+
+
+@dataclass
+class Run:
+    """What one simulated session gave: float32 [n] at 16 kHz each."""
+
+    echo: npt.NDArray[np.float32]  # the echo alone, as the microphone heard it
+    user: npt.NDArray[np.float32]  # the user's speech alone (zeros without one)
+    mic: npt.NDArray[np.float32]  # what the client sent: echo + user + noise
+    cleaned: npt.NDArray[np.float32]  # what the canceller gave back (aligned with mic)
+    cpu_s: float  # process CPU seconds spent in the clean calls
+
+
+def simulate(
+    answer: npt.NDArray[np.float32],
+    answer_rate: int,
+    scene: Scene,
+    clean: Callable[[npt.NDArray[np.float32], float], npt.NDArray[np.float32]],
+    played: Callable[[npt.NDArray[np.float32], int, float, float], None],
+    *,
+    user: npt.NDArray[np.float32] | None = None,
+    user_at_s: float = 0.0,
+    lead_s: float = 0.5,
+    tail_s: float = 1.0,
+    t0: float = 1000.0,
+) -> Run:
+    """Send ``answer`` (float32 at ``answer_rate``) from wall time ``t0 + lead_s``
+    and feed the microphone to ``clean`` (``EchoPath.clean``'s signature) in
+    appends, calling ``played`` (``EchoPath.played``'s) for each output chunk
+    once it is sent, in wall-time order with the appends.
+
+    Args:
+        user: the user's speech, float32 at 16 kHz, mixed in at ``user_at_s``
+            after the answer starts playing; None: the user is silent.
+    """
+    import time
+
+    rng = np.random.default_rng(scene.seed)
+    start = round((t0 + lead_s) * RATE)  # where the reference places the first sample
+    total = round((lead_s + len(answer) / answer_rate + tail_s) * RATE)
+    grid0 = round(t0 * RATE)
+    played16 = soxr.resample(answer, answer_rate, RATE, quality="VHQ").astype(np.float32)
+    placed = np.zeros(total, np.float32)
+    placed[start - grid0 : start - grid0 + len(played16)] = played16[: total - (start - grid0)]
+    echo = room_echo(placed, scene)
+    user_track = np.zeros(total, np.float32)
+    if user is not None:
+        at = start - grid0 + round(user_at_s * RATE)
+        user_track[at : at + len(user)] = user[: total - at]
+    noise = (
+        np.zeros(total, np.float32)
+        if scene.noise_dbfs is None
+        else (rng.standard_normal(total) * 10 ** (scene.noise_dbfs / 20)).astype(np.float32)
+    )
+    mic = echo + user_track + noise
+    # output chunks: (sent at, samples, start ms)
+    step = scene.send_chunk_ms * answer_rate // 1000
+    sends = [
+        (t0 + lead_s + (lo / answer_rate) / scene.send_speed, answer[lo : lo + step], lo * 1000 / answer_rate)
+        for lo in range(0, len(answer), step)
+    ]
+    n = scene.chunk_ms * RATE // 1000
+    out: list[npt.NDArray[np.float32]] = []
+    cpu = 0.0
+    for lo in range(0, total - total % n, n):
+        arrived = t0 + (lo + n) / RATE + rng.uniform(0, scene.jitter_ms / 1000)
+        while sends and sends[0][0] <= arrived:
+            at, chunk, ms = sends.pop(0)
+            played(chunk, answer_rate, ms, at)
+        c0 = time.process_time()
+        out.append(clean(mic[lo : lo + n], arrived))
+        cpu += time.process_time() - c0
+    cleaned = np.concatenate(out)
+    m = len(cleaned)
+    return Run(echo=echo[:m], user=user_track[:m], mic=mic[:m], cleaned=cleaned, cpu_s=cpu)
+
+
+def erle_db(mic: npt.NDArray[np.float32], cleaned: npt.NDArray[np.float32], frame: int = 160) -> float:
+    """Echo return loss enhancement, dB: the energy of ``mic`` over that of ``cleaned``
+    (both the echo alone), over the 10 ms frames where ``mic`` is within 30 dB of its loudest."""
+    k = min(len(mic), len(cleaned)) // frame
+    e_in = np.sum(mic[: k * frame].reshape(k, frame).astype(np.float64) ** 2, axis=1)
+    e_out = np.sum(cleaned[: k * frame].reshape(k, frame).astype(np.float64) ** 2, axis=1)
+    loud = e_in > e_in.max() * 1e-3
+    return float(10 * np.log10(e_in[loud].sum() / max(e_out[loud].sum(), 1e-20)))
