@@ -16,12 +16,18 @@ streaming resampler and placement.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 import soxr
+
+if TYPE_CHECKING:
+    from bargein.voice.tts import Synthesizer
+    from bargein.voice.vad import SileroVad
 
 RATE = 16000
 
@@ -100,7 +106,6 @@ def simulate(
         user: the user's speech, float32 at 16 kHz, mixed in at ``user_at_s``
             after the answer starts playing; None: the user is silent.
     """
-    import time
 
     rng = np.random.default_rng(scene.seed)
     start = round((t0 + lead_s) * RATE)  # where the reference places the first sample
@@ -150,3 +155,35 @@ def erle_db(mic: npt.NDArray[np.float32], cleaned: npt.NDArray[np.float32], fram
     e_out = np.sum(cleaned[: k * frame].reshape(k, frame).astype(np.float64) ** 2, axis=1)
     loud = e_in > e_in.max() * 1e-3
     return float(10 * np.log10(e_in[loud].sum() / max(e_out[loud].sum(), 1e-20)))
+
+
+def turn_starts(vad: SileroVad, audio: npt.NDArray[np.float32]) -> list[float]:
+    """Where a default ``server_vad`` (Silero + ``TurnDetector(TurnDetection())``)
+    starts a turn in ``audio`` (float32 at 16 kHz), seconds from its start.
+    """
+    from bargein.voice.turns import SpeechStarted, TurnDetection, TurnDetector
+    from bargein.voice.vad import FRAME_SAMPLES
+
+    stream = vad.stream()
+    detector = TurnDetector(TurnDetection())
+    starts = []
+    for lo in range(0, len(audio) - FRAME_SAMPLES + 1, FRAME_SAMPLES):
+        for event in detector.push(stream.probability(audio[lo : lo + FRAME_SAMPLES])):
+            if isinstance(event, SpeechStarted):
+                starts.append((lo + FRAME_SAMPLES) / RATE)
+    return starts
+
+
+ANSWER = (
+    "Sure. The museum opens at nine in the morning and closes at six, except on Mondays "
+    "when it is closed all day. Tickets cost twelve dollars for adults."
+)
+USER = "Wait, what about Sundays?"
+
+
+def piper_answer(synthesizer: Synthesizer, rate: int = 24000, text: str = ANSWER) -> npt.NDArray[np.float32]:
+    """``text`` spoken by the project's Piper voice,
+    float32 at ``rate`` Hz (the session's output rate), as the server would send it."""
+    speech = synthesizer.synthesize(text)
+    audio = speech.audio.astype(np.float32) / 32768
+    return soxr.resample(audio, synthesizer.sample_rate, rate, quality="VHQ").astype(np.float32)

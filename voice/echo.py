@@ -236,11 +236,15 @@ class InputClock:
         self._window_min: int | None = None  # earliest offset seen in the current window
         self._window_left = round(CLOCK_WINDOW_S * SAMPLE_RATE)
 
-    def place(self, n: int, arrived_at: float) -> int:
+    def place(self, n: int, arrived_at: float | None) -> int:
         """``n`` more input samples arrived at ``arrived_at`` (monotonic s):
-        the grid index of their first sample."""
+        the grid index of their first sample. ``arrived_at=None``: samples
+        that did not arrive as such (a resampler's tail at a commit), placed
+        after the others without moving the place."""
         first = self._samples
         self._samples += n
+        if arrived_at is None:
+            return (self._offset or 0) + first
         candidate = grid(arrived_at) - self._samples
         if self._offset is None:
             self._offset = candidate
@@ -261,9 +265,12 @@ class EchoCanceller:
     audio of the same span with :meth:`near`, in equal lengths: they run
     through AEC3 in lockstep 10 ms frames (the reference's frame first), so
     the output lags the input by the samples short of a frame (under 10 ms),
-    given back by :meth:`flush`. Until the reference first holds a sound,
-    the input passes straight through, unframed and without a lag (a
-    connection that was never sent audio costs nothing).
+    given back by :meth:`flush`. AEC3 itself delays what it gives back by
+    128 samples (8 ms, measured: tests/voice/test_echo.py), so the stream
+    gets 8 ms of silence where the canceller starts and runs 8 ms late from
+    there (the sample count stays the input's). Until the reference first
+    holds a sound, the input passes straight through, unframed and without
+    a lag (a connection that was never sent audio costs nothing).
 
     The echo may lag its reference by up to about 250 ms (AEC3's delay
     estimator); it must not lead it. Noise suppression, the high-pass filter
@@ -384,10 +391,11 @@ class EchoPath:
         """See :meth:`PlaybackReference.ended`."""
         self.reference.ended(at)
 
-    def clean(self, samples: npt.NDArray[np.float32], arrived_at: float) -> npt.NDArray[np.float32]:
+    def clean(self, samples: npt.NDArray[np.float32], arrived_at: float | None) -> npt.NDArray[np.float32]:
         """The next input samples (float32 ``[n]``, 16 kHz), arrived at
-        ``arrived_at`` (monotonic s) -> float32 ``[m]``, the input with the
-        echo removed, ``m`` within a 10 ms frame of ``n`` (see :class:`EchoCanceller`)."""
+        ``arrived_at`` (monotonic s; None: see :meth:`InputClock.place`) ->
+        float32 ``[m]``, the input with the echo removed, ``m`` within a 10 ms
+        frame of ``n`` (see :class:`EchoCanceller`)."""
         start = self.clock.place(len(samples), arrived_at)
         if self.canceller.active or self.reference.ever_played:
             self.canceller.far(self.reference.span(start, len(samples)))
