@@ -30,6 +30,9 @@ if TYPE_CHECKING:
     from bargein.voice.vad import SileroVad
 
 RATE = 16000
+# echo_bench.py's section of docs/perf/voice.md lies between these (voice_bench.py keeps it)
+ECHO_BEGIN = "<!-- echo: loadtests/echo_bench.py --write docs/perf/voice.md -->"
+ECHO_END = "<!-- /echo -->"
 
 
 @dataclass(frozen=True)
