@@ -105,7 +105,7 @@ def main() -> None:
     parser.add_argument(
         "--write", type=Path, help="replace the echo section of this report (docs/perf/voice.md)"
     )
-    parser.add_argument("--delays", default="50,100,150,250", help="ms, comma-separated")
+    parser.add_argument("--delays", default="50,100,150,250,400", help="ms, comma-separated")
     parser.add_argument("--gains", default="-10,-20", help="dB, comma-separated")
     args = parser.parse_args()
     load = os.getloadavg()
@@ -115,7 +115,7 @@ def main() -> None:
     answer = piper_answer(synthesizer, 24000)
     user = pcm16_to_float(espeak_pcm16(USER, RATE))
     lines = [
-        "| echo delay | echo level | ERLE | turns on the raw echo | turns on the cleaned echo "
+        "| echo delay (unknown to the canceller) | echo level | ERLE | turns on the raw echo | turns on the cleaned echo "
         "| user over the echo: turn after | user's level kept | CPU ms per s of audio |",
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
@@ -141,7 +141,7 @@ def main() -> None:
             "",
             "## Echo cancellation",
             "",
-            f"`loadtests/echo_bench.py`, {datetime.date.today()}, {platform.machine()}, "
+            f"`python {' '.join(sys.argv)}`, {datetime.date.today()}, {platform.machine()}, "
             f"{os.cpu_count()} cores, load average {load[0]:.1f} before the run. "
             "WebRTC's AEC3 (the `livekit` wheel's `AudioProcessingModule`) against the audio "
             "the server sent, placed in time as `voice/echo.py` places it; the echo is "
@@ -165,9 +165,13 @@ def main() -> None:
             f"(nothing before: the input passes through); the Silero VAD every connection "
             f"runs costs {vad_ms:.1f} ms per second of the same audio here.",
             "",
-            "AEC3's delay estimator covers the 50-150 ms a client adds; past about 250 ms "
-            "(the last row) it may not hold the echo from the start. Its output runs 8 ms "
-            "behind its input (`tests/voice/test_echo.py`).",
+            "The delay is how much later the echo comes than the server's placement "
+            "(played when sent, captured when it arrived): the round trip plus the "
+            "devices' latencies, which the canceller does not know; AEC3 estimates it. "
+            "The 50-150 ms a client adds hold; from about 250 ms AEC3 may let the first "
+            "second through while it converges, and 400 ms is past what it covers. Its "
+            "output runs 8 ms behind its input (`tests/voice/test_echo.py`). ERLE is "
+            "measured on the echo alone without the noise floor; the turn columns with it.",
             "",
             ECHO_END,
         ]

@@ -1,6 +1,9 @@
 """One connection's input audio: resampled, bounded, paced, and cut into turns.
 
-:class:`VoiceInput` resamples the appended PCM16 to 16 kHz, keeps the
+:class:`VoiceInput` resamples the appended PCM16 to 16 kHz, removes the
+echo of the audio the connection was sent (``voice/echo.py``: the voice
+channel reports each chunk it sends with :meth:`VoiceInput.played`, and the
+playback's pauses, resumes and cuts), keeps the
 uncommitted audio (bounded), runs the VAD frame by frame and the turn
 detector on its probabilities (``server_vad``'s, or ``semantic_vad``'s, which
 scores each pause with the end-of-turn model on the audio held, in the
