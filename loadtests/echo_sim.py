@@ -99,6 +99,11 @@ def simulate(
     lead_s: float = 0.5,
     tail_s: float = 1.0,
     t0: float = 1000.0,
+    pause: tuple[float, float] | None = None,
+    cut_s: float | None = None,
+    paused: Callable[[float], None] | None = None,
+    resumed: Callable[[float], None] | None = None,
+    ended: Callable[[float], None] | None = None,
 ) -> Run:
     """Send ``answer`` (float32 at ``answer_rate``) from wall time ``t0 + lead_s``
     and feed the microphone to ``clean`` (``EchoPath.clean``'s signature) in
@@ -108,13 +113,26 @@ def simulate(
     Args:
         user: the user's speech, float32 at 16 kHz, mixed in at ``user_at_s``
             after the answer starts playing; None: the user is silent.
+        pause: (at, length) seconds: the client's playback holds ``at`` seconds
+            after it started, for ``length`` seconds (``paused`` and ``resumed``
+            are called then).
+        cut_s: the answer is cut this long after it started playing (``ended``
+            is called then; what was not sent by then is not sent).
     """
 
     rng = np.random.default_rng(scene.seed)
     start = round((t0 + lead_s) * RATE)  # where the reference places the first sample
-    total = round((lead_s + len(answer) / answer_rate + tail_s) * RATE)
+    hold_s = 0.0 if pause is None else pause[1]
+    total = round((lead_s + len(answer) / answer_rate + hold_s + tail_s) * RATE)
     grid0 = round(t0 * RATE)
     played16 = soxr.resample(answer, answer_rate, RATE, quality="VHQ").astype(np.float32)
+    if cut_s is not None:
+        played16 = played16[: round(cut_s * RATE)]
+    if pause is not None:
+        at = round(pause[0] * RATE)
+        played16 = np.concatenate(
+            [played16[:at], np.zeros(round(pause[1] * RATE), np.float32), played16[at:]]
+        )
     placed = np.zeros(total, np.float32)
     placed[start - grid0 : start - grid0 + len(played16)] = played16[: total - (start - grid0)]
     echo = room_echo(placed, scene)
@@ -128,26 +146,49 @@ def simulate(
         else (rng.standard_normal(total) * 10 ** (scene.noise_dbfs / 20)).astype(np.float32)
     )
     mic = echo + user_track + noise
-    # output chunks: (sent at, samples, start ms)
+    # what the server does, in wall-time order: chunks sent, the pause and resume, the cut
     step = scene.send_chunk_ms * answer_rate // 1000
-    sends = [
-        (t0 + lead_s + (lo / answer_rate) / scene.send_speed, answer[lo : lo + step], lo * 1000 / answer_rate)
-        for lo in range(0, len(answer), step)
+    start_at = t0 + lead_s
+    sent = [(start_at + (lo / answer_rate) / scene.send_speed, lo) for lo in range(0, len(answer), step)]
+    events: list[tuple[float, Callable[[], None]]] = [
+        (at, _send(played, answer[lo : lo + step], answer_rate, lo, at)) for at, lo in sent
     ]
+    if cut_s is not None:
+        events = [e for e in events if e[0] <= start_at + cut_s]
+        if ended is not None:
+            events.append((start_at + cut_s, _at(ended, start_at + cut_s)))
+    if pause is not None and paused is not None and resumed is not None:
+        events.append((start_at + pause[0], _at(paused, start_at + pause[0])))
+        events.append((start_at + pause[0] + pause[1], _at(resumed, start_at + pause[0] + pause[1])))
+    events.sort(key=lambda e: e[0])
     n = scene.chunk_ms * RATE // 1000
     out: list[npt.NDArray[np.float32]] = []
     cpu = 0.0
     for lo in range(0, total - total % n, n):
         arrived = t0 + (lo + n) / RATE + rng.uniform(0, scene.jitter_ms / 1000)
-        while sends and sends[0][0] <= arrived:
-            at, chunk, ms = sends.pop(0)
-            played(chunk, answer_rate, ms, at)
+        while events and events[0][0] <= arrived:
+            events.pop(0)[1]()
         c0 = time.process_time()
         out.append(clean(mic[lo : lo + n], arrived))
         cpu += time.process_time() - c0
     cleaned = np.concatenate(out)
     m = len(cleaned)
     return Run(echo=echo[:m], user=user_track[:m], mic=mic[:m], cleaned=cleaned, cpu_s=cpu)
+
+
+def _send(
+    played: Callable[[npt.NDArray[np.float32], int, float, float], None],
+    chunk: npt.NDArray[np.float32],
+    rate: int,
+    lo: int,
+    sent_at: float,
+) -> Callable[[], None]:
+    """``played`` of the answer's chunk starting at its sample ``lo``, sent at ``sent_at``."""
+    return lambda: played(chunk, rate, lo * 1000 / rate, sent_at)
+
+
+def _at(fn: Callable[[float], None], at: float) -> Callable[[], None]:
+    return lambda: fn(at)
 
 
 def erle_db(mic: npt.NDArray[np.float32], cleaned: npt.NDArray[np.float32], frame: int = 160) -> float:

@@ -210,3 +210,42 @@ def test_the_user_talking_over_the_echo_still_starts_a_turn_once_cancelled(
         f"{delay_ms} ms, {gain_db} dB: turn {1000 * (starts[0] - onset):.0f} ms after the onset, user kept {kept_db:.1f} dB"
     )
     assert kept_db > -6.0
+
+
+@pytest.mark.slow
+def test_a_playback_pause_told_to_the_reference_keeps_the_echo_cancelled(
+    voice_models: VoiceModels, answer: np.ndarray
+) -> None:
+    scene = Scene(delay_ms=100, gain_db=-10.0)
+    told = EchoPath()
+    run = simulate(
+        answer,
+        24000,
+        scene,
+        told.clean,
+        told.played,
+        pause=(3.0, 1.0),
+        paused=told.paused,
+        resumed=told.resumed,
+    )
+    assert turn_starts(voice_models.vad, run.cleaned) == []
+    # untold, the reference runs on through the pause and the echo after it comes back
+    untold = EchoPath()
+    run = simulate(answer, 24000, scene, untold.clean, untold.played, pause=(3.0, 1.0))
+    assert turn_starts(voice_models.vad, run.cleaned) != []
+
+
+@pytest.mark.slow
+def test_a_cut_answer_leaves_no_turn(voice_models: VoiceModels, answer: np.ndarray) -> None:
+    path = EchoPath()
+    run = simulate(
+        answer,
+        24000,
+        Scene(delay_ms=100, gain_db=-10.0),
+        path.clean,
+        path.played,
+        cut_s=4.0,
+        ended=path.ended,
+    )
+    assert turn_starts(voice_models.vad, run.mic) != []
+    assert turn_starts(voice_models.vad, run.cleaned) == []
