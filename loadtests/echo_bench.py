@@ -135,6 +135,23 @@ def main() -> None:
             print(lines[-1], flush=True)
             heard.append(f"| {delay} ms | {gain:.0f} dB | {r['heard_raw']} | {r['heard_cleaned']} |")
     vad_ms = vad_cpu_ms(vad)
+    playback = []
+    scene = Scene(delay_ms=100, gain_db=-10.0)
+    for name, told in (
+        ("a 1 s pause at 3 s, told (`playback_paused`/`resumed`)", True),
+        ("the same pause, untold", False),
+    ):
+        path = EchoPath()
+        tell = {"paused": path.paused, "resumed": path.resumed} if told else {}
+        run = simulate(answer, 24000, scene, path.clean, path.played, pause=(3.0, 1.0), **tell)
+        playback.append(
+            f"| {name} | {len(turn_starts(vad, run.mic))} | {len(turn_starts(vad, run.cleaned))} |"
+        )
+    path = EchoPath()
+    run = simulate(answer, 24000, scene, path.clean, path.played, cut_s=4.0, ended=path.ended)
+    playback.append(
+        f"| cut at 4 s (`playback_ended`) | {len(turn_starts(vad, run.mic))} | {len(turn_starts(vad, run.cleaned))} |"
+    )
     body = "\n".join(
         [
             ECHO_BEGIN,
@@ -159,6 +176,12 @@ def main() -> None:
             "| echo delay | echo level | heard in the raw input | heard in the cleaned input |",
             "| ---: | ---: | --- | --- |",
             *heard,
+            "",
+            "The playback calls, at 100 ms and -10 dB (turns started on the raw and the cleaned input):",
+            "",
+            "| playback | raw | cleaned |",
+            "| --- | ---: | ---: |",
+            *playback,
             "",
             f"CPU: the canceller costs {np.mean(cpu):.1f} ms per second of audio "
             f"({np.mean(cpu) / 10:.1f}% of a core) while a connection has been sent audio "
