@@ -299,6 +299,7 @@ SERVE_FLAG_RULES: Mapping[str, FlagRule] = {
     "voice.speculate": FlagRule(name="--voice-speculation"),
     "voice.prefill": FlagRule(name="--voice-prefill"),
     "voice.text_turn": FlagRule(name="--voice-text-turn"),
+    "voice.echo_cancellation": FlagRule(name="--voice-echo-cancellation"),
 }
 
 # Fields that are no flag: constants tuned with the code they pace (measured

@@ -64,6 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from server_proc import served  # noqa: E402
 from websockets.asyncio.client import connect  # noqa: E402
 
+from loadtests.echo_sim import ECHO_BEGIN, ECHO_END  # noqa: E402
 from loadtests.voice_report import render  # noqa: E402
 from loadtests.voice_session import RATE, ModeRefused, Turn, VoiceSession  # noqa: E402
 from loadtests.voice_utterances import BARGE, QUESTIONS, Utterance, Voices, paused_set, questions  # noqa: E402
@@ -255,7 +256,10 @@ def main() -> None:
         "pause_set": [{"text": u.text, "voice": u.voice, "pause_ms": u.pause_ms} for u in paused],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(render(results, meta))
+    # the echo canceller's section (loadtests/echo_bench.py --write) is kept as it was
+    kept = args.out.read_text() if args.out.exists() else ""
+    echo = kept[kept.index(ECHO_BEGIN) : kept.index(ECHO_END) + len(ECHO_END)] if ECHO_END in kept else ""
+    args.out.write_text(render(results, meta) + (f"\n{echo}\n" if echo else ""))
     args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     print(args.out.read_text())
 

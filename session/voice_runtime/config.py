@@ -40,6 +40,11 @@ class VoiceConfig:
             answer, scored by the served chat model loaded a second time in
             fp32: about 540 MB for the bundled model): words that do not end
             a message keep the turn open, words that clearly do end it.
+        echo_cancellation: remove the echo of the audio a connection was
+            sent from its input before the VAD sees it (WebRTC's AEC3,
+            ``voice/echo.py``), so a client playing the answer through a
+            speaker into its microphone does not barge in on it. About 1.5%
+            of a core per live connection while it is active (docs/perf/voice.md).
     """
 
     mode: str = "auto"
@@ -51,6 +56,7 @@ class VoiceConfig:
     max_input_audio_speed: float = 4.0
     input_audio_burst_ms: int = 10_000
     text_turn: bool = True
+    echo_cancellation: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in ("auto", "on", "off"):
