@@ -266,8 +266,9 @@ class AnswerPlayer:
                 playback.pause()
                 self._overlap_item, self._overlap = self._speech_item, event["response_id"]
         elif kind == "response.audio.resumed":
-            if event["response_id"] == self._overlap:  # the speech is judged again at its end: still held
-                self.playbacks[self._overlap].resume()
+            if (overlap := self._overlap) is not None and event["response_id"] == overlap:
+                # the speech is judged again at its end: still held
+                self.playbacks[overlap].resume()
         elif kind == "input_audio.discarded":
             self.discarded.append(event)
             if event.get("item_id") == self._overlap_item:

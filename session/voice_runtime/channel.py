@@ -157,7 +157,13 @@ class VoiceChannel:
         self._transcribing: set[asyncio.Task[None]] = set()
         self._transcribe_s = FIRST_TRANSCRIBE_S  # the last transcription's time, for retry hints
         self._input: VoiceInput | None = None  # made at the first audio
-        self._spoken = SpokenResponses(runtime, send=self._send, clock=self._clock, observer=self._observer)
+        self._spoken = SpokenResponses(
+            runtime,
+            send=self._send,
+            clock=self._clock,
+            observer=self._observer,
+            playback=_InputPlayback(self),
+        )
         self._pending_items: list[tuple[str, pe.InputItem]] = []  # turns without a response yet
         self._next: VoiceResponse | None = None  # of a voice turn's response.create, before it is applied
         self._creating: VoiceResponse | None = None  # of the response.create being applied
@@ -889,3 +895,28 @@ def _response_of(action: Action) -> str | None:
 def _shows_response(action: Action) -> bool:
     """Whether ``action`` shows a response to the client (its ``response.created``)."""
     return isinstance(action, Send) and isinstance(action.event, pe.ResponseCreated)
+
+
+class _InputPlayback:
+    """The speakers' :class:`~bargein.session.voice_runtime.speaker.Playback`:
+    what the client plays goes to the connection's input (its echo canceller),
+    once it has one (made at the first audio)."""
+
+    def __init__(self, channel: VoiceChannel) -> None:
+        self._channel = channel
+
+    def played(self, samples: np.ndarray, sample_rate: int, start_ms: float, sent_at: float) -> None:
+        if (inp := self._channel._input) is not None:
+            inp.played(samples, sample_rate, start_ms, sent_at)
+
+    def paused(self, at: float) -> None:
+        if (inp := self._channel._input) is not None:
+            inp.playback_paused(at)
+
+    def resumed(self, at: float) -> None:
+        if (inp := self._channel._input) is not None:
+            inp.playback_resumed(at)
+
+    def ended(self, at: float) -> None:
+        if (inp := self._channel._input) is not None:
+            inp.playback_ended(at)

@@ -71,6 +71,25 @@ class SpeechSynth(Protocol):
         ``num_samples`` and ``words`` (:class:`bargein.voice.tts.Timing`)."""
 
 
+class Playback(Protocol):
+    """Told what the client's speaker plays, as it is sent (the echo
+    canceller's reference: :class:`bargein.voice.echo.EchoPath`). Times are
+    monotonic seconds."""
+
+    def played(self, samples: np.ndarray, sample_rate: int, start_ms: float, sent_at: float) -> None:
+        """A chunk was sent: float32 ``[n]`` at ``sample_rate`` Hz, starting at
+        ``start_ms`` of the response's output timeline."""
+
+    def paused(self, at: float) -> None:
+        """The playback holds from ``at``."""
+
+    def resumed(self, at: float) -> None:
+        """The playback goes on from ``at``."""
+
+    def ended(self, at: float) -> None:
+        """The response's audio stops at ``at``: what was not played never plays."""
+
+
 class Speaker:
     """The spoken audio of one response.
 
@@ -89,6 +108,8 @@ class Speaker:
             to it; a segment due while it is empty is not synthesized, and
             the audio stops there with a ``rate_limited`` ``error`` (the
             text goes on; ``response.audio.done`` says where the audio ended).
+        playback: told each chunk sent, and the pauses, resumes and stop
+            (the connection's echo canceller).
     """
 
     def __init__(
@@ -106,6 +127,7 @@ class Speaker:
         observer: SessionObserver | None = None,
         on_first_audio: Callable[[], None] | None = None,
         budget: AudioBudget | None = None,
+        playback: Playback | None = None,
     ) -> None:
         self.response_id = response_id
         self.stream_id = stream_id
@@ -132,6 +154,7 @@ class Speaker:
         self._observer = observer
         self._on_first_audio = on_first_audio
         self._budget = budget
+        self._playback = playback
         self._segmenter = Segmenter()
         self._queue: asyncio.Queue[Segment | None] = asyncio.Queue()
         self._samples = 0  # output timeline length so far, in samples
@@ -147,6 +170,8 @@ class Speaker:
 
     def stop(self) -> None:
         """Barge-in: send no more audio (synthesis in flight is dropped)."""
+        if not self.stopped and self._playback is not None and self.sent_end_ms:
+            self._playback.ended(self._clock())
         self.stopped = True
         if self._worker is not None:
             self._worker.cancel()
@@ -162,11 +187,15 @@ class Speaker:
         if self._playing.is_set():
             self._playing.clear()
             self._paused_at = self._clock()
+            if self._playback is not None:
+                self._playback.paused(self._paused_at)
 
     def resume(self) -> None:
         """The speech was no interruption: the audio goes on from where it paused."""
         if not self._playing.is_set():
             self._playing.set()
+            if self._playback is not None:
+                self._playback.resumed(self._clock())
             if self._paused_at is not None:
                 self._paused_s += self._clock() - self._paused_at
                 self._paused_at = None
@@ -354,6 +383,11 @@ class Speaker:
         # cancels the wait, not the frame (it is queued for the wire), so the
         # cut and response.audio.done's end_ms must include it.
         self.sent_end_ms, self.sent_text_end = end_ms, text_end
+        # before the write: a send that waits for the socket must not place the
+        # echo canceller's reference late (its echo may lag it, never lead it)
+        sent_at = self._clock()
+        if self._playback is not None:
+            self._playback.played(piece, self.sample_rate, start_ms, sent_at)
         await self._send(
             pe.ResponseAudioDelta(
                 response_id=self.response_id,
@@ -365,7 +399,7 @@ class Speaker:
             )
         )
         if first:
-            self._first_sent_at = self._clock()
+            self._first_sent_at = sent_at
         if first and self._on_first_audio is not None:
             self._on_first_audio()
 

@@ -18,7 +18,7 @@ from bargein.session.runtime.admission import AudioBudget
 from bargein.session.runtime.delivery import SendEvent
 from bargein.session.runtime.observer import SessionObserver
 from bargein.session.voice_runtime.runtime import VoiceRuntime
-from bargein.session.voice_runtime.speaker import Speaker
+from bargein.session.voice_runtime.speaker import Playback, Speaker
 
 _REMEMBERED = 16  # responses whose speaker a late response.cancel can still name
 
@@ -42,12 +42,20 @@ class SpokenResponses:
         send: writes one server event (the speakers' audio).
         clock: monotonic seconds.
         observer: voice metrics (voice-to-voice latency, synthesis).
+        playback: told what every speaker sends (the echo canceller's reference).
     """
 
     def __init__(
-        self, runtime: VoiceRuntime, *, send: SendEvent, clock: Callable[[], float], observer: SessionObserver
+        self,
+        runtime: VoiceRuntime,
+        *,
+        send: SendEvent,
+        clock: Callable[[], float],
+        observer: SessionObserver,
+        playback: Playback | None = None,
     ) -> None:
         self._runtime = runtime
+        self._playback = playback
         self._send = send
         self._clock = clock
         self._observer = observer
@@ -124,6 +132,7 @@ class SpokenResponses:
             observer=self._observer,
             on_first_audio=first_audio,
             budget=budget,
+            playback=self._playback,
         )
         return response.speaker
 
