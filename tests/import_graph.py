@@ -104,8 +104,19 @@ def parse_imports(source: str, module: Module, known: Iterable[str] = ()) -> lis
         SyntaxError: ``source`` does not parse.
     """
     visitor = _ImportVisitor(module, frozenset(known))
-    visitor.visit(ast.parse(source, filename=str(module.path)))
+    visitor.visit(_parse(source, str(module.path)))
     return visitor.found
+
+
+def _parse(source: str, filename: str) -> ast.Module:
+    """``ast.parse``, once more after CPython 3.11's ``SystemError: AST
+    constructor recursion depth mismatch``: a ``sys.setrecursionlimit`` in
+    another thread while it runs (hypothesis sets the limit around its
+    tests) moves the depth it checks; the source is not at fault."""
+    try:
+        return ast.parse(source, filename=filename)
+    except SystemError:
+        return ast.parse(source, filename=filename)
 
 
 @functools.cache

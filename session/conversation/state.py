@@ -441,9 +441,13 @@ class Conversation:
         ]
 
     def _cut_finished(self, response: _Response, heard_chars: int | None) -> None:
-        """Cut a finished response's turn, if it is still the last one."""
+        """Cut a finished response's turn, if no response started after it:
+        only user turns follow it (the user's interruption, committed before
+        the client's late cancel said what it played: docs/protocol.md 8.7)."""
         index = response.turn_index
-        if index is None or index != len(self.turns) - 1:
+        if index is None or self._active is not None:
+            return
+        if any(turn.role != "user" for turn in self.turns[index + 1 :]):
             return
         text = self.turns[index].content
         heard = _clamp(heard_chars, min(len(text), len(response.delivered)))

@@ -337,9 +337,21 @@ class Connection:
         """Speech that paused the answer interrupts it: cancel the active
         response, if it is one of ``response_ids``, cut at the audio heard."""
         async with self._lock:
-            if self._live.closed or self.active_response_id not in response_ids:
+            if self._live.closed:
                 return False
-            return await self.on_barge_in(now)
+            if self.active_response_id in response_ids:
+                return await self.on_barge_in(now)
+            # An answer whose generation had ended while its audio still
+            # played: its turn is cut at what the client is estimated to have
+            # played (a late cancel of a finished response; the client's own
+            # response.cancel with audio_end_ms may cut it shorter).
+            for response_id in response_ids:
+                heard = self._voice.cut(response_id, None, None)
+                if heard is not None:
+                    cancel = pe.ResponseCancel(response_id=response_id, heard_chars=heard)
+                    await self._actions.run(self._live.apply(cancel, now))
+            self._live.save()
+            return False
 
     async def on_user_turn(
         self, create: pe.ResponseCreate, claim: Callable[[], bool], *, after_active: bool

@@ -45,6 +45,10 @@ class VoiceConfig:
             ``voice/echo.py``), so a client playing the answer through a
             speaker into its microphone does not barge in on it. About 1.5%
             of a core per live connection while it is active (docs/perf/voice.md).
+            Off by default: live, AEC3 lets the echo through for a moment
+            after each gap in the playback (a synthesis underrun, a pause),
+            and it kept a user's backchannel over an answer without echo
+            from the VAD (README, the flag's row).
     """
 
     mode: str = "auto"
@@ -56,7 +60,7 @@ class VoiceConfig:
     max_input_audio_speed: float = 4.0
     input_audio_burst_ms: int = 10_000
     text_turn: bool = True
-    echo_cancellation: bool = True
+    echo_cancellation: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in ("auto", "on", "off"):

@@ -264,6 +264,9 @@ class ConfirmedInterruptions:
         overlap.real = True
         overlap.paused = False
         for speaker in overlap.speakers:
+            # held where it is now, if it had resumed: the cut is at the
+            # estimate of what was played by then (SpokenResponses.cut)
+            speaker.pause()
             speaker.stop()
         await self._cut([s.response_id for s in overlap.speakers], self._clock())
 

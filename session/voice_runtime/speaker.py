@@ -140,11 +140,13 @@ class Speaker:
         self._playing = asyncio.Event()  # cleared while paused
         self._playing.set()
         self._text: list[str] = []  # the response text fed so far
-        # the client's playback, as the server sees it: it starts at the first
-        # chunk sent and runs in real time, paused while the speaker is paused
-        self._first_sent_at: float | None = None
+        # the client's playback, as the server sees it: each chunk plays in real
+        # time from when it was sent or when the audio before it ends, whichever
+        # is later (a synthesis underrun leaves a gap), held while paused:
+        # (wall start s, start_ms, end_ms) runs of the output timeline
+        self._schedule: list[tuple[float, int, int]] = []
+        self._play_end = 0.0  # wall time the client ends the audio sent so far
         self._paused_at: float | None = None
-        self._paused_s = 0.0
         self._synth = synth
         self._send = send
         self._run_blocking = run_blocking
@@ -194,20 +196,29 @@ class Speaker:
         """The speech was no interruption: the audio goes on from where it paused."""
         if not self._playing.is_set():
             self._playing.set()
+            now = self._clock()
             if self._playback is not None:
-                self._playback.resumed(self._clock())
+                self._playback.resumed(now)
             if self._paused_at is not None:
-                self._paused_s += self._clock() - self._paused_at
+                # what the client held plays on from now, back to back
+                held_from = self.played_ms(self._paused_at)
                 self._paused_at = None
+                if self._schedule:
+                    self._schedule = [(now, held_from, self.sent_end_ms)]
+                    self._play_end = now + (self.sent_end_ms - held_from) / 1000
 
     def played_ms(self, now: float) -> int:
         """The output-timeline ms the client has played by ``now`` (monotonic
-        s), estimated: playback starts as the first chunk is sent and runs in
-        real time, stopped while paused, never past the audio sent."""
-        if self._first_sent_at is None:
+        s), estimated: each chunk plays in real time from when it was sent or
+        when the audio before it ends, whichever is later; stopped while
+        paused; never past the audio sent. 0 before any was sent."""
+        if not self._schedule:
             return 0
         until = now if self._paused_at is None else self._paused_at
-        return max(0, min(self.sent_end_ms, int(1000 * (until - self._first_sent_at - self._paused_s))))
+        for start, start_ms, end_ms in reversed(self._schedule):
+            if until >= start:
+                return min(end_ms, start_ms + int(1000 * (until - start)))
+        return self._schedule[0][1]
 
     def audible(self, now: float) -> bool:
         """Whether the client may still be playing (or about to play) this
@@ -386,6 +397,7 @@ class Speaker:
         # before the write: a send that waits for the socket must not place the
         # echo canceller's reference late (its echo may lag it, never lead it)
         sent_at = self._clock()
+        self._scheduled(sent_at, start_ms, end_ms)
         if self._playback is not None:
             self._playback.played(piece, self.sample_rate, start_ms, sent_at)
         await self._send(
@@ -398,10 +410,18 @@ class Speaker:
                 text_end=text_end,
             )
         )
-        if first:
-            self._first_sent_at = sent_at
         if first and self._on_first_audio is not None:
             self._on_first_audio()
+
+    def _scheduled(self, sent_at: float, start_ms: int, end_ms: int) -> None:
+        """The chunk ``[start_ms, end_ms)`` sent at ``sent_at`` joins the playback estimate."""
+        start = max(sent_at, self._play_end)
+        if self._schedule and start == self._play_end and self._schedule[-1][2] == start_ms:
+            wall, first_ms, _ = self._schedule[-1]  # back to back: one run
+            self._schedule[-1] = (wall, first_ms, end_ms)
+        else:
+            self._schedule.append((start, start_ms, end_ms))
+        self._play_end = start + (end_ms - start_ms) / 1000
 
     def _resampled_length(self, num_samples: int) -> int:
         """The samples :meth:`_resampled` gives for ``num_samples`` of the

@@ -140,14 +140,21 @@ class SpokenResponses:
         """A cancel or truncation of ``response_id``: its speaker sends no more
         audio. Returns the ``heard_chars`` it means: for a spoken response
         the cut is at the audio, at ``audio_end_ms`` (a word boundary at most
-        one word past it), else at the audio sent; with ``heard_chars`` too,
-        the shorter cut wins. A text-only response keeps the client's
-        ``heard_chars``."""
+        one word past it), else, while its audio is paused (a confirmed
+        interruption), at the server's estimate of what the client played
+        by the pause (:meth:`Speaker.played_ms`), else at the audio sent;
+        with ``heard_chars`` too, the shorter cut wins. A text-only response
+        keeps the client's ``heard_chars``."""
         response = self._responses.get(response_id)
         if response is None or response.speaker is None:
             return heard_chars
-        cut = response.speaker.cut_chars(audio_end_ms)
-        response.speaker.stop()
+        speaker = response.speaker
+        if audio_end_ms is None and speaker.paused:
+            # the client holds its playback where the pause reached it; the
+            # audio sent runs ahead of it by up to the whole answer
+            audio_end_ms = speaker.played_ms(self._clock())
+        cut = speaker.cut_chars(audio_end_ms)
+        speaker.stop()
         return cut if heard_chars is None else min(cut, heard_chars)
 
     def audible(self, now: float) -> list[Speaker]:
