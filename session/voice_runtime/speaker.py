@@ -217,7 +217,7 @@ class Speaker:
         until = now if self._paused_at is None else self._paused_at
         for start, start_ms, end_ms in reversed(self._schedule):
             if until >= start:
-                return min(end_ms, start_ms + int(1000 * (until - start)))
+                return min(end_ms, start_ms + round(1000 * (until - start)))
         return self._schedule[0][1]
 
     def audible(self, now: float) -> bool:

@@ -151,3 +151,24 @@ def test_item_ids_survive_a_save() -> None:
     # a save written before item ids: pairs, still read
     old = b'{"v":1,"session_id":"s","principal":"p","settings":{"instructions":null,"defaults":{},"on_disconnect":"continue","include_token_ids":false},"turns":[["user","hi"]],"active":null}'
     assert SavedSession.from_bytes(old).turns == (Message(role="user", content="hi"),)
+
+
+def test_a_late_cancel_cuts_a_finished_answer_while_only_user_turns_follow_it() -> None:
+    """The user's interruption may be committed (a confirmed interruption)
+    before the client's response.cancel says what it played: the cancel still
+    cuts the answer, until the next response starts (docs/protocol.md 3, 8.7)."""
+    session = make_session()
+    add(session, "tell me a story")
+    _, first = answer(session, "Once upon a time there was a dragon.")
+    add(session, "stop, tell me about dogs")
+    session.handle(pe.ResponseCancel(response_id=first.response_id, heard_chars=16), 0.0)
+    assert [t.content for t in session.turns] == [
+        "tell me a story",
+        "Once upon a time",
+        "stop, tell me about dogs",
+    ]
+    # once the next response has started, its prompt holds the answer: no later cut
+    submit = session.handle(pe.ResponseCreate(), 0.0)[-1]
+    assert isinstance(submit, Submit)
+    session.handle(pe.ResponseCancel(response_id=first.response_id, heard_chars=4), 0.0)
+    assert session.turns[1].content == "Once upon a time"

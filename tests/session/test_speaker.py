@@ -382,3 +382,34 @@ async def test_a_delivery_cancelled_while_its_audio_is_synthesized_is_cancelled(
         synth.gate.set()
     assert task.cancelled()  # not swallowed
     assert not [e for e in wire.events if isinstance(e, (pe.ResponseDone, pe.ResponseAudioDone))]
+
+
+def test_the_playback_estimate_stalls_where_the_audio_ran_dry_and_holds_while_paused() -> None:
+    """played_ms: a chunk plays from when it was sent or when the audio before
+    it ends, whichever is later (a synthesis underrun leaves the client
+    silent), and a pause holds it; a confirmed interruption cuts there."""
+    now = [10.0]
+    s = Speaker(
+        FakeSynth(),
+        response_id="r1",
+        stream_id="s1",
+        sample_rate=RATE,
+        send=Wire().send,
+        run_blocking=in_thread,
+        clock=lambda: now[0],
+    )
+    assert s.played_ms(10.0) == 0  # nothing sent
+    s._scheduled(10.0, 0, 200)
+    s._scheduled(10.01, 200, 400)  # queued behind the first: back to back
+    s._scheduled(10.9, 400, 600)  # the client ran dry at 10.4
+    s.sent_end_ms = 600
+    assert s.played_ms(10.3) == 300
+    assert s.played_ms(10.6) == 400  # silent until the chunk arrived
+    assert s.played_ms(11.0) == 500
+    now[0] = 11.0
+    s.pause()
+    assert s.played_ms(11.8) == 500
+    now[0] = 12.0
+    s.resume()
+    assert s.played_ms(12.05) == 550
+    assert s.played_ms(13.0) == 600  # never past what was sent
