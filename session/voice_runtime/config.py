@@ -48,7 +48,7 @@ class VoiceConfig:
             Off by default: live, AEC3 lets the echo through for a moment
             after each gap in the playback (a synthesis underrun, a pause),
             and it kept a user's backchannel over an answer without echo
-            from the VAD (README, the flag's row).
+            from the VAD (docs/perf/voice.md, "Live, over a socket").
     """
 
     mode: str = "auto"
