@@ -254,6 +254,8 @@ class Result:
     transcripts: list[str] = field(default_factory=list)
     done: float | None = None
     finish: str | None = None
+    audio_done: float | None = None  # response.audio.done of the answer
+    audio_end_ms: int | None = None  # ... its end_ms: where the answer's audio ended
     text: str = ""
     audio_bytes: int = 0
     audio_sha: str = ""
@@ -264,6 +266,7 @@ class Result:
     stop_ms: float | None = None
     decision_ms: float | None = None
     passed: bool | None = None
+    cut: bool = False  # interrupted, or its audio ended short of the reference's
     outcome: str = ""
 
 
@@ -400,6 +403,8 @@ class Client:
                 if r.first_audio is None:
                     r.first_audio = t
                     self.playing = True
+            elif kind == "response.audio.done" and ours and r.audio_done is None:
+                r.audio_done, r.audio_end_ms = t, e.get("end_ms")
             elif kind == "response.delta" and ours:
                 r.text += e["text"]
             elif kind == "input_audio.speech_started":
@@ -478,6 +483,8 @@ async def run_case(url: str, case: Case, mode: str, timeout_s: float) -> tuple[R
                         return False
                     if case.kind == "echo" and (c.buffer or c.paused):
                         return False  # the whole answer is played back into the microphone
+                    if case.kind in ("real", "echo+real") and r.audio_done is None:
+                        return False  # the answer's audio ends: cut, or played out
                     return True
 
                 r.timed_out = not await wait_until(finished, max(0.0, deadline - time.monotonic()))
@@ -508,12 +515,22 @@ def judge(r: Result, ref: dict[str, Any] | None) -> None:
     ]
     if after and onset is not None:
         r.stop_ms = (after[0] - onset) * 1000
-    if onset is not None and r.done is not None and r.finish == "interrupted":
+    # Cut: the response was interrupted, or (its generation had ended: 48
+    # tokens take ~2 s, their audio ~15 s) its audio ended short of the
+    # reference's; the cut is known at response.done or response.audio.done.
+    short = (
+        ref is not None
+        and r.audio_end_ms is not None
+        and r.audio_end_ms < ref["audio_ms"] - 50
+        and len(r.resumed) <= len(r.paused)
+    )
+    cut = r.cut = r.finish == "interrupted" or short
+    cut_at = r.done if r.finish == "interrupted" else r.audio_done
+    if onset is not None and cut and cut_at is not None and cut_at >= onset:
         window_end = (
             onset + WINDOW_MS / 1000 if r.end_sent is None else min(onset + WINDOW_MS / 1000, r.end_sent)
         )
-        r.decision_ms = (r.done - window_end) * 1000
-    cut = r.finish == "interrupted"
+        r.decision_ms = (cut_at - window_end) * 1000
     if r.outcome:
         r.passed = False
     elif r.timed_out:
@@ -557,11 +574,9 @@ def summarize(results: list[Result]) -> dict[str, Any]:
     return {
         "n": n,
         "passed": sum(bool(r.passed) for r in results),
-        "cut": sum(r.finish == "interrupted" for r in results),
+        "cut": sum(r.cut for r in results),
         "paused": sum(bool(r.paused) for r in results),
-        "resumed": sum(
-            bool(r.paused) and len(r.resumed) >= len(r.paused) and r.finish != "interrupted" for r in results
-        ),
+        "resumed": sum(bool(r.paused) and len(r.resumed) >= len(r.paused) and not r.cut for r in results),
         "not_heard": sum(not r.paused and not r.speech_started for r in results),
         "identical": sum(bool(r.identical) for r in results),
         "timed_out": sum(r.timed_out for r in results),
