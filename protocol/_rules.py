@@ -9,6 +9,8 @@ codec sees a number that does not fit the places it goes.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -19,12 +21,16 @@ from bargein.protocol.events import (
     AudioSettings,
     ClientEvent,
     ErrorCode,
+    FunctionTool,
     InputAudioAppend,
+    InputItem,
     InterruptionSettings,
+    NamedToolChoice,
     ResponseCancel,
     ResponseCreate,
     SessionUpdate,
     StreamResume,
+    ToolChoice,
     TurnDetectionSettings,
 )
 
@@ -41,6 +47,9 @@ INTERRUPTION_PAUSE_MS = (100, 2000)
 MAX_BACKCHANNELS = 64
 MAX_BACKCHANNEL_CHARS = 64
 PCM16_SAMPLE_BYTES = 2
+MAX_TOOLS = 128  # OpenAI's limit on functions of one request
+TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's function names
+MAX_CALL_ID_CHARS = 64
 
 
 def check_event_id(event_id: str | None) -> None:
@@ -87,13 +96,58 @@ def _check_create(event: ResponseCreate) -> None:
     for i, item in enumerate(event.input or ()):
         if item.item_id is not None and not 0 < len(item.item_id) <= MAX_ITEM_ID_CHARS:
             raise _bad(f"'input[{i}].item_id' must be 1 to {MAX_ITEM_ID_CHARS} characters")
+        _check_tool_item(item, f"input[{i}]")
+    _check_tools(event.tools, event.tool_choice, "")
     if event.modalities is not None:
         # Audio is the text spoken: there is no audio without its text.
         if "text" not in event.modalities or len(set(event.modalities)) != len(event.modalities):
             raise _bad("'modalities' must be ['text'] or ['text', 'audio']")
 
 
+def _check_tool_item(item: InputItem, path: str) -> None:
+    """A tool result names its call; only an assistant item makes calls, and then holds no text."""
+    if item.role == "tool" and item.tool_call_id is None:
+        raise _bad(f"'{path}.tool_call_id' is required for role 'tool'")
+    if item.role != "tool" and item.tool_call_id is not None:
+        raise _bad(f"'{path}.tool_call_id' belongs to role 'tool' only")
+    if item.tool_call_id is not None and not 0 < len(item.tool_call_id) <= MAX_CALL_ID_CHARS:
+        raise _bad(f"'{path}.tool_call_id' must be 1 to {MAX_CALL_ID_CHARS} characters")
+    if item.tool_calls is None:
+        return
+    if item.role != "assistant" or item.content:
+        raise _bad(f"'{path}.tool_calls' belongs to an assistant item whose content is \"\"")
+    for j, call in enumerate(item.tool_calls):
+        if not TOOL_NAME.fullmatch(call.name):
+            raise _bad(f"'{path}.tool_calls[{j}].name' must be 1 to 64 letters, digits, '_' or '-'")
+        if not 0 < len(call.call_id) <= MAX_CALL_ID_CHARS:
+            raise _bad(f"'{path}.tool_calls[{j}].call_id' must be 1 to {MAX_CALL_ID_CHARS} characters")
+
+
+def _check_tools(tools: tuple[FunctionTool, ...] | None, choice: ToolChoice | None, path: str) -> None:
+    """Function names (OpenAI's rule, each once), object schemas, and a named
+    ``tool_choice`` among the tools (when both come in the same event). A
+    schema keyword the grammar library cannot enforce is the session's to refuse."""
+    p = f"{path}." if path else ""
+    for i, tool in enumerate(tools or ()):
+        if not TOOL_NAME.fullmatch(tool.name):
+            raise _bad(f"'{p}tools[{i}].name' must be 1 to 64 letters, digits, '_' or '-'")
+        schema = {} if tool.parameters is None else json.loads(tool.parameters)
+        if schema.get("type", "object") != "object":
+            raise _bad(f"'{p}tools[{i}].parameters' must be an object schema (its arguments are an object)")
+    names = [t.name for t in tools or ()]
+    if len(set(names)) != len(names):
+        raise _bad(f"'{p}tools' names a function twice")
+    if len(names) > MAX_TOOLS:
+        raise _bad(f"'{p}tools' holds at most {MAX_TOOLS} functions")
+    if isinstance(choice, NamedToolChoice):
+        if not TOOL_NAME.fullmatch(choice.name):
+            raise _bad(f"'{p}tool_choice.name' must be 1 to 64 letters, digits, '_' or '-'")
+        if tools is not None and choice.name not in names:
+            raise _bad(f"'{p}tool_choice' names {choice.name!r}, which is not in '{p}tools'")
+
+
 def _check_update(event: SessionUpdate) -> None:
+    _check_tools(event.session.tools, event.session.tool_choice, "session")
     if event.session.defaults is not None:
         _check_sampling(event.session.defaults, "session.defaults")
     if event.session.audio is not None:

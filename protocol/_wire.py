@@ -1,7 +1,8 @@
 """Dataclass <-> wire map conversion, driven by the events' type hints.
 
 The wire map is what JSON and msgpack carry: ``dict``/``list``/``str``/
-``int``/``float``/``bool``/``None``, and for ``bytes`` fields either a base64
+``int``/``float``/``bool``/``None`` (a :class:`JsonText` field: any JSON
+object, kept as its compact text), and for ``bytes`` fields either a base64
 string (JSON: standard alphabet, padded, canonical) or ``bytes`` (msgpack
 ``bin``), as ``bytes_as_base64`` says. Decoding checks types only (the range
 rules live in ``bargein.protocol._rules``) and raises :class:`ProtocolError`:
@@ -21,6 +22,7 @@ import binascii
 import dataclasses
 import enum
 import functools
+import json
 import math
 import sys
 import types
@@ -29,7 +31,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 from bargein.protocol.errors import ProtocolError
-from bargein.protocol.events import ErrorCode
+from bargein.protocol.events import ErrorCode, JsonText
 
 T = TypeVar("T")
 _NO_NULL: Any = object()  # a field whose wire null means "not given"
@@ -94,6 +96,8 @@ def _value_to_wire(value: Any, bytes_as_base64: bool) -> Any:
         return to_wire(value, bytes_as_base64=bytes_as_base64)
     if isinstance(value, enum.Enum):
         return value.value
+    if isinstance(value, JsonText):
+        return json.loads(value)
     if isinstance(value, (tuple, list)):
         return [_value_to_wire(v, bytes_as_base64) for v in value]
     if isinstance(value, bytes) and bytes_as_base64:
@@ -138,8 +142,13 @@ def convert(tp: Any, value: Any, where: str, *, bytes_as_base64: bool) -> Any:
     """Check (and normalise) one non-null wire value against type hint ``tp``."""
     origin = get_origin(tp)
     if origin in (Union, types.UnionType):
-        (inner,) = [a for a in get_args(tp) if a is not type(None)]
-        return convert(inner, value, where, bytes_as_base64=bytes_as_base64)
+        inner = [a for a in get_args(tp) if a is not type(None)]
+        if len(inner) > 1:  # a name or an object (tool_choice): the wire value's shape picks
+            objects = [a for a in inner if isinstance(a, type) and dataclasses.is_dataclass(a)]
+            others = [a for a in inner if a not in objects]
+            assert len(objects) == 1 and len(others) == 1, f"unsupported union {tp!r}"
+            inner = objects if isinstance(value, Mapping) else others
+        return convert(inner[0], value, where, bytes_as_base64=bytes_as_base64)
     if origin is Literal:
         # Exact type too: True is not 1, and 16000.0 is not the sample rate 16000.
         if not any(type(value) is type(a) and value == a for a in get_args(tp)):
@@ -160,6 +169,15 @@ def convert(tp: Any, value: Any, where: str, *, bytes_as_base64: bool) -> Any:
         return from_wire(tp, value, where, bytes_as_base64=bytes_as_base64)
     if tp is bytes:
         return _convert_bytes(value, where, bytes_as_base64)
+    if tp is JsonText:
+        if not isinstance(value, Mapping):
+            raise _invalid(f"{where!r} must be an object")
+        try:
+            text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        except ValueError:
+            raise _bad_value(f"{where!r} must hold finite numbers only") from None
+        _check_encodable(text, where)
+        return JsonText(text)
     return _convert_scalar(tp, value, where)
 
 

@@ -47,7 +47,7 @@ PROTOCOL_VERSION = "bargein.v1"
 # layers: it is refused where it comes in.
 MAX_OFFSET = 2**31 - 1
 
-Role = Literal["system", "user", "assistant"]
+Role = Literal["system", "user", "assistant", "tool"]
 OnDisconnect = Literal["continue", "cancel"]
 FinishReasonName = Literal["stop", "length", "interrupted", "cancelled", "error"]
 StreamStatus = Literal["live", "complete"]
@@ -57,6 +57,13 @@ Eagerness = Literal["low", "medium", "high", "auto"]  # semantic_vad: how soon a
 InterruptionMode = Literal["immediate", "confirm"]  # how speech over a spoken answer interrupts it
 DiscardReason = Literal["backchannel", "no_words", "echo"]  # why speech over an answer was no turn
 SampleRate = Literal[16000, 24000]  # samples per second of pcm16 audio
+ToolChoiceMode = Literal["auto", "none", "required"]  # whether the model may, must not or must call
+ToolMode = Literal["auto", "forced"]  # how an answer is read for calls: maybe calls, or calls for sure
+
+
+class JsonText(str):
+    """A JSON object carried as its compact JSON text (keys in their order), so
+    an event holding one stays hashable; on the wire it is the object itself."""
 
 
 class ErrorCode(str, enum.Enum):
@@ -100,13 +107,66 @@ class CloseCode(enum.IntEnum):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class FunctionCall:
+    """One call the model made (or a client replays in ``input``).
+
+    Attributes:
+        call_id: the call's id (``call_...``); a tool item answers it.
+        name: the function.
+        arguments: the arguments' JSON text, as the model wrote it.
+    """
+
+    call_id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class InputItem:
     """One conversation item of ``response.create.input``; ``item_id`` names it
-    (default: the server makes one)."""
+    (default: the server makes one).
+
+    Attributes:
+        tool_call_id: ``role: "tool"`` only (and required there): the call
+            whose result ``content`` is.
+        tool_calls: ``role: "assistant"`` only: the calls the turn made (its
+            ``content`` then ``""``).
+    """
 
     role: Role
     content: str
     item_id: str | None = None
+    tool_call_id: str | None = None
+    tool_calls: tuple[FunctionCall, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FunctionTool:
+    """A function the model may call (OpenAI Realtime's flat tool form).
+
+    Attributes:
+        type: always ``"function"``.
+        name: 1 to 64 letters, digits, ``_`` or ``-``.
+        description: what it does, for the model.
+        parameters: the JSON schema of its arguments (an object schema;
+            default: no arguments).
+    """
+
+    type: Literal["function"] = "function"
+    name: str
+    description: str | None = None
+    parameters: JsonText | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NamedToolChoice:
+    """``tool_choice`` naming the one function the model must call."""
+
+    type: Literal["function"] = "function"
+    name: str
+
+
+ToolChoice: TypeAlias = ToolChoiceMode | NamedToolChoice
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -237,6 +297,8 @@ class SessionSettings:
     on_disconnect: OnDisconnect | None = None
     include_token_ids: bool | None = None
     audio: AudioSettings | None = None
+    tools: tuple[FunctionTool, ...] | None = None
+    tool_choice: ToolChoice | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -305,6 +367,9 @@ class ResponseCreate:
     interrupt_active: bool | None = None
     modalities: tuple[Modality, ...] | None = None  # ("text",) or ("text", "audio"); None: the session's
     instructions: str | None = None  # this response's system prompt, in place of the session's
+    tools: tuple[FunctionTool, ...] | None = None  # in place of the session's
+    tool_choice: ToolChoice | None = None  # in place of the session's
+    parallel_tool_calls: bool | None = None  # a forced answer may hold several calls (default true)
     event_id: str | None = None
 
 
@@ -433,6 +498,7 @@ class ResponseCreated:
     resume_token: str
     input_item_id: str | None = None  # the user item of the voice turn that started it
     modalities: tuple[Modality, ...] | None = None  # on a server with audio: whether it is spoken
+    tool_mode: ToolMode | None = None  # with tools in force: how its answer is read for calls
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -458,6 +524,7 @@ class ResponseDone:
     end: int
     finish_reason: FinishReasonName
     usage: Usage
+    tool_calls: tuple[FunctionCall, ...] | None = None  # the calls its answer made, if it made some
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -618,6 +685,33 @@ class InputAudioDiscarded:
     transcript: str
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FunctionCallArgumentsDelta:
+    """More of the arguments of call ``index`` of a response read for calls
+    (``tool_mode``): ``delta`` fragments concatenate to its ``arguments``."""
+
+    type: ClassVar[str] = "response.function_call_arguments.delta"
+    response_id: str
+    stream_id: str
+    index: int
+    call_id: str
+    name: str
+    delta: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FunctionCallArgumentsDone:
+    """Call ``index`` is whole: its ``arguments`` JSON text, as the model wrote it."""
+
+    type: ClassVar[str] = "response.function_call_arguments.done"
+    response_id: str
+    stream_id: str
+    index: int
+    call_id: str
+    name: str
+    arguments: str
+
+
 ServerEvent: TypeAlias = (
     SessionCreated
     | SessionUpdated
@@ -637,6 +731,8 @@ ServerEvent: TypeAlias = (
     | ResponseAudioPaused
     | ResponseAudioResumed
     | InputAudioDiscarded
+    | FunctionCallArgumentsDelta
+    | FunctionCallArgumentsDone
 )
 
 CLIENT_EVENTS: dict[str, type[ClientEvent]] = {
@@ -674,6 +770,8 @@ SERVER_EVENTS: dict[str, type[ServerEvent]] = {
         ResponseAudioPaused,
         ResponseAudioResumed,
         InputAudioDiscarded,
+        FunctionCallArgumentsDelta,
+        FunctionCallArgumentsDone,
     )
 }
 
@@ -690,6 +788,13 @@ __all__ = [
     "InterruptionMode",
     "DiscardReason",
     "SampleRate",
+    "ToolChoiceMode",
+    "ToolMode",
+    "JsonText",
+    "FunctionCall",
+    "FunctionTool",
+    "NamedToolChoice",
+    "ToolChoice",
     "ErrorCode",
     "CloseCode",
     "InputItem",
@@ -734,6 +839,8 @@ __all__ = [
     "ResponseAudioPaused",
     "ResponseAudioResumed",
     "InputAudioDiscarded",
+    "FunctionCallArgumentsDelta",
+    "FunctionCallArgumentsDone",
     "ServerEvent",
     "CLIENT_EVENTS",
     "SERVER_EVENTS",

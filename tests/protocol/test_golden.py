@@ -401,6 +401,88 @@ SERVER_AUDIO_GOLDEN: list[tuple[Any, str]] = [
     ),
 ]
 
+# The tool additions (docs/protocol.md section 3, "Tools").
+CLIENT_TOOLS_GOLDEN: list[tuple[Any, str]] = [
+    (
+        ev.SessionUpdate(
+            session=ev.SessionSettings(
+                tools=(
+                    ev.FunctionTool(
+                        name="get_weather",
+                        description="The weather now.",
+                        parameters=ev.JsonText('{"type":"object","properties":{"city":{"type":"string"}}}'),
+                    ),
+                ),
+                tool_choice="auto",
+            )
+        ),
+        '{"type":"session.update","session":{"tools":[{"type":"function","name":"get_weather",'
+        '"description":"The weather now.","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}],'
+        '"tool_choice":"auto"}}',
+    ),
+    (
+        ev.ResponseCreate(
+            input=(
+                ev.InputItem(
+                    role="assistant",
+                    content="",
+                    tool_calls=(
+                        ev.FunctionCall(call_id="call_1", name="get_weather", arguments='{"city":"Oslo"}'),
+                    ),
+                ),
+                ev.InputItem(role="tool", content="-3 C, snow", tool_call_id="call_1"),
+            ),
+            tools=(ev.FunctionTool(name="get_weather"),),
+            tool_choice=ev.NamedToolChoice(name="get_weather"),
+            parallel_tool_calls=False,
+        ),
+        '{"type":"response.create","input":[{"role":"assistant","content":"","tool_calls":[{"call_id":"call_1",'
+        '"name":"get_weather","arguments":"{\\"city\\":\\"Oslo\\"}"}]},{"role":"tool","content":"-3 C, snow",'
+        '"tool_call_id":"call_1"}],"tools":[{"type":"function","name":"get_weather"}],'
+        '"tool_choice":{"type":"function","name":"get_weather"},"parallel_tool_calls":false}',
+    ),
+]
+SERVER_TOOLS_GOLDEN: list[tuple[Any, str]] = [
+    (
+        ev.ResponseCreated(response_id="r1", stream_id="s1", resume_token="t", tool_mode="auto"),
+        '{"type":"response.created","response_id":"r1","stream_id":"s1","resume_token":"t","tool_mode":"auto"}',
+    ),
+    (
+        ev.FunctionCallArgumentsDelta(
+            response_id="r1", stream_id="s1", index=0, call_id="call_s1_0", name="get_weather", delta='{"ci'
+        ),
+        '{"type":"response.function_call_arguments.delta","response_id":"r1","stream_id":"s1","index":0,'
+        '"call_id":"call_s1_0","name":"get_weather","delta":"{\\"ci"}',
+    ),
+    (
+        ev.FunctionCallArgumentsDone(
+            response_id="r1",
+            stream_id="s1",
+            index=0,
+            call_id="call_s1_0",
+            name="get_weather",
+            arguments='{"city":"Oslo"}',
+        ),
+        '{"type":"response.function_call_arguments.done","response_id":"r1","stream_id":"s1","index":0,'
+        '"call_id":"call_s1_0","name":"get_weather","arguments":"{\\"city\\":\\"Oslo\\"}"}',
+    ),
+    (
+        ev.ResponseDone(
+            response_id="r1",
+            stream_id="s1",
+            end=9,
+            finish_reason="stop",
+            usage=ev.Usage(prompt_tokens=40, completion_tokens=9, cached_tokens=0),
+            tool_calls=(
+                ev.FunctionCall(call_id="call_s1_0", name="get_weather", arguments='{"city":"Oslo"}'),
+            ),
+        ),
+        '{"type":"response.done","response_id":"r1","stream_id":"s1","end":9,"finish_reason":"stop",'
+        '"usage":{"prompt_tokens":40,"completion_tokens":9,"cached_tokens":0},"tool_calls":[{"call_id":"call_s1_0",'
+        '"name":"get_weather","arguments":"{\\"city\\":\\"Oslo\\"}"}]}',
+    ),
+]
+
 # The fields that hold audio bytes, by event type: base64 in JSON, bin in msgpack.
 AUDIO_BYTES_FIELDS = {"input_audio.append": "audio", "response.audio.delta": "audio"}
 
@@ -414,11 +496,13 @@ def _msgpack_golden(json_frame: str) -> bytes:
 
 def test_every_event_type_has_a_golden_frame() -> None:
     assert {type(e).type for e, _ in CLIENT_GOLDEN + CLIENT_AUDIO_GOLDEN} == set(ev.CLIENT_EVENTS)
-    assert {type(e).type for e, _ in SERVER_GOLDEN + SERVER_AUDIO_GOLDEN} == set(ev.SERVER_EVENTS)
+    assert {type(e).type for e, _ in SERVER_GOLDEN + SERVER_AUDIO_GOLDEN + SERVER_TOOLS_GOLDEN} == set(
+        ev.SERVER_EVENTS
+    )
 
 
-ALL_CLIENT_GOLDEN = CLIENT_GOLDEN + CLIENT_AUDIO_GOLDEN
-ALL_SERVER_GOLDEN = SERVER_GOLDEN + SERVER_AUDIO_GOLDEN
+ALL_CLIENT_GOLDEN = CLIENT_GOLDEN + CLIENT_AUDIO_GOLDEN + CLIENT_TOOLS_GOLDEN
+ALL_SERVER_GOLDEN = SERVER_GOLDEN + SERVER_AUDIO_GOLDEN + SERVER_TOOLS_GOLDEN
 
 
 @pytest.mark.parametrize(("event", "frame"), ALL_CLIENT_GOLDEN + ALL_SERVER_GOLDEN)

@@ -77,7 +77,49 @@ INVALID_PARAMETER = [
     pytest.param('{"type":"response.create","temperature":1e999}', id="temperature-overflows-to-inf"),
     pytest.param(_create(stop=["a", "b", "c", "d", "e"]), id="stop>4"),
     pytest.param(_create(stop=["a", ""]), id="stop-empty-string"),
-    pytest.param(_create(input=[{"role": "tool", "content": "x"}]), id="role-outside-set"),
+    pytest.param(_create(input=[{"role": "function", "content": "x"}]), id="role-outside-set"),
+    pytest.param(_create(input=[{"role": "tool", "content": "x"}]), id="tool-item-without-call-id"),
+    pytest.param(
+        _create(input=[{"role": "user", "content": "x", "tool_call_id": "c"}]), id="call-id-on-a-user-item"
+    ),
+    pytest.param(
+        _create(
+            input=[
+                {
+                    "role": "user",
+                    "content": "",
+                    "tool_calls": [{"call_id": "c", "name": "f", "arguments": "{}"}],
+                }
+            ]
+        ),
+        id="tool-calls-on-a-user-item",
+    ),
+    pytest.param(
+        _create(
+            input=[
+                {
+                    "role": "assistant",
+                    "content": "hi",
+                    "tool_calls": [{"call_id": "c", "name": "f", "arguments": "{}"}],
+                }
+            ]
+        ),
+        id="tool-calls-with-text",
+    ),
+    pytest.param(_create(tools=[{"type": "function", "name": "a b"}]), id="tool-name-with-a-space"),
+    pytest.param(
+        _create(tools=[{"type": "function", "name": "f"}, {"type": "function", "name": "f"}]),
+        id="tool-names-twice",
+    ),
+    pytest.param(
+        _create(tools=[{"type": "function", "name": "f", "parameters": {"type": "array"}}]),
+        id="tool-parameters-not-an-object-schema",
+    ),
+    pytest.param(
+        _create(tools=[{"type": "function", "name": "f"}], tool_choice={"type": "function", "name": "g"}),
+        id="tool-choice-names-no-tool",
+    ),
+    pytest.param(_create(tools=[{"type": "other", "name": "f"}]), id="tool-type-not-function"),
     pytest.param(_create(response_id=""), id="response_id-empty"),
     pytest.param(_create(response_id="r" * 65), id="response_id>64"),
     pytest.param('{"type":"ping","event_id":"' + "e" * 65 + '"}', id="event_id>64"),
