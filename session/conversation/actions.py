@@ -22,11 +22,17 @@ class Message:
     ``item_id`` names it for the item events below (OpenAI's
     ``conversation.item.*``); the session gives every item it holds one. It
     is left out of ``==``: two messages are equal when the model sees the same.
+
+    Tools (session/conversation/tools.py): an assistant turn that made calls
+    holds them as the model answered them (the generic format's JSON); a
+    ``tool`` turn holds one call's result, ``call_id`` naming the call
+    (left out of ``==`` too: the model sees results in the order of the calls).
     """
 
     role: str
     content: str
     item_id: str | None = field(default=None, compare=False)
+    call_id: str | None = field(default=None, compare=False)
 
 
 # ---- item events: the conversation edited item by item ---------------------
