@@ -195,10 +195,10 @@ async def test_bad_events_get_error_events_and_the_session_goes_on(live_server: 
                 {
                     "type": "response.create",
                     "event_id": "e1",
-                    "response": {"tools": [{"type": "function", "name": "f"}]},
+                    "response": {"tools": [{"type": "mcp", "server_label": "s"}]},
                 },
                 "unsupported",
-                "response.tools",
+                "response.tools[0].type",
             ),
             (
                 {

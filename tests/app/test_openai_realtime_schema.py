@@ -3,6 +3,7 @@ client events mapped onto bargein's, or refused naming the field."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pydantic
@@ -13,6 +14,9 @@ from bargein.app.openai.realtime.endpoint import wants_openai
 from bargein.app.openai.realtime.inbound import Inbound, OpenAISession, RealtimeError
 from bargein.app.openai.realtime.outbound import Translator
 from bargein.protocol import events as pe
+from bargein.session.conversation.actions import AddItem, ItemRetrieved, Message
+from bargein.session.conversation.state import assistant_item_id
+from bargein.session.conversation.tools import call_id
 
 
 def inbound(has_voice: bool = True, active: str | None = None) -> Inbound:
@@ -76,9 +80,42 @@ def test_session_update_maps_onto_bargeins_settings() -> None:
     ("event", "code", "param"),
     [
         (
-            {"type": "session.update", "session": {"tools": [{"type": "function"}]}},
+            {"type": "session.update", "session": {"tools": [{"type": "mcp", "server_label": "s"}]}},
             "unsupported",
-            "session.tools",
+            "session.tools[0].type",
+        ),
+        (
+            {"type": "session.update", "session": {"tools": [{"type": "function"}]}},
+            "missing_required_parameter",
+            "session.tools[0].name",
+        ),
+        (
+            {"type": "response.create", "response": {"tool_choice": {"type": "mcp", "server_label": "s"}}},
+            "unsupported",
+            "response.tool_choice.type",
+        ),
+        (
+            {"type": "response.create", "response": {"tool_choice": "any"}},
+            "invalid_value",
+            "response.tool_choice",
+        ),
+        (
+            {"type": "conversation.item.create", "item": {"type": "function_call_output", "output": "{}"}},
+            "missing_required_parameter",
+            "item.call_id",
+        ),
+        (
+            {
+                "type": "conversation.item.create",
+                "item": {"type": "function_call", "name": "f", "arguments": {"a": 1}},
+            },
+            "invalid_type",
+            "item.arguments",
+        ),
+        (
+            {"type": "conversation.item.create", "item": {"type": "mcp_call", "id": "m"}},
+            "unsupported",
+            "item.type",
         ),
         (
             {"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/pcmu"}}}}},
@@ -230,3 +267,278 @@ def test_partial_transcripts_are_deltas_that_never_restate_text() -> None:
     assert completed["transcript"] == "Book a table for two at seven."
     for event in (first, second, completed):
         pydantic.TypeAdapter(RealtimeServerEvent).validate_python(event)
+
+
+# ---- function calling -----------------------------------------------------------
+
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+STREAM = "strm_0123456789abcdef"
+USAGE = pe.Usage(prompt_tokens=10, completion_tokens=5, cached_tokens=0)
+
+
+def valid(events: list[dict[str, Any]]) -> list[str]:
+    """The events' types, each checked against the SDK's schema."""
+    for event in events:
+        pydantic.TypeAdapter(RealtimeServerEvent).validate_python(event)
+    return [event["type"] for event in events]
+
+
+def test_session_tools_and_tool_choice_map_onto_bargeins_settings() -> None:
+    side = inbound()
+    _, (event,) = side.translate(
+        {
+            "type": "session.update",
+            "session": {
+                "tools": [WEATHER],
+                "tool_choice": {"type": "function", "name": "get_weather"},
+                "parallel_tool_calls": False,
+            },
+        }
+    )
+    (tool,) = event.session.tools
+    assert (tool.name, tool.description) == ("get_weather", "The weather in a city.")
+    assert isinstance(tool.parameters, pe.JsonText) and json.loads(tool.parameters) == WEATHER["parameters"]
+    assert event.session.tool_choice == pe.NamedToolChoice(name="get_weather")
+    # the session's parallel_tool_calls applies to its responses (bargein keeps it per response)
+    _, (create,) = side.translate({"type": "response.create"})
+    assert create.parallel_tool_calls is False and create.tools is None and create.tool_choice is None
+    _, (create,) = side.translate(
+        {"type": "response.create", "response": {"tools": [], "tool_choice": "none"}}
+    )
+    assert (create.tools, create.tool_choice) == ((), "none")
+
+
+def test_a_named_function_outside_the_tools_is_refused() -> None:
+    with pytest.raises(RealtimeError) as refused:
+        inbound().translate(
+            {
+                "type": "response.create",
+                "response": {"tools": [WEATHER], "tool_choice": {"type": "function", "name": "book"}},
+            }
+        )
+    assert refused.value.code == "invalid_value" and "book" in refused.value.message
+
+
+def test_function_call_items_are_tool_turns() -> None:
+    """A ``function_call`` item is the assistant turn that made the call (the
+    generic format, its call id kept); its ``function_call_output`` a ``tool``
+    turn naming the call."""
+    side = inbound()
+    _, (call,) = side.translate(
+        {
+            "type": "conversation.item.create",
+            "item": {
+                "type": "function_call",
+                "id": "fc_1",
+                "call_id": "call_abc",
+                "name": "get_weather",
+                "arguments": '{"city": "Paris"}',
+            },
+        }
+    )
+    assert isinstance(call, AddItem)
+    assert call.item == Message(
+        role="assistant", content='{"name":"get_weather","arguments":{"city":"Paris"}}'
+    )
+    assert (call.item.item_id, call.item.call_id) == ("fc_1", "call_abc")
+    _, (output,) = side.translate(
+        {
+            "type": "conversation.item.create",
+            "previous_item_id": "fc_1",
+            "item": {"type": "function_call_output", "call_id": "call_abc", "output": '{"temp": 21}'},
+        }
+    )
+    assert isinstance(output, AddItem) and output.previous_item_id == "fc_1"
+    assert output.item == Message(role="tool", content='{"temp": 21}')
+    assert output.item.call_id == "call_abc"
+
+
+def test_the_session_echo_holds_the_tools_in_force() -> None:
+    translator = Translator(session=OpenAISession(audio_output=False), model="m", conversation=list)
+    translator.translate(pe.SessionUpdated(session=pe.SessionSettings()))
+    settings = pe.SessionSettings(
+        tools=(
+            pe.FunctionTool(
+                name="get_weather",
+                description="The weather in a city.",
+                parameters=pe.JsonText(json.dumps(WEATHER["parameters"], separators=(",", ":"))),
+            ),
+        ),
+        tool_choice=pe.NamedToolChoice(name="get_weather"),
+    )
+    (updated,) = translator.translate(pe.SessionUpdated(session=settings))
+    assert valid([updated]) == ["session.updated"]
+    assert updated["session"]["tools"] == [WEATHER]
+    assert updated["session"]["tool_choice"] == {"type": "function", "name": "get_weather"}
+    (updated,) = translator.translate(pe.SessionUpdated(session=pe.SessionSettings(tool_choice="required")))
+    assert (updated["session"]["tools"], updated["session"]["tool_choice"]) == ([], "required")
+
+
+def tool_response(
+    answer: list[str], *, mode: pe.ToolMode = "forced", finish: pe.FinishReasonName = "stop"
+) -> list[dict[str, Any]]:
+    """The OpenAI events of one tool-mode response whose answer streams as ``answer``'s deltas."""
+    translator = Translator(session=OpenAISession(audio_output=False), model="m", conversation=list)
+    events = translator.translate(
+        pe.ResponseCreated(response_id="resp_1", stream_id=STREAM, resume_token="t", tool_mode=mode)
+    )
+    for i, text in enumerate(answer):
+        events += translator.translate(
+            pe.ResponseDelta(response_id="resp_1", stream_id=STREAM, start=i, end=i + 1, text=text)
+        )
+    events += translator.translate(
+        pe.ResponseDone(
+            response_id="resp_1", stream_id=STREAM, end=len(answer), finish_reason=finish, usage=USAGE
+        )
+    )
+    return events
+
+
+def test_a_call_streams_as_a_function_call_item() -> None:
+    """A forced call: a ``function_call`` item whose arguments stream as
+    deltas, never as text; ids as bargein's (item: the assistant item's;
+    call: :func:`call_id`)."""
+    events = tool_response(['{"name":"get_', 'weather","argu', 'ments":{"city":', ' "Paris"}', "}"])
+    assert valid(events) == [
+        "response.created",
+        "rate_limits.updated",
+        "response.output_item.added",
+        "conversation.item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "conversation.item.done",
+        "response.done",
+    ]
+    added = events[2]["item"]
+    assert added == {
+        "id": assistant_item_id(STREAM),
+        "object": "realtime.item",
+        "type": "function_call",
+        "status": "in_progress",
+        "call_id": call_id(STREAM, 0),
+        "name": "get_weather",
+        "arguments": "",
+    }
+    deltas = [e for e in events if e["type"] == "response.function_call_arguments.delta"]
+    assert "".join(d["delta"] for d in deltas) == '{"city": "Paris"}'
+    assert {(d["item_id"], d["call_id"], d["output_index"]) for d in deltas} == {
+        (added["id"], added["call_id"], 0)
+    }
+    done = events[6]
+    assert (done["name"], done["arguments"]) == ("get_weather", '{"city": "Paris"}')
+    item = {**added, "status": "completed", "arguments": '{"city": "Paris"}'}
+    assert events[7]["item"] == events[8]["item"] == item
+    response = events[-1]["response"]
+    assert (response["status"], response["output"]) == ("completed", [item])
+
+
+def test_several_calls_are_several_items() -> None:
+    events = tool_response(['[{"name":"a","arguments":{}},', '{"name":"b","arguments":{"x":1}}]'])
+    valid(events)
+    added = [e for e in events if e["type"] == "response.output_item.added"]
+    first = assistant_item_id(STREAM)
+    assert [(e["output_index"], e["item"]["id"], e["item"]["call_id"]) for e in added] == [
+        (0, first, call_id(STREAM, 0)),
+        (1, f"{first}_1", call_id(STREAM, 1)),
+    ]
+    output = events[-1]["response"]["output"]
+    assert [(i["name"], i["arguments"], i["status"]) for i in output] == [
+        ("a", "{}", "completed"),
+        ("b", '{"x":1}', "completed"),
+    ]
+
+
+def test_a_text_answer_in_auto_mode_is_announced_once_known() -> None:
+    """Tools in force, the model answers in words: the message item is
+    announced at its first text (not before: it could have been a call)."""
+    events = tool_response(["  ", "Sunny", " today."], mode="auto")
+    kinds = valid(events)
+    assert kinds == [
+        "response.created",
+        "rate_limits.updated",
+        "response.output_item.added",
+        "conversation.item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "conversation.item.done",
+        "response.done",
+    ]
+    first = events[5]
+    assert (first["delta"], first["bargein"], first["output_index"]) == ("  Sunny", {"start": 0, "end": 2}, 0)
+    (item,) = events[-1]["response"]["output"]
+    assert (item["type"], item["content"][0]["text"]) == ("message", "  Sunny today.")
+
+
+def test_json_that_is_no_call_is_text_at_the_end() -> None:
+    events = tool_response(['{"a"', ": 1}"], mode="auto")
+    valid(events)
+    texts = [e["delta"] for e in events if e["type"] == "response.output_text.delta"]
+    assert texts == ['{"a": 1}']
+    assert not [e for e in events if "function_call" in e["type"]]
+
+
+def test_a_call_cut_while_its_arguments_stream_ends_incomplete() -> None:
+    events = tool_response(['{"name":"get_weather",', '"arguments":{"city":"Pa'], finish="interrupted")
+    valid(events)
+    assert not [e for e in events if e["type"].startswith("response.output_text")]
+    done = next(e for e in events if e["type"] == "response.function_call_arguments.done")
+    assert done["arguments"] == '{"city":"Pa'
+    item = next(e for e in events if e["type"] == "response.output_item.done")["item"]
+    assert (item["type"], item["status"]) == ("function_call", "incomplete")
+    response = events[-1]["response"]
+    assert (response["status"], response["output"]) == ("cancelled", [item])
+
+
+@pytest.mark.parametrize("mode", ["auto", "forced"])
+def test_a_response_cut_before_a_call_is_named_has_no_output(mode: pe.ToolMode) -> None:
+    """What the parser held back of a cut answer (a call's start) is not text either."""
+    events = tool_response([' {"name":"get_'], mode=mode, finish="interrupted")
+    assert valid(events)[-1] == "response.done"
+    assert events[-1]["response"]["output"] == []
+
+
+def test_tool_turns_are_retrieved_as_function_call_items() -> None:
+    translator = Translator(session=OpenAISession(audio_output=False), model="m", conversation=list)
+    item_id = assistant_item_id(STREAM)
+    made = Message(
+        role="assistant", content='{"name":"get_weather","arguments":{"city":"Paris"}}', item_id=item_id
+    )
+    result = Message(role="tool", content="21C", item_id="item_2", call_id=call_id(STREAM, 0))
+    (call,) = translator.translate(ItemRetrieved(item=made))
+    (output,) = translator.translate(ItemRetrieved(item=result))
+    valid([call, output])
+    assert call["item"] == {
+        "id": item_id,
+        "object": "realtime.item",
+        "type": "function_call",
+        "status": "completed",
+        "call_id": call_id(STREAM, 0),
+        "name": "get_weather",
+        "arguments": '{"city":"Paris"}',
+    }
+    assert output["item"] == {
+        "id": "item_2",
+        "object": "realtime.item",
+        "type": "function_call_output",
+        "status": "completed",
+        "call_id": call_id(STREAM, 0),
+        "output": "21C",
+    }
+    # a client's function_call item keeps the call id it was given
+    given = Message(role="assistant", content=made.content, item_id="fc_1", call_id="call_abc")
+    (retrieved,) = translator.translate(ItemRetrieved(item=given))
+    assert retrieved["item"]["call_id"] == "call_abc"
+    # an answer in words stays a message
+    (text,) = translator.translate(ItemRetrieved(item=Message(role="assistant", content="{hi}", item_id="x")))
+    assert text["item"]["type"] == "message"

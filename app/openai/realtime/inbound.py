@@ -9,9 +9,14 @@ implemented twice: the conversation, its limits and its errors are the
 session's. What cannot be mapped is refused with :class:`RealtimeError`,
 naming the event or the field: never dropped in silence.
 
+Function calling maps onto bargein's tools: ``tools`` and ``tool_choice``
+of the session and of a response, ``function_call`` items (an assistant turn
+holding the call in bargein's generic format, :func:`calls_text`) and
+``function_call_output`` items (a ``tool`` turn naming its call).
+
 Sans-I/O: the only state is what OpenAI's session keeps and bargein's does not
-(the output modalities, ``max_output_tokens``), and the metadata of the
-responses asked for, which the outbound side echoes
+(the output modalities, ``max_output_tokens``, ``parallel_tool_calls``), and
+the metadata of the responses asked for, which the outbound side echoes
 (:class:`bargein.app.openai.realtime.outbound.Translator`).
 """
 
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import math
 import uuid
 from collections.abc import Callable, Mapping
@@ -29,6 +35,7 @@ from bargein.protocol import events as pe
 from bargein.protocol._rules import check_rules
 from bargein.protocol.errors import ProtocolError
 from bargein.session.conversation.actions import AddItem, DeleteItem, Message, RetrieveItem, TruncateItem
+from bargein.session.conversation.tools import calls_text
 
 # OpenAI's voice names: a client that asks for one gets the server's default voice.
 OPENAI_VOICES = frozenset(
@@ -79,7 +86,8 @@ class OpenAISession:
         noise_reduction: the ``audio.input.noise_reduction`` the client set
             (echoed; the server applies none: its VAD and Whisper take the
             microphone's audio as it comes).
-        tool_choice: echoed (there are no tools).
+        parallel_tool_calls: the session's default for its responses (None:
+            the server's).
         asked: per response id, what its ``response.create`` asked for.
     """
 
@@ -87,7 +95,7 @@ class OpenAISession:
     max_output_tokens: int | None = None
     transcription: dict[str, Any] | None = field(default_factory=lambda: {"model": "whisper-1"})
     noise_reduction: dict[str, str] | None = None
-    tool_choice: str = "auto"
+    parallel_tool_calls: bool | None = None
     asked: dict[str, ResponseAsked] = field(default_factory=dict)
 
 
@@ -192,6 +200,7 @@ class Inbound:
                 "audio",
                 "tools",
                 "tool_choice",
+                "parallel_tool_calls",
                 "tracing",
                 "truncation",
                 "include",
@@ -205,8 +214,9 @@ class Inbound:
                 "only 'realtime' sessions are served (no transcription-only sessions)",
                 "session.type",
             )
-        _no_tools(session, "session.")
-        tool_choice = session.get("tool_choice")
+        tools = _tools(session.get("tools"), "session.tools")
+        tool_choice = _tool_choice(session.get("tool_choice"), "session.tool_choice")
+        parallel = _optional_bool(session, "parallel_tool_calls", "session.")
         for name, allowed in (
             ("tracing", (None, "auto")),
             ("truncation", (None, "auto")),
@@ -238,10 +248,12 @@ class Inbound:
             self.session.max_output_tokens = max_tokens
         if audio_output is not None:
             self.session.audio_output = audio_output
-        if tool_choice is not None:
-            self.session.tool_choice = tool_choice
+        if parallel is not None:
+            self.session.parallel_tool_calls = parallel
         defaults = pe.SamplingDefaults(max_tokens=self.session.max_output_tokens)
-        update = pe.SessionSettings(instructions=instructions, defaults=defaults, audio=audio)
+        update = pe.SessionSettings(
+            instructions=instructions, defaults=defaults, audio=audio, tools=tools, tool_choice=tool_choice
+        )
         return [pe.SessionUpdate(session=update, event_id=event_id)]
 
     def _audio_settings(self, value: Any, audio_output: bool | None) -> pe.AudioSettings | None:
@@ -332,12 +344,15 @@ class Inbound:
                 "audio",
                 "tools",
                 "tool_choice",
+                "parallel_tool_calls",
                 "temperature",
                 "prompt",
             },
             "response.",
         )
-        _no_tools(raw, "response.")
+        tools = _tools(raw.get("tools"), "response.tools")
+        tool_choice = _tool_choice(raw.get("tool_choice"), "response.tool_choice")
+        parallel = _optional_bool(raw, "parallel_tool_calls", "response.")
         if raw.get("conversation", "auto") != "auto":
             raise RealtimeError(
                 "unsupported",
@@ -410,6 +425,9 @@ class Inbound:
                 temperature=temperature,
                 modalities=modalities,
                 instructions=_optional_str(raw, "instructions", "response."),
+                tools=tools,
+                tool_choice=tool_choice,
+                parallel_tool_calls=self.session.parallel_tool_calls if parallel is None else parallel,
                 event_id=event_id,
             )
         ]
@@ -426,23 +444,28 @@ class Inbound:
     def _item_create(self, data: Mapping[str, Any], event_id: str | None) -> list[object]:
         _only(data, {"type", "event_id", "item", "previous_item_id"}, "")
         item = _object(data.get("item"), "item")
-        _only(item, {"id", "type", "object", "role", "content", "status"}, "item.")
-        if item.get("type", "message") != "message":
+        previous = _optional_str(data, "previous_item_id", "")
+        kind = item.get("type", "message")
+        if kind == "function_call":
+            return [AddItem(item=_function_call(item), previous_item_id=previous, event_id=event_id)]
+        if kind == "function_call_output":
+            return [AddItem(item=_function_call_output(item), previous_item_id=previous, event_id=event_id)]
+        if kind != "message":
             raise RealtimeError(
-                "unsupported", f"items of type {item.get('type')!r} are not supported (no tools)", "item.type"
+                "unsupported",
+                f"items of type {kind!r} are not supported (message, function_call, function_call_output)",
+                "item.type",
             )
+        _only(item, {"id", "type", "object", "role", "content", "status"}, "item.")
         role = item.get("role")
         if role not in ("user", "assistant", "system"):
             raise RealtimeError(
                 "invalid_value", "item.role must be 'user', 'assistant' or 'system'", "item.role"
             )
-        item_id = _optional_str(item, "id", "item.")
-        if item_id is not None and not 0 < len(item_id) <= 64:
-            raise RealtimeError("invalid_value", "item.id must be 1 to 64 characters", "item.id")
+        item_id = _item_id(item)
         content = item.get("content")
         if not isinstance(content, list) or not content:
             raise RealtimeError("invalid_value", "item.content must be a non-empty list", "item.content")
-        previous = _optional_str(data, "previous_item_id", "")
         audio = self._audio_content(content, role)
         if audio is not None:
             message = Message(role=role, content="", item_id=item_id)
@@ -587,6 +610,43 @@ class Inbound:
         return events
 
 
+# ---- function call items -------------------------------------------------------
+
+
+def _function_call(item: Mapping[str, Any]) -> Message:
+    """A ``function_call`` item: the assistant turn that made the call, as
+    the model would have answered it (the generic format); its ``call_id``
+    kept on the turn (one made up if the client gave none: the output that
+    answers it names it)."""
+    _only(item, {"id", "type", "object", "status", "call_id", "name", "arguments"}, "item.")
+    name = _required_str(item, "name", "item.")
+    arguments = item.get("arguments")
+    if not isinstance(arguments, str):
+        raise RealtimeError("invalid_type", "'item.arguments' must be a JSON string", "item.arguments")
+    call = _optional_str(item, "call_id", "item.") or f"call_{uuid.uuid4().hex[:24]}"
+    return Message(
+        role="assistant", content=calls_text([(name, arguments)]), item_id=_item_id(item), call_id=call
+    )
+
+
+def _function_call_output(item: Mapping[str, Any]) -> Message:
+    """A ``function_call_output`` item: a ``tool`` turn holding the result, naming its call."""
+    _only(item, {"id", "type", "object", "status", "call_id", "output"}, "item.")
+    output = item.get("output")
+    if not isinstance(output, str):
+        raise RealtimeError("invalid_type", "'item.output' must be a string", "item.output")
+    return Message(
+        role="tool", content=output, item_id=_item_id(item), call_id=_required_str(item, "call_id", "item.")
+    )
+
+
+def _item_id(item: Mapping[str, Any]) -> str | None:
+    item_id = _optional_str(item, "id", "item.")
+    if item_id is not None and not 0 < len(item_id) <= 64:
+        raise RealtimeError("invalid_value", "item.id must be 1 to 64 characters", "item.id")
+    return item_id
+
+
 # ---- field helpers -----------------------------------------------------------
 
 
@@ -622,15 +682,60 @@ def _optional_str(value: Mapping[str, Any], name: str, prefix: str) -> str | Non
     return got
 
 
-def _no_tools(value: Mapping[str, Any], prefix: str) -> None:
-    if value.get("tools"):
+def _optional_bool(value: Mapping[str, Any], name: str, prefix: str) -> bool | None:
+    got = value.get(name)
+    if got is not None and not isinstance(got, bool):
+        raise RealtimeError("invalid_type", f"'{prefix}{name}' must be a boolean", f"{prefix}{name}")
+    return got
+
+
+def _tools(value: Any, param: str) -> tuple[pe.FunctionTool, ...] | None:
+    """bargein's tools from OpenAI's ``tools`` list (None: not given; ``[]``
+    clears them). Only functions are served: an MCP server or any other
+    kind is refused by name rather than left uncalled."""
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise RealtimeError("invalid_type", f"{param} must be a list", param)
+    return tuple(_function_tool(tool, f"{param}[{i}]") for i, tool in enumerate(value))
+
+
+def _function_tool(value: Any, param: str) -> pe.FunctionTool:
+    raw = _object(value, param)
+    kind = raw.get("type", "function")
+    if kind != "function":
         raise RealtimeError(
-            "unsupported", "tools (functions, MCP) are not supported by this server", f"{prefix}tools"
+            "unsupported", f"tools of type {kind!r} are not supported (functions only)", f"{param}.type"
         )
-    if value.get("tool_choice") not in (None, "auto", "none"):
+    _only(raw, {"type", "name", "description", "parameters"}, f"{param}.")
+    parameters = raw.get("parameters")
+    if parameters is not None:
+        parameters = pe.JsonText(
+            json.dumps(_object(parameters, f"{param}.parameters"), separators=(",", ":"), ensure_ascii=False)
+        )
+    return pe.FunctionTool(
+        name=_required_str(raw, "name", f"{param}."),
+        description=_optional_str(raw, "description", f"{param}."),
+        parameters=parameters,
+    )
+
+
+def _tool_choice(value: Any, param: str) -> pe.ToolChoice | None:
+    """bargein's ``tool_choice`` from OpenAI's: a mode, or ``{"type":
+    "function", "name"}`` (None: not given)."""
+    if value is None:
+        return None
+    if value in ("auto", "none", "required"):
+        mode: pe.ToolChoiceMode = value
+        return mode
+    if not isinstance(value, dict):
         raise RealtimeError(
-            "unsupported", "tool_choice other than 'auto' or 'none' needs tools", f"{prefix}tool_choice"
+            "invalid_value", "tool_choice must be 'auto', 'none', 'required' or a function", param
         )
+    if value.get("type") != "function":
+        raise RealtimeError("unsupported", "tool_choice names functions only (no MCP tools)", f"{param}.type")
+    _only(value, {"type", "name"}, f"{param}.")
+    return pe.NamedToolChoice(name=_required_str(value, "name", f"{param}."))
 
 
 def _optional_number(value: Any, param: str) -> float | None:

@@ -12,6 +12,23 @@ with one assistant message item of one content part::
     response.content_part.done, response.output_item.done,
     conversation.item.done, response.done
 
+With tools in force (bargein's ``response.created.tool_mode``) the answer
+may be function calls, which bargein streams as the model writes them: JSON
+in its generic format, read here with the same :class:`ToolCallParser` the
+server uses (so call ids agree with bargein's). The message item is then
+announced only once the answer is known to be text; each call is a
+``function_call`` item instead::
+
+    response.created, response.output_item.added (function_call),
+    conversation.item.added, response.function_call_arguments.delta...,
+    response.function_call_arguments.done, response.output_item.done,
+    conversation.item.done (each call in turn), response.done
+
+A call's item is the assistant item's id for the first call, with ``_<i>``
+appended for call ``i`` after it; it ends ``incomplete`` unless the answer
+ended by itself as whole calls (a cancel while its arguments streamed).
+No call's JSON is ever sent as text.
+
 ``response.done``'s status comes from bargein's ``finish_reason``: ``stop`` is
 ``completed``; ``length`` is ``incomplete`` (``max_output_tokens``);
 ``interrupted`` is ``cancelled`` (``turn_detected`` when the user's speech
@@ -30,6 +47,7 @@ offsets of the stream, for a resume). Sans-I/O.
 from __future__ import annotations
 
 import base64
+import json
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -40,6 +58,14 @@ from bargein.protocol import events as pe
 from bargein.protocol._wire import to_wire
 from bargein.session.conversation.actions import ItemAdded, ItemDeleted, ItemRetrieved, ItemTruncated, Message
 from bargein.session.conversation.state import assistant_item_id
+from bargein.session.conversation.tools import (
+    ArgumentsDelta,
+    CallStart,
+    ContentDelta,
+    ParserEvent,
+    ToolCall,
+    ToolCallParser,
+)
 from bargein.session.runtime.admission import RateLimitLevel
 
 _CLIENT_ERRORS = {
@@ -54,8 +80,30 @@ _CLIENT_ERRORS = {
 
 
 @dataclass(slots=True, kw_only=True)
+class _Call:
+    """One function call of a response, as its arguments stream."""
+
+    item_id: str
+    call_id: str
+    name: str
+    output_index: int
+    arguments: str = ""
+
+
+@dataclass(slots=True, kw_only=True)
 class _Response:
-    """One response being translated."""
+    """One response being translated.
+
+    Attributes:
+        parser: with tools in force, reads the answer for calls (None: the
+            answer is text, its message announced at once).
+        previous: the conversation's last item when it started (the first
+            output item follows it).
+        outputs: the ids of its output items announced, in order.
+        message_index: the message item's ``output_index`` once announced.
+        held_from: the token offset of the first delta the parser held back
+            (the ``bargein.start`` of the text it releases).
+    """
 
     response_id: str
     stream_id: str
@@ -65,6 +113,12 @@ class _Response:
     text: str = ""
     turn_detected: bool = False  # the user's speech started while it was active
     failed: dict[str, Any] | None = None  # the error that ended it
+    parser: ToolCallParser | None = None
+    previous: str | None = None
+    outputs: list[str] = field(default_factory=list)
+    calls: list[_Call] = field(default_factory=list)
+    message_index: int | None = None
+    held_from: int | None = None
 
 
 @dataclass(slots=True, kw_only=True)
@@ -158,8 +212,8 @@ class Translator:
             "model": self.model,
             "output_modalities": ["audio"] if speaks else ["text"],
             "instructions": s.instructions or "",
-            "tools": [],
-            "tool_choice": self.session.tool_choice,
+            "tools": [_tool(tool) for tool in s.tools or ()],
+            "tool_choice": _tool_choice(s.tool_choice),
             "max_output_tokens": self.session.max_output_tokens or "inf",
             "tracing": None,
             "truncation": "auto",
@@ -167,6 +221,8 @@ class Translator:
             "expires_at": 0,
             "include": None,
         }
+        if self.session.parallel_tool_calls is not None:
+            body["parallel_tool_calls"] = self.session.parallel_tool_calls
         if audio is not None:
             inp = audio.input
             out = audio.output
@@ -203,39 +259,115 @@ class Translator:
             metadata=None if asked is None else asked.metadata,
             max_output_tokens=self.session.max_output_tokens if asked is None else asked.max_output_tokens,
         )
+        if event.tool_mode is not None:
+            response.parser = ToolCallParser(event.stream_id, event.tool_mode)
+        turns = self.conversation()
+        response.previous = turns[-1].item_id if turns else None
         self._responses[event.response_id] = response
-        item_id = assistant_item_id(event.stream_id)
         if audio:
-            self._spoken_items.add(item_id)
+            self._spoken_items.add(assistant_item_id(event.stream_id))
         body = self._response_object(response, "in_progress", None, None)
         body["bargein"] = {"stream_id": event.stream_id, "resume_token": event.resume_token}
-        turns = self.conversation()
-        previous = turns[-1].item_id if turns else None
+        out: list[dict[str, Any]] = [{"type": "response.created", "response": body}]
+        if response.parser is None:
+            out += self._announce_message(response)
+        out.append(
+            {"type": "rate_limits.updated", "rate_limits": [asdict(level) for level in self.rate_limits()]}
+        )
+        return out
+
+    def _announce_message(self, response: _Response) -> list[dict[str, Any]]:
+        """The message item's announcement: its ``output_item.added``,
+        ``conversation.item.added`` and ``content_part.added``."""
+        item_id = assistant_item_id(response.stream_id)
+        previous = self._next_output(response, item_id)
+        response.message_index = len(response.outputs) - 1
         item = self._item(
             Message(role="assistant", content="", item_id=item_id), status="in_progress", empty=True
         )
         return [
-            {"type": "response.created", "response": body},
             {
                 "type": "response.output_item.added",
-                "response_id": event.response_id,
-                "output_index": 0,
+                "response_id": response.response_id,
+                "output_index": response.message_index,
                 "item": item,
             },
             {"type": "conversation.item.added", "previous_item_id": previous, "item": item},
-            {"type": "response.content_part.added", **self._ids(response), "part": _part(audio, "")},
-            {"type": "rate_limits.updated", "rate_limits": [asdict(level) for level in self.rate_limits()]},
+            {"type": "response.content_part.added", **self._ids(response), "part": _part(response.audio, "")},
         ]
+
+    def _next_output(self, response: _Response, item_id: str) -> str | None:
+        """Adds an output item to ``response``; the id of the item it follows."""
+        previous = response.outputs[-1] if response.outputs else response.previous
+        response.outputs.append(item_id)
+        return previous
+
+    def _start_call(self, response: _Response, start: CallStart) -> list[dict[str, Any]]:
+        """A call's ``function_call`` item announced, its arguments still to come."""
+        first = assistant_item_id(response.stream_id)
+        item_id = first if start.index == 0 else f"{first}_{start.index}"
+        previous = self._next_output(response, item_id)
+        call = _Call(
+            item_id=item_id, call_id=start.call_id, name=start.name, output_index=len(response.outputs) - 1
+        )
+        response.calls.append(call)
+        item = _call_item(call, "in_progress")
+        return [
+            {
+                "type": "response.output_item.added",
+                "response_id": response.response_id,
+                "output_index": call.output_index,
+                "item": item,
+            },
+            {"type": "conversation.item.added", "previous_item_id": previous, "item": item},
+        ]
+
+    def _parsed(self, response: _Response, events: list[ParserEvent], end: int) -> list[dict[str, Any]]:
+        """The OpenAI events of what the parser read of a tool-mode answer
+        (``end``: the token offset the answer has reached)."""
+        out: list[dict[str, Any]] = []
+        for parsed in events:
+            if isinstance(parsed, ContentDelta):
+                if response.message_index is None:
+                    out += self._announce_message(response)
+                start = end if response.held_from is None else response.held_from
+                out.append(self._text_delta(response, parsed.text, start, end))
+            elif isinstance(parsed, CallStart):
+                out += self._start_call(response, parsed)
+            else:
+                out.append(self._arguments_delta(response, parsed))
+        if out:
+            response.held_from = None
+        return out
+
+    def _arguments_delta(self, response: _Response, delta: ArgumentsDelta) -> dict[str, Any]:
+        call = response.calls[delta.index]
+        call.arguments += delta.text
+        return {
+            "type": "response.function_call_arguments.delta",
+            "response_id": response.response_id,
+            "item_id": call.item_id,
+            "output_index": call.output_index,
+            "call_id": call.call_id,
+            "delta": delta.text,
+        }
 
     def _on_delta(self, event: pe.ResponseDelta) -> list[dict[str, Any]]:
         response = self._responses.get(event.response_id)
         if response is None or not event.text:
             return []
-        response.text += event.text
+        if response.parser is None:
+            return [self._text_delta(response, event.text, event.start, event.end)]
+        if response.held_from is None:
+            response.held_from = event.start
+        return self._parsed(response, response.parser.feed(event.text), event.end)
+
+    def _text_delta(self, response: _Response, text: str, start: int, end: int) -> dict[str, Any]:
+        response.text += text
         kind = "response.output_audio_transcript.delta" if response.audio else "response.output_text.delta"
         # the token offsets: what bargein.resume's stream.from takes after a drop
-        offsets = {"start": event.start, "end": event.end}
-        return [{"type": kind, **self._ids(response), "delta": event.text, "bargein": offsets}]
+        offsets = {"start": start, "end": end}
+        return {"type": kind, **self._ids(response), "delta": text, "bargein": offsets}
 
     def _on_audio_delta(self, event: pe.ResponseAudioDelta) -> list[dict[str, Any]]:
         response = self._responses.get(event.response_id)
@@ -261,30 +393,53 @@ class Translator:
             return []  # of a response never announced
         self._done.append(event.response_id)
         del self._done[:-64]
+        out: list[dict[str, Any]] = []
+        calls: list[ToolCall] | None = None
+        if response.parser is not None:
+            rest, calls = response.parser.finish()
+            if event.finish_reason != "stop":
+                # what a cut answer held back may be a call's start: JSON is never sent as text
+                rest = [parsed for parsed in rest if not isinstance(parsed, ContentDelta)]
+            out += self._parsed(response, rest, event.end)
         status, details = self._status(response, event.finish_reason)
+        items: list[tuple[int, dict[str, Any]]] = []
+        # a call is whole only if the answer ended by itself as calls
+        call_status = "completed" if status == "completed" and calls is not None else "incomplete"
+        for call in response.calls:
+            item = _call_item(call, call_status)
+            out += _call_done(response, call, item)
+            items.append((call.output_index, item))
+        if response.message_index is not None:
+            item, events = self._message_done(
+                response, "completed" if status == "completed" else "incomplete"
+            )
+            out += events
+            items.append((response.message_index, item))
+        body = self._response_object(response, status, details, event.usage)
+        body["output"] = [item for _, item in sorted(items, key=lambda pair: pair[0])]
+        out.append({"type": "response.done", "response": body})
+        return out
+
+    def _message_done(self, response: _Response, status: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """The message item, finished, and its done events."""
         ids = self._ids(response)
-        item_status = "completed" if status == "completed" else "incomplete"
         item = self._item(
-            Message(role="assistant", content=response.text, item_id=ids["item_id"]), status=item_status
+            Message(role="assistant", content=response.text, item_id=ids["item_id"]), status=status
         )
         if response.audio:
             text_done = {"type": "response.output_audio_transcript.done", **ids, "transcript": response.text}
         else:
             text_done = {"type": "response.output_text.done", **ids, "text": response.text}
-        usage = event.usage
-        body = self._response_object(response, status, details, usage)
-        body["output"] = [item]
-        return [
+        return item, [
             text_done,
             {"type": "response.content_part.done", **ids, "part": _part(response.audio, response.text)},
             {
                 "type": "response.output_item.done",
                 "response_id": response.response_id,
-                "output_index": 0,
+                "output_index": ids["output_index"],
                 "item": item,
             },
             {"type": "conversation.item.done", "item": item},
-            {"type": "response.done", "response": body},
         ]
 
     def _status(self, response: _Response, finish: str) -> tuple[str, dict[str, Any] | None]:
@@ -338,7 +493,7 @@ class Translator:
         return {
             "response_id": response.response_id,
             "item_id": assistant_item_id(response.stream_id),
-            "output_index": 0,
+            "output_index": response.message_index or 0,
             "content_index": 0,
         }
 
@@ -514,8 +669,30 @@ class Translator:
         return [truncated]
 
     def _item(self, message: Message, *, status: str = "completed", empty: bool = False) -> dict[str, Any]:
-        """OpenAI's conversation item for a bargein conversation item."""
+        """OpenAI's conversation item for a bargein conversation item: a
+        ``tool`` turn is a ``function_call_output``, an assistant turn that
+        made calls a ``function_call`` (its first call's)."""
+        if message.role == "tool":
+            return {
+                "id": message.item_id,
+                "object": "realtime.item",
+                "type": "function_call_output",
+                "status": status,
+                "call_id": message.call_id,
+                "output": message.content,
+            }
         spoken = message.item_id in self._spoken_items
+        call = _first_call(message) if message.role == "assistant" and not empty else None
+        if call is not None:
+            return {
+                "id": message.item_id,
+                "object": "realtime.item",
+                "type": "function_call",
+                "status": status,
+                "call_id": message.call_id or call.call_id,
+                "name": call.name,
+                "arguments": call.arguments,
+            }
         if empty:
             content: list[dict[str, Any]] = []
         elif message.role == "assistant":
@@ -548,6 +725,68 @@ def _spoken_user_item(item_id: str, transcript: str | None) -> dict[str, Any]:
     }
 
 
+def _first_call(message: Message) -> ToolCall | None:
+    """The first call an assistant turn made, if its text is calls in the
+    generic format; its id is the one bargein gave it (made from the
+    stream, which the item's id names)."""
+    if not message.content.lstrip().startswith(("{", "[")):
+        return None
+    stream_id = (message.item_id or "").removeprefix("item_")
+    parser = ToolCallParser(stream_id, "forced")
+    parser.feed(message.content)
+    calls = parser.calls()
+    return calls[0] if calls else None
+
+
+def _call_item(call: _Call, status: str) -> dict[str, Any]:
+    """The ``function_call`` item of a call of a response (its arguments so far)."""
+    return {
+        "id": call.item_id,
+        "object": "realtime.item",
+        "type": "function_call",
+        "status": status,
+        "call_id": call.call_id,
+        "name": call.name,
+        "arguments": call.arguments,
+    }
+
+
+def _call_done(response: _Response, call: _Call, item: dict[str, Any]) -> list[dict[str, Any]]:
+    """A call's last events: its whole arguments, then its item done."""
+    ids = {"response_id": response.response_id, "item_id": call.item_id, "output_index": call.output_index}
+    return [
+        {
+            "type": "response.function_call_arguments.done",
+            **ids,
+            "call_id": call.call_id,
+            "name": call.name,
+            "arguments": call.arguments,
+        },
+        {
+            "type": "response.output_item.done",
+            "response_id": response.response_id,
+            "output_index": call.output_index,
+            "item": item,
+        },
+        {"type": "conversation.item.done", "item": item},
+    ]
+
+
+def _tool(tool: pe.FunctionTool) -> dict[str, Any]:
+    """OpenAI's function tool for one of bargein's."""
+    parameters = None if tool.parameters is None else json.loads(tool.parameters)
+    return {"type": "function", "name": tool.name, "description": tool.description, "parameters": parameters}
+
+
+def _tool_choice(choice: pe.ToolChoice | None) -> str | dict[str, str]:
+    """OpenAI's ``tool_choice`` for the one in force (none set: ``auto``)."""
+    if choice is None:
+        return "auto"
+    if isinstance(choice, pe.NamedToolChoice):
+        return {"type": "function", "name": choice.name}
+    return choice
+
+
 def _part(audio: bool, text: str) -> dict[str, Any]:
     return {"type": "audio", "transcript": text} if audio else {"type": "text", "text": text}
 
@@ -574,7 +813,8 @@ _HANDLERS: dict[type, Callable[[Translator, Any], list[dict[str, Any]]]] = {
     ItemDeleted: Translator._on_item_deleted,
     ItemRetrieved: Translator._on_item_retrieved,
     ItemTruncated: Translator._on_item_truncated,
-}  # pong: OpenAI has no ping; input_audio.clear is answered by the endpoint
+}  # pong: OpenAI has no ping; input_audio.clear is answered by the endpoint; bargein's
+# function_call_arguments events are not translated: the parser reads the same answer from its deltas
 
 
 def _turn_detection(td: pe.TurnDetectionSettings) -> dict[str, Any]:
