@@ -215,8 +215,8 @@ async def test_bad_events_get_error_events_and_the_session_goes_on(live_server: 
                     "event_id": "e3",
                     "item": {"type": "function_call", "name": "f"},
                 },
-                "unknown_parameter",
-                None,
+                "missing_required_parameter",
+                "item.arguments",
             ),
             (
                 {

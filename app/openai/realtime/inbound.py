@@ -621,6 +621,8 @@ def _function_call(item: Mapping[str, Any]) -> Message:
     _only(item, {"id", "type", "object", "status", "call_id", "name", "arguments"}, "item.")
     name = _required_str(item, "name", "item.")
     arguments = item.get("arguments")
+    if arguments is None:
+        raise RealtimeError("missing_required_parameter", "missing 'item.arguments'", "item.arguments")
     if not isinstance(arguments, str):
         raise RealtimeError("invalid_type", "'item.arguments' must be a JSON string", "item.arguments")
     call = _optional_str(item, "call_id", "item.") or f"call_{uuid.uuid4().hex[:24]}"

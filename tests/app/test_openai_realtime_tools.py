@@ -1,0 +1,147 @@
+"""Function calling on OpenAI's Realtime endpoint, driven by the official
+``openai`` SDK against the real server and model: a call forced by a named
+``tool_choice`` streams as a ``function_call`` item whose arguments are valid
+against the function's schema, its output is answered in words, and a call
+cut while its arguments stream ends ``incomplete``, leaving no dangling call."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jsonschema
+import pytest
+
+from tests.app.conftest import LiveServer
+from tests.app.test_openai_realtime import TEXT_ONLY, next_of, realtime, user
+
+pytestmark = pytest.mark.slow
+
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+# arguments longer than a response's 64 tokens: a cancel always lands while they stream
+STORY = {
+    "type": "function",
+    "name": "write_story",
+    "description": "Write a story down.",
+    "parameters": {
+        "type": "object",
+        "properties": {"text": {"type": "string", "minLength": 600}},
+        "required": ["text"],
+    },
+}
+
+
+def forced(tool: dict[str, Any]) -> dict[str, Any]:
+    """A text session with ``tool``, which every response must call."""
+    return {**TEXT_ONLY, "tools": [tool], "tool_choice": {"type": "function", "name": tool["name"]}}
+
+
+async def ask(conn: Any, prompt: str, response: dict[str, Any]) -> list[Any]:
+    """Add a user item and ask for a response: its events up to ``response.done``."""
+    await conn.conversation.item.create(item=user(prompt))
+    await next_of(conn, "conversation.item.done")
+    await conn.send({"type": "response.create", "response": {"temperature": 0, **response}})
+    seen: list[Any] = []
+    await next_of(conn, "response.done", seen)
+    return seen
+
+
+async def test_a_forced_call_then_its_output_answered_in_words(live_server: LiveServer) -> None:
+    async with realtime(live_server.http_url) as conn:
+        await conn.session.update(session=forced(WEATHER))
+        updated = await next_of(conn, "session.updated")
+        assert [tool.name for tool in updated.session.tools] == ["get_weather"]
+        assert updated.session.tool_choice.name == "get_weather"
+        seen = await ask(conn, "What's the weather in Paris?", {"max_output_tokens": 64})
+        kinds = [e.type for e in seen]
+        assert not [k for k in kinds if k.startswith(("response.output_text", "response.content_part"))]
+        added = next(e for e in seen if e.type == "response.output_item.added").item
+        assert (added.type, added.name, added.status, added.arguments) == (
+            "function_call",
+            "get_weather",
+            "in_progress",
+            "",
+        )
+        deltas = [e for e in seen if e.type == "response.function_call_arguments.delta"]
+        arguments = "".join(d.delta for d in deltas)
+        assert {(d.item_id, d.call_id, d.output_index) for d in deltas} == {(added.id, added.call_id, 0)}
+        jsonschema.validate(json.loads(arguments), WEATHER["parameters"])
+        done_args = next(e for e in seen if e.type == "response.function_call_arguments.done")
+        assert (done_args.name, done_args.arguments, done_args.call_id) == (
+            "get_weather",
+            arguments,
+            added.call_id,
+        )
+        done = seen[-1].response
+        assert done.status == "completed"
+        (call,) = done.output
+        assert (call.type, call.id, call.call_id, call.status, call.arguments) == (
+            "function_call",
+            added.id,
+            added.call_id,
+            "completed",
+            arguments,
+        )
+        # the conversation holds the call
+        await conn.conversation.item.retrieve(item_id=call.id)
+        held = (await next_of(conn, "conversation.item.retrieved")).item
+        assert (held.type, held.call_id, held.name) == ("function_call", call.call_id, "get_weather")
+        assert json.loads(held.arguments) == json.loads(arguments)
+        # its result, then an answer in words
+        output = {"type": "function_call_output", "call_id": call.call_id, "output": '{"temp_c": 21}'}
+        await conn.conversation.item.create(item=output)
+        result = (await next_of(conn, "conversation.item.done")).item
+        assert (result.type, result.call_id, result.output) == (
+            "function_call_output",
+            call.call_id,
+            '{"temp_c": 21}',
+        )
+        await conn.send(
+            {
+                "type": "response.create",
+                "response": {"tool_choice": "none", "max_output_tokens": 16, "temperature": 0},
+            }
+        )
+        seen = []
+        done = (await next_of(conn, "response.done", seen)).response
+        (message,) = done.output
+        assert message.type == "message" and message.content[0].text
+        text = "".join(e.delta for e in seen if e.type == "response.output_text.delta")
+        assert text == message.content[0].text
+        prompt = live_server.tokenizer.decode(list(live_server.recent_requests()[-1].prompt_token_ids))
+        assert "What's the weather in Paris?" in prompt and '{"temp_c": 21}' in prompt
+        assert '"name":"get_weather"' in prompt  # the call, as the model made it
+
+
+async def test_a_call_cancelled_while_its_arguments_stream_is_incomplete(live_server: LiveServer) -> None:
+    async with realtime(live_server.http_url) as conn:
+        await conn.session.update(session=forced(STORY))
+        await next_of(conn, "session.updated")
+        await conn.conversation.item.create(item=user("Write me a story about a dragon."))
+        await next_of(conn, "conversation.item.done")
+        await conn.send({"type": "response.create", "response": {"max_output_tokens": 64, "temperature": 0}})
+        seen: list[Any] = []
+        delta = await next_of(conn, "response.function_call_arguments.delta", seen)
+        await conn.response.cancel()
+        done = (await next_of(conn, "response.done", seen)).response
+        assert not [e for e in seen if e.type.startswith("response.output_text")]
+        assert done.status == "cancelled" and done.status_details.reason == "client_cancelled"
+        (call,) = done.output
+        assert (call.type, call.id, call.status) == ("function_call", delta.item_id, "incomplete")
+        item_done = next(e for e in seen if e.type == "response.output_item.done").item
+        assert item_done.status == "incomplete"
+        args_done = next(e for e in seen if e.type == "response.function_call_arguments.done")
+        assert args_done.arguments == call.arguments
+        # no dangling call: the next prompt holds none of it
+        await conn.send(
+            {"type": "response.create", "response": {"tool_choice": "none", "max_output_tokens": 2}}
+        )
+        await next_of(conn, "response.done")
+        prompt = live_server.tokenizer.decode(list(live_server.recent_requests()[-1].prompt_token_ids))
+        assert "Write me a story about a dragon." in prompt
+        assert '"name":"write_story"' not in prompt
