@@ -448,6 +448,8 @@ def test_several_calls_are_several_items() -> None:
         (0, first, call_id(STREAM, 0)),
         (1, f"{first}_1", call_id(STREAM, 1)),
     ]
+    chained = [e["previous_item_id"] for e in events if e["type"] == "conversation.item.added"]
+    assert chained == [None, first]  # each call's item follows the one before
     output = events[-1]["response"]["output"]
     assert [(i["name"], i["arguments"], i["status"]) for i in output] == [
         ("a", "{}", "completed"),
