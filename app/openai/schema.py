@@ -56,6 +56,7 @@ from bargein.session.conversation.tools import (
     calls_text,
     tool_call_schema,
     tools_prompt,
+    with_system_text,
 )
 from bargein.session.streams.log import StreamEnd
 
@@ -222,7 +223,7 @@ def parse_chat_request(body: Any, config: SessionConfig) -> ChatRequest:
             param="response_format",
             code="unsupported_value",
         )
-    messages = _with_tools_prompt(messages, tools)
+    messages = with_system_text(messages, tools_prompt(tools))
     if choice == "auto":
         return ChatRequest(messages=messages, tools=tools, tool_mode="auto", **common)
     called = tools if choice == "required" else tuple(t for t in tools if t.name == choice)
@@ -641,16 +642,6 @@ def _tool_choice(body: Mapping[str, Any], tools: tuple[Tool, ...]) -> str:
         what = "'tools' is empty" if not tools else f"no function in 'tools' is named {choice!r}"
         raise ApiError(f"'tool_choice' is {choice!r} but {what}", param="tool_choice")
     return choice
-
-
-def _with_tools_prompt(messages: tuple[Message, ...], tools: tuple[Tool, ...]) -> tuple[Message, ...]:
-    """The conversation with the tools' system message first (after the
-    conversation's own system text, in the same message, when it has one)."""
-    prompt = tools_prompt(tools)
-    if messages and messages[0].role == "system":
-        first = Message(role="system", content=f"{messages[0].content}\n\n{prompt}")
-        return (first, *messages[1:])
-    return (Message(role="system", content=prompt), *messages)
 
 
 # ---- response bodies ---------------------------------------------------------

@@ -216,6 +216,7 @@ class StartDelivery:
     response_id: str
     stream_id: str
     from_offset: int = 0
+    tool_mode: pe.ToolMode | None = None  # read its answer for calls (response.function_call_arguments.*)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

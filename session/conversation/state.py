@@ -58,6 +58,8 @@ from bargein.session.conversation.actions import (
     TruncateItem,
 )
 from bargein.session.conversation.config import SessionConfig
+from bargein.session.conversation.tool_plan import ToolPlan, checked_tools, choice_problem, plan_tools
+from bargein.session.conversation.tools import Tool, ToolCallParser, calls_text, with_system_text
 from bargein.session.errors import SessionError
 
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
@@ -104,6 +106,7 @@ class _Response:
     turn_index: int | None = None  # its assistant turn, once it has one
     num_input_turns: int = 0  # conversation items its response.create appended
     instructions: str | None = None  # of its response.create, replacing the session's
+    tool_mode: pe.ToolMode | None = None  # how its answer is read for calls (None: no tools)
 
     @property
     def item_id(self) -> str:
@@ -119,6 +122,8 @@ class ConversationSettings:
     defaults: dict[str, Any] = field(default_factory=dict)
     on_disconnect: str = "continue"
     include_token_ids: bool = False
+    tools: tuple[Tool, ...] = ()
+    tool_choice: pe.ToolChoice = "auto"
 
     def to_event(self) -> pe.SessionSettings:
         """The settings as ``session.updated`` reports them."""
@@ -127,6 +132,13 @@ class ConversationSettings:
             defaults=pe.SamplingDefaults(**self.defaults),
             on_disconnect=self.on_disconnect,  # type: ignore[arg-type]
             include_token_ids=self.include_token_ids,
+            tools=tuple(
+                pe.FunctionTool(
+                    name=t.name, description=t.description or None, parameters=pe.JsonText(t.parameters)
+                )
+                for t in self.tools
+            ),
+            tool_choice=self.tool_choice,
         )
 
 
@@ -212,6 +224,12 @@ class Conversation:
     def knows_stream(self, stream_id: str) -> bool:
         """Whether ``stream_id`` is the active response's or a remembered one's."""
         return self._find(stream_id) is not None
+
+    def tool_mode_of(self, stream_id: str) -> pe.ToolMode | None:
+        """How the answer of this session's response on ``stream_id`` is read
+        for calls (None: no tools, or a stream this session does not know)."""
+        response = self._find(stream_id)
+        return None if response is None else response.tool_mode
 
     @property
     def active_response(self) -> tuple[str, str, str, int] | None:
@@ -324,10 +342,16 @@ class Conversation:
             new.on_disconnect = update.on_disconnect
         if update.include_token_ids is not None:
             new.include_token_ids = update.include_token_ids
+        if update.tool_choice is not None:
+            new.tool_choice = update.tool_choice
         try:
             self._sampling(new.defaults)
+            if update.tools is not None:
+                new.tools = checked_tools(update.tools, "session.tools")
         except ValueError as exc:
             return [_error(pe.ErrorCode.INVALID_PARAMETER, str(exc), event)]
+        if problem := choice_problem(new.tools, new.tool_choice, "session."):
+            return [_error(pe.ErrorCode.INVALID_PARAMETER, problem, event)]
         if update.instructions and (
             problem := self._over_bytes(self.conversation_bytes(instructions=update.instructions))
         ):
@@ -351,8 +375,13 @@ class Conversation:
                 ]
             actions += self._interrupt(None, now)
         problem, params, items = self._check_create(event)
+        plan: ToolPlan | None = None
+        if not problem:
+            problem, plan = self._tool_plan(event)
         if problem:
             return actions + [_error(pe.ErrorCode.INVALID_PARAMETER, problem, event, event.response_id)]
+        if plan is not None and plan.grammar is not None:
+            params = replace(params, grammar=plan.grammar)
         stream_id = self._new_id()
         response_id = event.response_id or f"resp_{stream_id}"
         self.turns += items
@@ -362,19 +391,31 @@ class Conversation:
             event_id=event.event_id,
             num_input_turns=len(items),
             instructions=event.instructions,
+            tool_mode=None if plan is None else plan.mode,
         )
         self.state = State.SUBMITTING
         messages = self.messages(event.instructions)
+        if plan is not None:
+            messages = with_system_text(messages, plan.prompt)
         return actions + [
             Submit(response_id=response_id, stream_id=stream_id, messages=messages, params=params)
         ]
 
+    def _tool_plan(self, event: pe.ResponseCreate) -> tuple[str | None, ToolPlan | None]:
+        """``(problem or None, plan)`` of a ``response.create``'s tools: its own
+        ``tools`` and ``tool_choice`` in place of the session's."""
+        try:
+            tools = self.settings.tools if event.tools is None else checked_tools(event.tools, "tools")
+        except ValueError as exc:
+            return str(exc), None
+        choice = event.tool_choice or self.settings.tool_choice
+        if problem := choice_problem(tools, choice, ""):
+            return problem, None
+        return None, plan_tools(tools, choice, parallel=event.parallel_tool_calls is not False)
+
     def _check_create(self, event: pe.ResponseCreate) -> tuple[str | None, SamplingParams, list[Message]]:
         """Validate a ``response.create``: (problem or None, params, new items)."""
-        items = [
-            Message(role=i.role, content=i.content, item_id=i.item_id or self._item_id())
-            for i in event.input or ()
-        ]
+        items = [_input_message(i, i.item_id or self._item_id()) for i in event.input or ()]
         overrides = {k: getattr(event, k) for k in SAMPLING_FIELDS if getattr(event, k, None) is not None}
         try:
             params = self._sampling({**self.settings.defaults, **overrides})
@@ -430,7 +471,7 @@ class Conversation:
         if self.state is State.SUBMITTING:
             raise IllegalTransition(self.state, "interrupt")
         heard = _clamp(heard_chars, len(active.delivered))
-        self._finish_active(active.delivered[:heard])
+        self._finish_active(_kept_answer(active.delivered[:heard], active.tool_mode, whole=False))
         return [
             Abort(
                 stream_id=active.stream_id,
@@ -451,7 +492,8 @@ class Conversation:
             return
         text = self.turns[index].content
         heard = _clamp(heard_chars, min(len(text), len(response.delivered)))
-        self.turns[index] = replace(self.turns[index], content=text[:heard])
+        kept = text if heard == len(text) else _kept_answer(text[:heard], response.tool_mode, whole=False)
+        self.turns[index] = replace(self.turns[index], content=kept)
 
     # ---- item events (OpenAI's conversation.item.*) --------------------------
 
@@ -579,11 +621,16 @@ class Conversation:
         active = self._require_submitting(event)
         self.state = State.GENERATING
         created = pe.ResponseCreated(
-            response_id=active.response_id, stream_id=active.stream_id, resume_token=event.resume_token
+            response_id=active.response_id,
+            stream_id=active.stream_id,
+            resume_token=event.resume_token,
+            tool_mode=active.tool_mode,
         )
         return [
             Send(event=created),
-            StartDelivery(response_id=active.response_id, stream_id=active.stream_id),
+            StartDelivery(
+                response_id=active.response_id, stream_id=active.stream_id, tool_mode=active.tool_mode
+            ),
         ]
 
     def _on_submit_failed(self, event: SubmitFailed, now: float) -> list[Action]:
@@ -627,7 +674,8 @@ class Conversation:
             self._active = None
             self.state = State.IDLE
             return []
-        self._finish_active(event.text)
+        whole = event.finish_reason is FinishReason.STOP
+        self._finish_active(_kept_answer(event.text, active.tool_mode, whole=whole))
         return []
 
     def _on_disconnected(self, event: Disconnected, now: float) -> list[Action]:
@@ -656,6 +704,30 @@ class Conversation:
         if self._active is not None and self._active.stream_id == stream_id:
             return self._active
         return next((r for r in self._responses.values() if r.stream_id == stream_id), None)
+
+
+def _input_message(item: pe.InputItem, item_id: str) -> Message:
+    """The conversation item of a ``response.create`` input item: an assistant
+    item's calls become the answer that makes them (the generic format)."""
+    if item.tool_calls:
+        content = calls_text([(c.name, c.arguments) for c in item.tool_calls])
+        return Message(role="assistant", content=content, item_id=item_id)
+    return Message(role=item.role, content=item.content, item_id=item_id, call_id=item.tool_call_id)
+
+
+def _kept_answer(text: str, tool_mode: pe.ToolMode | None, *, whole: bool) -> str:
+    """The assistant turn of an answer read for calls: a call cut before it
+    was whole (a barge-in, ``max_tokens``) is no call and no text, so the
+    turn keeps none of it: no call dangles without its result. An answer
+    that ended by itself (``whole``) is kept as it is, calls or text."""
+    if tool_mode is None or whole:
+        return text
+    parser = ToolCallParser("", tool_mode)
+    parser.feed(text)
+    stripped = text.lstrip()
+    if tool_mode == "forced" or (stripped and stripped[0] in "{["):
+        return text if parser.calls() is not None else ""
+    return text
 
 
 def _clamp(heard_chars: int | None, delivered: int) -> int:

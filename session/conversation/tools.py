@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from bargein.engine.grammar_spec import GrammarSpec
+from bargein.session.conversation.actions import Message
 
 ToolMode = Literal["auto", "forced"]
 
@@ -70,6 +71,14 @@ def tools_prompt(tools: Sequence[Tool]) -> str:
         "instead, write text."
     )
     return "\n".join(lines)
+
+
+def with_system_text(messages: Sequence[Message], text: str) -> tuple[Message, ...]:
+    """``messages`` with ``text`` (the tools' prompt) in the system turn first:
+    after the conversation's own system text, in the same turn, when it has one."""
+    if messages and messages[0].role == "system":
+        return (Message(role="system", content=f"{messages[0].content}\n\n{text}"), *messages[1:])
+    return (Message(role="system", content=text), *messages)
 
 
 def tool_call_schema(tools: Sequence[Tool], *, parallel: bool) -> GrammarSpec:

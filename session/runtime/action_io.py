@@ -91,6 +91,7 @@ class ActionIO:
                     action.from_offset,
                     include_token_ids=self._conversation.current.settings.include_token_ids,
                     subscriber=self._voice.subscriber(action.response_id, action.stream_id),
+                    tool_mode=action.tool_mode,
                 )
             elif isinstance(action, Abort):
                 self.abort(action)

@@ -56,9 +56,12 @@ class Deliveries:
         *,
         include_token_ids: bool,
         subscriber: DeliverySubscriber | None = None,
+        tool_mode: pe.ToolMode | None = None,
+        held_text: str = "",
     ) -> None:
         """Deliver ``stream_id`` from ``from_offset`` in a task of its own;
-        ``subscriber`` (the response's speaker) is told what it sends."""
+        ``subscriber`` (the response's speaker) is told what it sends;
+        ``tool_mode`` and ``held_text`` as :class:`Delivery` takes them."""
         delivery = Delivery(
             self._service.log,
             response_id=response_id,
@@ -69,6 +72,8 @@ class Deliveries:
             include_token_ids=include_token_ids,
             observer=self._service.observer,
             subscribers=() if subscriber is None else (subscriber,),
+            tool_mode=tool_mode,
+            held_text=held_text,
         )
         task = asyncio.create_task(delivery.run(), name=f"deliver-{stream_id}")
         self._running[stream_id] = (delivery, task)

@@ -32,6 +32,7 @@ from bargein.protocol import events as pe
 from bargein.session.cancel import cancel_and_wait
 from bargein.session.errors import StreamNotFound, StreamTruncated, TokenLogUnavailable
 from bargein.session.runtime.observer import NullObserver, SessionObserver
+from bargein.session.runtime.tool_events import ReadOut, ToolCallEvents
 from bargein.session.streams.log import EndError, LogEntry, StreamEnd, TokenLog
 
 logger = logging.getLogger(__name__)
@@ -204,6 +205,12 @@ class Delivery:
         subscribers: told of each delta after ``on_delivered``, and of the
             end before ``response.done`` (or of a failure before the
             ``error`` that ends the delivery); see :class:`DeliverySubscriber`.
+            With ``tool_mode``, they are told only the text that is no call.
+        tool_mode: read the answer for function calls
+            (session/runtime/tool_events.py): their events follow the deltas
+            that complete them, and ``response.done`` lists the calls.
+        held_text: with ``tool_mode``, the stream's text before ``from_offset``
+            (a resume): read first, its events not sent again.
 
     Every entry of the log is sent before ``response.done``, also after a
     cancel: the service logs nothing once a cancel is accepted, so the
@@ -225,6 +232,8 @@ class Delivery:
         include_token_ids: bool = False,
         observer: SessionObserver | None = None,
         subscribers: Sequence[DeliverySubscriber] = (),
+        tool_mode: pe.ToolMode | None = None,
+        held_text: str = "",
     ) -> None:
         self.log = log
         self.subscribers = tuple(subscribers)
@@ -236,6 +245,9 @@ class Delivery:
         self._on_delivered = on_delivered
         self._include_token_ids = include_token_ids
         self._observer: SessionObserver = observer or NullObserver()
+        self._calls = None if tool_mode is None else ToolCallEvents(response_id, stream_id, tool_mode)
+        if self._calls is not None:
+            self._calls.feed(held_text)  # what the client holds: its events were sent before
 
     async def run(self) -> None:
         """Deliver until the stream's end has been sent.
@@ -285,13 +297,17 @@ class Delivery:
                 else:
                     self.finish = item
         assert self.finish is not None, "a feed ends with its StreamEnd"
+        calls = None
+        if self._calls is not None:
+            out, calls = self._calls.finish()
+            await self._send_read_out(out)
         for subscriber in self.subscribers:
             await subscriber.on_end()
         if (end_error := self.finish.error) is not None:
             code = relayed_code(end_error)
             error = self._error(code, end_error.message, code.retryable)
             await self._send(replace(error, retry_after_ms=end_error.retry_after_ms))
-        await self._send(done_event(self.response_id, self.stream_id, self.finish))
+        await self._send(replace(done_event(self.response_id, self.stream_id, self.finish), tool_calls=calls))
 
     async def _send_delta(self, batch: Batch) -> None:
         text = batch.text
@@ -306,8 +322,18 @@ class Delivery:
         await self._send(delta)
         self.sent_end = batch.end
         self._on_delivered(text)
+        if self._calls is None:
+            for subscriber in self.subscribers:
+                subscriber.on_delta(text)
+        else:
+            await self._send_read_out(self._calls.feed(text))
+
+    async def _send_read_out(self, out: ReadOut) -> None:
+        """A tool-mode answer's events, and its text that is no call to the subscribers."""
+        for event in out.events:
+            await self._send(event)
         for subscriber in self.subscribers:
-            subscriber.on_delta(text)
+            subscriber.on_delta(out.text)
 
     def _error(self, code: pe.ErrorCode, message: str, retryable: bool) -> pe.ErrorEvent:
         return pe.ErrorEvent(code=code, message=message, retryable=retryable, response_id=self.response_id)

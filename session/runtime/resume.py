@@ -23,6 +23,7 @@ from bargein.session.runtime.delivery import SendEvent
 from bargein.session.runtime.error_events import error_for
 from bargein.session.runtime.service import Service
 from bargein.session.runtime.tokens import check_resume_token
+from bargein.session.runtime.tool_events import spoken_text
 from bargein.session.runtime.voice_port import VoicePort
 from bargein.session.streams.log import StreamEnd, TokenLog
 
@@ -120,14 +121,18 @@ class StreamResumer:
         service.observer.resumed(
             stream_id=event.stream_id, from_offset=event.from_, num_replayed=max(0, info.end - event.from_)
         )
+        tool_mode = conversation.tool_mode_of(event.stream_id)
         if speaker is not None and held is not None:
-            speaker.on_delta(held)  # the audio is re-derived from the text: the speaker hears it all from 0
+            # the audio is re-derived from the text: the speaker hears it all from 0
+            speaker.on_delta(spoken_text(held, tool_mode))
         self._deliveries.start(
             info.response_id,
             event.stream_id,
             event.from_,
             include_token_ids=conversation.settings.include_token_ids,
             subscriber=speaker,
+            tool_mode=tool_mode,
+            held_text=held or "",
         )
 
 

@@ -30,7 +30,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from bargein.protocol import events as pe
 from bargein.protocol.codec import Decoder, encode
@@ -38,6 +38,7 @@ from bargein.protocol.errors import ProtocolError
 from bargein.session.conversation.actions import Message
 from bargein.session.conversation.config import SessionConfig
 from bargein.session.conversation.state import Conversation, ConversationSettings
+from bargein.session.conversation.tools import Tool
 from bargein.session.errors import TokenLogError
 from bargein.session.streams.log import TokenLog
 
@@ -96,8 +97,17 @@ class SavedSession:
                 "defaults": s.defaults,
                 "on_disconnect": s.on_disconnect,
                 "include_token_ids": s.include_token_ids,
+                "tools": [[t.name, t.description, t.parameters] for t in s.tools],
+                "tool_choice": s.tool_choice
+                if isinstance(s.tool_choice, str)
+                else {"type": "function", "name": s.tool_choice.name},
             },
-            "turns": [[t.role, t.content, t.item_id] for t in self.turns],
+            "turns": [
+                [t.role, t.content, t.item_id]
+                if t.call_id is None
+                else [t.role, t.content, t.item_id, t.call_id]
+                for t in self.turns
+            ],
             "audio": None if self.audio is None else audio_to_wire(self.audio),
             "active": None
             if self.active is None
@@ -125,10 +135,15 @@ class SavedSession:
             return cls(
                 session_id=body["session_id"],
                 principal=body["principal"],
-                settings=ConversationSettings(**body["settings"]),
+                settings=_saved_settings(body["settings"]),
                 # a save of an older node holds [role, content] pairs
                 turns=tuple(
-                    Message(role=t[0], content=t[1], item_id=t[2] if len(t) > 2 else None)
+                    Message(
+                        role=t[0],
+                        content=t[1],
+                        item_id=t[2] if len(t) > 2 else None,
+                        call_id=t[3] if len(t) > 3 else None,
+                    )
                     for t in body["turns"]
                 ),
                 active=None
@@ -143,6 +158,18 @@ class SavedSession:
             )
         except (KeyError, TypeError, IndexError, json.JSONDecodeError) as exc:
             raise ValueError(f"not a saved session: {exc}") from exc
+
+
+def _saved_settings(body: dict[str, Any]) -> ConversationSettings:
+    """The settings of a save (tools absent in saves of older nodes)."""
+    tools = tuple(Tool(name=t[0], description=t[1], parameters=t[2]) for t in body.pop("tools", ()))
+    choice = body.pop("tool_choice", "auto")
+    tool_choice: pe.ToolChoice = (
+        cast(pe.ToolChoiceMode, choice)
+        if isinstance(choice, str)
+        else pe.NamedToolChoice(name=choice["name"])
+    )
+    return ConversationSettings(**body, tools=tools, tool_choice=tool_choice)
 
 
 def audio_to_wire(audio: pe.AudioSettings) -> dict[str, Any]:

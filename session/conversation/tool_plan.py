@@ -1,0 +1,111 @@
+"""Tools on bargein's own protocol: the session's functions, checked once,
+and what one response does with them.
+
+:func:`checked_tools` turns the wire's tools (``session.update``,
+``response.create``) into :class:`~bargein.session.conversation.tools.Tool`
+values once the grammar library said it can enforce each parameters schema:
+a keyword it cannot is refused naming the keyword, never ignored (the HTTP
+API's rule, app/openai/schema.py). :func:`plan_tools` decides, for one
+response, how its answer is read (``tool_mode``), the system text that lists
+the functions, and the grammar of a forced call.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from bargein.engine.errors import GrammarError
+from bargein.engine.grammar import check_grammar
+from bargein.engine.grammar_spec import GrammarSpec
+from bargein.protocol import events as pe
+from bargein.session.conversation.tools import Tool, tool_call_schema, tools_prompt
+
+MAX_SCHEMA_DEPTH = 32  # as the HTTP API: deeper schemas only cost the grammar compiler's (Rust) stack
+_NO_ARGUMENTS = '{"type":"object","properties":{}}'
+
+
+def checked_tools(tools: Sequence[pe.FunctionTool], path: str) -> tuple[Tool, ...]:
+    """The functions of ``tools``, each parameters schema checked by the grammar library.
+
+    Args:
+        tools: as decoded (names and object schemas already checked by the
+            protocol's rules).
+        path: where they sit in the event (``session.tools``), for the message.
+
+    Raises:
+        ValueError: a schema nested deeper than :data:`MAX_SCHEMA_DEPTH`, or
+            one the grammar library cannot enforce (the message names the
+            keyword when that is why).
+    """
+    out = []
+    for i, tool in enumerate(tools):
+        parameters = tool.parameters or _NO_ARGUMENTS
+        where = f"{path}[{i}].parameters"
+        _check_depth(json.loads(parameters), where)
+        try:
+            check_grammar(GrammarSpec.json_schema(parameters))
+        except GrammarError as exc:
+            if exc.keyword is not None:
+                raise ValueError(
+                    f"'{where}': the JSON schema keyword '{exc.keyword}' is not supported by bargein's "
+                    "grammar engine (llguidance); remove it or use another keyword"
+                ) from exc
+            raise ValueError(f"'{where}': the JSON schema cannot be enforced: {exc}") from exc
+        out.append(Tool(name=tool.name, description=tool.description or "", parameters=parameters))
+    return tuple(out)
+
+
+def _check_depth(schema: Any, where: str) -> None:
+    level: list[Any] = [schema]
+    for _ in range(MAX_SCHEMA_DEPTH):
+        level = [
+            child
+            for value in level
+            for child in (value.values() if isinstance(value, dict) else value)
+            if isinstance(child, dict | list)
+        ]
+        if not level:
+            return
+    raise ValueError(f"'{where}': the JSON schema is nested deeper than {MAX_SCHEMA_DEPTH} levels")
+
+
+def choice_problem(tools: Sequence[Tool], choice: pe.ToolChoice, path: str) -> str | None:
+    """Why ``choice`` cannot apply to ``tools`` (a named function that is not
+    among them; ``required`` with none), or None."""
+    if isinstance(choice, pe.NamedToolChoice) and choice.name not in {t.name for t in tools}:
+        return f"'{path}tool_choice' names {choice.name!r}, which is not among the tools in force"
+    if choice == "required" and not tools:
+        return f"'{path}tool_choice' is 'required' but there are no tools"
+    return None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolPlan:
+    """What one response does with the tools in force.
+
+    Attributes:
+        mode: how its answer is read: ``forced`` (a grammar makes it calls),
+            ``auto`` (calls or text, the model's choice).
+        prompt: the system text that lists the functions and the call format.
+        grammar: the forced call's grammar (None for ``auto``).
+    """
+
+    mode: pe.ToolMode
+    prompt: str
+    grammar: GrammarSpec | None
+
+
+def plan_tools(tools: Sequence[Tool], choice: pe.ToolChoice, *, parallel: bool) -> ToolPlan | None:
+    """The plan of a response with ``tools`` in force and ``choice``; None when
+    the model is not to call (no tools, or ``none``: the prompt does not list them)."""
+    if not tools or choice == "none":
+        return None
+    if choice == "auto":
+        return ToolPlan(mode="auto", prompt=tools_prompt(tools), grammar=None)
+    called = [t for t in tools if t.name == choice.name] if isinstance(choice, pe.NamedToolChoice) else tools
+    return ToolPlan(
+        mode="forced", prompt=tools_prompt(tools), grammar=tool_call_schema(called, parallel=parallel)
+    )
