@@ -21,7 +21,13 @@ WEATHER = {
     "type": "function",
     "name": "get_weather",
     "description": "The current weather in a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    # strict, as OpenAI's guide advises: a small model forced to call adds keys and rambles otherwise
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 40}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
 }
 # arguments longer than a response's 64 tokens: a cancel always lands while they stream
 STORY = {
@@ -137,7 +143,11 @@ async def test_a_call_cancelled_while_its_arguments_stream_is_incomplete(live_se
         assert item_done.status == "incomplete"
         args_done = next(e for e in seen if e.type == "response.function_call_arguments.done")
         assert args_done.arguments == call.arguments
-        # no dangling call: the next prompt holds none of it
+        # no dangling call: the session kept the cut turn empty (no call awaits a result)...
+        await conn.conversation.item.retrieve(item_id=call.id)
+        held = (await next_of(conn, "conversation.item.retrieved")).item
+        assert (held.type, held.role, held.content[0].text) == ("message", "assistant", "")
+        # ... and the next prompt holds none of it
         await conn.send(
             {"type": "response.create", "response": {"tool_choice": "none", "max_output_tokens": 2}}
         )
@@ -145,3 +155,40 @@ async def test_a_call_cancelled_while_its_arguments_stream_is_incomplete(live_se
         prompt = live_server.tokenizer.decode(list(live_server.recent_requests()[-1].prompt_token_ids))
         assert "Write me a story about a dragon." in prompt
         assert '"name":"write_story"' not in prompt
+
+
+async def test_a_call_the_client_adds_is_kept_with_its_call_id(live_server: LiveServer) -> None:
+    """History replayed by the client (a call and its output, as OpenAI's
+    items) joins the conversation as the model's own calls would: the call in
+    the generic format, retrieved with the client's ``call_id``."""
+    async with realtime(live_server.http_url) as conn:
+        await conn.session.update(session={**TEXT_ONLY, "tools": [WEATHER]})
+        await next_of(conn, "session.updated")
+        await conn.conversation.item.create(item=user("What's the weather in Oslo?"))
+        await next_of(conn, "conversation.item.done")
+        call = {
+            "type": "function_call",
+            "id": "item_call",
+            "call_id": "call_client_1",
+            "name": "get_weather",
+            "arguments": '{"city": "Oslo"}',
+        }
+        await conn.conversation.item.create(item=call)
+        added = (await next_of(conn, "conversation.item.done")).item
+        assert (added.type, added.call_id, added.name) == ("function_call", "call_client_1", "get_weather")
+        output = {"type": "function_call_output", "call_id": "call_client_1", "output": "snow, -3 C"}
+        await conn.conversation.item.create(item=output)
+        await next_of(conn, "conversation.item.done")
+        await conn.conversation.item.retrieve(item_id="item_call")
+        held = (await next_of(conn, "conversation.item.retrieved")).item
+        assert (held.type, held.call_id, json.loads(held.arguments)) == (
+            "function_call",
+            "call_client_1",
+            {"city": "Oslo"},
+        )
+        await conn.send(
+            {"type": "response.create", "response": {"tool_choice": "none", "max_output_tokens": 2}}
+        )
+        await next_of(conn, "response.done")
+        prompt = live_server.tokenizer.decode(list(live_server.recent_requests()[-1].prompt_token_ids))
+        assert prompt.index('"name":"get_weather"') < prompt.index("snow, -3 C")
