@@ -544,3 +544,76 @@ def test_tool_turns_are_retrieved_as_function_call_items() -> None:
     # an answer in words stays a message
     (text,) = translator.translate(ItemRetrieved(item=Message(role="assistant", content="{hi}", item_id="x")))
     assert text["item"]["type"] == "message"
+
+
+def resumed(
+    from_: int, answer: list[str], calls: tuple[pe.FunctionCall, ...] | None, mode: pe.ToolMode = "forced"
+) -> list[dict[str, Any]]:
+    """The OpenAI events of a tool-mode response resumed (``bargein.resume``) on a new connection."""
+    translator = Translator(
+        session=OpenAISession(audio_output=False), model="m", conversation=list, tool_mode_of=lambda _: mode
+    )
+    events = translator.translate(
+        pe.StreamResumed(stream_id=STREAM, response_id="resp_1", from_=from_, status="live")
+    )
+    for i, text in enumerate(answer):
+        offset = from_ + i
+        events += translator.translate(
+            pe.ResponseDelta(response_id="resp_1", stream_id=STREAM, start=offset, end=offset + 1, text=text)
+        )
+    end = from_ + len(answer)
+    return events + translator.translate(
+        pe.ResponseDone(
+            response_id="resp_1",
+            stream_id=STREAM,
+            end=end,
+            finish_reason="stop",
+            usage=USAGE,
+            tool_calls=calls,
+        )
+    )
+
+
+def test_a_call_resumed_from_its_start_streams_as_on_its_first_connection() -> None:
+    events = resumed(0, ['{"name":"get_weather","arguments":', '{"city":"Paris"}}'], None)
+    kinds = valid(events[1:])  # bargein.stream.resumed: bargein's own event
+    assert kinds.index("response.function_call_arguments.delta") < kinds.index(
+        "response.function_call_arguments.done"
+    )
+    assert not [k for k in kinds if k.startswith("response.output_text")]
+
+
+def test_a_call_resumed_mid_answer_comes_whole_at_its_end() -> None:
+    """From an offset past the answer's start no parser can read it: the
+    deltas are held, and bargein's ``tool_calls`` give the calls at the end
+    (never the JSON as text)."""
+    call = pe.FunctionCall(call_id=call_id(STREAM, 0), name="get_weather", arguments='{"city":"Paris"}')
+    events = resumed(9, ['"Paris"', "}}"], (call,))
+    kinds = valid(events[1:])
+    assert kinds == [
+        "response.created",
+        "rate_limits.updated",
+        "response.output_item.added",
+        "conversation.item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "conversation.item.done",
+        "response.done",
+    ]
+    (item,) = events[-1]["response"]["output"]
+    assert (item["type"], item["call_id"], item["arguments"], item["status"]) == (
+        "function_call",
+        call.call_id,
+        '{"city":"Paris"}',
+        "completed",
+    )
+
+
+def test_text_resumed_mid_answer_comes_at_its_end() -> None:
+    events = resumed(3, [" is", " sunny."], None, mode="auto")
+    valid(events[1:])
+    (delta,) = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert (delta["delta"], delta["bargein"]) == (" is sunny.", {"start": 3, "end": 5})
+    (item,) = events[-1]["response"]["output"]
+    assert item["type"] == "message" and item["content"][0]["text"] == " is sunny."

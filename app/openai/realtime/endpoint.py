@@ -74,7 +74,11 @@ class OpenAIRealtime:
         self._connection: Connection | None = None
         self.settings = OpenAISession(audio_output=has_voice)
         self.translator = Translator(
-            session=self.settings, model=model, conversation=self._turns, rate_limits=self._rate_limits
+            session=self.settings,
+            model=model,
+            conversation=self._turns,
+            rate_limits=self._rate_limits,
+            tool_mode_of=self._tool_mode_of,
         )
         self.inbound = Inbound(
             self.settings,
@@ -137,6 +141,9 @@ class OpenAIRealtime:
 
     def _rate_limits(self) -> tuple[RateLimitLevel, ...]:
         return () if self._connection is None else self._connection.rate_limits()
+
+    def _tool_mode_of(self, stream_id: str) -> pe.ToolMode | None:
+        return None if self._connection is None else self._connection.conversation.tool_mode_of(stream_id)
 
     def _turns(self) -> Sequence[Message]:
         return () if self._connection is None else self._connection.turns

@@ -103,6 +103,11 @@ class _Response:
         message_index: the message item's ``output_index`` once announced.
         held_from: the token offset of the first delta the parser held back
             (the ``bargein.start`` of the text it releases).
+        mid_answer: a tool-mode answer resumed from an offset past its start
+            (``bargein.resume``), which no parser can read from there: its
+            text is held, and given at the end as bargein's
+            ``response.done.tool_calls`` say (calls, or text).
+        held: the text a ``mid_answer`` response holds.
     """
 
     response_id: str
@@ -119,6 +124,8 @@ class _Response:
     calls: list[_Call] = field(default_factory=list)
     message_index: int | None = None
     held_from: int | None = None
+    mid_answer: bool = False
+    held: str = ""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -131,12 +138,15 @@ class Translator:
         conversation: the session's items now (for ``previous_item_id``).
         rate_limits: the client's rate limits now (sent after each
             ``response.created``, as OpenAI does; none configured: an empty list).
+        tool_mode_of: how the session reads a stream's answer for calls (a
+            resumed stream's; None: as text).
     """
 
     session: OpenAISession
     model: str
     conversation: Callable[[], Sequence[Message]]
     rate_limits: Callable[[], Sequence[RateLimitLevel]] = tuple
+    tool_mode_of: Callable[[str], pe.ToolMode | None] = lambda _: None
     _created: pe.SessionCreated | None = None
     _announced: bool = False
     _responses: dict[str, _Response] = field(default_factory=dict)
@@ -356,11 +366,15 @@ class Translator:
         response = self._responses.get(event.response_id)
         if response is None or not event.text:
             return []
-        if response.parser is None:
+        parser = response.parser
+        if parser is None and not response.mid_answer:
             return [self._text_delta(response, event.text, event.start, event.end)]
         if response.held_from is None:
             response.held_from = event.start
-        return self._parsed(response, response.parser.feed(event.text), event.end)
+        if parser is None:  # mid-answer: held to its end
+            response.held += event.text
+            return []
+        return self._parsed(response, parser.feed(event.text), event.end)
 
     def _text_delta(self, response: _Response, text: str, start: int, end: int) -> dict[str, Any]:
         response.text += text
@@ -394,13 +408,16 @@ class Translator:
         self._done.append(event.response_id)
         del self._done[:-64]
         out: list[dict[str, Any]] = []
-        calls: list[ToolCall] | None = None
+        calls: Sequence[ToolCall | pe.FunctionCall] | None = None
         if response.parser is not None:
             rest, calls = response.parser.finish()
             if event.finish_reason != "stop":
                 # what a cut answer held back may be a call's start: JSON is never sent as text
                 rest = [parsed for parsed in rest if not isinstance(parsed, ContentDelta)]
             out += self._parsed(response, rest, event.end)
+        elif response.mid_answer:
+            calls = event.tool_calls
+            out += self._held_answer(response, event)
         status, details = self._status(response, event.finish_reason)
         items: list[tuple[int, dict[str, Any]]] = []
         # a call is whole only if the answer ended by itself as calls
@@ -419,6 +436,24 @@ class Translator:
         body["output"] = [item for _, item in sorted(items, key=lambda pair: pair[0])]
         out.append({"type": "response.done", "response": body})
         return out
+
+    def _held_answer(self, response: _Response, done: pe.ResponseDone) -> list[dict[str, Any]]:
+        """What a ``mid_answer`` response held, at its end: its calls, as
+        bargein read them (each call's whole arguments in one delta), else its
+        text, unless it may be a cut call's JSON."""
+        if done.tool_calls:
+            out: list[dict[str, Any]] = []
+            for index, call in enumerate(done.tool_calls):
+                out += self._start_call(
+                    response, CallStart(index=index, call_id=call.call_id, name=call.name)
+                )
+                out.append(self._arguments_delta(response, ArgumentsDelta(index=index, text=call.arguments)))
+            return out
+        text = response.held
+        if not text or (done.finish_reason != "stop" and text.lstrip()[:1] in ("{", "[")):
+            return []
+        start = done.end if response.held_from is None else response.held_from
+        return [*self._announce_message(response), self._text_delta(response, text, start, done.end)]
 
     def _message_done(self, response: _Response, status: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """The message item, finished, and its done events."""
@@ -501,10 +536,15 @@ class Translator:
         out = [{**to_wire(event, bytes_as_base64=True), "type": "bargein.stream.resumed"}]
         if event.response_id not in self._responses:
             # a new connection knows nothing of it: announce it, so the deltas have their item
+            tool_mode = self.tool_mode_of(event.stream_id)
             created = pe.ResponseCreated(
-                response_id=event.response_id, stream_id=event.stream_id, resume_token=""
+                response_id=event.response_id, stream_id=event.stream_id, resume_token="", tool_mode=tool_mode
             )
             out += self._on_response_created(created)
+            if tool_mode is not None and event.from_ > 0:
+                # the parser needs the answer from its start, which the other connection had
+                response = self._responses[event.response_id]
+                response.parser, response.mid_answer = None, True
         return out
 
     def _on_error(self, event: pe.ErrorEvent) -> list[dict[str, Any]]:
