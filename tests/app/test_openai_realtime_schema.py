@@ -428,6 +428,7 @@ def test_a_call_streams_as_a_function_call_item() -> None:
     }
     deltas = [e for e in events if e["type"] == "response.function_call_arguments.delta"]
     assert "".join(d["delta"] for d in deltas) == '{"city": "Paris"}'
+    assert [d["bargein"] for d in deltas] == [{"start": 2, "end": 3}, {"start": 3, "end": 4}]  # for a resume
     assert {(d["item_id"], d["call_id"], d["output_index"]) for d in deltas} == {
         (added["id"], added["call_id"], 0)
     }

@@ -336,21 +336,23 @@ class Translator:
         """The OpenAI events of what the parser read of a tool-mode answer
         (``end``: the token offset the answer has reached)."""
         out: list[dict[str, Any]] = []
+        start = end if response.held_from is None else response.held_from
         for parsed in events:
             if isinstance(parsed, ContentDelta):
                 if response.message_index is None:
                     out += self._announce_message(response)
-                start = end if response.held_from is None else response.held_from
                 out.append(self._text_delta(response, parsed.text, start, end))
             elif isinstance(parsed, CallStart):
                 out += self._start_call(response, parsed)
             else:
-                out.append(self._arguments_delta(response, parsed))
+                out.append(self._arguments_delta(response, parsed, start, end))
         if out:
             response.held_from = None
         return out
 
-    def _arguments_delta(self, response: _Response, delta: ArgumentsDelta) -> dict[str, Any]:
+    def _arguments_delta(
+        self, response: _Response, delta: ArgumentsDelta, start: int, end: int
+    ) -> dict[str, Any]:
         call = response.calls[delta.index]
         call.arguments += delta.text
         return {
@@ -360,6 +362,7 @@ class Translator:
             "output_index": call.output_index,
             "call_id": call.call_id,
             "delta": delta.text,
+            "bargein": {"start": start, "end": end},  # as the text deltas': for a resume
         }
 
     def _on_delta(self, event: pe.ResponseDelta) -> list[dict[str, Any]]:
@@ -441,18 +444,19 @@ class Translator:
         """What a ``mid_answer`` response held, at its end: its calls, as
         bargein read them (each call's whole arguments in one delta), else its
         text, unless it may be a cut call's JSON."""
+        start = done.end if response.held_from is None else response.held_from
         if done.tool_calls:
             out: list[dict[str, Any]] = []
             for index, call in enumerate(done.tool_calls):
                 out += self._start_call(
                     response, CallStart(index=index, call_id=call.call_id, name=call.name)
                 )
-                out.append(self._arguments_delta(response, ArgumentsDelta(index=index, text=call.arguments)))
+                whole = ArgumentsDelta(index=index, text=call.arguments)
+                out.append(self._arguments_delta(response, whole, start, done.end))
             return out
         text = response.held
         if not text or (done.finish_reason != "stop" and text.lstrip()[:1] in ("{", "[")):
             return []
-        start = done.end if response.held_from is None else response.held_from
         return [*self._announce_message(response), self._text_delta(response, text, start, done.end)]
 
     def _message_done(self, response: _Response, status: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
