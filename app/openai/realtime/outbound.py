@@ -40,7 +40,7 @@ deadline); ``error`` is ``failed``.
 bargein's additions ride along as extra fields OpenAI clients ignore:
 ``session.created.session.bargein`` (``session_id``, ``session_token``,
 ``limits``), ``response.created.response.bargein`` (``stream_id``,
-``resume_token``) and the text deltas' ``bargein`` (``start``, ``end``: token
+``resume_token``) and the text and arguments deltas' ``bargein`` (``start``, ``end``: token
 offsets of the stream, for a resume). Sans-I/O.
 """
 
