@@ -90,6 +90,14 @@ def test_session_update_maps_onto_bargeins_settings() -> None:
             "session.tools[0].name",
         ),
         (
+            {
+                "type": "session.update",
+                "session": {"tools": [{"name": "f", "parameters": {"maximum": float("inf")}}]},
+            },
+            "invalid_value",
+            "session.tools[0].parameters",
+        ),
+        (
             {"type": "response.create", "response": {"tool_choice": {"type": "mcp", "server_label": "s"}}},
             "unsupported",
             "response.tool_choice.type",

@@ -703,6 +703,7 @@ def _tools(value: Any, param: str) -> tuple[pe.FunctionTool, ...] | None:
 
 
 def _function_tool(value: Any, param: str) -> pe.FunctionTool:
+    """One function of OpenAI's flat form (``type`` may be left out, as the SDK's schema allows)."""
     raw = _object(value, param)
     kind = raw.get("type", "function")
     if kind != "function":
@@ -710,16 +711,27 @@ def _function_tool(value: Any, param: str) -> pe.FunctionTool:
             "unsupported", f"tools of type {kind!r} are not supported (functions only)", f"{param}.type"
         )
     _only(raw, {"type", "name", "description", "parameters"}, f"{param}.")
-    parameters = raw.get("parameters")
-    if parameters is not None:
-        parameters = pe.JsonText(
-            json.dumps(_object(parameters, f"{param}.parameters"), separators=(",", ":"), ensure_ascii=False)
-        )
     return pe.FunctionTool(
         name=_required_str(raw, "name", f"{param}."),
         description=_optional_str(raw, "description", f"{param}."),
-        parameters=parameters,
+        parameters=_schema(raw.get("parameters"), f"{param}.parameters"),
     )
+
+
+def _schema(value: Any, param: str) -> pe.JsonText | None:
+    """A parameters schema as bargein carries it: its compact JSON text.
+
+    Raises:
+        RealtimeError: not an object, or holding a number no JSON text
+            holds (``1e999`` parses as infinity).
+    """
+    if value is None:
+        return None
+    try:
+        text = json.dumps(_object(value, param), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except ValueError as exc:
+        raise RealtimeError("invalid_value", f"{param} must hold finite numbers only", param) from exc
+    return pe.JsonText(text)
 
 
 def _tool_choice(value: Any, param: str) -> pe.ToolChoice | None:
