@@ -59,7 +59,13 @@ from bargein.session.conversation.actions import (
 )
 from bargein.session.conversation.config import SessionConfig
 from bargein.session.conversation.tool_plan import ToolPlan, checked_tools, choice_problem, plan_tools
-from bargein.session.conversation.tools import Tool, ToolCallParser, calls_text, with_system_text
+from bargein.session.conversation.tools import (
+    Tool,
+    ToolCallParser,
+    calls_text,
+    settled_calls,
+    with_system_text,
+)
 from bargein.session.errors import SessionError
 
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
@@ -303,13 +309,14 @@ class Conversation:
         return []
 
     def messages(self, instructions: str | None = None) -> tuple[Message, ...]:
-        """The prompt's items: instructions (as a system turn) then the turns.
+        """The prompt's items: instructions (as a system turn) then the turns,
+        every call answered (:func:`~bargein.session.conversation.tools.settled_calls`).
 
         ``instructions``: a response's own, in place of the session's.
         """
         system = self.settings.instructions if instructions is None else instructions
         head = (Message(role="system", content=system),) if system else ()
-        return head + tuple(self.turns)
+        return head + settled_calls(self.turns)
 
     def conversation_bytes(self, instructions: str | None = None) -> int:
         """UTF-8 bytes of the conversation's text: its instructions (``instructions``

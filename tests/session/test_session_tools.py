@@ -20,6 +20,7 @@ from bargein.session.conversation.actions import (
     Submitted,
 )
 from bargein.session.conversation.state import Conversation
+from bargein.session.conversation.tools import UNANSWERED_CALL, settled_calls
 from bargein.session.runtime.saved import SavedSession, snapshot
 from bargein.session.runtime.tool_events import ToolCallEvents, spoken_text
 from tests.session.test_session import make_session
@@ -173,3 +174,33 @@ def test_text_answers_are_spoken_and_calls_are_not() -> None:
     assert reader.feed("  ").text == ""  # blanks wait until the answer shows what it is
     assert reader.feed("Hi").text == "  Hi"
     assert reader.finish() == (reader.finish()[0], None)
+
+
+def test_a_call_left_without_its_result_is_settled_as_cancelled_in_the_next_prompt() -> None:
+    session = make_session()
+    two = f"[{CALL},{CALL.replace('Oslo', 'Rome')}]"
+    submit = submit_of(create(session, tools=(WEATHER,), tool_choice="required"))
+    session.handle(Submitted(response_id=submit.response_id, resume_token="t"), 0.0)
+    session.handle(
+        GenerationFinished(stream_id=submit.stream_id, text=two, finish_reason=FinishReason.STOP), 0.0
+    )
+    # the client answers the first call; the user speaks before the second's result came
+    follow = (
+        pe.InputItem(role="tool", content="-3 C", tool_call_id="c0"),
+        pe.InputItem(role="user", content="Actually, never mind."),
+    )
+    submit = submit_of(session.handle(pe.ResponseCreate(input=follow), 0.0))
+    assert [(m.role, m.content) for m in submit.messages[1:]] == [
+        ("assistant", two),
+        ("tool", "-3 C"),
+        ("tool", UNANSWERED_CALL),
+        ("user", "Actually, never mind."),
+    ]
+    assert [m.role for m in session.turns] == [
+        "user",
+        "assistant",
+        "tool",
+        "user",
+    ]  # the conversation as it came
+    # calls that are the last turns still wait for their results
+    assert settled_calls(session.turns[:2]) == tuple(session.turns[:2])
