@@ -99,6 +99,19 @@ def test_a_named_choice_forces_a_call_by_grammar_and_none_lists_nothing() -> Non
             {"tools": (pe.FunctionTool(name="f", parameters=pe.JsonText('{"type":"object","not":{}}')),)},
             "keyword 'not'",
         ),
+        (
+            {
+                "tools": (
+                    pe.FunctionTool(
+                        name="f",
+                        parameters=pe.JsonText(
+                            '{"type":"object","properties":{"a":' + "[" * 40 + "]" * 40 + "}}"
+                        ),
+                    ),
+                )
+            },
+            "nested deeper than 32 levels",
+        ),
         ({"tool_choice": pe.NamedToolChoice(name="nope")}, "not among the tools"),
         ({"tool_choice": "required"}, "no tools"),
     ],
