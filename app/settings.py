@@ -300,6 +300,7 @@ SERVE_FLAG_RULES: Mapping[str, FlagRule] = {
     "voice.prefill": FlagRule(name="--voice-prefill"),
     "voice.text_turn": FlagRule(name="--voice-text-turn"),
     "voice.echo_cancellation": FlagRule(name="--voice-echo-cancellation"),
+    "voice.tool_filler": FlagRule(name="--voice-tool-filler"),
 }
 
 # Fields that are no flag: constants tuned with the code they pace (measured

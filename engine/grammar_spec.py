@@ -46,3 +46,24 @@ class GrammarSpec:
         """A spec from a schema (a dict, or JSON text), keys in their order."""
         source = schema if isinstance(schema, str) else json.dumps(schema, separators=(",", ":"))
         return cls(kind=GrammarKind.JSON_SCHEMA, source=source)
+
+
+# JSON Schema nesting past this costs the grammar compiler's (Rust) stack and serves
+# no real schema (OpenAI's strict mode allows 5 levels): refused before compiling.
+MAX_SCHEMA_DEPTH = 32
+
+
+def nested_too_deep(schema: Any) -> bool:
+    """Whether ``schema`` (a decoded JSON value) nests objects and arrays deeper
+    than :data:`MAX_SCHEMA_DEPTH` levels (breadth first, so no recursion)."""
+    level: list[Any] = [schema]
+    for _ in range(MAX_SCHEMA_DEPTH):
+        level = [
+            child
+            for value in level
+            for child in (value.values() if isinstance(value, dict) else value)
+            if isinstance(child, dict | list)
+        ]
+        if not level:
+            return False
+    return True

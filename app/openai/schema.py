@@ -45,7 +45,7 @@ from typing import Any, Literal
 
 from bargein.engine.errors import GrammarError
 from bargein.engine.grammar import check_grammar
-from bargein.engine.grammar_spec import GrammarKind, GrammarSpec
+from bargein.engine.grammar_spec import MAX_SCHEMA_DEPTH, GrammarKind, GrammarSpec, nested_too_deep
 from bargein.engine.request import SamplingParams
 from bargein.session.conversation.config import SessionConfig
 from bargein.session.conversation.state import Message
@@ -64,8 +64,6 @@ MAX_STOP_STRINGS = 4  # as OpenAI, and as the WebSocket's response.create
 MAX_SEED = 2**63 - 1  # as the WebSocket: an int64 everywhere (torch, Redis, msgpack)
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 MAX_TOOLS = 128  # as OpenAI
-# OpenAI's strict mode allows 5 levels; deeper schemas only cost the grammar compiler (Rust) stack
-MAX_SCHEMA_DEPTH = 32
 _TOOL_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 OnDisconnect = Literal["continue", "cancel"]
 _ORIGIN_PREFIX = "openai-http:"
@@ -549,16 +547,8 @@ def _schema_spec(schema: dict[str, Any], param: str) -> GrammarSpec:
 
     Raises ApiError 400 ``invalid_schema`` for a deeper one.
     """
-    level: list[Any] = [schema]
-    for _ in range(MAX_SCHEMA_DEPTH):
-        level = [
-            child
-            for value in level
-            for child in (value.values() if isinstance(value, dict) else value)
-            if isinstance(child, dict | list)
-        ]
-        if not level:
-            return GrammarSpec.json_schema(schema)
+    if not nested_too_deep(schema):
+        return GrammarSpec.json_schema(schema)
     raise ApiError(
         f"the JSON schema is nested deeper than {MAX_SCHEMA_DEPTH} levels", param=param, code="invalid_schema"
     )

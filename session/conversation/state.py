@@ -59,7 +59,13 @@ from bargein.session.conversation.actions import (
 )
 from bargein.session.conversation.config import SessionConfig
 from bargein.session.conversation.tool_plan import ToolPlan, checked_tools, choice_problem, plan_tools
-from bargein.session.conversation.tools import Tool, ToolCallParser, calls_text, with_system_text
+from bargein.session.conversation.tools import (
+    Tool,
+    ToolCallParser,
+    calls_text,
+    settled_calls,
+    with_system_text,
+)
 from bargein.session.errors import SessionError
 
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
@@ -303,13 +309,14 @@ class Conversation:
         return []
 
     def messages(self, instructions: str | None = None) -> tuple[Message, ...]:
-        """The prompt's items: instructions (as a system turn) then the turns.
+        """The prompt's items: instructions (as a system turn) then the turns,
+        every call answered (:func:`~bargein.session.conversation.tools.settled_calls`).
 
         ``instructions``: a response's own, in place of the session's.
         """
         system = self.settings.instructions if instructions is None else instructions
         head = (Message(role="system", content=system),) if system else ()
-        return head + tuple(self.turns)
+        return head + settled_calls(self.turns)
 
     def conversation_bytes(self, instructions: str | None = None) -> int:
         """UTF-8 bytes of the conversation's text: its instructions (``instructions``
@@ -471,7 +478,7 @@ class Conversation:
         if self.state is State.SUBMITTING:
             raise IllegalTransition(self.state, "interrupt")
         heard = _clamp(heard_chars, len(active.delivered))
-        self._finish_active(_kept_answer(active.delivered[:heard], active.tool_mode, whole=False))
+        self._finish_active(_kept_answer(active.delivered, heard, active.tool_mode, whole=False))
         return [
             Abort(
                 stream_id=active.stream_id,
@@ -492,7 +499,7 @@ class Conversation:
             return
         text = self.turns[index].content
         heard = _clamp(heard_chars, min(len(text), len(response.delivered)))
-        kept = text if heard == len(text) else _kept_answer(text[:heard], response.tool_mode, whole=False)
+        kept = text if heard == len(text) else _kept_answer(text, heard, response.tool_mode, whole=False)
         self.turns[index] = replace(self.turns[index], content=kept)
 
     # ---- item events (OpenAI's conversation.item.*) --------------------------
@@ -675,7 +682,7 @@ class Conversation:
             self.state = State.IDLE
             return []
         whole = event.finish_reason is FinishReason.STOP
-        self._finish_active(_kept_answer(event.text, active.tool_mode, whole=whole))
+        self._finish_active(_kept_answer(event.text, len(event.text), active.tool_mode, whole=whole))
         return []
 
     def _on_disconnected(self, event: Disconnected, now: float) -> list[Action]:
@@ -715,19 +722,27 @@ def _input_message(item: pe.InputItem, item_id: str) -> Message:
     return Message(role=item.role, content=item.content, item_id=item_id, call_id=item.tool_call_id)
 
 
-def _kept_answer(text: str, tool_mode: pe.ToolMode | None, *, whole: bool) -> str:
-    """The assistant turn of an answer read for calls: a call cut before it
-    was whole (a barge-in, ``max_tokens``) is no call and no text, so the
-    turn keeps none of it: no call dangles without its result. An answer
-    that ended by itself (``whole``) is kept as it is, calls or text."""
-    if tool_mode is None or whole:
-        return text
+def _kept_answer(text: str, heard: int, tool_mode: pe.ToolMode | None, *, whole: bool) -> str:
+    """The assistant turn of an answer of which the user heard ``heard``
+    code points of ``text``. Read for calls (``tool_mode``), the answer is
+    kept whole when it is whole calls: they were made, and the client runs
+    them (a filler the user talked over cuts nothing of them); a call cut
+    before it was whole (a barge-in, ``max_tokens``) is no call and no
+    text, so the turn keeps none of it and no call dangles without its
+    result. Text is cut at ``heard``; an answer that ended by itself
+    (``whole``) is kept as it is."""
+    if tool_mode is None:
+        return text[:heard]
     parser = ToolCallParser("", tool_mode)
     parser.feed(text)
+    if parser.calls() is not None:
+        return text
+    if whole:
+        return text
     stripped = text.lstrip()
     if tool_mode == "forced" or (stripped and stripped[0] in "{["):
-        return text if parser.calls() is not None else ""
-    return text
+        return ""
+    return text[:heard]
 
 
 def _clamp(heard_chars: int | None, delivered: int) -> int:

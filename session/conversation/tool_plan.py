@@ -15,15 +15,13 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from bargein.engine.errors import GrammarError
 from bargein.engine.grammar import check_grammar
-from bargein.engine.grammar_spec import GrammarSpec
+from bargein.engine.grammar_spec import MAX_SCHEMA_DEPTH, GrammarSpec, nested_too_deep
 from bargein.protocol import events as pe
 from bargein.session.conversation.tools import Tool, tool_call_schema, tools_prompt
 
-MAX_SCHEMA_DEPTH = 32  # as the HTTP API: deeper schemas only cost the grammar compiler's (Rust) stack
 _NO_ARGUMENTS = '{"type":"object","properties":{}}'
 
 
@@ -44,7 +42,8 @@ def checked_tools(tools: Sequence[pe.FunctionTool], path: str) -> tuple[Tool, ..
     for i, tool in enumerate(tools):
         parameters = tool.parameters or _NO_ARGUMENTS
         where = f"{path}[{i}].parameters"
-        _check_depth(json.loads(parameters), where)
+        if nested_too_deep(json.loads(parameters)):
+            raise ValueError(f"'{where}': the JSON schema is nested deeper than {MAX_SCHEMA_DEPTH} levels")
         try:
             check_grammar(GrammarSpec.json_schema(parameters))
         except GrammarError as exc:
@@ -56,20 +55,6 @@ def checked_tools(tools: Sequence[pe.FunctionTool], path: str) -> tuple[Tool, ..
             raise ValueError(f"'{where}': the JSON schema cannot be enforced: {exc}") from exc
         out.append(Tool(name=tool.name, description=tool.description or "", parameters=parameters))
     return tuple(out)
-
-
-def _check_depth(schema: Any, where: str) -> None:
-    level: list[Any] = [schema]
-    for _ in range(MAX_SCHEMA_DEPTH):
-        level = [
-            child
-            for value in level
-            for child in (value.values() if isinstance(value, dict) else value)
-            if isinstance(child, dict | list)
-        ]
-        if not level:
-            return
-    raise ValueError(f"'{where}': the JSON schema is nested deeper than {MAX_SCHEMA_DEPTH} levels")
 
 
 def choice_problem(tools: Sequence[Tool], choice: pe.ToolChoice, path: str) -> str | None:

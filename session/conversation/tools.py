@@ -135,6 +135,42 @@ def calls_text(calls: Sequence[tuple[str, str]]) -> str:
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
 
 
+UNANSWERED_CALL = "cancelled: the conversation went on before this call's result came"
+
+
+def settled_calls(messages: Sequence[Message]) -> tuple[Message, ...]:
+    """``messages`` with every call answered: an assistant turn that made
+    calls is followed by one ``tool`` turn per call, in order; the calls the
+    client gave no result for before the conversation went on (the user
+    spoke while it ran the tool, a barge-in) get a ``tool`` turn saying so
+    (:data:`UNANSWERED_CALL`), so the prompt holds what happened and the
+    model never sees a call without its outcome. The conversation itself
+    is not changed: a late result still comes after, as the client sent it."""
+    missing: dict[int, int] = {}  # index of the turn the cancelled results follow -> how many
+    for i, message in enumerate(messages):
+        if message.role != "assistant" or not message.content.lstrip().startswith(("{", "[")):
+            continue
+        parser = ToolCallParser("", "forced")
+        parser.feed(message.content)
+        calls = parser.calls()
+        if calls is None:
+            continue
+        answered = 0
+        for later in messages[i + 1 :]:
+            if later.role != "tool":
+                break
+            answered += 1
+        if answered < len(calls) and i + answered + 1 < len(
+            messages
+        ):  # not the last turns: results may come yet
+            missing[i + answered] = len(calls) - answered
+    out: list[Message] = []
+    for i, message in enumerate(messages):
+        out.append(message)
+        out += [Message(role="tool", content=UNANSWERED_CALL)] * missing.get(i, 0)
+    return tuple(out)
+
+
 # ---- reading an answer ---------------------------------------------------------
 
 

@@ -50,6 +50,10 @@ class DeliverySubscriber(Protocol):
     def on_delta(self, text: str) -> None:
         """A ``response.delta`` carrying ``text`` was sent (``text`` may be empty)."""
 
+    def on_calls(self) -> None:
+        """The answer made function calls (a response read for calls): the
+        client is to run them. Called once, before :meth:`on_end`."""
+
     async def on_end(self) -> None:
         """The stream's text is all sent: called before its ``error`` (an end
         that carries one) and ``response.done``; returns once the subscriber's
@@ -301,6 +305,8 @@ class Delivery:
         if self._calls is not None:
             out, calls = self._calls.finish()
             await self._send_read_out(out)
+            for subscriber in self.subscribers if calls else ():
+                subscriber.on_calls()
         for subscriber in self.subscribers:
             await subscriber.on_end()
         if (end_error := self.finish.error) is not None:

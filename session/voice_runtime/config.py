@@ -49,6 +49,9 @@ class VoiceConfig:
             after each gap in the playback (a synthesis underrun, a pause),
             and it kept a user's backchannel over an answer without echo
             from the VAD (docs/perf/voice.md, "Live, over a socket").
+        tool_filler: what a spoken response that is function calls says
+            while the client runs them ("One moment."; ``""``: nothing, the
+            default, as OpenAI's Realtime API: a call has no audio).
     """
 
     mode: str = "auto"
@@ -61,6 +64,7 @@ class VoiceConfig:
     input_audio_burst_ms: int = 10_000
     text_turn: bool = True
     echo_cancellation: bool = False
+    tool_filler: str = ""
 
     def __post_init__(self) -> None:
         if self.mode not in ("auto", "on", "off"):
@@ -73,5 +77,9 @@ class VoiceConfig:
             raise ValueError(f"max_input_audio_speed={self.max_input_audio_speed} must be >= 0")
         if self.input_audio_burst_ms < 0:
             raise ValueError(f"input_audio_burst_ms={self.input_audio_burst_ms} must be >= 0")
+        if len(self.tool_filler) > 200:
+            raise ValueError(
+                f"tool_filler has {len(self.tool_filler)} characters: a filler is a few words (200 at most)"
+            )
         if self.max_turns < 1:
             raise ValueError(f"max_turns={self.max_turns} must be >= 1")

@@ -110,6 +110,9 @@ class Speaker:
             text goes on; ``response.audio.done`` says where the audio ended).
         playback: told each chunk sent, and the pauses, resumes and stop
             (the connection's echo canceller).
+        tool_filler: said when the answer is function calls, while the client
+            runs them (``""``: nothing); its audio's ``text_end`` stays where
+            the response's spoken text ended, as it is no part of that text.
     """
 
     def __init__(
@@ -128,6 +131,7 @@ class Speaker:
         on_first_audio: Callable[[], None] | None = None,
         budget: AudioBudget | None = None,
         playback: Playback | None = None,
+        tool_filler: str = "",
     ) -> None:
         self.response_id = response_id
         self.stream_id = stream_id
@@ -157,6 +161,7 @@ class Speaker:
         self._on_first_audio = on_first_audio
         self._budget = budget
         self._playback = playback
+        self._tool_filler = tool_filler
         self._segmenter = Segmenter()
         self._queue: asyncio.Queue[Segment | None] = asyncio.Queue()
         self._samples = 0  # output timeline length so far, in samples
@@ -267,6 +272,13 @@ class Speaker:
     def on_delta(self, text: str) -> None:
         """The delivery sent ``text``: speak it."""
         self.feed(text)
+
+    def on_calls(self) -> None:
+        """The answer is function calls: say the filler, if any, while the client runs them."""
+        if self.stopped or not self._tool_filler:
+            return
+        at = sum(len(t) for t in self._text)  # an answer of calls has no text to speak: 0
+        self._enqueue(Segment(start=at, end=at, text=self._tool_filler))
 
     async def on_end(self) -> None:
         """The response's text is all sent: speak the rest, then ``response.audio.done``."""
@@ -379,6 +391,7 @@ class Speaker:
                     min(base + w.sample_end * scale, base + length) * ms,
                 )
                 for i, w in enumerate(words)
+                if segment.end > segment.start  # a filler covers no text: its audio holds no word of it
             ],
         )
         self._samples += length

@@ -133,6 +133,7 @@ class SpokenResponses:
             on_first_audio=first_audio,
             budget=budget,
             playback=self._playback,
+            tool_filler=self._runtime.config.tool_filler,
         )
         return response.speaker
 

@@ -20,8 +20,12 @@ from bargein.session.conversation.actions import (
     Submitted,
 )
 from bargein.session.conversation.state import Conversation
+from bargein.session.conversation.tools import UNANSWERED_CALL, settled_calls
+from bargein.session.runtime.delivery import Delivery
 from bargein.session.runtime.saved import SavedSession, snapshot
 from bargein.session.runtime.tool_events import ToolCallEvents, spoken_text
+from bargein.session.streams.log import LogEntry, MemoryTokenLog, StreamWrite
+from tests.session.test_delivery import finish, new_stream
 from tests.session.test_session import make_session
 
 WEATHER = pe.FunctionTool(
@@ -95,6 +99,19 @@ def test_a_named_choice_forces_a_call_by_grammar_and_none_lists_nothing() -> Non
             {"tools": (pe.FunctionTool(name="f", parameters=pe.JsonText('{"type":"object","not":{}}')),)},
             "keyword 'not'",
         ),
+        (
+            {
+                "tools": (
+                    pe.FunctionTool(
+                        name="f",
+                        parameters=pe.JsonText(
+                            '{"type":"object","properties":{"a":' + "[" * 40 + "]" * 40 + "}}"
+                        ),
+                    ),
+                )
+            },
+            "nested deeper than 32 levels",
+        ),
         ({"tool_choice": pe.NamedToolChoice(name="nope")}, "not among the tools"),
         ({"tool_choice": "required"}, "no tools"),
     ],
@@ -123,13 +140,13 @@ def test_a_call_cut_before_it_is_whole_leaves_nothing(cut: str, kept: str) -> No
 
 def test_a_call_cut_by_max_tokens_leaves_nothing_but_text_stays() -> None:
     session = make_session()
-    for text, finish, kept in (
+    for text, reason, kept in (
         (CALL[:30], FinishReason.LENGTH, ""),
         ("It is cold in Oslo", FinishReason.LENGTH, "It is cold in Oslo"),
     ):
         submit = submit_of(create(session, tools=(WEATHER,)))
         session.handle(Submitted(response_id=submit.response_id, resume_token="t"), 0.0)
-        session.handle(GenerationFinished(stream_id=submit.stream_id, text=text, finish_reason=finish), 0.0)
+        session.handle(GenerationFinished(stream_id=submit.stream_id, text=text, finish_reason=reason), 0.0)
         assert session.turns[-1] == Message(role="assistant", content=kept)
 
 
@@ -173,3 +190,101 @@ def test_text_answers_are_spoken_and_calls_are_not() -> None:
     assert reader.feed("  ").text == ""  # blanks wait until the answer shows what it is
     assert reader.feed("Hi").text == "  Hi"
     assert reader.finish() == (reader.finish()[0], None)
+
+
+def test_a_call_left_without_its_result_is_settled_as_cancelled_in_the_next_prompt() -> None:
+    session = make_session()
+    two = f"[{CALL},{CALL.replace('Oslo', 'Rome')}]"
+    submit = submit_of(create(session, tools=(WEATHER,), tool_choice="required"))
+    session.handle(Submitted(response_id=submit.response_id, resume_token="t"), 0.0)
+    session.handle(
+        GenerationFinished(stream_id=submit.stream_id, text=two, finish_reason=FinishReason.STOP), 0.0
+    )
+    # the client answers the first call; the user speaks before the second's result came
+    follow = (
+        pe.InputItem(role="tool", content="-3 C", tool_call_id="c0"),
+        pe.InputItem(role="user", content="Actually, never mind."),
+    )
+    submit = submit_of(session.handle(pe.ResponseCreate(input=follow), 0.0))
+    assert [(m.role, m.content) for m in submit.messages[1:]] == [
+        ("assistant", two),
+        ("tool", "-3 C"),
+        ("tool", UNANSWERED_CALL),
+        ("user", "Actually, never mind."),
+    ]
+    assert [m.role for m in session.turns] == [
+        "user",
+        "assistant",
+        "tool",
+        "user",
+    ]  # the conversation as it came
+    # calls that are the last turns still wait for their results
+    assert settled_calls(session.turns[:2]) == tuple(session.turns[:2])
+
+
+class Recorder:
+    """A delivery subscriber that records what it is told."""
+
+    def __init__(self) -> None:
+        self.told: list[str] = []
+
+    def on_delta(self, text: str) -> None:
+        self.told.append(f"delta:{text}")
+
+    def on_calls(self) -> None:
+        self.told.append("calls")
+
+    async def on_end(self) -> None:
+        self.told.append("end")
+
+    async def on_failure(self) -> None:
+        self.told.append("failure")
+
+    async def on_close(self) -> None:
+        self.told.append("close")
+
+
+@pytest.mark.parametrize(
+    ("answer", "told"),
+    [
+        ([CALL[:20], CALL[20:]], ("", ["calls", "end", "close"])),
+        (["Hello", " there"], ("Hello there", ["end", "close"])),
+    ],
+)
+async def test_the_delivery_tells_its_subscribers_only_text_and_that_calls_were_made(
+    answer: list[str], told: tuple[str, list[str]]
+) -> None:
+    log = MemoryTokenLog()
+    await new_stream(log)
+    for i, text in enumerate(answer):
+        await log.write_step(
+            [
+                StreamWrite(
+                    stream_id="s1", entry=LogEntry(start=i, end=i + 1, text=text, token_ids=(i,)), finish=None
+                )
+            ]
+        )
+    await log.write_step(finish(len(answer)))
+    sent: list[object] = []
+
+    async def send(event: object) -> None:
+        sent.append(event)
+
+    recorder = Recorder()
+    delivery = Delivery(
+        log,
+        response_id="r1",
+        stream_id="s1",
+        from_offset=0,
+        send=send,
+        subscribers=(recorder,),
+        tool_mode="auto",
+    )
+    await delivery.run()
+    # batches of the log may join: the text told adds up, then the rest in order
+    text, rest = told
+    assert "".join(t[len("delta:") :] for t in recorder.told if t.startswith("delta:")) == text
+    assert [t for t in recorder.told if not t.startswith("delta:")] == rest
+    done = sent[-1]
+    assert isinstance(done, pe.ResponseDone)
+    assert (done.tool_calls is not None) == ("calls" in rest)

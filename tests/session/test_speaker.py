@@ -413,3 +413,36 @@ def test_the_playback_estimate_stalls_where_the_audio_ran_dry_and_holds_while_pa
     s.resume()
     assert s.played_ms(12.05) == 550
     assert s.played_ms(13.0) == 600  # never past what was sent
+
+
+async def test_a_call_answer_says_the_filler_without_moving_text_end() -> None:
+    wire = Wire()
+    synth = FakeSynth()
+    s = Speaker(
+        synth,
+        response_id="r1",
+        stream_id="s1",
+        sample_rate=RATE,
+        send=wire.send,
+        run_blocking=in_thread,
+        clock=time.monotonic,
+        tool_filler="One moment.",
+    )
+    s.on_delta("")  # a call's JSON is never fed: the delivery passes no text of it
+    s.on_calls()
+    await s.on_end()
+    audio = wire.audio()
+    assert audio and audio[-1].end_ms == len("One moment.") * MS_PER_CHAR
+    assert {a.text_end for a in audio} == {0}  # no part of the response text
+    (done,) = [e for e in wire.events if isinstance(e, pe.ResponseAudioDone)]
+    assert done.end_ms == audio[-1].end_ms
+    assert s.cut_chars(None) == 0
+
+
+async def test_without_a_filler_a_call_answer_has_no_audio() -> None:
+    wire = Wire()
+    s = speaker(wire, FakeSynth())
+    s.on_calls()
+    await s.on_end()
+    assert wire.audio() == []
+    assert [e.end_ms for e in wire.events if isinstance(e, pe.ResponseAudioDone)] == [0]
