@@ -626,3 +626,30 @@ def test_text_resumed_mid_answer_comes_at_its_end() -> None:
     assert (delta["delta"], delta["bargein"]) == (" is sunny.", {"start": 3, "end": 5})
     (item,) = events[-1]["response"]["output"]
     assert item["type"] == "message" and item["content"][0]["text"] == " is sunny."
+
+
+def test_a_spoken_call_has_no_audio_part() -> None:
+    """bargein speaks no call (its audio ends with no samples): an answer of
+    calls gets no ``output_audio.done`` of a message it does not have."""
+    translator = Translator(session=OpenAISession(audio_output=True), model="m", conversation=list)
+    created = pe.ResponseCreated(
+        response_id="resp_1",
+        stream_id=STREAM,
+        resume_token="t",
+        modalities=("text", "audio"),
+        tool_mode="forced",
+    )
+    events = translator.translate(created)
+    events += translator.translate(
+        pe.ResponseDelta(
+            response_id="resp_1", stream_id=STREAM, start=0, end=1, text='{"name":"f","arguments":{}}'
+        )
+    )
+    events += translator.translate(pe.ResponseAudioDone(response_id="resp_1", stream_id=STREAM, end_ms=0))
+    events += translator.translate(
+        pe.ResponseDone(response_id="resp_1", stream_id=STREAM, end=1, finish_reason="stop", usage=USAGE)
+    )
+    kinds = valid(events)
+    assert not [k for k in kinds if "audio" in k or k.startswith("response.content_part")]
+    (item,) = events[-1]["response"]["output"]
+    assert (item["type"], item["status"]) == ("function_call", "completed")
