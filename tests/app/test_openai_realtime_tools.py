@@ -260,3 +260,17 @@ async def test_a_call_resumed_after_a_drop_is_never_text(live_server: LiveServer
         assert not [e for e in seen if e.type.startswith("response.output_text")]
         (call,) = seen[-1].response.output
         assert (call.type, call.call_id) == ("function_call", delta.call_id)
+
+
+async def test_a_spoken_session_makes_its_call_silently(voice_server: LiveServer) -> None:
+    """Audio output on: an answer of calls is no speech (bargein reads no
+    call aloud), so its response has no audio and no transcript, only the call."""
+    async with realtime(voice_server.http_url) as conn:
+        session = {**forced(WEATHER), "output_modalities": ["audio"]}
+        await conn.session.update(session=session)
+        await next_of(conn, "session.updated")
+        seen = await ask(conn, "What's the weather in Paris?", {"max_output_tokens": 64})
+        assert not [e for e in seen if "audio" in e.type or e.type.startswith("response.content_part")]
+        (call,) = seen[-1].response.output
+        assert (call.type, call.status) == ("function_call", "completed")
+        jsonschema.validate(json.loads(call.arguments), WEATHER["parameters"])
