@@ -414,20 +414,21 @@ class Translator:
         self._done.append(event.response_id)
         del self._done[:-64]
         out: list[dict[str, Any]] = []
-        calls: Sequence[ToolCall | pe.FunctionCall] | None = None
+        whole_calls = False  # the answer is calls in the format, each whole
         if response.parser is not None:
             rest, calls = response.parser.finish()
+            whole_calls = calls is not None
             if event.finish_reason != "stop":
                 # what a cut answer held back may be a call's start: JSON is never sent as text
                 rest = [parsed for parsed in rest if not isinstance(parsed, ContentDelta)]
             out += self._parsed(response, rest, event.end)
         elif response.mid_answer:
-            calls = event.tool_calls
+            whole_calls = event.tool_calls is not None
             out += self._held_answer(response, event)
         status, details = self._status(response, event.finish_reason)
         items: list[tuple[int, dict[str, Any]]] = []
-        # a call is whole only if the answer ended by itself as calls
-        call_status = "completed" if status == "completed" and calls is not None else "incomplete"
+        # a call is complete only if the answer also ended by itself (not cut after its JSON closed)
+        call_status = "completed" if status == "completed" and whole_calls else "incomplete"
         for call in response.calls:
             item = _call_item(call, call_status)
             out += _call_done(response, call, item)
