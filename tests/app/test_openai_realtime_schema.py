@@ -629,8 +629,9 @@ def test_text_resumed_mid_answer_comes_at_its_end() -> None:
 
 
 def test_a_spoken_call_has_no_audio_part() -> None:
-    """bargein speaks no call (its audio ends with no samples): an answer of
-    calls gets no ``output_audio.done`` of a message it does not have."""
+    """bargein speaks no call: an answer of calls has no message, so no
+    audio part, not even the ``--voice-tool-filler`` phrase bargein may say
+    while the client runs the calls (OpenAI's audio is a message's)."""
     translator = Translator(session=OpenAISession(audio_output=True), model="m", conversation=list)
     created = pe.ResponseCreated(
         response_id="resp_1",
@@ -645,7 +646,11 @@ def test_a_spoken_call_has_no_audio_part() -> None:
             response_id="resp_1", stream_id=STREAM, start=0, end=1, text='{"name":"f","arguments":{}}'
         )
     )
-    events += translator.translate(pe.ResponseAudioDone(response_id="resp_1", stream_id=STREAM, end_ms=0))
+    filler = pe.ResponseAudioDelta(
+        response_id="resp_1", stream_id=STREAM, audio=b"\0\0" * 240, start_ms=0, end_ms=10, text_end=0
+    )
+    events += translator.translate(filler)
+    events += translator.translate(pe.ResponseAudioDone(response_id="resp_1", stream_id=STREAM, end_ms=10))
     events += translator.translate(
         pe.ResponseDone(response_id="resp_1", stream_id=STREAM, end=1, finish_reason="stop", usage=USAGE)
     )

@@ -388,18 +388,17 @@ class Translator:
 
     def _on_audio_delta(self, event: pe.ResponseAudioDelta) -> list[dict[str, Any]]:
         response = self._responses.get(event.response_id)
-        if response is None:
+        if response is None or response.message_index is None:
+            # OpenAI's audio is a message's: an answer of calls has none (bargein's
+            # --voice-tool-filler phrase is not sent), nor one held to its end
             return []
-        # the server speaks only text, never a call: audio of an answer not yet
-        # known as text (one resumed mid-answer, held to its end) is its message's
-        out = self._announce_message(response) if response.message_index is None else []
         audio = base64.b64encode(event.audio).decode("ascii")
-        return [*out, {"type": "response.output_audio.delta", **self._ids(response), "delta": audio}]
+        return [{"type": "response.output_audio.delta", **self._ids(response), "delta": audio}]
 
     def _on_audio_done(self, event: pe.ResponseAudioDone) -> list[dict[str, Any]]:
         response = self._responses.get(event.response_id)
         if response is None or response.message_index is None:
-            return []  # an answer of calls has no message, so no audio part
+            return []  # no message, no audio part (above)
         return [{"type": "response.output_audio.done", **self._ids(response)}]
 
     def _on_done(self, event: pe.ResponseDone) -> list[dict[str, Any]]:
@@ -461,8 +460,7 @@ class Translator:
         text = response.held
         if not text or (done.finish_reason != "stop" and text.lstrip()[:1] in ("{", "[")):
             return []
-        out = self._announce_message(response) if response.message_index is None else []
-        return [*out, self._text_delta(response, text, start, done.end)]
+        return [*self._announce_message(response), self._text_delta(response, text, start, done.end)]
 
     def _message_done(self, response: _Response, status: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """The message item, finished, and its done events."""
