@@ -536,6 +536,7 @@ class StreamResumed:
     response_id: str
     from_: int = field(metadata={"wire": "from"})
     status: StreamStatus
+    tool_mode: ToolMode | None = None  # a response read for function calls (docs/protocol.md section 12)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -207,6 +207,7 @@ class Submit:
     messages: tuple[Message, ...]
     params: SamplingParams
     prompt: str | None = None
+    tool_mode: pe.ToolMode | None = None  # kept with the stream: how its answer is read for calls
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

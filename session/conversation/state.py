@@ -231,12 +231,6 @@ class Conversation:
         """Whether ``stream_id`` is the active response's or a remembered one's."""
         return self._find(stream_id) is not None
 
-    def tool_mode_of(self, stream_id: str) -> pe.ToolMode | None:
-        """How the answer of this session's response on ``stream_id`` is read
-        for calls (None: no tools, or a stream this session does not know)."""
-        response = self._find(stream_id)
-        return None if response is None else response.tool_mode
-
     @property
     def active_response(self) -> tuple[str, str, str, int] | None:
         """``(response_id, stream_id, delivered text, number of input turns)`` of
@@ -405,7 +399,13 @@ class Conversation:
         if plan is not None:
             messages = with_system_text(messages, plan.prompt)
         return actions + [
-            Submit(response_id=response_id, stream_id=stream_id, messages=messages, params=params)
+            Submit(
+                response_id=response_id,
+                stream_id=stream_id,
+                messages=messages,
+                params=params,
+                tool_mode=None if plan is None else plan.mode,
+            )
         ]
 
     def _tool_plan(self, event: pe.ResponseCreate) -> tuple[str | None, ToolPlan | None]:

@@ -249,6 +249,14 @@ class Connection:
                 await self._send(_refused(text, event))
             else:
                 await self._apply(replace(event, item=replace(event.item, content=text), audio=None), now)
+        elif isinstance(event, DeleteItem) and (delivering := self._delivering(event.item_id)) is not None:
+            # a cancelled response's last deltas and closing events (OpenAI's
+            # output_item.done, response.done) are still to come from its
+            # delivery: they go first, so nothing of the item follows its deletion
+            await self._deliveries.drain(
+                "", earlier=lambda sid: sid == delivering, timeout_s=self.service.config.drain_timeout_s
+            )
+            await self._apply(event, now)
         elif (
             isinstance(event, TruncateItem)
             and (response_id := self._live.current.response_of_item(event.item_id)) is not None
@@ -257,6 +265,14 @@ class Connection:
             await self._apply(replace(event, heard_chars=heard), now)
         else:
             await self._apply(event, now)
+
+    def _delivering(self, item_id: str) -> str | None:
+        """The stream of the response whose assistant item is ``item_id``, while
+        this connection still delivers it; else None."""
+        response_id = self._live.current.response_of_item(item_id)
+        if response_id is None:
+            return None
+        return self._deliveries.stream_of(response_id, unless=lambda stream_id: False)
 
     async def _create(self, event: pe.ResponseCreate, now: float) -> None:
         await self._restorer.settle(self._live.current)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable
+from typing import cast
 
 from bargein.protocol import events as pe
 from bargein.session.conversation.state import Conversation, ResumedFrom, State
@@ -96,8 +97,10 @@ class StreamResumer:
             speaker = self._voice.subscriber(
                 info.response_id, event.stream_id, skip_before_ms=event.audio_from_ms, budget=budget
             )
-        held: str | None = None  # the stream's text before from, read once for both uses
-        if conversation.knows_stream(event.stream_id) or speaker is not None:
+        # the log's word on how the answer is read for calls: any session, any node
+        tool_mode = cast(pe.ToolMode | None, info.tool_mode)
+        held: str | None = None  # the stream's text before from, read once for all its uses
+        if conversation.knows_stream(event.stream_id) or speaker is not None or tool_mode is not None:
             try:
                 held = await text_before(service.log, event.stream_id, min(event.from_, info.end))
             except TokenLogError:
@@ -115,13 +118,16 @@ class StreamResumer:
                 conversation.handle(ResumedFrom(stream_id=event.stream_id, text=held), self._clock())
         await self._send(
             pe.StreamResumed(
-                stream_id=event.stream_id, response_id=info.response_id, from_=event.from_, status=info.status
+                stream_id=event.stream_id,
+                response_id=info.response_id,
+                from_=event.from_,
+                status=info.status,
+                tool_mode=tool_mode,
             )
         )
         service.observer.resumed(
             stream_id=event.stream_id, from_offset=event.from_, num_replayed=max(0, info.end - event.from_)
         )
-        tool_mode = conversation.tool_mode_of(event.stream_id)
         if speaker is not None and held is not None:
             # the audio is re-derived from the text: the speaker hears it all from 0
             speaker.on_delta(spoken_text(held, tool_mode))
@@ -131,7 +137,8 @@ class StreamResumer:
             event.from_,
             include_token_ids=conversation.settings.include_token_ids,
             subscriber=speaker,
-            tool_mode=tool_mode,
+            # unread text before from would misread the calls: then deltas only
+            tool_mode=tool_mode if held is not None else None,
             held_text=held or "",
         )
 

@@ -230,6 +230,7 @@ class Submitter:
                     status="live",
                     end=0,
                     finish=None,
+                    tool_mode=action.tool_mode,
                 )
             )
         except TokenLogUnavailable:  # nothing was generated: the client may retry

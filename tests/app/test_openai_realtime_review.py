@@ -257,12 +257,6 @@ async def test_openais_largest_max_output_tokens_is_accepted(live_server: LiveSe
         assert event["session"]["max_output_tokens"] == 64  # clamped to the server's --max-tokens
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a cancelled response's closing events (output_item.done, conversation.item.done, "
-    "response.done) come from its delivery after the log drains, so the answers to events sent "
-    "right after the cancel overtake them: an item the client deleted is 'done' after its deletion",
-)
 async def test_nothing_of_a_deleted_item_follows_its_deletion(live_server: LiveServer) -> None:
     async with realtime(live_server) as conn:
         await conn.send({"type": "session.update", "session": TEXT_ONLY})

@@ -559,11 +559,9 @@ def resumed(
     from_: int, answer: list[str], calls: tuple[pe.FunctionCall, ...] | None, mode: pe.ToolMode = "forced"
 ) -> list[dict[str, Any]]:
     """The OpenAI events of a tool-mode response resumed (``bargein.resume``) on a new connection."""
-    translator = Translator(
-        session=OpenAISession(audio_output=False), model="m", conversation=list, tool_mode_of=lambda _: mode
-    )
+    translator = Translator(session=OpenAISession(audio_output=False), model="m", conversation=list)
     events = translator.translate(
-        pe.StreamResumed(stream_id=STREAM, response_id="resp_1", from_=from_, status="live")
+        pe.StreamResumed(stream_id=STREAM, response_id="resp_1", from_=from_, status="live", tool_mode=mode)
     )
     for i, text in enumerate(answer):
         offset = from_ + i

@@ -237,11 +237,6 @@ async def test_a_call_replayed_from_its_middle_comes_whole_never_as_text(live_se
         assert len(live_server.recent_requests()) == requests  # nothing generated twice
 
 
-@pytest.mark.xfail(
-    reason="session.resume restores no response's tool_mode (Conversation.restore keeps neither the "
-    "finished responses nor the active one's tool_mode), so after a drop the resumed stream is read "
-    "as text: the call's JSON comes as output_text (docs/protocol.md 12, resume)",
-)
 async def test_a_call_resumed_after_a_drop_is_never_text(live_server: LiveServer) -> None:
     async with realtime(live_server.http_url, on_reconnecting=lambda _: None) as conn:
         ids = conn.created.session.bargein

@@ -225,6 +225,15 @@ async def test_create_then_info_is_live_at_zero(log: TokenLog) -> None:
         await log.create_stream(live_info("s1"))
 
 
+async def test_a_stream_keeps_how_its_answer_is_read_for_calls(log: TokenLog) -> None:
+    await log.create_stream(replace(live_info("s1"), tool_mode="forced"))
+    await log.create_stream(live_info("s2"))
+    await log.write_step([write("s1", f=finish(0, "stop"))])
+    first, second = await log.info("s1"), await log.info("s2")
+    assert first is not None and first.tool_mode == "forced" and first.status == "complete"
+    assert second is not None and second.tool_mode is None
+
+
 async def test_full_read_returns_entries_then_end(log: TokenLog) -> None:
     await write_stream(log, "s1", [0, 1, 4, 5], reason="length")
     assert await collect(log.read("s1", 0)) == [*chunks([0, 1, 4, 5]), finish(5, "length")]

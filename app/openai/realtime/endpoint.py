@@ -78,7 +78,6 @@ class OpenAIRealtime:
             model=model,
             conversation=self._turns,
             rate_limits=self._rate_limits,
-            tool_mode_of=self._tool_mode_of,
         )
         self.inbound = Inbound(
             self.settings,
@@ -141,9 +140,6 @@ class OpenAIRealtime:
 
     def _rate_limits(self) -> tuple[RateLimitLevel, ...]:
         return () if self._connection is None else self._connection.rate_limits()
-
-    def _tool_mode_of(self, stream_id: str) -> pe.ToolMode | None:
-        return None if self._connection is None else self._connection.conversation.tool_mode_of(stream_id)
 
     def _turns(self) -> Sequence[Message]:
         return () if self._connection is None else self._connection.turns

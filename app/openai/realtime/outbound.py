@@ -138,15 +138,12 @@ class Translator:
         conversation: the session's items now (for ``previous_item_id``).
         rate_limits: the client's rate limits now (sent after each
             ``response.created``, as OpenAI does; none configured: an empty list).
-        tool_mode_of: how the session reads a stream's answer for calls (a
-            resumed stream's; None: as text).
     """
 
     session: OpenAISession
     model: str
     conversation: Callable[[], Sequence[Message]]
     rate_limits: Callable[[], Sequence[RateLimitLevel]] = tuple
-    tool_mode_of: Callable[[str], pe.ToolMode | None] = lambda _: None
     _created: pe.SessionCreated | None = None
     _announced: bool = False
     _responses: dict[str, _Response] = field(default_factory=dict)
@@ -543,7 +540,7 @@ class Translator:
         out = [{**to_wire(event, bytes_as_base64=True), "type": "bargein.stream.resumed"}]
         if event.response_id not in self._responses:
             # a new connection knows nothing of it: announce it, so the deltas have their item
-            tool_mode = self.tool_mode_of(event.stream_id)
+            tool_mode = event.tool_mode  # the stream's own, kept in the log
             created = pe.ResponseCreated(
                 response_id=event.response_id, stream_id=event.stream_id, resume_token="", tool_mode=tool_mode
             )

@@ -121,6 +121,9 @@ class StreamInfo:
     status: Literal["live", "complete"]
     end: int
     finish: StreamEnd | None
+    # how its answer is read for function calls ("auto", "forced"; None: not),
+    # so a resume on any connection or node reads it as it was generated
+    tool_mode: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

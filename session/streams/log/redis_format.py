@@ -375,4 +375,5 @@ def info_from_meta(stream_id: str, meta: Mapping[bytes, bytes], newest: Sequence
         status="complete" if finish else "live",
         end=end,
         finish=finish,
+        tool_mode=text.get("tool_mode"),  # absent: no tools, or a node from before them
     )

@@ -303,6 +303,8 @@ class RedisTokenLog:
             "owner_node": info.owner_node,
             "status": "live",
         }
+        if info.tool_mode is not None:
+            meta["tool_mode"] = info.tool_mode
         args: list[Any] = [int(self._cfg.live_ttl_s * 1000)]
         for key, value in meta.items():
             args += [key, value]
