@@ -28,7 +28,6 @@ without spaces) and a model cannot loop on blanks to ``max_tokens``.
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 import time
@@ -255,22 +254,13 @@ class MaskFiller:
     model. Unconstrained rows are never touched.
     """
 
-    def __init__(self, *, inline: bool | None = None) -> None:
-        if inline is None:
-            inline = os.environ.get("BARGEIN_MASK_INLINE") == "1"
-        self._pool = (
-            None if inline else ThreadPoolExecutor(max_workers=1, thread_name_prefix="bargein-grammar")
-        )
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bargein-grammar")
 
     def start(self, matchers: Sequence[Any], num_words: int) -> Future[torch.Tensor]:
         """Start filling ``[len(matchers), num_words]`` (see :func:`fill_bitmask`)."""
-        if self._pool is None:
-            done: Future[torch.Tensor] = Future()
-            done.set_result(fill_bitmask(list(matchers), num_words))
-            return done
         return self._pool.submit(fill_bitmask, list(matchers), num_words)
 
     def close(self) -> None:
         """Stop the worker (waits for a fill in flight)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
+        self._pool.shutdown(wait=True)
