@@ -13,11 +13,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import replace
+from typing import cast
 
 from bargein.protocol import events as pe
 from bargein.session.cancel import cancel_and_wait
-from bargein.session.runtime.delivery import Delivery, DeliverySubscriber, SendEvent, done_event
+from bargein.session.runtime.delivery import Delivery, DeliverySubscriber, SendEvent, done_event, text_before
 from bargein.session.runtime.service import Service
+from bargein.session.runtime.tool_events import ToolCallEvents
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +114,12 @@ class Deliveries:
                 )
             )
             return
-        await self._send(done_event(response_id, stream_id, info.finish))
+        done = done_event(response_id, stream_id, info.finish)
+        if info.tool_mode is not None:  # its calls, as its delivery listed them
+            reader = ToolCallEvents(response_id, stream_id, cast(pe.ToolMode, info.tool_mode))
+            reader.feed(await text_before(self._service.log, stream_id, info.end))
+            done = replace(done, tool_calls=reader.finish()[1])
+        await self._send(done)
 
     async def drain(self, stream_id: str, *, earlier: Callable[[str], bool], timeout_s: float) -> None:
         """Wait until the deliveries of the streams that ``earlier(stream_id)``

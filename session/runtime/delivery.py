@@ -178,6 +178,23 @@ def truncated_message(exc: StreamTruncated) -> str:
     )
 
 
+async def text_before(log: TokenLog, stream_id: str, offset: int) -> str:
+    """The text of the stream's log entries that end at or before ``offset``:
+    what a client resuming from ``offset`` holds (a resume replays the entry
+    that holds ``offset`` whole). ``offset`` must be at most the logged end,
+    so the read never waits for generation. Raises TokenLogError."""
+    parts: list[str] = []
+    if offset > 0:
+        async with contextlib.aclosing(log.read(stream_id, 0)) as items:
+            async for item in items:
+                if isinstance(item, StreamEnd) or item.end > offset:
+                    break
+                parts.append(item.text)
+                if item.end == offset:
+                    break
+    return "".join(parts)
+
+
 def done_event(response_id: str, stream_id: str, end: StreamEnd) -> pe.ResponseDone:
     """The ``response.done`` of a stream that ended with ``end``."""
     return pe.ResponseDone(

@@ -11,7 +11,6 @@ to the caller's audio rate limit (docs/protocol.md 8.8).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable
 from typing import cast
@@ -20,13 +19,12 @@ from bargein.protocol import events as pe
 from bargein.session.conversation.state import Conversation, ResumedFrom, State
 from bargein.session.errors import TokenLogError
 from bargein.session.runtime.deliveries import Deliveries
-from bargein.session.runtime.delivery import SendEvent
+from bargein.session.runtime.delivery import SendEvent, text_before
 from bargein.session.runtime.error_events import error_for
 from bargein.session.runtime.service import Service
 from bargein.session.runtime.tokens import check_resume_token
 from bargein.session.runtime.tool_events import spoken_text
 from bargein.session.runtime.voice_port import VoicePort
-from bargein.session.streams.log import StreamEnd, TokenLog
 
 logger = logging.getLogger(__name__)
 
@@ -141,20 +139,3 @@ class StreamResumer:
             tool_mode=tool_mode if held is not None else None,
             held_text=held or "",
         )
-
-
-async def text_before(log: TokenLog, stream_id: str, offset: int) -> str:
-    """The text of the stream's log entries that end at or before ``offset``:
-    what a client resuming from ``offset`` holds (a resume replays the entry
-    that holds ``offset`` whole). ``offset`` must be at most the logged end,
-    so the read never waits for generation. Raises TokenLogError."""
-    parts: list[str] = []
-    if offset > 0:
-        async with contextlib.aclosing(log.read(stream_id, 0)) as items:
-            async for item in items:
-                if isinstance(item, StreamEnd) or item.end > offset:
-                    break
-                parts.append(item.text)
-                if item.end == offset:
-                    break
-    return "".join(parts)

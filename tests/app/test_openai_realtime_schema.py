@@ -503,10 +503,10 @@ def test_a_call_cut_while_its_arguments_stream_ends_incomplete() -> None:
     events = tool_response(['{"name":"get_weather",', '"arguments":{"city":"Pa'], finish="interrupted")
     valid(events)
     assert not [e for e in events if e["type"].startswith("response.output_text")]
-    done = next(e for e in events if e["type"] == "response.function_call_arguments.done")
-    assert done["arguments"] == '{"city":"Pa'
+    # a cut call is no call to run: no arguments done; its item says what it held
+    assert not [e for e in events if e["type"] == "response.function_call_arguments.done"]
     item = next(e for e in events if e["type"] == "response.output_item.done")["item"]
-    assert (item["type"], item["status"]) == ("function_call", "incomplete")
+    assert (item["type"], item["status"], item["arguments"]) == ("function_call", "incomplete", '{"city":"Pa')
     response = events[-1]["response"]
     assert (response["status"], response["output"]) == ("cancelled", [item])
 
@@ -656,3 +656,36 @@ def test_a_spoken_call_has_no_audio_part() -> None:
     assert not [k for k in kinds if "audio" in k or k.startswith("response.content_part")]
     (item,) = events[-1]["response"]["output"]
     assert (item["type"], item["status"]) == ("function_call", "completed")
+
+
+def test_a_forced_call_cut_and_resumed_mid_answer_is_never_text() -> None:
+    """A forced call cut by max_tokens, resumed from its middle on a new
+    connection: no message, no text, no arguments ``done`` (no call to run)."""
+    translator = Translator(session=OpenAISession(audio_output=False), model="m", conversation=list)
+    events = translator.translate(
+        pe.StreamResumed(stream_id=STREAM, response_id="resp_1", from_=4, status="live", tool_mode="forced")
+    )
+    events += translator.translate(
+        pe.ResponseDelta(response_id="resp_1", stream_id=STREAM, start=4, end=5, text=" note of the details")
+    )
+    events += translator.translate(
+        pe.ResponseDone(response_id="resp_1", stream_id=STREAM, end=5, finish_reason="length", usage=USAGE)
+    )
+    kinds = [e["type"] for e in events]
+    assert not [k for k in kinds if k.startswith("response.output_text") or k.endswith("arguments.done")]
+    assert events[-1]["response"]["output"] == []
+
+
+def test_text_only_output_on_a_server_without_voice_is_no_audio_setting() -> None:
+    """``output_modalities: ["text"]`` is all a server without voice does: the
+    update (tools with it) goes through with no audio settings to refuse."""
+    tool = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
+    _, (update,) = inbound(has_voice=False).translate(
+        {
+            "type": "session.update",
+            "session": {"type": "realtime", "output_modalities": ["text"], "tools": [tool]},
+        }
+    )
+    assert isinstance(update, pe.SessionUpdate)
+    assert update.session.audio is None
+    assert [t.name for t in update.session.tools or ()] == ["get_weather"]

@@ -142,8 +142,8 @@ async def test_a_call_cancelled_while_its_arguments_stream_is_incomplete(live_se
         assert (call.type, call.id, call.status) == ("function_call", delta.item_id, "incomplete")
         item_done = next(e for e in seen if e.type == "response.output_item.done").item
         assert item_done.status == "incomplete"
-        args_done = next(e for e in seen if e.type == "response.function_call_arguments.done")
-        assert args_done.arguments == call.arguments
+        # a cut call is no call to run: its arguments never come as done
+        assert not [e for e in seen if e.type == "response.function_call_arguments.done"]
         # no dangling call: the session kept the cut turn empty (no call awaits a result)...
         await conn.conversation.item.retrieve(item_id=call.id)
         held = (await next_of(conn, "conversation.item.retrieved")).item

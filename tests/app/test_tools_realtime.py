@@ -91,6 +91,11 @@ async def test_a_forced_call_streams_valid_arguments_and_its_result_answers(live
         assert "".join(d["delta"] for d in deltas) == call["arguments"] == done_args["arguments"]
         jsonschema.validate(json.loads(call["arguments"]), WEATHER)
         assert json.loads(text) == {"name": "get_weather", "arguments": json.loads(call["arguments"])}
+        # a late cancel of the finished call (the user spoke while the client ran it) keeps it,
+        # and its response.done again lists it
+        await client.send({"type": "response.cancel", "response_id": "call", "heard_chars": 3})
+        again = (await until_done(client, "call"))[-1]
+        assert again["tool_calls"] == done["tool_calls"]
 
         result = '{"temperature": 18, "sky": "clear"}'
         await client.send(

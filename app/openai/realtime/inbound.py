@@ -299,7 +299,7 @@ class Inbound:
                 out = pe.AudioOutputSettings(sample_rate=OPENAI_AUDIO_RATE, voice=voice)
         if audio_output is True and out is None:
             out = pe.AudioOutputSettings(sample_rate=OPENAI_AUDIO_RATE)
-        if audio_output is False:
+        if audio_output is False and self._has_voice:  # without voice, text only is all there is
             out = pe.AUDIO_OUTPUT_OFF
         if inp is None and out is None:
             return None

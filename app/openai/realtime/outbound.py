@@ -108,6 +108,8 @@ class _Response:
             text is held, and given at the end as bargein's
             ``response.done.tool_calls`` say (calls, or text).
         held: the text a ``mid_answer`` response holds.
+        forced: its answer is calls by grammar (``tool_mode`` ``forced``):
+            never text, even cut.
     """
 
     response_id: str
@@ -126,6 +128,7 @@ class _Response:
     held_from: int | None = None
     mid_answer: bool = False
     held: str = ""
+    forced: bool = False
 
 
 @dataclass(slots=True, kw_only=True)
@@ -455,8 +458,8 @@ class Translator:
                 out.append(self._arguments_delta(response, whole, start, done.end))
             return out
         text = response.held
-        if not text or (done.finish_reason != "stop" and text.lstrip()[:1] in ("{", "[")):
-            return []
+        if response.forced or not text or (done.finish_reason != "stop" and text.lstrip()[:1] in ("{", "[")):
+            return []  # a cut forced call (held from its middle) is no text either
         return [*self._announce_message(response), self._text_delta(response, text, start, done.end)]
 
     def _message_done(self, response: _Response, status: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -549,6 +552,7 @@ class Translator:
                 # the parser needs the answer from its start, which the other connection had
                 response = self._responses[event.response_id]
                 response.parser, response.mid_answer = None, True
+                response.forced = tool_mode == "forced"
         return out
 
     def _on_error(self, event: pe.ErrorEvent) -> list[dict[str, Any]]:
@@ -796,16 +800,18 @@ def _call_item(call: _Call, status: str) -> dict[str, Any]:
 
 
 def _call_done(response: _Response, call: _Call, item: dict[str, Any]) -> list[dict[str, Any]]:
-    """A call's last events: its whole arguments, then its item done."""
+    """A call's last events: its whole arguments (only for a whole call: a
+    cut one's are no call to run), then its item done."""
     ids = {"response_id": response.response_id, "item_id": call.item_id, "output_index": call.output_index}
+    arguments_done = {
+        "type": "response.function_call_arguments.done",
+        **ids,
+        "call_id": call.call_id,
+        "name": call.name,
+        "arguments": call.arguments,
+    }
     return [
-        {
-            "type": "response.function_call_arguments.done",
-            **ids,
-            "call_id": call.call_id,
-            "name": call.name,
-            "arguments": call.arguments,
-        },
+        *([arguments_done] if item["status"] == "completed" else []),
         {
             "type": "response.output_item.done",
             "response_id": response.response_id,
