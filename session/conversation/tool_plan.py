@@ -1,11 +1,11 @@
-"""Tools on bargein's own protocol: the session's functions, checked once,
-and what one response does with them.
+"""Tools on bargein's own protocol: the session's functions, and what one
+response does with them (pure).
 
 :func:`checked_tools` turns the wire's tools (``session.update``,
 ``response.create``) into :class:`~bargein.session.conversation.tools.Tool`
-values once the grammar library said it can enforce each parameters schema:
-a keyword it cannot is refused naming the keyword, never ignored (the HTTP
-API's rule, app/openai/schema.py). :func:`plan_tools` decides, for one
+values; whether the grammar library can enforce their schemas is checked
+before the conversation sees them (session/runtime/tool_check.py: this
+package loads no grammar library). :func:`plan_tools` decides, for one
 response, how its answer is read (``tool_mode``), the system text that lists
 the functions, and the grammar of a forced call.
 """
@@ -16,43 +16,34 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bargein.engine.errors import GrammarError
-from bargein.engine.grammar import check_grammar
 from bargein.engine.grammar_spec import MAX_SCHEMA_DEPTH, GrammarSpec, nested_too_deep
 from bargein.protocol import events as pe
 from bargein.session.conversation.tools import Tool, tool_call_schema, tools_prompt
 
-_NO_ARGUMENTS = '{"type":"object","properties":{}}'
+NO_ARGUMENTS = '{"type":"object","properties":{}}'
+
+
+def depth_problem(parameters: str, where: str) -> str | None:
+    """Why a parameters schema (JSON text) is refused before any compile: nested
+    deeper than :data:`MAX_SCHEMA_DEPTH`; None when it is not."""
+    if nested_too_deep(json.loads(parameters)):
+        return f"'{where}': the JSON schema is nested deeper than {MAX_SCHEMA_DEPTH} levels"
+    return None
 
 
 def checked_tools(tools: Sequence[pe.FunctionTool], path: str) -> tuple[Tool, ...]:
-    """The functions of ``tools``, each parameters schema checked by the grammar library.
-
-    Args:
-        tools: as decoded (names and object schemas already checked by the
-            protocol's rules).
-        path: where they sit in the event (``session.tools``), for the message.
+    """The functions of ``tools`` (names and object schemas already checked by
+    the protocol's rules; what the grammar library can enforce, by
+    session/runtime/tool_check.py before the conversation sees them).
 
     Raises:
-        ValueError: a schema nested deeper than :data:`MAX_SCHEMA_DEPTH`, or
-            one the grammar library cannot enforce (the message names the
-            keyword when that is why).
+        ValueError: a schema nested deeper than :data:`MAX_SCHEMA_DEPTH`.
     """
     out = []
     for i, tool in enumerate(tools):
-        parameters = tool.parameters or _NO_ARGUMENTS
-        where = f"{path}[{i}].parameters"
-        if nested_too_deep(json.loads(parameters)):
-            raise ValueError(f"'{where}': the JSON schema is nested deeper than {MAX_SCHEMA_DEPTH} levels")
-        try:
-            check_grammar(GrammarSpec.json_schema(parameters))
-        except GrammarError as exc:
-            if exc.keyword is not None:
-                raise ValueError(
-                    f"'{where}': the JSON schema keyword '{exc.keyword}' is not supported by bargein's "
-                    "grammar engine (llguidance); remove it or use another keyword"
-                ) from exc
-            raise ValueError(f"'{where}': the JSON schema cannot be enforced: {exc}") from exc
+        parameters = tool.parameters or NO_ARGUMENTS
+        if problem := depth_problem(parameters, f"{path}[{i}].parameters"):
+            raise ValueError(problem)
         out.append(Tool(name=tool.name, description=tool.description or "", parameters=parameters))
     return tuple(out)
 

@@ -50,6 +50,7 @@ from bargein.session.runtime.resume import StreamResumer
 from bargein.session.runtime.saved import SavedSession
 from bargein.session.runtime.service import Service
 from bargein.session.runtime.tokens import make_session_token
+from bargein.session.runtime.tool_check import tools_problem
 from bargein.session.runtime.turn_prefill import TurnPrefill
 from bargein.session.runtime.voice_port import (
     ApplyAudio,
@@ -227,7 +228,15 @@ class Connection:
 
     async def _dispatch(self, event: object, now: float) -> None:
         """:meth:`handle` itself. Raises TokenLogError from the log."""
-        if isinstance(event, _AUDIO_INPUT):
+        if (problem := tools_problem(event)) is not None:
+            # schemas the grammar library cannot enforce: refused before the (pure) conversation
+            if isinstance(event, pe.ResponseCreate):
+                self.service.observer.rejected(
+                    pe.ErrorCode.INVALID_PARAMETER.value, response_id=event.response_id
+                )
+            error = error_for(pe.ErrorCode.INVALID_PARAMETER, problem, event)
+            await self._send(replace(error, response_id=getattr(event, "response_id", None)))
+        elif isinstance(event, _AUDIO_INPUT):
             await self._voice.handle_input(event, now)
         elif isinstance(event, pe.StreamResume):
             await self._streams.resume(event, self._live.current)

@@ -93,6 +93,7 @@ CASES: dict[str, tuple[str, str, Any]] = {
     "--voice-prefill": ("voice.prefill", "false", False),
     "--voice-text-turn": ("voice.text_turn", "false", False),
     "--voice-echo-cancellation": ("voice.echo_cancellation", "false", False),
+    "--voice-tool-filler": ("voice.tool_filler", "One moment.", "One moment."),
     "--max-input-audio-speed": ("voice.max_input_audio_speed", "0", 0.0),
     "--input-audio-burst-ms": ("voice.input_audio_burst_ms", "0", 0),
 }

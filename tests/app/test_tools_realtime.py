@@ -199,3 +199,21 @@ async def test_a_resumed_call_replays_its_events_exactly(live_server: LiveServer
         e for e in events if e["type"] == "response.function_call_arguments.done"
     ]
     assert replay[-1]["tool_calls"] == events[-1]["tool_calls"]
+
+
+async def test_a_schema_keyword_the_grammar_cannot_enforce_is_refused_and_the_connection_goes_on(
+    live_server: LiveServer,
+) -> None:
+    bad = {"type": "function", "name": "f", "parameters": {"type": "object", "uniqueItems": True}}
+    async with RealtimeClient(live_server.ws_url) as client:
+        for event in (
+            {"type": "session.update", "session": {"tools": [bad]}},
+            {"type": "response.create", "response_id": "r", "input": ASK, "tools": [bad]},
+        ):
+            await client.send(event)
+            error = await client._recv()
+            assert (error["type"], error["code"]) == ("error", "invalid_parameter")
+            assert "keyword 'uniqueItems'" in error["message"] and ".parameters'" in error["message"]
+        assert error["response_id"] == "r"
+        await client.send({"type": "ping"})
+        assert (await client._recv())["type"] == "pong"

@@ -23,6 +23,7 @@ from bargein.session.conversation.state import Conversation
 from bargein.session.conversation.tools import UNANSWERED_CALL, settled_calls
 from bargein.session.runtime.delivery import Delivery
 from bargein.session.runtime.saved import SavedSession, snapshot
+from bargein.session.runtime.tool_check import tools_problem
 from bargein.session.runtime.tool_events import ToolCallEvents, spoken_text
 from bargein.session.streams.log import LogEntry, MemoryTokenLog, StreamWrite
 from tests.session.test_delivery import finish, new_stream
@@ -96,10 +97,6 @@ def test_a_named_choice_forces_a_call_by_grammar_and_none_lists_nothing() -> Non
     ("fields", "message"),
     [
         (
-            {"tools": (pe.FunctionTool(name="f", parameters=pe.JsonText('{"type":"object","not":{}}')),)},
-            "keyword 'not'",
-        ),
-        (
             {
                 "tools": (
                     pe.FunctionTool(
@@ -123,6 +120,14 @@ def test_tools_that_cannot_be_enforced_are_refused_naming_why(fields: dict, mess
     assert message in event.message
     (error,) = create(session, **fields)
     assert isinstance(error, Send) and message in error.event.message
+
+
+def test_a_schema_the_grammar_library_cannot_enforce_is_refused_naming_the_keyword() -> None:
+    bad = pe.FunctionTool(name="f", parameters=pe.JsonText('{"type":"object","not":{}}'))
+    problem = tools_problem(pe.SessionUpdate(session=pe.SessionSettings(tools=(WEATHER, bad))))
+    assert problem is not None and "'session.tools[1].parameters'" in problem and "keyword 'not'" in problem
+    assert tools_problem(pe.ResponseCreate(tools=(bad,))) is not None
+    assert tools_problem(pe.ResponseCreate(tools=(WEATHER, TIME))) is None
 
 
 @pytest.mark.parametrize(
