@@ -638,7 +638,7 @@ class VoiceChannel:
     async def _barge_in(self, now: float) -> None:
         """Speech started over the assistant: stop its audio, cancel its
         response (a response whose generation ended may still be speaking)."""
-        interrupted = self._spoken.stop_all(now)
+        interrupted = self._spoken.stop_all()
         if await self._hooks.on_barge_in(now):
             interrupted = True  # the owner cancelled the active response, cut at its audio
         if interrupted:
@@ -648,7 +648,7 @@ class VoiceChannel:
     async def _cut_confirmed(self, response_ids: Sequence[str], now: float) -> None:
         """Speech that paused the answer is a real interruption: cut it as a
         barge-in does (interruptions.py)."""
-        self._spoken.stop_all(now)
+        self._spoken.stop_all()
         await self._hooks.on_interruption_confirmed(response_ids, now)
         self._barged = True
 

@@ -140,7 +140,6 @@ class Speaker:
         self.sent_end_ms = 0  # end of the last chunk sent (output timeline)
         self.sent_text_end = 0
         self.stopped = False
-        self._playback_ended = False  # the playback was told no more audio comes
         self.done = False  # response.audio.done was sent
         self._playing = asyncio.Event()  # cleared while paused
         self._playing.set()
@@ -177,19 +176,12 @@ class Speaker:
             self._enqueue(segment)
 
     def stop(self) -> None:
-        """Barge-in: send no more audio (synthesis in flight is dropped); an
-        answer whose audio was all sent stops playing (it is no longer
-        :meth:`audible`, and a pause of it is never resumed)."""
-        self._end_playback()
+        """Barge-in: send no more audio (synthesis in flight is dropped)."""
+        if not self.stopped and self._playback is not None and self.sent_end_ms:
+            self._playback.ended(self._clock())
         self.stopped = True
         if self._worker is not None:
             self._worker.cancel()
-
-    def _end_playback(self) -> None:
-        """Tell the playback (the echo canceller) once that no more audio comes."""
-        if not self._playback_ended and self._playback is not None and self.sent_end_ms:
-            self._playback.ended(self._clock())
-        self._playback_ended = True
 
     @property
     def paused(self) -> bool:
@@ -299,14 +291,8 @@ class Speaker:
             await self.finish()
 
     async def on_close(self) -> None:
-        """The delivery is over (a cancelled one too): no synthesis is left
-        behind. An answer whose audio was all sent is not stopped: the
-        client plays on, so speech over it still pauses it, and a pause is
-        still resumed (a barge-in or a cut stops it)."""
-        if self.done:
-            self._end_playback()
-        else:
-            self.stop()
+        """The delivery is over (a cancelled one too): no synthesis is left behind."""
+        self.stop()
         if self._worker is not None:
             await cancel_and_wait([self._worker])
 

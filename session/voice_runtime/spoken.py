@@ -164,12 +164,12 @@ class SpokenResponses:
             r.speaker for r in self._responses.values() if r.speaker is not None and r.speaker.audible(now)
         ]
 
-    def stop_all(self, now: float) -> bool:
-        """A barge-in at ``now``: every speaker the client may still be
-        playing stops (a response whose generation ended, or whose audio was
-        all sent, may still be playing). Returns whether one was."""
+    def stop_all(self) -> bool:
+        """A barge-in: every speaker still speaking stops (a response whose
+        generation ended may still be speaking). Returns whether one was."""
         stopped = False
-        for speaker in self.audible(now):
-            speaker.stop()
-            stopped = True
+        for response in self._responses.values():
+            if response.speaker is not None and not response.speaker.stopped:
+                response.speaker.stop()
+                stopped = True
         return stopped

@@ -446,19 +446,3 @@ async def test_without_a_filler_a_call_answer_has_no_audio() -> None:
     await s.on_end()
     assert wire.audio() == []
     assert [e.end_ms for e in wire.events if isinstance(e, pe.ResponseAudioDone)] == [0]
-
-
-async def test_an_answer_all_sent_stays_audible_while_the_client_plays_it_and_a_cut_stops_it() -> None:
-    wire = Wire()
-    s = speaker(wire, FakeSynth())
-    s.on_delta("Paris is big.")
-    await s.on_end()
-    await s.on_close()  # the delivery is over: every chunk was sent
-    now = time.monotonic()
-    assert not s.stopped
-    assert s.audible(now)  # 260 ms of audio sent just now: the client is still playing it
-    s.pause()  # speech over it pauses it ...
-    s.resume()  # ... and a false interruption resumes it
-    assert s.audible(time.monotonic())
-    s.stop()  # a barge-in
-    assert not s.audible(time.monotonic())
