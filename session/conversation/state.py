@@ -59,13 +59,7 @@ from bargein.session.conversation.actions import (
 )
 from bargein.session.conversation.config import SessionConfig
 from bargein.session.conversation.tool_plan import ToolPlan, checked_tools, choice_problem, plan_tools
-from bargein.session.conversation.tools import (
-    Tool,
-    ToolCallParser,
-    calls_text,
-    settled_calls,
-    with_system_text,
-)
+from bargein.session.conversation.tools import Tool, calls_of, calls_text, settled_calls, with_system_text
 from bargein.session.errors import SessionError
 
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
@@ -383,6 +377,7 @@ class Conversation:
             return actions + [_error(pe.ErrorCode.INVALID_PARAMETER, problem, event, event.response_id)]
         if plan is not None and plan.grammar is not None:
             params = replace(params, grammar=plan.grammar)
+        tool_mode = None if plan is None else plan.mode
         stream_id = self._new_id()
         response_id = event.response_id or f"resp_{stream_id}"
         self.turns += items
@@ -392,7 +387,7 @@ class Conversation:
             event_id=event.event_id,
             num_input_turns=len(items),
             instructions=event.instructions,
-            tool_mode=None if plan is None else plan.mode,
+            tool_mode=tool_mode,
         )
         self.state = State.SUBMITTING
         messages = self.messages(event.instructions)
@@ -404,7 +399,7 @@ class Conversation:
                 stream_id=stream_id,
                 messages=messages,
                 params=params,
-                tool_mode=None if plan is None else plan.mode,
+                tool_mode=tool_mode,
             )
         ]
 
@@ -733,11 +728,7 @@ def _kept_answer(text: str, heard: int, tool_mode: pe.ToolMode | None, *, whole:
     (``whole``) is kept as it is."""
     if tool_mode is None:
         return text[:heard]
-    parser = ToolCallParser("", tool_mode)
-    parser.feed(text)
-    if parser.calls() is not None:
-        return text
-    if whole:
+    if whole or calls_of(text) is not None:
         return text
     stripped = text.lstrip()
     if tool_mode == "forced" or (stripped and stripped[0] in "{["):

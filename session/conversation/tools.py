@@ -135,6 +135,16 @@ def calls_text(calls: Sequence[tuple[str, str]]) -> str:
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
 
 
+def calls_of(text: str, stream_id: str = "") -> list[ToolCall] | None:
+    """The calls of a whole answer in the generic format (ids made from
+    ``stream_id``), or None when it is not calls (text, or calls cut short)."""
+    if not text.lstrip().startswith(("{", "[")):
+        return None  # no JSON at all: not worth a parse
+    parser = ToolCallParser(stream_id, "forced")
+    parser.feed(text)
+    return parser.calls()
+
+
 UNANSWERED_CALL = "cancelled: the conversation went on before this call's result came"
 
 
@@ -148,11 +158,7 @@ def settled_calls(messages: Sequence[Message]) -> tuple[Message, ...]:
     is not changed: a late result still comes after, as the client sent it."""
     missing: dict[int, int] = {}  # index of the turn the cancelled results follow -> how many
     for i, message in enumerate(messages):
-        if message.role != "assistant" or not message.content.lstrip().startswith(("{", "[")):
-            continue
-        parser = ToolCallParser("", "forced")
-        parser.feed(message.content)
-        calls = parser.calls()
+        calls = calls_of(message.content) if message.role == "assistant" else None
         if calls is None:
             continue
         answered = 0
@@ -160,9 +166,8 @@ def settled_calls(messages: Sequence[Message]) -> tuple[Message, ...]:
             if later.role != "tool":
                 break
             answered += 1
-        if answered < len(calls) and i + answered + 1 < len(
-            messages
-        ):  # not the last turns: results may come yet
+        # calls that are the last turns (with their results so far) may get the rest yet
+        if answered < len(calls) and i + answered + 1 < len(messages):
             missing[i + answered] = len(calls) - answered
     out: list[Message] = []
     for i, message in enumerate(messages):

@@ -65,6 +65,7 @@ from bargein.session.conversation.tools import (
     ParserEvent,
     ToolCall,
     ToolCallParser,
+    calls_of,
 )
 from bargein.session.runtime.admission import RateLimitLevel
 
@@ -777,12 +778,7 @@ def _first_call(message: Message) -> ToolCall | None:
     """The first call an assistant turn made, if its text is calls in the
     generic format; its id is the one bargein gave it (made from the
     stream, which the item's id names)."""
-    if not message.content.lstrip().startswith(("{", "[")):
-        return None
-    stream_id = (message.item_id or "").removeprefix("item_")
-    parser = ToolCallParser(stream_id, "forced")
-    parser.feed(message.content)
-    calls = parser.calls()
+    calls = calls_of(message.content, (message.item_id or "").removeprefix("item_"))
     return calls[0] if calls else None
 
 
