@@ -325,7 +325,8 @@ static inline __attribute__((always_inline)) void channel(
     default: KERNEL(8, __VA_ARGS__); break;         \
     }
 
-#define GEMM(NAME, BLOCK, CHANNEL)                                                                 \
+/* ROW_BYTES: a channel's bytes, an expression of nb = K / 32 */
+#define GEMM(NAME, ROW_BYTES, CHANNEL)                                                                 \
     int NAME(const uint8_t *w, const float *x, const float *bias, float *y, int64_t R, int64_t N, \
              int64_t K, int nthreads) {                                                            \
         const int64_t nb = K / QK, nl = SB * group_count(nb);                                      \
@@ -346,7 +347,7 @@ static inline __attribute__((always_inline)) void channel(
             for (int64_t r0 = 0; r0 < R; r0 += ROWS_PER_PASS) {                                    \
                 const int64_t rows = R - r0 < ROWS_PER_PASS ? R - r0 : ROWS_PER_PASS;              \
                 for (int64_t n = n0; n < n1; n++)                                                  \
-                    BY_ROWS(CHANNEL, rows, w + n * nb * sizeof(BLOCK), nb, qx + r0 * K,            \
+                    BY_ROWS(CHANNEL, rows, w + n * (ROW_BYTES), nb, qx + r0 * K,                  \
                             dx + r0 * nl, sx + r0 * nl, K, y + r0 * N + n, N)                      \
             }                                                                                      \
             if (bias)                                                                              \
@@ -357,8 +358,149 @@ static inline __attribute__((always_inline)) void channel(
         return 0;                                                                                  \
     }
 
-GEMM(q4_1_gemm, block_q4_1, q4_1_channel)
-GEMM(q8_0_gemm, block_q8_0, q8_0_channel)
+GEMM(q4_1_gemm, nb * sizeof(block_q4_1), q4_1_channel)
+GEMM(q8_0_gemm, nb * sizeof(block_q8_0), q8_0_channel)
+
+/* K-quants (GGUF's Q4_K, Q5_K, Q6_K: super-blocks of 256 weights along the
+ * input, K a multiple of 256) in the kernels' own layouts, rebuilt from the
+ * file's blocks at load (cpu_qblock.py: kq4_layout, kq5_layout, kq6_layout).
+ * A super-block is one group of 8 blocks of 32, vector v holding elements
+ * 4v..4v+3 of each block (lane j: block j), as the Q4_1 super-blocks above,
+ * so the activations are quantized and reordered by the same quantize_row:
+ *
+ *   Q4_K: d, dmin (fp16), sc[8], m[8] (u8), codes[128]:        148 bytes (file: 144)
+ *         block j: w = d sc_j q - dmin m_j, q in 0..15
+ *   Q5_K: as Q4_K, then hb[32]: bit v of byte i is the fifth bit of
+ *         vector v's code at byte i:                             180 bytes (file: 176)
+ *   Q6_K: d (fp16), sc_lo[8], sc_hi[8] (s8), codes[128], hb[64]: bits
+ *         2v..2v+1 of byte i of hb[0..31] are the high bits of vector v's
+ *         code (v < 4), of hb[32..63] vector v + 4's:              210 bytes (file: 210)
+ *         block j: w = d sc_lo_j (u - 32) for its first 16 (vectors 0..3),
+ *         d sc_hi_j (u - 32) for the rest, u in 0..63
+ *
+ * codes[128] pairs vectors 2p and 2p + 1 in 32 bytes (low and high nibbles),
+ * as Q4_1's groups. The dot products are llama.cpp's K-quant ones on int8
+ * activations, blocks of 32 for the activations here where llama.cpp's
+ * Q8_K takes 256: sum_j w_j x_j per block of 32 is
+ *
+ *   Q4_K, Q5_K: d sc dx sum_j q_j qx_j - dmin m dx sum_j qx_j
+ *   Q6_K:       d dx (sc_lo sum_{j<16} (u_j - 32) qx_j + sc_hi sum_{j>=16} (u_j - 32) qx_j)
+ *
+ * Int16 bounds: Q4_K's 8 vectors sum to at most 8 * 2 * 15 * 127 = 30480;
+ * Q5_K's codes reach 31, so its vectors are summed 4 at a time (31496);
+ * Q6_K's |u - 32| <= 32 times the sign-moved activations, 4 at a time
+ * (32512). */
+#define QK_K 256
+#define KQ4_BYTES 148
+#define KQ5_BYTES 180
+#define KQ6_BYTES 210
+
+static inline __m256 fp16_splat(const uint8_t *h) {
+    uint16_t one;
+    memcpy(&one, h, 2);
+    return _mm256_set1_ps(_cvtsh_ss(one));
+}
+
+/* 8 bytes at p as 8 float lanes, unsigned (SIGNED 0) or signed */
+static inline __m256 byte_lanes(const uint8_t *p, const int SIGNED) {
+    const __m128i b = _mm_loadl_epi64((const __m128i *)p);
+    return _mm256_cvtepi32_ps(SIGNED ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b));
+}
+
+/* Vector v (0..7) of a super-block's low 4 bits: pairs share 32 bytes. */
+static inline __m256i low_codes(const uint8_t *codes, const int v) {
+    const __m256i pair = _mm256_loadu_si256((const __m256i *)(codes + v / 2 * QK));
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    return v % 2 == 0 ? _mm256_and_si256(pair, low) : _mm256_and_si256(_mm256_srli_epi16(pair, 4), low);
+}
+
+/* acc[r] += scale * dx[r] * (the int16 pair sums isum[r] summed to int32), for R rows */
+static inline __attribute__((always_inline)) void flush(
+    const int R, __m256i *isum, const __m256 scale, const float *dx, int64_t nl, __m256 *acc) {
+    const __m256i ones = _mm256_set1_epi16(1);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(scale, _mm256_loadu_ps(dx + r * nl)),
+                                 _mm256_cvtepi32_ps(_mm256_madd_epi16(isum[r], ones)), acc[r]);
+        isum[r] = _mm256_setzero_si256();
+    }
+}
+
+/* One super-block of KIND (4, 5 or 6; a constant after inlining) for R rows. */
+static inline __attribute__((always_inline)) void ksuper(
+    const int KIND, const int R, const uint8_t *w, const int8_t *qx, const float *dx, const float *sx,
+    int64_t K, int64_t nl, __m256 *acc) {
+    __m256i isum[ROWS_PER_PASS];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
+    if (KIND == 6) {
+        const __m256 d = fp16_splat(w);
+        const uint8_t *codes = w + 18, *hb = w + 18 + 128;
+        const __m256i three = _mm256_set1_epi8(3), offset = _mm256_set1_epi8(32);
+#pragma GCC unroll 8
+        for (int v = 0; v < SB; v++) {
+            const __m256i high = _mm256_loadu_si256((const __m256i *)(hb + v / 4 * QK));
+            const __m256i top = _mm256_and_si256(_mm256_srli_epi16(high, 2 * (v % 4)), three);
+            const __m256i q = _mm256_sub_epi8(_mm256_or_si256(low_codes(codes, v), _mm256_slli_epi16(top, 4)), offset);
+            const __m256i u = _mm256_sign_epi8(q, q);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) {
+                const __m256i xv = _mm256_loadu_si256((const __m256i *)(qx + r * K + v * QK));
+                isum[r] = _mm256_add_epi16(isum[r], _mm256_maddubs_epi16(u, _mm256_sign_epi8(xv, q)));
+                __asm__("" : "+x"(isum[r]));
+            }
+            if (v == 3) flush(R, isum, _mm256_mul_ps(d, byte_lanes(w + 2, 1)), dx, nl, acc);
+        }
+        flush(R, isum, _mm256_mul_ps(d, byte_lanes(w + 10, 1)), dx, nl, acc);
+        return;
+    }
+    const __m256 scale = _mm256_mul_ps(fp16_splat(w), byte_lanes(w + 4, 0));
+    const __m256 minimum = _mm256_mul_ps(fp16_splat(w + 2), byte_lanes(w + 12, 0));
+    const uint8_t *codes = w + 20, *hb = w + 20 + 128;
+    __m256i fifth = _mm256_setzero_si256();
+    if (KIND == 5) fifth = _mm256_loadu_si256((const __m256i *)hb);
+#pragma GCC unroll 8
+    for (int v = 0; v < SB; v++) {
+        __m256i q = low_codes(codes, v);
+        if (KIND == 5) {
+            const __m256i bit = _mm256_and_si256(_mm256_srli_epi16(fifth, v), _mm256_set1_epi8(1));
+            q = _mm256_or_si256(q, _mm256_slli_epi16(bit, 4));
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(qx + r * K + v * QK));
+            isum[r] = _mm256_add_epi16(isum[r], _mm256_maddubs_epi16(q, xv));
+            __asm__("" : "+x"(isum[r]));
+        }
+        if (KIND == 5 && v == 3) flush(R, isum, scale, dx, nl, acc);
+    }
+    flush(R, isum, scale, dx, nl, acc);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) acc[r] = _mm256_fnmadd_ps(minimum, _mm256_loadu_ps(sx + r * nl), acc[r]);
+}
+
+/* One output channel of KIND for R rows: out[r * N]. */
+static inline __attribute__((always_inline)) void kchannel(
+    const int KIND, const int R, const uint8_t *row, int64_t nb, const int8_t *qx, const float *dx,
+    const float *sx, int64_t K, float *out, int64_t N) {
+    const int64_t nsb = nb / SB, nl = SB * nsb;
+    const size_t bytes = KIND == 4 ? KQ4_BYTES : KIND == 5 ? KQ5_BYTES : KQ6_BYTES;
+    __m256 acc[ROWS_PER_PASS];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t s = 0; s < nsb; s++)
+        ksuper(KIND, R, row + s * bytes, qx + s * QK_K, dx + s * SB, sx + s * SB, K, nl, acc);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) out[r * N] = hsum(acc[r]);
+}
+#define q4_k_channel(R, ...) kchannel(4, R, __VA_ARGS__)
+#define q5_k_channel(R, ...) kchannel(5, R, __VA_ARGS__)
+#define q6_k_channel(R, ...) kchannel(6, R, __VA_ARGS__)
+
+GEMM(q4_k_gemm, nb / SB * KQ4_BYTES, q4_k_channel)
+GEMM(q5_k_gemm, nb / SB * KQ5_BYTES, q5_k_channel)
+GEMM(q6_k_gemm, nb / SB * KQ6_BYTES, q6_k_channel)
+
 
 /* exp(x), 8 lanes: 2^n e^r with n = round(x / ln 2), r = x - n ln 2 (ln 2 in two
  * parts, Cody and Waite), e^r by Cephes' expf polynomial (Moshier; degree 5 on
@@ -385,21 +527,29 @@ static inline __m256 exp256(__m256 x) {
  * fused gate and up projections' output: the SiLU-mul done here, in
  * vectors, saves the step a torch op per layer (silu(g) = g / (1 + exp(-g))).
  * Returns 0, or -1 when out of memory. */
-int q4_1_gemm_silu(const uint8_t *w, const float *gate_up, const float *bias, float *y, int64_t R, int64_t N,
-                   int64_t K, int nthreads) {
-    float *a = malloc(sizeof(float) * (size_t)(R * K));
-    if (!a) return -1;
-    const __m256 one = _mm256_set1_ps(1.f), sign = _mm256_set1_ps(-0.f);
-    for (int64_t r = 0; r < R; r++)
-        for (int64_t i = 0; i < K; i += 8) {
-            const __m256 g = _mm256_loadu_ps(gate_up + r * 2 * K + i), u = _mm256_loadu_ps(gate_up + r * 2 * K + K + i);
-            const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(one, exp256(_mm256_xor_ps(g, sign))));
-            _mm256_storeu_ps(a + r * K + i, _mm256_mul_ps(silu, u));
-        }
-    const int status = q4_1_gemm(w, a, bias, y, R, N, K, nthreads);
-    free(a);
-    return status;
-}
+#define GEMM_SILU(NAME, GEMM_NAME)                                                                       \
+    int NAME(const uint8_t *w, const float *gate_up, const float *bias, float *y, int64_t R, int64_t N, \
+             int64_t K, int nthreads) {                                                                 \
+        float *a = malloc(sizeof(float) * (size_t)(R * K));                                             \
+        if (!a) return -1;                                                                              \
+        const __m256 one = _mm256_set1_ps(1.f), sign = _mm256_set1_ps(-0.f);                           \
+        for (int64_t r = 0; r < R; r++)                                                                 \
+            for (int64_t i = 0; i < K; i += 8) {                                                        \
+                const __m256 g = _mm256_loadu_ps(gate_up + r * 2 * K + i);                              \
+                const __m256 u = _mm256_loadu_ps(gate_up + r * 2 * K + K + i);                          \
+                const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(one, exp256(_mm256_xor_ps(g, sign)))); \
+                _mm256_storeu_ps(a + r * K + i, _mm256_mul_ps(silu, u));                                \
+            }                                                                                           \
+        const int status = GEMM_NAME(w, a, bias, y, R, N, K, nthreads);                                 \
+        free(a);                                                                                        \
+        return status;                                                                                  \
+    }
+
+GEMM_SILU(q4_1_gemm_silu, q4_1_gemm)
+GEMM_SILU(q8_0_gemm_silu, q8_0_gemm)
+GEMM_SILU(q4_k_gemm_silu, q4_k_gemm)
+GEMM_SILU(q5_k_gemm_silu, q5_k_gemm)
+GEMM_SILU(q6_k_gemm_silu, q6_k_gemm)
 
 /* y = exp(x) for n floats, n a multiple of 8: exp256, exported for its accuracy test */
 void exp_f32(const float *x, float *y, int64_t n) {

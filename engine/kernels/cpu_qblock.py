@@ -60,6 +60,7 @@ import numpy as np
 import torch
 
 from bargein.engine.host import cache_root, cpu_flags
+from bargein.engine.kernels import kquant_layout
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ Q4_1_BLOCK = np.dtype([("d", "<f2"), ("m", "<f2"), ("qs", "u1", BLOCK // 2)])
 Q8_0_BLOCK = np.dtype([("d", "<f2"), ("qs", "i1", BLOCK)])
 _FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
 NO_COMPILER = "no C compiler (set CC or install gcc)"
+KINDS = ("q4_1", "q8_0", "q4_k", "q5_k", "q6_k")  # the kernels' layouts, each a GEMM
 
 
 # The first library loaded, whatever its folder: every build of one source with
@@ -167,7 +169,7 @@ def _load(target: Path) -> tuple[ctypes.CDLL | None, str]:
         lib = ctypes.CDLL(str(target))
     except OSError as exc:
         return None, f"could not load {target}: {exc}"
-    for name in ("q4_1_gemm", "q8_0_gemm", "q4_1_gemm_silu"):
+    for name in (f"{kind}_gemm{fused}" for kind in KINDS for fused in ("", "_silu")):
         fn = getattr(lib, name)
         fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
         fn.restype = ctypes.c_int
@@ -321,36 +323,79 @@ def _gemm(
     return y
 
 
-class Q4_1Linear:
-    """fp32 in and out: ``y = x @ (scale * q + minimum)^T + bias`` on int8 activations.
+# ggml types the kernels run, by their name in ``gguf.GGMLQuantizationType``
+GGUF_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+_SUPER = {"q4_k", "q5_k", "q6_k"}  # K-quants: super-blocks of 256 along the input
+
+
+def kernel_blocks(raw: np.ndarray, ggml_type: str) -> tuple[str, torch.Tensor]:
+    """A GGUF tensor's blocks in the kernels' layout: ``(kind, blocks)``.
+
+    Q4_0 (``w = d (q - 8)``) becomes Q4_1 with ``m = -8 d``, exact in fp16;
+    Q4_1 and Q8_0 are interleaved in C (:func:`interleave`), the K-quants
+    rebuilt in numpy (``kquant_layout``). A copy: the file's pages are not
+    kept.
 
     Args:
-        groups: ``(q, scale, minimum)``, what ``weight_only.quantize_groups``
-            or ``exact_groups`` return: ``[out, in]`` codes in 0..15 and
-            ``[out, in / 32]`` fp32 (rounded to fp16 here, as in the GGUF).
+        raw: ``[out, row_bytes]`` uint8, the file's rows of blocks.
+        ggml_type: one of :data:`GGUF_TYPES`.
+
+    Returns:
+        ``kind`` (``q4_1``, ``q8_0``, ``q4_k``, ``q5_k`` or ``q6_k``) and
+        ``[out, bytes]`` uint8.
+
+    Raises:
+        ValueError: a type outside :data:`GGUF_TYPES`.
+    """
+    if ggml_type not in GGUF_TYPES:
+        raise ValueError(f"no block kernel for {ggml_type} (kernels: {', '.join(GGUF_TYPES)})")
+    kind = ggml_type.lower()
+    if kind in _SUPER:
+        return kind, torch.from_numpy(kquant_layout.LAYOUTS[kind](raw))
+    if kind == "q4_0":
+        q4_0 = np.ascontiguousarray(raw).view(np.dtype([("d", "<f2"), ("qs", "u1", BLOCK // 2)]))
+        blocks = np.empty(q4_0.shape, Q4_1_BLOCK)
+        blocks["d"], blocks["m"], blocks["qs"] = q4_0["d"], q4_0["d"] * np.float16(-8), q4_0["qs"]
+        raw, kind = blocks.view(np.uint8).reshape(raw.shape[0], -1), "q4_1"
+    return kind, interleave(torch.from_numpy(np.array(raw, copy=True)), kind)
+
+
+class BlockLinear:
+    """fp32 in and out: ``y = x @ W^T + bias`` on block weights and int8 activations
+    (per row and block of 32; ``cpu_qblock.c``).
+
+    Args:
+        kind: the layout of ``blocks``: ``q4_1``, ``q8_0``, ``q4_k``, ``q5_k``, ``q6_k``.
+        blocks: ``[out, bytes]`` uint8 in the kernels' layout (:func:`kernel_blocks`).
+        in_features: ``in``; a multiple of 32, of 256 for the K-quants.
         bias: ``[out]`` or None.
 
     Raises:
-        ValueError: ``in`` is not a multiple of 32, or (on call) ``x`` is not
-            ``[rows, in]`` float32.
+        ValueError: ``in_features`` is not a whole number of blocks, or (on
+            call) ``x`` is not ``[rows, in]`` float32.
     """
 
-    __slots__ = ("blocks", "bias", "in_features")
+    __slots__ = ("kind", "blocks", "bias", "in_features")
 
-    def __init__(
-        self, groups: tuple[torch.Tensor, torch.Tensor, torch.Tensor], bias: torch.Tensor | None = None
-    ):
-        q, scale, minimum = groups
-        if q.shape[1] % BLOCK:
-            raise ValueError(f"in_features={q.shape[1]} is not a multiple of {BLOCK}")
-        self.in_features = q.shape[1]
-        self.blocks = interleave(pack_q4_1(q, scale, minimum), "q4_1")
+    def __init__(self, kind: str, blocks: torch.Tensor, in_features: int, bias: torch.Tensor | None = None) -> None:
+        block = kquant_layout.QK_K if kind in _SUPER else BLOCK
+        if in_features % block:
+            raise ValueError(f"in_features={in_features} is not a multiple of {block}")
+        self.kind = kind
+        self.in_features = in_features
+        self.blocks = blocks
         self.bias = None if bias is None else bias.float().contiguous()
+
+    @classmethod
+    def from_gguf(cls, raw: np.ndarray, ggml_type: str, in_features: int, bias: torch.Tensor | None = None) -> BlockLinear:
+        """The layer over a GGUF tensor's ``[out, row_bytes]`` blocks (:func:`kernel_blocks`)."""
+        kind, blocks = kernel_blocks(raw, ggml_type)
+        return cls(kind, blocks, in_features, bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:
             raise ValueError(f"x has {x.shape[-1]} features, the layer takes {self.in_features}")
-        return _gemm("q4_1_gemm", self.blocks, x, self.bias, self.in_features)
+        return _gemm(f"{self.kind}_gemm", self.blocks, x, self.bias, self.in_features)
 
     def gated(self, gate_up: torch.Tensor) -> torch.Tensor:
         """``self(silu(gate) * up)`` for ``gate_up`` ``[rows, 2 * in]`` fp32 = ``[gate | up]``
@@ -365,30 +410,48 @@ class Q4_1Linear:
             raise ValueError(
                 f"gate_up has {gate_up.shape[-1]} features, the layer takes 2 x {self.in_features}"
             )
-        return _gemm("q4_1_gemm_silu", self.blocks, gate_up, self.bias, self.in_features)
+        return _gemm(f"{self.kind}_gemm_silu", self.blocks, gate_up, self.bias, self.in_features)
 
 
-class Q8_0Linear:
-    """fp32 in and out: ``y = x @ (scale * q)^T`` on int8 activations (the
-    output head of the int4 format; Q8_0 is the default GGUF's head format).
+class Q4_1Linear(BlockLinear):
+    """:class:`BlockLinear` over 4-bit groups: ``y = x @ (scale * q + minimum)^T + bias``.
+
+    Args:
+        groups: ``(q, scale, minimum)``, what ``weight_only.quantize_groups``
+            or ``exact_groups`` return: ``[out, in]`` codes in 0..15 and
+            ``[out, in / 32]`` fp32 (rounded to fp16 here, as in the GGUF).
+        bias: ``[out]`` or None.
+
+    Raises:
+        ValueError: as :class:`BlockLinear`.
+    """
+
+    __slots__ = ()
+
+    def __init__(
+        self, groups: tuple[torch.Tensor, torch.Tensor, torch.Tensor], bias: torch.Tensor | None = None
+    ):
+        q, scale, minimum = groups
+        if q.shape[1] % BLOCK:
+            raise ValueError(f"in_features={q.shape[1]} is not a multiple of {BLOCK}")
+        super().__init__("q4_1", interleave(pack_q4_1(q, scale, minimum), "q4_1"), q.shape[1], bias)
+
+
+class Q8_0Linear(BlockLinear):
+    """:class:`BlockLinear` of ``y = x @ (scale * q)^T`` (the output head of the
+    int4 format on a checkpoint whose head is not in blocks already).
 
     Args:
         weight: ``[out, in]`` float, ``in`` a multiple of 32 (quantized by
             :func:`quantize_q8_0`; only the blocks are kept).
 
     Raises:
-        ValueError: as :class:`Q4_1Linear`.
+        ValueError: as :class:`BlockLinear`.
     """
 
-    __slots__ = ("blocks", "in_features")
+    __slots__ = ()
 
     def __init__(self, weight: torch.Tensor) -> None:
         if weight.shape[1] % BLOCK:
             raise ValueError(f"in_features={weight.shape[1]} is not a multiple of {BLOCK}")
-        self.in_features = weight.shape[1]
-        self.blocks = interleave(pack_q8_0(*quantize_q8_0(weight)), "q8_0")
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[-1] != self.in_features:
-            raise ValueError(f"x has {x.shape[-1]} features, the layer takes {self.in_features}")
-        return _gemm("q8_0_gemm", self.blocks, x, None, self.in_features)
+        super().__init__("q8_0", interleave(pack_q8_0(*quantize_q8_0(weight)), "q8_0"), weight.shape[1])
