@@ -16,7 +16,7 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -237,10 +237,13 @@ async def load_voice(settings: Settings) -> VoiceRuntime | None:
         return None
     try:
         folder = None
-        if config.text_turn:  # the served model's folder (converted from its GGUF once, cached)
-            from bargein.engine.model.loader import resolve_folder
+        if config.text_turn:
+            # the bundled 135M model, whatever is served: transformers runs it
+            # in fp32 (converted from its GGUF once, cached), which a 7B
+            # checkpoint would not fit
+            from bargein.engine.model.loader import transformers_folder
 
-            folder = Path(resolve_folder(settings.engine.model)[0])
+            folder = Path(transformers_folder(replace(settings.engine.model, path=None)))
         models = await asyncio.to_thread(load_voice_models, text_model_folder=folder)
     except VoiceUnavailable as exc:
         if config.mode == "on":

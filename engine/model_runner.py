@@ -12,7 +12,8 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -22,7 +23,7 @@ from bargein.engine.attention import AttentionMetadata
 from bargein.engine.config import CacheConfig, ModelConfig
 from bargein.engine.host import cache_root
 from bargein.engine.kernels import cpu_qblock, get_ops
-from bargein.engine.model import smooth, weight_only
+from bargein.engine.model import gguf_linears, smooth, weight_only
 from bargein.engine.model.linear import choose_linear_format, cpu_has_bf16
 from bargein.engine.model.llama import (
     LayerWeights,
@@ -172,9 +173,9 @@ class ModelRunner:
             device=self.device,
         )
 
-        def build(weights: dict[str, torch.Tensor], linear_format: str, **formats: str) -> LlamaModel:
+        def build(weights: Mapping[str, torch.Tensor], linear_format: str, **parts: Any) -> LlamaModel:
             return LlamaModel(
-                loaded.config, weights, ops, dtype, self.device, max_model_len, linear_format, **formats
+                loaded.config, weights, ops, dtype, self.device, max_model_len, linear_format, **parts
             )
 
         if self.linear_format == "int8":
@@ -207,7 +208,7 @@ class ModelRunner:
                     chunk = ids[lo : lo + window]
                     self.execute([SeqInput(token_ids=chunk, start_pos=0, block_table=table, sample=True)])
 
-        cache = cache_root(self._cache_dir) / "smoothquant" / smooth.calibration_key(loaded.folder)
+        cache = cache_root(self._cache_dir) / "smoothquant" / smooth.calibration_key([*loaded.weight_files, f"{loaded.folder}/config.json"])
 
         def calibrate() -> smooth.AbsMax:
             self.model = build(loaded.weights, "float32")
@@ -250,8 +251,10 @@ class ModelRunner:
         count. A checkpoint not on a 4-bit grid keeps fp32 layers (4 bits
         would cost it quality); the head's 8 bits are its own rounding
         (docs/perf/quality.md)."""
-        model = build(loaded.weights, "float32")
         blocks = cpu_qblock.available(self._cache_dir)
+        if blocks and loaded.gguf is not None:
+            return self._gguf_blocks(loaded, build)
+        model = build(loaded.weights, "float32")
         layer_rows = None if blocks else weight_only.FP32_MAX_ROWS
         small = self._int4_small_steps(model.layers, loaded.weights, None, layer_rows)
         if small is not None:
@@ -277,6 +280,27 @@ class ModelRunner:
             if blocks
             else f"on int8 weights up to {weight_only.HEAD_MAX_ROWS} rows, fp32 above (block kernels: "
             f"{cpu_qblock.unavailable_reason(self._cache_dir)}); rows not batch-invariant",
+        )
+        return model
+
+    def _gguf_blocks(self, loaded: Any, build: Callable[..., LlamaModel]) -> LlamaModel:
+        """The int4 format of a GGUF: every linear on the file's own blocks
+        (``gguf_linears``: Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K x int8, any other
+        type requantized to Q8_0), the embedding looked up in its blocks;
+        built tensor by tensor from the mapped file, never in fp32."""
+        started = time.perf_counter()
+        used: Counter[str] = Counter()
+        model = build(
+            loaded.weights,
+            "float32",
+            linears=lambda i: gguf_linears.layer_linears(loaded.gguf, i, used),
+            embedding=gguf_linears.GgufEmbedding(loaded.gguf),
+            lm_head=gguf_linears.output_head(loaded.gguf, used),
+        )
+        logger.info(
+            "int4: the GGUF's own blocks x int8 activations at every row count (%s), built in %.1f s",
+            ", ".join(f"{n} x {kind}" for kind, n in sorted(used.items())),
+            time.perf_counter() - started,
         )
         return model
 

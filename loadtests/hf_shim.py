@@ -16,7 +16,7 @@ token. ``ignore_eos``: ``eos_token_id=None``, so every row generates
 ``max_tokens`` tokens.
 
 The weights are bargein's: the bundled GGUF dequantized to a transformers
-folder by ``bargein.engine.model.loader.resolve_folder`` (the same fp32
+folder by ``bargein.engine.model.loader.transformers_folder`` (the same fp32
 values llama.cpp reads as Q4_1), fp32, the tokenizer's chat template.
 
 Usage: ``python loadtests/hf_shim.py --port 8031`` (started by peer_bench.py).
@@ -48,7 +48,7 @@ from transformers.generation.streamers import BaseStreamer
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
 from bargein.engine.config import ModelConfig  # noqa: E402
-from bargein.engine.model.loader import resolve_folder  # noqa: E402
+from bargein.engine.model.loader import transformers_folder  # noqa: E402
 
 _DONE = object()  # end of one row's tokens
 
@@ -91,7 +91,7 @@ class Generator:
 
     def __init__(self, batch_window_s: float, max_batch: int) -> None:
         torch.set_num_threads(os.cpu_count() or 1)  # as bargein's ModelRunner on the CPU
-        folder, _ = resolve_folder(ModelConfig())
+        folder = transformers_folder(ModelConfig())
         self.tokenizer = AutoTokenizer.from_pretrained(folder, padding_side="left")
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token

@@ -38,7 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
 from bargein.engine.config import CacheConfig, ModelConfig  # noqa: E402
-from bargein.engine.model.loader import resolve_folder  # noqa: E402
+from bargein.engine.model.loader import transformers_folder  # noqa: E402
 from bargein.engine.model_runner import ModelRunner, SeqInput  # noqa: E402
 
 BLOCK_SIZE = 16
@@ -87,7 +87,7 @@ class Systems:
             CacheConfig(block_size=BLOCK_SIZE, num_blocks=max_batch * blocks_per_seq),
             context + 1,
         )
-        folder, _ = resolve_folder(ModelConfig())
+        folder = transformers_folder(ModelConfig())
         self.hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
 
     def bargein(self, batch: int) -> Callable[[], object]:

@@ -10,7 +10,7 @@ one backend (``bargein.engine.kernels.get_ops``); only the GEMMs are plain torch
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -78,18 +78,18 @@ def _check_supported(config: PretrainedConfig, max_model_len: int) -> None:
         raise ValueError(f"unsupported: sliding_window={window} < {max_model_len=}")
 
 
-def _tied(config: PretrainedConfig, weights: dict[str, torch.Tensor]) -> bool:
+def _tied(config: PretrainedConfig, weights: Mapping[str, torch.Tensor]) -> bool:
     return getattr(config, "tie_word_embeddings", False) or "lm_head.weight" not in weights
 
 
-def head_weight(config: PretrainedConfig, weights: dict[str, torch.Tensor]) -> torch.Tensor:
+def head_weight(config: PretrainedConfig, weights: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """The output head's ``[vocab, hidden]`` weight, in the checkpoint's dtype:
     the embedding where the checkpoint ties them (or has no ``lm_head``)."""
     return weights["model.embed_tokens.weight" if _tied(config, weights) else "lm_head.weight"]
 
 
 def fused_linear_weights(
-    weights: dict[str, torch.Tensor], i: int
+    weights: Mapping[str, torch.Tensor], i: int
 ) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
     """Layer ``i``'s linears as the forward runs them: ``{kind: (weight [out, in], bias [out] or None)}``
     for the kinds ``qkv`` (q, k, v rows stacked), ``o_proj``, ``gate_up``
@@ -110,17 +110,20 @@ def fused_linear_weights(
 
 
 def _fused_layer(
-    weights: dict[str, torch.Tensor],
+    weights: Mapping[str, torch.Tensor],
     i: int,
     to: Callable[[torch.Tensor], torch.Tensor],
     linear: Callable[..., LinearLayer],
+    linears: dict[str, LinearLayer] | None = None,
 ) -> LayerWeights:
-    """Layer ``i``'s weights, q/k/v and gate/up fused (:func:`fused_linear_weights`)."""
+    """Layer ``i``'s weights, q/k/v and gate/up fused (:func:`fused_linear_weights`),
+    or ``linears`` where the caller built them."""
     p = f"model.layers.{i}."
-    linears = {
-        kind: linear(to(w), None if b is None else to(b))
-        for kind, (w, b) in fused_linear_weights(weights, i).items()
-    }
+    if linears is None:
+        linears = {
+            kind: linear(to(w), None if b is None else to(b))
+            for kind, (w, b) in fused_linear_weights(weights, i).items()
+        }
     return LayerWeights(
         input_norm=to(weights[p + "input_layernorm.weight"]),
         post_norm=to(weights[p + "post_attention_layernorm.weight"]),
@@ -145,6 +148,13 @@ class LlamaModel:
         edge_format: format of the first and the last layer's linears
             (``None``: ``linear_format``): int8 keeps them in bf16, where
             quantization errors cost the most (docs/perf/quality.md).
+        linears: layer ``i`` -> its linears, fused as
+            :func:`fused_linear_weights` names them, built by the caller (a
+            GGUF's blocks: ``gguf_linears``); ``weights`` then gives only
+            the norms. None: built from ``weights`` in ``linear_format``.
+        embedding: ``[T]`` ids -> ``[T, H]``, in place of a lookup in
+            ``weights``' embedding (which ``embed`` then is not).
+        lm_head: the output head, in place of one built from ``weights``.
 
     Raises:
         ValueError: a config feature this forward does not implement.
@@ -154,7 +164,7 @@ class LlamaModel:
     def __init__(
         self,
         config: PretrainedConfig,
-        weights: dict[str, torch.Tensor],
+        weights: Mapping[str, torch.Tensor],
         ops: Ops,
         dtype: torch.dtype,
         device: torch.device,
@@ -162,6 +172,10 @@ class LlamaModel:
         linear_format: str = "float32",
         head_format: str | None = None,
         edge_format: str | None = None,
+        *,
+        linears: Callable[[int], dict[str, LinearLayer]] | None = None,
+        embedding: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        lm_head: LinearLayer | None = None,
     ) -> None:
         _check_supported(config, max_model_len)
         self.linear_format = linear_format
@@ -180,13 +194,28 @@ class LlamaModel:
 
         last = self.shape.num_layers - 1
         self.layers = [
-            _fused_layer(weights, i, to, edge_linear if i in (0, last) else linear)
+            _fused_layer(
+                weights,
+                i,
+                to,
+                edge_linear if i in (0, last) else linear,
+                None if linears is None else linears(i),
+            )
             for i in range(self.shape.num_layers)
         ]
-        self.embed = to(weights["model.embed_tokens.weight"])
         self.norm = to(weights["model.norm.weight"])
-        head = self.embed if _tied(config, weights) else to(weights["lm_head.weight"])
-        self.lm_head: LinearLayer = make_linear(head, None, self.head_format)
+        self.embed: torch.Tensor | None = None
+        if embedding is None:
+            table = to(weights["model.embed_tokens.weight"])
+            self.embed = table
+            self.embedding: Callable[[torch.Tensor], torch.Tensor] = lambda ids: F.embedding(ids, table)
+        else:
+            self.embedding = embedding
+        if lm_head is None:
+            head = self.embed if _tied(config, weights) else to(weights["lm_head.weight"])
+            assert head is not None, "a tied head needs the embedding table"
+            lm_head = make_linear(head, None, self.head_format)
+        self.lm_head: LinearLayer = lm_head
         inv_freq, scaling = _rope_inv_freq(config)
         self.cos_sin_cache = build_cos_sin_cache(max_model_len, self.shape.head_dim, inv_freq, scaling).to(
             device
@@ -211,7 +240,7 @@ class LlamaModel:
         Returns:
             ``[T, H]`` hidden states.
         """
-        x = F.embedding(input_ids, self.embed)
+        x = self.embedding(input_ids)
         residual = None
         decode = None  # the step's fused decode attention, prepared once for all layers
         if self.ops.decode_attention is not None and meta.num_prefill_seqs == 0:

@@ -35,7 +35,7 @@ import logging
 import os
 import pickle
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,7 +52,6 @@ _EPS = 1e-5
 
 AbsMax = dict[tuple[int, str], torch.Tensor]
 HEADER_BYTES = 1 << 20  # of each weight file hashed into the cache key (with its size and mtime)
-_WEIGHT_FILES = ("*.safetensors", "*.bin", "*.gguf", "config.json")
 
 logger = logging.getLogger(__name__)
 
@@ -201,16 +200,14 @@ def expected_widths(weights: Mapping[str, torch.Tensor], num_layers: int) -> dic
     return widths
 
 
-def calibration_key(model_folder: str) -> str:
-    """The cache file name of a model's statistics: the content of its weights
-    (each weight file's name, size, modification time and first
-    :data:`HEADER_BYTES`, and ``config.json``), the text and the pass; so new
-    weights in the same folder get their own statistics."""
+def calibration_key(files: Sequence[str]) -> str:
+    """The cache file name of a model's statistics: the content of ``files``
+    (its weight files and config; each one's name, size, modification time
+    and first :data:`HEADER_BYTES`), the text and the pass; so new weights
+    get their own statistics."""
     digest = hashlib.sha256(f"{CALIBRATION_TOKENS}|{CALIBRATION_WINDOW}|".encode())
     digest.update(CALIBRATION_TEXT.read_bytes())
-    folder = Path(model_folder)
-    files = sorted({f for pattern in _WEIGHT_FILES for f in folder.glob(pattern)}) if folder.is_dir() else []
-    for file in files:
+    for file in sorted(map(Path, files)):
         info = file.stat()
         digest.update(f"|{file.name}|{info.st_size}|{info.st_mtime_ns}|".encode())
         with file.open("rb") as f:

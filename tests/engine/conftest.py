@@ -24,7 +24,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from bargein.engine.config import CacheConfig, ModelConfig
-from bargein.engine.model.loader import load_tokenizer, resolve_folder
+from bargein.engine.model.loader import load_tokenizer, transformers_folder
 from bargein.engine.model_runner import ModelRunner
 
 RunnerFactory = Callable[..., ModelRunner]
@@ -66,7 +66,7 @@ def runner_factory(model_config: ModelConfig) -> RunnerFactory:
 @pytest.fixture(scope="session")
 def hf_model(model_config: ModelConfig) -> PreTrainedModel:
     """transformers' own model on the default weights (fp32, eval), the oracle."""
-    folder, _ = resolve_folder(model_config)
+    folder = transformers_folder(model_config)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     return model.eval()
 

@@ -1,10 +1,14 @@
-"""The Q4_1 and Q8_0 block GEMMs (``kernels/cpu_qblock.c``) against plain torch.
+"""The block GEMMs (``kernels/cpu_qblock.c``: Q4_1, Q8_0, and GGUF's Q4_0, Q4_K,
+Q5_K, Q6_K) against plain torch.
 
 The reference does the same arithmetic in float64: each row of x quantized
 to int8 per block of 32 on its absmax / 127 (round half to even), times the
 dequantized weights. The kernel sums each block's integer products exactly
 and accumulates in float32, so the two agree to float32 rounding. The
 packed blocks are also checked byte for byte against the bundled GGUF's own.
+The GGUF types' weights are random valid blocks (``loadtests/gguf_synth.py``)
+dequantized by the ``gguf`` package, a decoder independent of the kernels'
+layouts (``kernels/kquant_layout.py``).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import gguf
+import numpy as np
 import pytest
 import torch
 from gguf.quants import dequantize
@@ -21,9 +26,17 @@ from hypothesis import strategies as st
 
 from bargein.engine.kernels import cpu_qblock
 from bargein.engine.kernels.activation import silu_and_mul_ref
-from bargein.engine.kernels.cpu_qblock import Q4_1Linear, Q8_0Linear, pack_q4_1, pack_q8_0, quantize_q8_0
+from bargein.engine.kernels.cpu_qblock import (
+    BlockLinear,
+    Q4_1Linear,
+    Q8_0Linear,
+    pack_q4_1,
+    pack_q8_0,
+    quantize_q8_0,
+)
 from bargein.engine.model.loader import default_model_path
 from bargein.engine.model.weight_only import exact_groups, quantize_groups
+from loadtests.gguf_synth import random_blocks
 
 # Skipped only where the kernels are not expected to build (another CPU, no
 # compiler: the engine then keeps torch's kernels by design). Where they should
@@ -88,6 +101,62 @@ def test_q8_0_matches_the_same_arithmetic_in_float64(out: int, k: int, rows: int
     q, scale = quantize_q8_0(w)
     weight = (q.double().reshape(out, -1, 32) * scale.double()[..., None]).reshape(out, k)
     assert relative_error(Q8_0Linear(w)(x), quantized_activations(x) @ weight.t()) < 1e-5
+
+
+# K-quants: in a multiple of 256 (one to six super-blocks); the others of 32
+GGUF_SHAPES = {
+    "Q4_0": [(16, 32, 1), (40, 160, 9), (960, 576, 3)],
+    "Q8_0": [(16, 32, 1), (40, 160, 9), (100, 288, 11)],
+    "Q4_K": [(16, 256, 1), (40, 512, 3), (33, 1536, 8), (64, 768, 13), (5, 256, 17)],
+    "Q5_K": [(16, 256, 1), (40, 512, 3), (33, 1536, 8), (64, 768, 13), (5, 256, 17)],
+    "Q6_K": [(16, 256, 1), (40, 512, 3), (33, 1536, 8), (64, 768, 13), (5, 256, 17)],
+}
+GGUF_CASES = [(t, *shape) for t, shapes in GGUF_SHAPES.items() for shape in shapes]
+
+
+@pytest.mark.parametrize(("ggml_type", "out", "k", "rows"), GGUF_CASES)
+def test_gguf_blocks_match_the_gguf_packages_dequantization(ggml_type: str, out: int, k: int, rows: int) -> None:
+    rng = np.random.default_rng(out * k + rows)
+    raw = random_blocks(rng, ggml_type, out, k)
+    weight = torch.from_numpy(dequantize(raw, gguf.GGMLQuantizationType[ggml_type]).reshape(out, k)).double()
+    torch.manual_seed(out + k + rows)
+    bias = torch.randn(out)
+    layer = BlockLinear.from_gguf(raw, ggml_type, k, bias)
+    x = torch.randn(rows, k) * 3
+    want = quantized_activations(x) @ weight.t() + bias.double()
+    assert relative_error(layer(x), want) < 1e-5
+    gate_up = torch.randn(rows, 2 * k)
+    gated = quantized_activations(silu_and_mul_ref(gate_up)) @ weight.t() + bias.double()
+    assert relative_error(layer.gated(gate_up), gated) < 1e-5
+
+
+@pytest.mark.parametrize("ggml_type", ["Q4_K", "Q5_K", "Q6_K"])
+def test_the_k_quants_largest_codes_do_not_saturate(ggml_type: str) -> None:
+    """Every code at its extreme (Q4_K 15, Q5_K 31, Q6_K -32), every 6-bit
+    scale at 63 (Q6_K's int8 at 127), activations all +-1 (codes +-127): the
+    int16 sums of 8 (Q4_K) or 4 (Q5_K, Q6_K) vectors must not saturate."""
+    k = 512
+    raw = random_blocks(np.random.default_rng(0), ggml_type, 4, k).reshape(4, k // 256, -1)
+    if ggml_type == "Q6_K":
+        raw[:, :, :192] = 0  # u = 0: w = d sc (0 - 32)
+        raw[:, :, 192:208] = 127
+    else:
+        raw[:, :, 4:16] = 0xFF  # the 6-bit scales and mins all 63
+        raw[:, :, 16:] = 0xFF  # codes (and Q5_K's fifth bits) all set
+    raw = raw.reshape(4, -1)
+    weight = torch.from_numpy(dequantize(raw, gguf.GGMLQuantizationType[ggml_type]).reshape(4, k)).double()
+    x = torch.ones(2, k)
+    x[1] = -1.0
+    want = quantized_activations(x) @ weight.t()
+    assert relative_error(BlockLinear.from_gguf(raw, ggml_type, k)(x), want) < 1e-6
+
+
+def test_a_k_quant_needs_whole_super_blocks() -> None:
+    raw = random_blocks(np.random.default_rng(0), "Q4_K", 4, 256)
+    with pytest.raises(ValueError, match="multiple of 256"):
+        BlockLinear("q4_k", torch.from_numpy(raw), 224)
+    with pytest.raises(ValueError, match="no block kernel for Q2_K"):
+        BlockLinear.from_gguf(raw, "Q2_K", 256)
 
 
 def test_the_largest_codes_do_not_saturate() -> None:
@@ -282,7 +351,7 @@ def embedded(row: torch.Tensor, others: torch.Tensor, at: int) -> torch.Tensor:
     num_others=st.integers(1, 600),
     where=st.floats(0, 1),
     threads=st.sampled_from([1, 2]),
-    kind=st.sampled_from(["q4_1", "q4_1_gated", "q8_0"]),
+    kind=st.sampled_from(["q4_1", "q4_1_gated", "q8_0", "Q4_K", "Q5_K", "Q6_K_gated"]),
 )
 def test_a_rows_output_is_bitwise_the_same_whatever_shares_the_step(
     seed: int, num_others: int, where: float, threads: int, kind: str
@@ -294,16 +363,21 @@ def test_a_rows_output_is_bitwise_the_same_whatever_shares_the_step(
     unrolled variants, 1..8 rows) or channel tile or thread computes it. So
     the row alone and the same row among 1..600 others (the passes cut at
     every offset, the last pass part full) are equal bit for bit. 576 inputs
-    are SmolLM2's (two super-blocks and a group of 2); 100 outputs end in a
+    are SmolLM2's (two super-blocks and a group of 2), 768 three K-quant
+    super-blocks; 100 outputs end in a
     part-full tile."""
     gen = torch.Generator().manual_seed(seed)
-    k, out = 576, 100
-    width = 2 * k if kind == "q4_1_gated" else k
+    k_quant = kind[:4] in ("Q4_K", "Q5_K", "Q6_K")
+    k, out = (768 if k_quant else 576), 100
+    width = 2 * k if kind.endswith("_gated") else k
     row = torch.randn(width, generator=gen) * 3
     others = torch.randn(num_others, width, generator=gen) * 3
     at = round(where * num_others)
     if kind == "q8_0":
         layer: Callable[[torch.Tensor], torch.Tensor] = Q8_0Linear(torch.randn(out, k, generator=gen))
+    elif k_quant:
+        blocks = BlockLinear.from_gguf(random_blocks(np.random.default_rng(seed), kind[:4], out, k), kind[:4], k)
+        layer = blocks.gated if kind.endswith("_gated") else blocks
     else:
         q4 = Q4_1Linear(quantize_groups(torch.randn(out, k, generator=gen)), torch.randn(out, generator=gen))
         layer = q4.gated if kind == "q4_1_gated" else q4

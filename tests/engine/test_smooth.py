@@ -80,17 +80,17 @@ def test_statistics_others_can_write_are_not_trusted(tmp_path, monkeypatch: pyte
     assert smooth.cached_absmax(path, lambda: stats) is stats
 
 
-def test_the_cache_key_follows_the_weights_not_the_folder(tmp_path) -> None:
+def test_the_cache_key_follows_the_weights(tmp_path) -> None:
     weights = tmp_path / "model.safetensors"
     weights.write_bytes(b"a" * 1000)
-    (tmp_path / "config.json").write_text("{}")
-    first = smooth.calibration_key(str(tmp_path))
-    assert smooth.calibration_key(str(tmp_path)) == first
+    config = tmp_path / "config.json"
+    config.write_text("{}")
+    files = [str(weights), str(config)]
+    first = smooth.calibration_key(files)
+    assert smooth.calibration_key(files) == first
     weights.write_bytes(b"b" * 1000)  # new weights saved over the old, same size
-    assert smooth.calibration_key(str(tmp_path)) != first
-    other = tmp_path / "copy"
-    other.mkdir()
-    assert smooth.calibration_key(str(other)) != smooth.calibration_key(str(tmp_path))
+    assert smooth.calibration_key(files) != first
+    assert smooth.calibration_key([str(config)]) != smooth.calibration_key(files)
 
 
 @pytest.fixture(scope="module")

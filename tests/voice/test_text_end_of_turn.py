@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bargein.engine.config import ModelConfig
-from bargein.engine.model.loader import resolve_folder
+from bargein.engine.model.loader import transformers_folder
 from bargein.voice.text_end_of_turn import TextEndOfTurnModel
 from loadtests.voice_utterances import PAUSED, QUESTIONS
 
@@ -17,7 +17,7 @@ THRESHOLD = 0.05  # EndOfTurnScorer's text_threshold
 
 @pytest.fixture(scope="module")
 def model() -> TextEndOfTurnModel:
-    return TextEndOfTurnModel(Path(resolve_folder(ModelConfig())[0]))
+    return TextEndOfTurnModel(Path(transformers_folder(ModelConfig())))
 
 
 def test_no_sentence_cut_at_its_pause_reads_as_finished(model: TextEndOfTurnModel) -> None:
