@@ -64,10 +64,14 @@ SHAPES = {
         arch="llama", layers=32, hidden=4096, ffn=14336, heads=32, kv_heads=8, vocab=128256,
         tied=False, qkv_bias=False, rope_theta=5e5,
     ),
-    # a small shape whose K dims are multiples of 256 (every K-quant), for tests
+    # small shapes whose K dims are multiples of 256 (every K-quant), for tests
     "tiny": Shape(
         arch="llama", layers=2, hidden=256, ffn=512, heads=4, kv_heads=2, vocab=49152,
         tied=True, qkv_bias=False, rope_theta=1e4, context=2048,
+    ),
+    "tiny-qwen2": Shape(
+        arch="qwen2", layers=2, hidden=256, ffn=768, heads=4, kv_heads=2, vocab=49152,
+        tied=False, qkv_bias=True, rope_theta=1e6, context=2048,
     ),
 }  # fmt: skip
 
