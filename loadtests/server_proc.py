@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -31,7 +31,11 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def served(
-    flags: Sequence[str], *, timeout_s: float = 300.0, pythonpath: Path | None = None
+    flags: Sequence[str],
+    *,
+    timeout_s: float = 300.0,
+    pythonpath: Path | None = None,
+    on_start: Callable[[subprocess.Popen[bytes]], None] | None = None,
 ) -> Iterator[str]:
     """Run ``bargein serve --debug-endpoints true <flags>``; yield its HTTP base URL
     once ``/readyz`` is 200; stop it (SIGTERM) at exit. ``pythonpath`` puts
@@ -57,7 +61,13 @@ def served(
     env = None if pythonpath is None else {**os.environ, "PYTHONPATH": str(pythonpath)}
     # `python -m` puts its working folder first on the path: the baseline's own
     with serving(
-        cmd, f"http://127.0.0.1:{port}", "/readyz", timeout_s=timeout_s, env=env, cwd=pythonpath or ROOT
+        cmd,
+        f"http://127.0.0.1:{port}",
+        "/readyz",
+        timeout_s=timeout_s,
+        env=env,
+        cwd=pythonpath or ROOT,
+        on_start=on_start,
     ) as url:
         yield url
 
@@ -71,9 +81,11 @@ def serving(
     timeout_s: float = 300.0,
     env: dict[str, str] | None = None,
     cwd: Path = ROOT,
+    on_start: Callable[[subprocess.Popen[bytes]], None] | None = None,
 ) -> Iterator[str]:
     """Run any server command; yield ``url`` once ``GET url + ready_path`` is 200;
-    stop it (SIGTERM, then SIGKILL after 30 s) at exit.
+    stop it (SIGTERM, then SIGKILL after 30 s) at exit. ``on_start`` gets the
+    process as soon as it runs (to sample its memory, say).
 
     Raises:
         RuntimeError: the server exited (its stderr's tail in the message) or
@@ -82,6 +94,8 @@ def serving(
     # stderr to a file, not a pipe nobody reads (a full pipe would stall the server)
     with tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(list(cmd), cwd=cwd, stdout=subprocess.DEVNULL, stderr=err, env=env)
+        if on_start is not None:
+            on_start(proc)
         try:
             _wait_ready(proc, url + ready_path, timeout_s, err)
             yield url

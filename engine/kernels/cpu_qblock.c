@@ -523,6 +523,84 @@ static inline __m256 exp256(__m256 x) {
     return _mm256_mul_ps(p, _mm256_castsi256_ps(pow2));
 }
 
+/* GGUF K-quant super-blocks -> the layouts above, n super-blocks from src
+ * to dst (kquant_layout.py is the same in numpy, the reference of these). */
+static inline void k_lanes(const uint8_t nat[QK_K], uint8_t vec[SB][QK]) {
+    for (int v = 0; v < SB; v++)
+        for (int i = 0; i < QK; i++) vec[v][i] = nat[QK * (i / 4) + 4 * v + i % 4];
+}
+
+static inline void k_pairs(uint8_t vec[SB][QK], uint8_t *out) {
+    for (int p = 0; p < SB / 2; p++)
+        for (int i = 0; i < QK; i++) out[p * QK + i] = (uint8_t)((vec[2 * p][i] & 15) | (vec[2 * p + 1][i] & 15) << 4);
+}
+
+/* ggml's get_scale_min_k4: sub-block j's 6-bit scale and min out of 12 bytes */
+static inline void k_scales(const uint8_t *q, uint8_t sc[SB], uint8_t m[SB]) {
+    for (int j = 0; j < SB; j++) {
+        if (j < 4) {
+            sc[j] = q[j] & 63, m[j] = q[j + 4] & 63;
+        } else {
+            sc[j] = (uint8_t)((q[j + 4] & 0xF) | (q[j - 4] >> 6) << 4);
+            m[j] = (uint8_t)((q[j + 4] >> 4) | (q[j] >> 6) << 4);
+        }
+    }
+}
+
+static void k_layout(const int KIND, const uint8_t *src, uint8_t *dst, int64_t n) {
+    const int in = KIND == 4 ? 144 : KIND == 5 ? 176 : 210, out = KIND == 4 ? KQ4_BYTES : KIND == 5 ? KQ5_BYTES : KQ6_BYTES;
+    for (int64_t b = 0; b < n; b++) {
+        const uint8_t *s = src + b * in;
+        uint8_t *o = dst + b * out, nat[QK_K], vec[SB][QK];
+        if (KIND == 6) {
+            const uint8_t *ql = s, *qh = s + 128, *sc = s + 192;
+            for (int h = 0; h < 2; h++)
+                for (int l = 0; l < QK; l++) {
+                    const uint8_t *L = ql + 64 * h, H = qh[32 * h + l];
+                    nat[128 * h + l] = (uint8_t)((L[l] & 15) | (H & 3) << 4);
+                    nat[128 * h + l + 32] = (uint8_t)((L[l + 32] & 15) | (H >> 2 & 3) << 4);
+                    nat[128 * h + l + 64] = (uint8_t)((L[l] >> 4) | (H >> 4 & 3) << 4);
+                    nat[128 * h + l + 96] = (uint8_t)((L[l + 32] >> 4) | (H >> 6 & 3) << 4);
+                }
+            k_lanes(nat, vec);
+            memcpy(o, s + 208, 2);
+            for (int j = 0; j < SB; j++) o[2 + j] = sc[2 * j], o[10 + j] = sc[2 * j + 1];
+            k_pairs(vec, o + 18);
+            for (int i = 0; i < QK; i++) {
+                uint8_t lo = 0, hi = 0;
+                for (int v = 0; v < 4; v++) {
+                    lo |= (uint8_t)((vec[v][i] >> 4 & 3) << 2 * v);
+                    hi |= (uint8_t)((vec[v + 4][i] >> 4 & 3) << 2 * v);
+                }
+                o[146 + i] = lo, o[146 + QK + i] = hi;
+            }
+            continue;
+        }
+        const uint8_t *qs = s + (KIND == 4 ? 16 : 48), *qh = s + 16;
+        for (int c = 0; c < 4; c++)
+            for (int l = 0; l < QK; l++) {
+                nat[64 * c + l] = qs[QK * c + l] & 15;
+                nat[64 * c + 32 + l] = qs[QK * c + l] >> 4;
+            }
+        if (KIND == 5)
+            for (int e = 0; e < QK_K; e++) nat[e] |= (uint8_t)((qh[e % QK] >> (e / QK) & 1) << 4);
+        k_lanes(nat, vec);
+        memcpy(o, s, 4);
+        k_scales(s + 4, o + 4, o + 12);
+        k_pairs(vec, o + 20);
+        if (KIND == 5)
+            for (int i = 0; i < QK; i++) {
+                uint8_t bits = 0;
+                for (int v = 0; v < SB; v++) bits |= (uint8_t)((vec[v][i] >> 4 & 1) << v);
+                o[148 + i] = bits;
+            }
+    }
+}
+
+void q4_k_layout(const uint8_t *src, uint8_t *dst, int64_t n) { k_layout(4, src, dst, n); }
+void q5_k_layout(const uint8_t *src, uint8_t *dst, int64_t n) { k_layout(5, src, dst, n); }
+void q6_k_layout(const uint8_t *src, uint8_t *dst, int64_t n) { k_layout(6, src, dst, n); }
+
 /* y = (silu(g) * u) W^T (+ bias) for gate_up [R, 2K] = [g | u] fp32, the
  * fused gate and up projections' output: the SiLU-mul done here, in
  * vectors, saves the step a torch op per layer (silu(g) = g / (1 + exp(-g))).

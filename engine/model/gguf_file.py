@@ -8,8 +8,8 @@ format, but it builds a numpy view per string of the vocabulary: 6.2 s for
 SmolLM2's 49,152 tokens and 48,900 merges here (one run, 2026-12-04), about
 20 s for a 151,936-token Qwen2.5 vocabulary, at every start. This reader
 parses the header with :mod:`struct` (the SmolLM2 file in about 0.1 s) and
-maps the data with numpy's ``memmap``: a tensor is read only when used, and
-its pages belong to the page cache, not to the process, until then.
+maps the data with :mod:`mmap`: a tensor is read only when used, and its
+pages belong to the page cache, not to the process, until then.
 The ggml types' block sizes come from the ``gguf`` package
 (``GGML_QUANT_SIZES``).
 """
@@ -17,6 +17,7 @@ The ggml types' block sizes come from the ``gguf`` package
 from __future__ import annotations
 
 import hashlib
+import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +73,7 @@ class GgufFile:
             of everything derived from the metadata (the tokenizer), cheap to
             compute for any file size.
         data: the whole file, ``uint8``, memory-mapped read-only.
+        mapping: the map under ``data`` (for :meth:`release`).
     """
 
     path: Path
@@ -80,6 +82,16 @@ class GgufFile:
     tensors: dict[str, TensorInfo]
     header_sha256: str
     data: np.ndarray
+    mapping: mmap.mmap
+
+    def release(self, name: str) -> None:
+        """Drop the tensor's pages from this process's memory (``MADV_DONTNEED``
+        on the read-only map: they stay in the page cache and come back on the
+        next read). Called once a tensor is copied into its kernel layout, so
+        the file's pages do not count in the process's RSS beside the copy."""
+        info = self.tensors[name]
+        start = info.offset // mmap.PAGESIZE * mmap.PAGESIZE
+        self.mapping.madvise(mmap.MADV_DONTNEED, start, info.offset + info.nbytes - start)
 
     def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes, ``[rows, row_bytes]`` uint8 (a view of the map;
@@ -156,8 +168,10 @@ def read_gguf(path: str | Path) -> GgufFile:
             tensor type, or a tensor that runs past the end of the file.
     """
     path = Path(path)
-    data = np.memmap(path, dtype=np.uint8, mode="r")
-    cursor = _Cursor(memoryview(data))  # type: ignore[arg-type]  # memmap is a buffer
+    with path.open("rb") as f:
+        mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # the map outlives the descriptor
+    data = np.frombuffer(mapping, dtype=np.uint8)
+    cursor = _Cursor(memoryview(mapping))
     if bytes(data[:4]) != MAGIC:
         raise GgufError(f"{str(path)!r} is not a GGUF file (magic {bytes(data[:4])!r})")
     cursor.pos = 4
@@ -189,5 +203,11 @@ def read_gguf(path: str | Path) -> GgufFile:
         tensors[name] = TensorInfo(name=name, ggml_type=ggml_type, shape=shape, offset=start + offset, nbytes=nbytes)
     header_sha256 = hashlib.sha256(data[:start]).hexdigest()
     return GgufFile(
-        path=path, version=version, metadata=metadata, tensors=tensors, header_sha256=header_sha256, data=data
+        path=path,
+        version=version,
+        metadata=metadata,
+        tensors=tensors,
+        header_sha256=header_sha256,
+        data=data,
+        mapping=mapping,
     )

@@ -54,7 +54,8 @@ class GgufEmbedding:
 
     def __init__(self, weights: GgufWeights) -> None:
         name = "model.embed_tokens.weight"
-        self.raw, self.ggml_type = weights.raw(name)
+        # a view: a lookup reads the rows it needs from the page cache
+        self.raw, self.ggml_type = weights.raw(name, copy=False)
         self.table = weights[name] if self.ggml_type.name in ("F32", "F16", "BF16") else None
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:

@@ -155,11 +155,11 @@ class GgufWeights(Mapping[str, torch.Tensor]):
         self._heads = {"attn_q": heads, "attn_k": kv_heads} if arch == "llama" else {}
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        raw, ggml_type = self.raw(name)
+        raw, ggml_type = self.raw(name, copy=False)
         info = self.file.tensors[self._names[name]]
-        values = dequantize(raw, ggml_type).reshape(info.shape)
-        # the float types come back as views of the read-only map
-        return torch.from_numpy(np.array(values, dtype=np.float32, copy=not values.flags.writeable))
+        values = np.array(dequantize(raw, ggml_type).reshape(info.shape), dtype=np.float32)  # a copy
+        self.file.release(self._names[name])
+        return torch.from_numpy(values)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._names)
@@ -175,9 +175,11 @@ class GgufWeights(Mapping[str, torch.Tensor]):
         """The ggml type's name (``Q4_K``, ``F32``, ...) of HF tensor ``name``."""
         return self.file.tensors[self._names[name]].ggml_type.name
 
-    def raw(self, name: str) -> tuple[np.ndarray, Any]:
+    def raw(self, name: str, copy: bool = True) -> tuple[np.ndarray, Any]:
         """``(rows of blocks [out, row_bytes] uint8, ggml type)`` of HF tensor
-        ``name``, rows in HF order (a view of the file where no rows move).
+        ``name``, rows in HF order: a copy, the file's pages released
+        (``GgufFile.release``); with ``copy=False`` a view of the map where no
+        rows move (its pages stay in the process as they are read).
 
         Raises:
             KeyError: no such tensor.
@@ -185,6 +187,9 @@ class GgufWeights(Mapping[str, torch.Tensor]):
         gguf_name = self._names[name]
         info = self.file.tensors[gguf_name]
         raw = self.file.raw(gguf_name)
+        if copy:
+            raw = np.array(raw)
+            self.file.release(gguf_name)
         kind = gguf_name.split(".")[-2]
         if kind in self._heads and raw.shape[0] > 1:
             raw = raw[_unpermute_rows(raw.shape[0], self._heads[kind])]

@@ -24,7 +24,7 @@ from gguf.quants import dequantize
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bargein.engine.kernels import cpu_qblock
+from bargein.engine.kernels import cpu_qblock, kquant_layout
 from bargein.engine.kernels.activation import silu_and_mul_ref
 from bargein.engine.kernels.cpu_qblock import (
     BlockLinear,
@@ -149,6 +149,15 @@ def test_the_k_quants_largest_codes_do_not_saturate(ggml_type: str) -> None:
     x[1] = -1.0
     want = quantized_activations(x) @ weight.t()
     assert relative_error(BlockLinear.from_gguf(raw, ggml_type, k)(x), want) < 1e-6
+
+
+@pytest.mark.parametrize("ggml_type", ["Q4_K", "Q5_K", "Q6_K"])
+def test_the_c_layout_is_the_numpy_reference(ggml_type: str) -> None:
+    """The load-time conversion in C (``k_layout``) and ``kquant_layout``'s numpy
+    give the same bytes, whose product the test above checks against gguf."""
+    raw = random_blocks(np.random.default_rng(7), ggml_type, 37, 1280)
+    kind = ggml_type.lower()
+    assert np.array_equal(cpu_qblock.k_layout(raw, kind).numpy(), kquant_layout.LAYOUTS[kind](raw))
 
 
 def test_a_k_quant_needs_whole_super_blocks() -> None:
