@@ -12,8 +12,9 @@ LiveKit's turn detector, a small LM over the transcript). On the set's own
 text this scores none of the 30 cut-off sentences complete (all below 0.04)
 and 29 of 30 whole ones (docs/perf/end-of-turn.md).
 
-The model is the served chat model's own weights (SmolLM2-135M-Instruct by
-default), loaded with transformers in fp32 from its folder: a forward pass
+The model is the bundled SmolLM2-135M-Instruct, whatever model is served
+(``app/server.py``: a 7B served model would not fit a second time in fp32),
+loaded with transformers in fp32 from its converted folder: a forward pass
 over a 20-token message is about 0.1 s on two cores.
 """
 

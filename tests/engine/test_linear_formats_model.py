@@ -22,7 +22,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from bargein.engine.config import CacheConfig, ModelConfig
 from bargein.engine.kernels import cpu_qblock
-from bargein.engine.kernels.cpu_qblock import Q4_1Linear, Q8_0Linear
+from bargein.engine.kernels.cpu_qblock import BlockLinear, Q4_1Linear
 from bargein.engine.model import smooth
 from bargein.engine.model.linear import Bf16Linear, Int8Linear, Linear, cpu_has_bf16, int8_kernel_available
 from bargein.engine.model.weight_only import (
@@ -81,9 +81,10 @@ def fp32_greedy(model_config: ModelConfig) -> tuple[ModelRunner, list[list[int]]
 def test_int4_generates_and_agrees_with_fp32(
     model_config: ModelConfig, fp32_greedy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """int4: 4-bit layers and an 8-bit head. Where the block kernels run, Q4_1
-    and Q8_0 at every row count (no fp32 copy: one arithmetic per row, issue
-    37), and the down projections do the SiLU-mul; else torch's W4A16 up to
+    """int4: 4-bit layers and an 8-bit head. Where the block kernels run, the
+    GGUF's own Q4_1 and Q8_0 blocks at every row count (no fp32 copy: one
+    arithmetic per row, issue 37; issue 42: built from the file), and the down
+    projections do the SiLU-mul; else torch's W4A16 up to
     FP32_MAX_ROWS and its int8 weight-only head up to HEAD_MAX_ROWS, fp32
     above; decoding one row runs the 4-bit kernels."""
     blocks = cpu_qblock.available()
@@ -95,8 +96,9 @@ def test_int4_generates_and_agrees_with_fp32(
     assert runner.linear_format == "int4"
     head = runner.model.lm_head
     if blocks:
-        assert all(isinstance(getattr(layer, k), Q4_1Linear) for layer in runner.model.layers for k in KINDS)
-        assert isinstance(head, Q8_0Linear)
+        linears = [getattr(layer, k) for layer in runner.model.layers for k in KINDS]
+        assert all(isinstance(x, BlockLinear) and x.kind == "q4_1" for x in linears)
+        assert isinstance(head, BlockLinear) and head.kind == "q8_0"
     else:
         for layer in runner.model.layers:
             for k in KINDS:
@@ -108,8 +110,8 @@ def test_int4_generates_and_agrees_with_fp32(
     assert runner.kv_caches.dtype == torch.bfloat16
     _, prompts, want = fp32_greedy
     gated_rows: list[int] = []
-    gated = Q4_1Linear.gated
-    monkeypatch.setattr(Q4_1Linear, "gated", lambda self, x: gated_rows.append(len(x)) or gated(self, x))
+    gated = BlockLinear.gated
+    monkeypatch.setattr(BlockLinear, "gated", lambda self, x: gated_rows.append(len(x)) or gated(self, x))
     free = _steps(runner, prompts[0], None)
     assert runner.tokenizer.decode(free[:3]).strip().startswith("Paris")
     # the prompt's prefill, then TOKENS decode steps of one row, in every layer
