@@ -208,7 +208,11 @@ class ModelRunner:
                     chunk = ids[lo : lo + window]
                     self.execute([SeqInput(token_ids=chunk, start_pos=0, block_table=table, sample=True)])
 
-        cache = cache_root(self._cache_dir) / "smoothquant" / smooth.calibration_key([*loaded.weight_files, f"{loaded.folder}/config.json"])
+        cache = (
+            cache_root(self._cache_dir)
+            / "smoothquant"
+            / smooth.calibration_key([*loaded.weight_files, f"{loaded.folder}/config.json"])
+        )
 
         def calibrate() -> smooth.AbsMax:
             self.model = build(loaded.weights, "float32")

@@ -8,7 +8,7 @@ random bytes and its fp16 scales are set to a small positive value, so every
 block is a valid block of its type and the weights stay about 0.02 in size
 (the hidden states stay finite through the layers; the text is noise, so
 benchmarks fix lengths with ``ignore_eos``). The tokenizer is the bundled
-SmolLM2 GGUF's (gpt2 BPE, 49,152 tokens), padded with unused tokens to the
+SmolLM2 GGUF's (gpt2 BPE, 49,152 tokens), padded with plain tokens to the
 shape's vocabulary so that the embedding and head have the real size.
 
 Q4_K_M is llama.cpp's mix (``llama_tensor_get_type`` in
@@ -106,7 +106,10 @@ def tensor_types(shape: Shape, mix: str) -> dict[str, str]:
     """GGUF tensor name -> ggml type name for ``mix`` (``q4_k_m``, ``q8_0`` or a type for all)."""
     names = ["token_embd.weight", *([] if shape.tied else ["output.weight"])]
     for i in range(shape.layers):
-        names += [f"blk.{i}.{n}.weight" for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")]
+        names += [
+            f"blk.{i}.{n}.weight"
+            for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+        ]
     if mix == "q8_0":
         return dict.fromkeys(names, "Q8_0")
     if mix != "q4_k_m":
@@ -142,8 +145,11 @@ def write_gguf(path: Path, shape: Shape, types: dict[str, str], seed: int = 0) -
     tokens = list(source["tokenizer.ggml.tokens"])
     token_types = list(source["tokenizer.ggml.token_type"])
     pad = shape.vocab - len(tokens)
-    tokens += [f"<|unused_{i}|>" for i in range(pad)]
-    token_types += [5] * pad  # llama.cpp's LLAMA_TOKEN_TYPE_UNUSED
+    # plain tokens, not "unused" ones: random logits land on them two times in
+    # three, and a server that prints unused tokens as nothing would stream
+    # no text to time
+    tokens += [f"pad{i}" for i in range(pad)]
+    token_types += [1] * pad  # llama.cpp's LLAMA_TOKEN_TYPE_NORMAL
     writer = GGUFWriter(str(path), shape.arch)
     a = shape.arch
     writer.add_name(f"random {path.stem}")
@@ -164,13 +170,19 @@ def write_gguf(path: Path, shape: Shape, types: dict[str, str], seed: int = 0) -
     writer.add_bos_token_id(source["tokenizer.ggml.bos_token_id"])
     writer.add_eos_token_id(source["tokenizer.ggml.eos_token_id"])
     writer.add_chat_template(source["tokenizer.chat_template"])
-    norms = ["output_norm.weight"] + [f"blk.{i}.{n}.weight" for i in range(shape.layers) for n in ("attn_norm", "ffn_norm")]
+    norms = ["output_norm.weight"] + [
+        f"blk.{i}.{n}.weight" for i in range(shape.layers) for n in ("attn_norm", "ffn_norm")
+    ]
     for name in norms:
         writer.add_tensor(name, (1 + 0.1 * rng.standard_normal(shape.hidden)).astype(np.float32))
     if shape.qkv_bias:
         d = shape.hidden // shape.heads
         for i in range(shape.layers):
-            for n, rows in (("attn_q", shape.heads * d), ("attn_k", shape.kv_heads * d), ("attn_v", shape.kv_heads * d)):
+            for n, rows in (
+                ("attn_q", shape.heads * d),
+                ("attn_k", shape.kv_heads * d),
+                ("attn_v", shape.kv_heads * d),
+            ):
                 writer.add_tensor(f"blk.{i}.{n}.bias", (0.02 * rng.standard_normal(rows)).astype(np.float32))
     for name, ggml_type in types.items():
         rows, cols = _matrix_shape(shape, name)

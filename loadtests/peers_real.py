@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import platform
@@ -59,7 +60,8 @@ from openai_stream import StreamTiming, chat_body, stream_chat  # noqa: E402
 from server_proc import free_port, load_average, served, serving  # noqa: E402
 
 from bargein.engine.config import ModelConfig  # noqa: E402
-from bargein.engine.model.loader import load_tokenizer  # noqa: E402
+from bargein.engine.model.gguf_file import read_gguf  # noqa: E402
+from bargein.engine.model.loader import default_model_path, load_tokenizer  # noqa: E402
 
 PEERS = ("bargein", "llama")
 
@@ -71,6 +73,7 @@ class Result:
     peer: str
     file: str
     decode_tps: dict[int, float]
+    output_tps: dict[int, float]
     ttft_s: dict[int, float]
     peak_rss_mb: float
     ready_s: float
@@ -111,8 +114,11 @@ def decode_tps(timings: Sequence[StreamTiming]) -> float:
     return tokens / (max(lasts) - min(firsts)) if firsts and max(lasts) > min(firsts) else float("nan")
 
 
-async def measure(url: str, args: argparse.Namespace, long: dict[int, str]) -> tuple[dict[int, float], dict[int, float], int, list[str]]:
+async def measure(
+    url: str, args: argparse.Namespace, long: dict[int, str]
+) -> tuple[dict[int, float], dict[int, float], dict[int, float], int, list[str]]:
     tps: dict[int, float] = {}
+    output: dict[int, float] = {}
     ttft: dict[int, float] = {}
     errors = 0
     loads = []
@@ -120,31 +126,50 @@ async def measure(url: str, args: argparse.Namespace, long: dict[int, str]) -> t
         rng = random.Random(n)
         await wave(url, [chat_body(make_prompt(rng, 24), 4, ignore_eos=True) for _ in range(n)])
         before = load_average()
-        timings = await wave(url, [chat_body(make_prompt(rng, 24), args.max_tokens, ignore_eos=True) for _ in range(n)])
+        timings = await wave(
+            url, [chat_body(make_prompt(rng, 24), args.max_tokens, ignore_eos=True) for _ in range(n)]
+        )
         errors += sum(1 for t in timings if t.error or t.completion_tokens != args.max_tokens)
         tps[n] = decode_tps(timings)
+        output[n] = output_tps(timings)
         loads.append(f"N={n}: {before} -> {load_average()}")
-        print(f"    N={n:3d} decode {tps[n]:7.2f} tok/s", file=sys.stderr)
+        print(f"    N={n:3d} decode {tps[n]:7.2f} tok/s, output {output[n]:7.2f} tok/s", file=sys.stderr)
     for tokens, text in long.items():
         samples = []
         for r in range(args.repeats):
             # a different first word each time: no prefix cache answers from an earlier run
-            (t,) = await wave(url, [chat_body(f"{random.Random(r).choice(WORDS)} {text}", 2, ignore_eos=True)])
+            (t,) = await wave(
+                url, [chat_body(f"{random.Random(r).choice(WORDS)} {text}", 2, ignore_eos=True)]
+            )
             errors += t.error is not None
             if t.ttft is not None:
                 samples.append(t.ttft)
         ttft[tokens] = statistics.median(samples) if samples else float("nan")
         print(f"    TTFT {tokens}-token prompt {ttft[tokens]:.2f} s", file=sys.stderr)
-    return tps, ttft, errors, loads
+    return tps, output, ttft, errors, loads
 
 
-def kv_bytes_per_token(shape_name: str) -> int:
-    s = SHAPES[shape_name]
-    return 2 * s.layers * s.kv_heads * (s.hidden // s.heads) * 2  # K and V, 2-byte elements
+def output_tps(timings: Sequence[StreamTiming]) -> float:
+    """vLLM's output throughput: every completion token over the wave's wall
+    time, from the first request sent to the last token (prefills included)."""
+    lasts = [t.chunk_times[-1] for t in timings if t.chunk_times]
+    start_at = min(t.sent_at for t in timings)
+    return sum(t.completion_tokens for t in timings) / (max(lasts) - start_at) if lasts else float("nan")
+
+
+def kv_bytes_per_token(model: Path) -> int:
+    """K and V bytes a token takes in 2-byte elements, from the file's metadata."""
+    meta = read_gguf(model).metadata
+    arch = meta["general.architecture"]
+    heads = meta[f"{arch}.attention.head_count"]
+    head_dim = meta.get(f"{arch}.attention.key_length", meta[f"{arch}.embedding_length"] // heads)
+    return 2 * meta[f"{arch}.block_count"] * meta.get(f"{arch}.attention.head_count_kv", heads) * head_dim * 2
 
 
 @contextlib.contextmanager
-def start(peer: str, model: Path, shape_name: str, args: argparse.Namespace, procs: list[subprocess.Popen[bytes]]) -> Iterator[str]:
+def start(
+    peer: str, model: Path, args: argparse.Namespace, procs: list[subprocess.Popen[bytes]]
+) -> Iterator[str]:
     slots = max(args.concurrency)
     if peer == "bargein":
         flags = [
@@ -152,7 +177,7 @@ def start(peer: str, model: Path, shape_name: str, args: argparse.Namespace, pro
             "--target-itl-ms", "0", "--target-ttft-s", "0",
             "--max-num-seqs", str(slots), "--max-tokens", str(max(256, args.max_tokens)),
             "--max-model-len", str(max(args.prompt_tokens) + 256),
-            "--kv-cache-bytes", str(args.kv_tokens * kv_bytes_per_token(shape_name)),
+            "--kv-cache-bytes", str(args.kv_tokens * kv_bytes_per_token(model)),
             "--cache-dir", str(args.workdir / "cache"),
         ]  # fmt: skip
         with served(flags, timeout_s=1800, on_start=procs.append) as url:
@@ -168,21 +193,36 @@ def start(peer: str, model: Path, shape_name: str, args: argparse.Namespace, pro
         yield url
 
 
-def run_peer(peer: str, model: Path, shape_name: str, args: argparse.Namespace, long: dict[int, str]) -> Result:
+def run_peer(peer: str, model: Path, args: argparse.Namespace, long: dict[int, str]) -> Result:
     procs: list[subprocess.Popen[bytes]] = []
     started = time.monotonic()
-    with start(peer, model, shape_name, args, procs) as url:
+    with start(peer, model, args, procs) as url:
         ready = time.monotonic() - started
         print(f"  {peer}: ready in {ready:.1f} s", file=sys.stderr)
-        tps, ttft, errors, loads = asyncio.run(measure(url, args, long))
+        tps, output, ttft, errors, loads = asyncio.run(measure(url, args, long))
         rss = peak_rss_mb(procs[0].pid)
     return Result(
-        peer=peer, file=model.name, decode_tps=tps, ttft_s=ttft, peak_rss_mb=rss, ready_s=ready, errors=errors, loads=loads
+        peer=peer,
+        file=model.name,
+        decode_tps=tps,
+        output_tps=output,
+        ttft_s=ttft,
+        peak_rss_mb=rss,
+        ready_s=ready,
+        errors=errors,
+        loads=loads,
     )
 
 
 def markdown(results: Sequence[Result], args: argparse.Namespace, sizes: dict[str, float]) -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), platform.processor())
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
     lines = [
         "# bargein and llama-server on real-size GGUFs (issue 42)",
         "",
@@ -191,19 +231,38 @@ def markdown(results: Sequence[Result], args: argparse.Namespace, sizes: dict[st
         "(`loadtests/gguf_synth.py`), the same file for both; greedy, `ignore_eos`, "
         f"{args.max_tokens} tokens a request; KV capacity {args.kv_tokens} tokens for both.",
         "",
-        "| file | GiB | peer | ready s | N=" + " | N=".join(map(str, args.concurrency)) + " tok/s | "
-        + " | ".join(f"TTFT {t} s" for t in args.prompt_tokens) + " | peak RSS MiB | errors |",
+        "Decode tok/s: each request's tokens after its first, over the time from the wave's first first "
+        "token to its last token (`peer_bench.py`'s measure). Output tok/s: every token over the wave's "
+        "wall time from the first request sent (vLLM's `benchmark_serving` output throughput; prefills "
+        "included, which a server that interleaves prefill chunks with decoding pays inside the decode window).",
+        "",
+        "| file | GiB | peer | ready s | "
+        + " | ".join(f"N={n} decode / output tok/s" for n in args.concurrency)
+        + " | "
+        + " | ".join(f"TTFT {t} s" for t in args.prompt_tokens)
+        + " | peak RSS MiB | errors |",
         "|" + " --- |" * (6 + len(args.concurrency) + len(args.prompt_tokens)),
     ]
     for r in results:
         lines.append(
             f"| {r.file} | {sizes[r.file]:.2f} | {r.peer} | {r.ready_s:.1f} | "
-            + " | ".join(f"{r.decode_tps[n]:.2f}" for n in args.concurrency)
-            + " | " + " | ".join(f"{r.ttft_s[t]:.2f}" for t in args.prompt_tokens)
+            + " | ".join(f"{r.decode_tps[n]:.2f} / {r.output_tps[n]:.2f}" for n in args.concurrency)
+            + " | "
+            + " | ".join(f"{r.ttft_s[t]:.2f}" for t in args.prompt_tokens)
             + f" | {r.peak_rss_mb:.0f} | {r.errors} |"
         )
-    lines += ["", "Ratios, bargein / llama-server (tok/s: higher is better; TTFT and RSS: lower is better):", ""]
-    lines.append("| file | " + " | ".join(f"N={n}" for n in args.concurrency) + " | " + " | ".join(f"TTFT {t}" for t in args.prompt_tokens) + " | RSS |")
+    lines += [
+        "",
+        "Ratios, bargein / llama-server (tok/s: higher is better; TTFT and RSS: lower is better):",
+        "",
+    ]
+    lines.append(
+        "| file | "
+        + " | ".join(f"N={n} decode / output" for n in args.concurrency)
+        + " | "
+        + " | ".join(f"TTFT {t}" for t in args.prompt_tokens)
+        + " | RSS |"
+    )
     lines.append("|" + " --- |" * (2 + len(args.concurrency) + len(args.prompt_tokens)))
     for file in dict.fromkeys(r.file for r in results):
         both = {r.peer: r for r in results if r.file == file}
@@ -211,8 +270,13 @@ def markdown(results: Sequence[Result], args: argparse.Namespace, sizes: dict[st
             continue
         b, ll = both["bargein"], both["llama"]
         lines.append(
-            f"| {file} | " + " | ".join(f"{b.decode_tps[n] / ll.decode_tps[n]:.2f}x" for n in args.concurrency)
-            + " | " + " | ".join(f"{b.ttft_s[t] / ll.ttft_s[t]:.2f}x" for t in args.prompt_tokens)
+            f"| {file} | "
+            + " | ".join(
+                f"{b.decode_tps[n] / ll.decode_tps[n]:.2f}x / {b.output_tps[n] / ll.output_tps[n]:.2f}x"
+                for n in args.concurrency
+            )
+            + " | "
+            + " | ".join(f"{b.ttft_s[t] / ll.ttft_s[t]:.2f}x" for t in args.prompt_tokens)
             + f" | {b.peak_rss_mb / ll.peak_rss_mb:.2f}x |"
         )
     lines += ["", "Load average (1, 5, 15 min) before and after each decode wave:", ""]
@@ -232,7 +296,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--kv-tokens", type=int, default=8192)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--peers", default=",".join(PEERS))
-    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "docs/perf/peers-real.md")
+    p.add_argument("--bundled", action="store_true", help="also the bundled SmolLM2-135M-Instruct GGUF")
+    p.add_argument(
+        "--out", type=Path, default=Path(__file__).resolve().parent.parent / "docs/perf/peers-real.md"
+    )
     args = p.parse_args(argv)
     args.concurrency = [int(n) for n in args.concurrency.split(",")]
     args.prompt_tokens = [int(n) for n in args.prompt_tokens.split(",")]
@@ -240,17 +307,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     long = {t: long_prompt(t - 20, t) for t in args.prompt_tokens}  # the template adds about 20
     results: list[Result] = []
     sizes: dict[str, float] = {}
-    for spec in args.shapes.split(","):
+    models = [Path(default_model_path())] if args.bundled else []
+    for spec in filter(None, args.shapes.split(",")):
         shape_name, mix = spec.split(":")
         model = args.workdir / f"{shape_name}-{mix}.gguf"
         if not model.exists():
             print(f"writing {model}", file=sys.stderr)
             write_gguf(model, SHAPES[shape_name], tensor_types(SHAPES[shape_name], mix))
+        models.append(model)
+    for model in models:
         sizes[model.name] = model.stat().st_size / 2**30
         for peer in args.peers.split(","):
             print(f"{model.name}: {peer}", file=sys.stderr)
-            results.append(run_peer(peer, model, shape_name, args, long))
-            args.out.with_suffix(".json").write_text(json.dumps([r.__dict__ for r in results], indent=1))
+            results.append(run_peer(peer, model, args, long))
+            args.out.with_suffix(".json").write_text(
+                json.dumps([dataclasses.asdict(r) for r in results], indent=1)
+            )
     args.out.write_text(markdown(results, args, sizes))
     print(args.out.read_text())
     return 0

@@ -60,12 +60,16 @@ def logprobs(path: Path, quantization: str, ids: list[int]) -> tuple[torch.Tenso
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("files", nargs="+", type=Path)
-    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "docs/perf/quality-gguf.md")
+    p.add_argument(
+        "--out", type=Path, default=Path(__file__).resolve().parent.parent / "docs/perf/quality-gguf.md"
+    )
     args = p.parse_args()
     rows = []
     for path in args.files:
         started = time.perf_counter()
-        types = Counter(t.ggml_type.name for t in read_gguf(path).tensors.values() if t.ggml_type.name != "F32")
+        types = Counter(
+            t.ggml_type.name for t in read_gguf(path).tensors.values() if t.ggml_type.name != "F32"
+        )
         runner_ids = ModelRunner(
             ModelConfig(path=str(path), quantization="none"), CacheConfig(num_blocks=4, block_size=BLOCK), 64
         ).tokenizer(TEXT.read_text())["input_ids"]

@@ -398,7 +398,9 @@ class BlockLinear:
 
     __slots__ = ("kind", "blocks", "bias", "in_features")
 
-    def __init__(self, kind: str, blocks: torch.Tensor, in_features: int, bias: torch.Tensor | None = None) -> None:
+    def __init__(
+        self, kind: str, blocks: torch.Tensor, in_features: int, bias: torch.Tensor | None = None
+    ) -> None:
         block = kquant_layout.QK_K if kind in _SUPER else BLOCK
         if in_features % block:
             raise ValueError(f"in_features={in_features} is not a multiple of {block}")
@@ -408,7 +410,9 @@ class BlockLinear:
         self.bias = None if bias is None else bias.float().contiguous()
 
     @classmethod
-    def from_gguf(cls, raw: np.ndarray, ggml_type: str, in_features: int, bias: torch.Tensor | None = None) -> BlockLinear:
+    def from_gguf(
+        cls, raw: np.ndarray, ggml_type: str, in_features: int, bias: torch.Tensor | None = None
+    ) -> BlockLinear:
         """The layer over a GGUF tensor's ``[out, row_bytes]`` blocks (:func:`kernel_blocks`)."""
         kind, blocks = kernel_blocks(raw, ggml_type)
         return cls(kind, blocks, in_features, bias)

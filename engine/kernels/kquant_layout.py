@@ -59,7 +59,9 @@ def kq4_layout(raw: np.ndarray) -> np.ndarray:
     blocks, rows = _split(raw, "q4_k")
     sc, m = Q4_K.get_scale_min(blocks[:, 4:16])
     codes = _vectors(_q4_k_codes(blocks[:, 16:144]))
-    out = np.concatenate([blocks[:, :4], sc.astype(np.uint8), m.astype(np.uint8), _nibble_pairs(codes)], axis=1)
+    out = np.concatenate(
+        [blocks[:, :4], sc.astype(np.uint8), m.astype(np.uint8), _nibble_pairs(codes)], axis=1
+    )
     return out.reshape(rows, -1)
 
 
@@ -74,7 +76,9 @@ def kq5_layout(raw: np.ndarray) -> np.ndarray:
     codes = _vectors(_q4_k_codes(qs) | (fifth.reshape(len(blocks), QK_K) << 4))
     high = (codes >> 4) & 1
     hb = (high << np.arange(8, dtype=np.uint8)[None, :, None]).sum(axis=1, dtype=np.uint8)
-    out = np.concatenate([blocks[:, :4], sc.astype(np.uint8), m.astype(np.uint8), _nibble_pairs(codes), hb], axis=1)
+    out = np.concatenate(
+        [blocks[:, :4], sc.astype(np.uint8), m.astype(np.uint8), _nibble_pairs(codes), hb], axis=1
+    )
     return out.reshape(rows, -1)
 
 
@@ -85,9 +89,9 @@ def q6_k_codes(blocks: np.ndarray) -> np.ndarray:
     quarter of 32)."""
     n = len(blocks)
     ql = blocks[:, :128].reshape(n, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
-    ql = (ql & 0x0F).reshape(n, 2, 4, 32)
+    low = (ql & 0x0F).reshape(n, 2, 4, 32)
     qh = blocks[:, 128:192].reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
-    return (ql | ((qh & 0x03) << 4)).reshape(n, QK_K)
+    return (low | ((qh & 0x03) << 4)).reshape(n, QK_K)
 
 
 def kq6_layout(raw: np.ndarray) -> np.ndarray:
@@ -101,10 +105,15 @@ def kq6_layout(raw: np.ndarray) -> np.ndarray:
     top = (codes >> 4) & 0x03  # [n, 8, 32]
     shifts = (2 * np.arange(4, dtype=np.uint8))[None, :, None]
     hb = np.concatenate(
-        [(top[:, :4] << shifts).sum(axis=1, dtype=np.uint8), (top[:, 4:] << shifts).sum(axis=1, dtype=np.uint8)],
+        [
+            (top[:, :4] << shifts).sum(axis=1, dtype=np.uint8),
+            (top[:, 4:] << shifts).sum(axis=1, dtype=np.uint8),
+        ],
         axis=1,
     )
-    out = np.concatenate([blocks[:, 208:210], scales[:, 0::2], scales[:, 1::2], _nibble_pairs(codes), hb], axis=1)
+    out = np.concatenate(
+        [blocks[:, 208:210], scales[:, 0::2], scales[:, 1::2], _nibble_pairs(codes), hb], axis=1
+    )
     return out.reshape(rows, -1)
 
 

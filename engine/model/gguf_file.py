@@ -31,9 +31,33 @@ SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 
 # value types of the metadata (gguf.md "GGUFValueType") -> struct format
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_SCALARS = {
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
+}
 _STRING, _ARRAY = 8, 9
-_NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8", 11: "<i8", 12: "<f8"}
+_NUMPY = {
+    0: "<u1",
+    1: "<i1",
+    2: "<u2",
+    3: "<i2",
+    4: "<u4",
+    5: "<i4",
+    6: "<f4",
+    7: "<u1",
+    10: "<u8",
+    11: "<i8",
+    12: "<f8",
+}
 
 
 class GgufError(ValueError):
@@ -200,8 +224,10 @@ def read_gguf(path: str | Path) -> GgufFile:
         nbytes = tensor_nbytes(ggml_type, shape)
         if start + offset + nbytes > len(data):
             raise GgufError(f"tensor {name!r} runs past the end of the file (truncated download?)")
-        tensors[name] = TensorInfo(name=name, ggml_type=ggml_type, shape=shape, offset=start + offset, nbytes=nbytes)
-    header_sha256 = hashlib.sha256(data[:start]).hexdigest()
+        tensors[name] = TensorInfo(
+            name=name, ggml_type=ggml_type, shape=shape, offset=start + offset, nbytes=nbytes
+        )
+    header_sha256 = hashlib.sha256(mapping[:start]).hexdigest()
     return GgufFile(
         path=path,
         version=version,

@@ -65,7 +65,9 @@ class GgufEmbedding:
         return torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32))
 
 
-def _block_linear(weights: GgufWeights, names: list[str], bias: torch.Tensor | None, used: Counter[str]) -> LinearLayer:
+def _block_linear(
+    weights: GgufWeights, names: list[str], bias: torch.Tensor | None, used: Counter[str]
+) -> LinearLayer:
     """One linear over HF tensors ``names`` stacked along the output."""
     raws = [weights.raw(name) for name in names]
     in_features = weights.shape(names[0])[-1]

@@ -92,7 +92,9 @@ def config_from_gguf(file: GgufFile) -> PretrainedConfig:
         return value
 
     if "rope_freqs.weight" in file.tensors:
-        raise ValueError("unsupported: per-dimension rope frequencies (rope_freqs.weight, Llama 3.1 long context)")
+        raise ValueError(
+            "unsupported: per-dimension rope frequencies (rope_freqs.weight, Llama 3.1 long context)"
+        )
     scaling = meta.get(f"{arch}.rope.scaling.type", "none")
     rope: dict[str, Any] = {"rope_theta": float(key("rope.freq_base", 10000.0)), "rope_type": "default"}
     if scaling == "linear":
@@ -102,7 +104,9 @@ def config_from_gguf(file: GgufFile) -> PretrainedConfig:
     heads = int(key("attention.head_count"))
     hidden = int(key("embedding_length"))
     tokens = meta.get("tokenizer.ggml.tokens")
-    vocab = meta.get(f"{arch}.vocab_size") or (len(tokens) if tokens else file.tensors["token_embd.weight"].shape[0])
+    vocab = meta.get(f"{arch}.vocab_size") or (
+        len(tokens) if tokens else file.tensors["token_embd.weight"].shape[0]
+    )
     fields: dict[str, Any] = {
         "vocab_size": int(vocab),
         "hidden_size": hidden,

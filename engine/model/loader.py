@@ -31,7 +31,13 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoConfig, AutoTokenizer, GenerationConfig, PretrainedConfig, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoTokenizer,
+    GenerationConfig,
+    PretrainedConfig,
+    PreTrainedTokenizerBase,
+)
 
 from bargein.engine.config import ModelConfig
 from bargein.engine.host import cache_root
@@ -121,7 +127,12 @@ def load_model(cfg: ModelConfig) -> LoadedModel:
         weights = GgufWeights(file)
         config = _load_config(str(folder))
         return LoadedModel(
-            config=config, weights=weights, folder=str(folder), name=path.stem, weight_files=(str(path),), gguf=weights
+            config=config,
+            weights=weights,
+            folder=str(folder),
+            name=path.stem,
+            weight_files=(str(path),),
+            gguf=weights,
         )
     folder = path if path.is_dir() else path.parent
     config = _load_config(str(folder))
@@ -132,7 +143,11 @@ def load_model(cfg: ModelConfig) -> LoadedModel:
     for file_path in files:
         tensors.update(load_file(str(file_path)))
     return LoadedModel(
-        config=config, weights=tensors, folder=str(folder), name=folder.name, weight_files=tuple(map(str, files))
+        config=config,
+        weights=tensors,
+        folder=str(folder),
+        name=folder.name,
+        weight_files=tuple(map(str, files)),
     )
 
 

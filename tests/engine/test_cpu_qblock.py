@@ -115,7 +115,9 @@ GGUF_CASES = [(t, *shape) for t, shapes in GGUF_SHAPES.items() for shape in shap
 
 
 @pytest.mark.parametrize(("ggml_type", "out", "k", "rows"), GGUF_CASES)
-def test_gguf_blocks_match_the_gguf_packages_dequantization(ggml_type: str, out: int, k: int, rows: int) -> None:
+def test_gguf_blocks_match_the_gguf_packages_dequantization(
+    ggml_type: str, out: int, k: int, rows: int
+) -> None:
     rng = np.random.default_rng(out * k + rows)
     raw = random_blocks(rng, ggml_type, out, k)
     weight = torch.from_numpy(dequantize(raw, gguf.GGMLQuantizationType[ggml_type]).reshape(out, k)).double()
@@ -385,7 +387,9 @@ def test_a_rows_output_is_bitwise_the_same_whatever_shares_the_step(
     if kind == "q8_0":
         layer: Callable[[torch.Tensor], torch.Tensor] = Q8_0Linear(torch.randn(out, k, generator=gen))
     elif k_quant:
-        blocks = BlockLinear.from_gguf(random_blocks(np.random.default_rng(seed), kind[:4], out, k), kind[:4], k)
+        blocks = BlockLinear.from_gguf(
+            random_blocks(np.random.default_rng(seed), kind[:4], out, k), kind[:4], k
+        )
         layer = blocks.gated if kind.endswith("_gated") else blocks
     else:
         q4 = Q4_1Linear(quantize_groups(torch.randn(out, k, generator=gen)), torch.randn(out, generator=gen))

@@ -59,7 +59,9 @@ def last_logits(path: Path, cache_dir: Path, quantization: str) -> torch.Tensor:
 
 
 def test_the_fp32_path_is_transformers_on_the_same_file(gguf_path: Path, tmp_path: Path) -> None:
-    model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
+    )
     with torch.no_grad():
         want = model.eval()(torch.tensor([PROMPT])).logits[0, -1]
     got = last_logits(gguf_path, tmp_path, "none")
