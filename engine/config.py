@@ -37,11 +37,13 @@ class ModelConfig:
         device: ``"cpu"`` or ``"cuda"`` (``"auto"`` picks CUDA when present).
         backend: kernel backend; ``"auto"`` is ``triton`` on CUDA, ``torch``
             on the CPU.
-        cache_dir: where converted GGUF weights are cached as safetensors;
-            ``None`` means ``~/.cache/bargein``.
+        cache_dir: where a GGUF's tokenizer and config (a few MB, keyed by
+            the file's header), the compiled kernels and SmoothQuant's
+            statistics are cached; ``None`` means ``~/.cache/bargein``.
         quantization: the linear layers (and the output head) on a CPU with
-            ``dtype`` ``float32``. ``"int4"`` runs the checkpoint's own 4-bit
-            weights (GGUF Q4_1, the head's Q8_0) on int8 activations per row
+            ``dtype`` ``float32``. ``"int4"`` runs the checkpoint's own blocks
+            (a GGUF's Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K; other types as
+            Q8_0) on int8 activations per row
             and block of 32, llama.cpp's arithmetic in an AVX2 kernel
             (``kernels/cpu_qblock``, compiled with the system's C compiler
             at the first start) at every step size, so a row's output is the

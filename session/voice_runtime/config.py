@@ -37,8 +37,8 @@ class VoiceConfig:
             network stall sends what it held at once).
         text_turn: ``semantic_vad`` also reads a turn's words at each scored
             pause (the transcript at the pause, shared with the speculative
-            answer, scored by the served chat model loaded a second time in
-            fp32: about 540 MB for the bundled model): words that do not end
+            answer, scored by the bundled SmolLM2-135M-Instruct in fp32,
+            about 540 MB, whatever model is served): words that do not end
             a message keep the turn open, words that clearly do end it.
         echo_cancellation: remove the echo of the audio a connection was
             sent from its input before the VAD sees it (WebRTC's AEC3,
