@@ -190,6 +190,11 @@ class ConfirmedInterruptions:
         if overlap is None or overlap.real:
             return True
         decision = await self._judgement(overlap, audio, span, still_speaking=False)
+        # a judgement of its pause or of a window, in flight when the speech
+        # ended, may have confirmed it meanwhile: the answer is cut, so the
+        # speech is the turn whatever the whole words say
+        if overlap.real:
+            return True
         if decision.real:
             await self._confirm(overlap)
             return True
