@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
+from transformers import AutoTokenizer
 
 from bargein.engine.attention import AttentionMetadata
 from bargein.engine.config import CacheConfig, ModelConfig
@@ -32,7 +33,7 @@ from bargein.engine.model.llama import (
     head_weight,
     model_shape,
 )
-from bargein.engine.model.loader import load_model, load_tokenizer
+from bargein.engine.model.loader import load_model
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +139,8 @@ class ModelRunner:
         logger.info("linear layers: %s (%s)", self.linear_format, why)
         self._cache_dir = model_config.cache_dir
         loaded = load_model(model_config)
-        self.tokenizer = load_tokenizer(model_config)
+        # the folder load_model found or made (no second parse of a GGUF header)
+        self.tokenizer = AutoTokenizer.from_pretrained(loaded.folder)
         self.model_name = loaded.name
         shape = model_shape(loaded.config)
         self.vocab_size = shape.vocab_size

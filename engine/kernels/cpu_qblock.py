@@ -463,12 +463,14 @@ class Q4_1Linear(BlockLinear):
 
 
 class Q8_0Linear(BlockLinear):
-    """:class:`BlockLinear` of ``y = x @ (scale * q)^T`` (the output head of the
-    int4 format on a checkpoint whose head is not in blocks already).
+    """:class:`BlockLinear` of ``y = x @ (scale * q)^T + bias`` (the output head of
+    the int4 format on a checkpoint whose head is not in blocks already, and a
+    GGUF tensor of a type without a kernel).
 
     Args:
         weight: ``[out, in]`` float, ``in`` a multiple of 32 (quantized by
             :func:`quantize_q8_0`; only the blocks are kept).
+        bias: ``[out]`` or None.
 
     Raises:
         ValueError: as :class:`BlockLinear`.
@@ -476,7 +478,8 @@ class Q8_0Linear(BlockLinear):
 
     __slots__ = ()
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         if weight.shape[1] % BLOCK:
             raise ValueError(f"in_features={weight.shape[1]} is not a multiple of {BLOCK}")
-        super().__init__("q8_0", interleave(pack_q8_0(*quantize_q8_0(weight)), "q8_0"), weight.shape[1])
+        blocks = interleave(pack_q8_0(*quantize_q8_0(weight)), "q8_0")
+        super().__init__("q8_0", blocks, weight.shape[1], bias)

@@ -84,15 +84,8 @@ def _block_linear(
             parts.append(_block_linear(weights, [name], part_bias, used))
             start += width
         return ConcatLinear(parts)  # type: ignore[arg-type]
-    used[f"{raws[0][1].name} as Q8_0"] += 1
-    return _requantized(weights[names[0]], bias)
-
-
-def _requantized(weight: torch.Tensor, bias: torch.Tensor | None) -> LinearLayer:
-    """Q8_0 blocks of a tensor of a type without a kernel."""
-    q, scale = cpu_qblock.quantize_q8_0(weight)
-    blocks = cpu_qblock.interleave(cpu_qblock.pack_q8_0(q, scale), "q8_0")
-    return BlockLinear("q8_0", blocks, weight.shape[1], bias)
+    used[f"{raws[0][1].name} as Q8_0"] += 1  # a type without a kernel: its values in Q8_0 blocks
+    return cpu_qblock.Q8_0Linear(weights[names[0]], bias)
 
 
 def layer_linears(weights: GgufWeights, i: int, used: Counter[str]) -> dict[str, LinearLayer]:

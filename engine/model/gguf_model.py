@@ -165,6 +165,10 @@ class GgufWeights(Mapping[str, torch.Tensor]):
         self.file.release(self._names[name])
         return torch.from_numpy(values)
 
+    def __contains__(self, name: object) -> bool:
+        # Mapping's own test is ``self[name]``: it would dequantize the tensor
+        return name in self._names
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._names)
 
@@ -174,10 +178,6 @@ class GgufWeights(Mapping[str, torch.Tensor]):
     def shape(self, name: str) -> tuple[int, ...]:
         """HF tensor ``name``'s shape, torch order (``(out, in)`` for a matrix)."""
         return self.file.tensors[self._names[name]].shape
-
-    def ggml_type(self, name: str) -> str:
-        """The ggml type's name (``Q4_K``, ``F32``, ...) of HF tensor ``name``."""
-        return self.file.tensors[self._names[name]].ggml_type.name
 
     def raw(self, name: str, copy: bool = True) -> tuple[np.ndarray, Any]:
         """``(rows of blocks [out, row_bytes] uint8, ggml type)`` of HF tensor
@@ -191,14 +191,15 @@ class GgufWeights(Mapping[str, torch.Tensor]):
         gguf_name = self._names[name]
         info = self.file.tensors[gguf_name]
         raw = self.file.raw(gguf_name)
-        if copy:
-            raw = np.array(raw)
-            self.file.release(gguf_name)
         kind = gguf_name.split(".")[-2]
-        if kind in self._heads and raw.shape[0] > 1:
+        if kind in self._heads and raw.shape[0] > 1:  # the row gather copies
             raw = raw[_unpermute_rows(raw.shape[0], self._heads[kind])]
         elif kind in self._heads:  # a bias: one row of values
             width = raw.shape[1] // info.shape[0]
             values = raw.reshape(info.shape[0], width)[_unpermute_rows(info.shape[0], self._heads[kind])]
             raw = values.reshape(1, -1)
+        elif copy:
+            raw = np.array(raw)
+        if copy:
+            self.file.release(gguf_name)
         return raw, info.ggml_type

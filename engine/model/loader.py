@@ -172,7 +172,7 @@ def transformers_folder(cfg: ModelConfig) -> str:
     if path.suffix != ".gguf":
         return str(path if path.is_dir() else path.parent)
     file = read_gguf(path)
-    folder = cache_root(cfg.cache_dir) / f"{_gguf_folder(file, cfg.cache_dir).name}-fp32"
+    folder = cache_root(cfg.cache_dir) / f"{gguf_cache_folder(file, cfg.cache_dir).name}-fp32"
     return str(_cached(folder, lambda out: _convert_gguf(path, out)))
 
 
