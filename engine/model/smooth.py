@@ -204,7 +204,14 @@ def calibration_key(files: Sequence[str]) -> str:
     """The cache file name of a model's statistics: the content of ``files``
     (its weight files and config; each one's name, size, modification time
     and first :data:`HEADER_BYTES`), the text and the pass; so new weights
-    get their own statistics."""
+    get their own statistics.
+
+    Raises:
+        TypeError: ``files`` is one string (a folder was the argument before
+            the GGUF loader: its characters are not files).
+    """
+    if isinstance(files, str):
+        raise TypeError(f"calibration_key takes the weight files, not one path: {files!r}")
     digest = hashlib.sha256(f"{CALIBRATION_TOKENS}|{CALIBRATION_WINDOW}|".encode())
     digest.update(CALIBRATION_TEXT.read_bytes())
     for file in sorted(map(Path, files)):

@@ -91,6 +91,8 @@ def test_the_cache_key_follows_the_weights(tmp_path) -> None:
     weights.write_bytes(b"b" * 1000)  # new weights saved over the old, same size
     assert smooth.calibration_key(files) != first
     assert smooth.calibration_key([str(config)]) != smooth.calibration_key(files)
+    with pytest.raises(TypeError, match="weight files"):
+        smooth.calibration_key(str(tmp_path))  # a folder, as the key once took
 
 
 @pytest.fixture(scope="module")
